@@ -1,0 +1,1 @@
+"""Hydra configs of ddp_lab; shipped inside the package as ddp_lab.conf."""

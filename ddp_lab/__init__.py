@@ -1,0 +1,1 @@
+"""ddp_lab: learn, measure and run data-parallel training in PyTorch."""

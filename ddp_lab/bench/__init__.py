@@ -1,0 +1,1 @@
+"""Benchmarks: collectives, training scaling, trainer against baselines."""

@@ -1,0 +1,36 @@
+"""Hydra glue shared by every ddp_lab entry point.
+
+Why a resolver for the run directory: Hydra's default `outputs/${now:...}` is
+evaluated by each rank on its own, seconds apart, so the ranks of one launch
+would write into different directories. torchrun gives every worker of a
+launch (and of its restarts, and of every node) the same TORCHELASTIC_RUN_ID,
+so the run directory is named after it. `--standalone` makes that id a random
+UUID; name a run with `--rdzv_id=NAME`, or pin the directory with
+`hydra.run.dir=...`. A launch without torchrun uses the start time instead.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from omegaconf import OmegaConf
+
+# Configs ship inside the package (conf/ is mapped to ddp_lab.conf), so the
+# entry points work from an editable checkout and from a plain `pip install .`.
+CONFIG_PATH = "pkg://ddp_lab.conf"
+
+_START_TIME = time.strftime("%Y-%m-%d_%H-%M-%S")
+
+
+def run_id() -> str:
+    """The name of this launch's run directory, identical on every rank."""
+    explicit = os.environ.get("DDP_LAB_RUN_ID")
+    if explicit:
+        return explicit
+    elastic = os.environ.get("TORCHELASTIC_RUN_ID")
+    if elastic and elastic.lower() != "none":
+        return elastic
+    return _START_TIME
+
+
+OmegaConf.register_new_resolver("ddp_lab.run_id", run_id, replace=True)

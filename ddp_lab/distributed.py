@@ -1,0 +1,105 @@
+"""Process-group setup: the one place that reads torchrun's environment.
+
+The same entry point runs under `torchrun` (RANK, WORLD_SIZE, LOCAL_RANK set)
+and as a plain `python -m ...` (a world of one, no process group at all).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str  # "gloo", "nccl", or "none" for a single process without torchrun
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.backend != "none"
+
+
+def resolve_backend(requested: str, device: torch.device) -> str:
+    """auto -> nccl on CUDA, gloo otherwise; reject combinations that cannot work."""
+    if requested == "auto":
+        return "nccl" if device.type == "cuda" else "gloo"
+    if requested not in ("gloo", "nccl"):
+        raise ValueError(f"dist.backend={requested!r} is not one of auto, gloo, nccl")
+    if requested == "nccl" and device.type != "cuda":
+        raise ValueError(
+            "dist.backend=nccl needs CUDA devices, but this rank runs on "
+            f"{device}; use dist.backend=gloo (or auto) for CPU training"
+        )
+    return requested
+
+
+def pick_device(requested: str, local_rank: int) -> torch.device:
+    """device=auto|cpu|cuda. On CUDA each rank takes the GPU of its LOCAL_RANK."""
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cpu":
+        return torch.device("cpu")
+    if requested != "cuda":
+        raise ValueError(f"dist.device={requested!r} is not one of auto, cpu, cuda")
+    if not torch.cuda.is_available():
+        raise ValueError("dist.device=cuda but no CUDA device is visible; use dist.device=cpu")
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        raise ValueError(
+            f"LOCAL_RANK={local_rank} but only {count} CUDA device(s) are visible: "
+            f"launch at most {count} processes per node, or use dist.device=cpu"
+        )
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def setup(backend: str = "auto", device: str = "auto", timeout_s: float = 300) -> DistEnv:
+    """Join the process group torchrun described, or run alone without one."""
+    rank = int(os.environ.get("RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    dev = pick_device(device, local_rank)
+    chosen = resolve_backend(backend, dev)
+    if "RANK" not in os.environ:  # plain `python -m`: nothing to join
+        return DistEnv(0, 1, 0, dev, "none")
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend=chosen,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            # NCCL binds the communicator to this rank's GPU up front.
+            device_id=dev if chosen == "nccl" else None,
+        )
+    return DistEnv(rank, world_size, local_rank, dev, chosen)
+
+
+def teardown() -> None:
+    """Destroy the process group if there is one; safe to call on any exit path."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(t: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    """In-place SUM across ranks (a no-op for a single process)."""
+    if env.distributed:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def all_agree(flag: bool, env: DistEnv) -> bool:
+    """True when `flag` is true on every rank: lets one rank's failure stop all."""
+    if not env.distributed:
+        return flag
+    t = torch.tensor([0 if flag else 1], dtype=torch.int32, device=env.device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return int(t.item()) == 0
