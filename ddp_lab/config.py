@@ -22,6 +22,10 @@ CONFIG_PATH = "pkg://ddp_lab.conf"
 _START_TIME = time.strftime("%Y-%m-%d_%H-%M-%S")
 
 
+class ConfigError(ValueError):
+    """A bad input from the user: printed as one clear line, exit status 2."""
+
+
 def run_id() -> str:
     """The name of this launch's run directory, identical on every rank."""
     explicit = os.environ.get("DDP_LAB_RUN_ID")
@@ -33,4 +37,10 @@ def run_id() -> str:
     return _START_TIME
 
 
+def hydra_subdir_for_rank() -> str | None:
+    """Only rank 0 writes Hydra's .hydra/ folder (config, overrides) into the shared run dir."""
+    return ".hydra" if os.environ.get("RANK", "0") == "0" else None
+
+
 OmegaConf.register_new_resolver("ddp_lab.run_id", run_id, replace=True)
+OmegaConf.register_new_resolver("ddp_lab.hydra_subdir", hydra_subdir_for_rank, replace=True)

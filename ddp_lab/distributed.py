@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ddp_lab.config import ConfigError
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -35,9 +37,9 @@ def resolve_backend(requested: str, device: torch.device) -> str:
     if requested == "auto":
         return "nccl" if device.type == "cuda" else "gloo"
     if requested not in ("gloo", "nccl"):
-        raise ValueError(f"dist.backend={requested!r} is not one of auto, gloo, nccl")
+        raise ConfigError(f"dist.backend={requested!r} is not one of auto, gloo, nccl")
     if requested == "nccl" and device.type != "cuda":
-        raise ValueError(
+        raise ConfigError(
             "dist.backend=nccl needs CUDA devices, but this rank runs on "
             f"{device}; use dist.backend=gloo (or auto) for CPU training"
         )
@@ -51,12 +53,12 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
     if requested == "cpu":
         return torch.device("cpu")
     if requested != "cuda":
-        raise ValueError(f"dist.device={requested!r} is not one of auto, cpu, cuda")
+        raise ConfigError(f"dist.device={requested!r} is not one of auto, cpu, cuda")
     if not torch.cuda.is_available():
-        raise ValueError("dist.device=cuda but no CUDA device is visible; use dist.device=cpu")
+        raise ConfigError("dist.device=cuda but no CUDA device is visible; use dist.device=cpu")
     count = torch.cuda.device_count()
     if local_rank >= count:
-        raise ValueError(
+        raise ConfigError(
             f"LOCAL_RANK={local_rank} but only {count} CUDA device(s) are visible: "
             f"launch at most {count} processes per node, or use dist.device=cpu"
         )

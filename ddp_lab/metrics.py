@@ -1,0 +1,146 @@
+"""What a run reports: TensorBoard scalars, the console, summary.json.
+
+Only rank 0 writes TensorBoard events and summary.json; every other rank gets
+the same object with writing switched off, so callers need no `if rank == 0`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from torch.utils.tensorboard import SummaryWriter
+from torch.utils.tensorboard.summary import hparams
+
+
+class Clock:
+    """Wall time that includes all queued device work (CUDA runs asynchronously)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+
+class Throughput:
+    """Images per second over the steps after warm-up.
+
+    The first `warmup_steps` of a run are left out (allocator, autotuning,
+    torch.compile): the measured window opens when the last of them ends.
+    `pause()`/`resume()` keep evaluation out of the window.
+    """
+
+    def __init__(self, clock: Clock, warmup_steps: int):
+        self.clock, self.warmup = clock, warmup_steps
+        self.seen = 0  # steps finished, warm-up included
+        self.steps = 0  # steps inside the window
+        self.images = 0
+        self.seconds = 0.0
+        self._t0: float | None = None
+
+    def resume(self) -> None:
+        if self.seen >= self.warmup and self._t0 is None:
+            self._t0 = self.clock.now()
+
+    def step_done(self, images: int) -> None:
+        self.seen += 1
+        if self._t0 is not None:
+            self.images += images
+            self.steps += 1
+        elif self.seen == self.warmup:
+            self._t0 = self.clock.now()
+
+    def pause(self) -> None:
+        if self._t0 is not None:
+            self.seconds += self.clock.now() - self._t0
+            self._t0 = None
+
+    @property
+    def per_sec(self) -> float:
+        return self.images / self.seconds if self.seconds > 0 else float("nan")
+
+    @property
+    def step_ms(self) -> float:
+        return 1000 * self.seconds / self.steps if self.steps else float("nan")
+
+
+def _flat_hparams(cfg, world_size: int, backend: str) -> dict:
+    """The knobs that tell runs of a sweep apart, as TensorBoard HParams wants them."""
+    c = OmegaConf.to_container(cfg, resolve=True)
+    out = {"world_size": world_size, "backend": backend, "seed": c["seed"]}
+    for group in ("model", "data", "optim", "sync", "trainer"):
+        for k, v in c.get(group, {}).items():
+            if isinstance(v, (int, float, str, bool)) and not k.startswith("_"):
+                out[f"{group}.{k}"] = v
+    return out
+
+
+class RunLogger:
+    """TensorBoard on rank 0, plus the console lines and summary.json."""
+
+    def __init__(self, run_dir: Path, is_main: bool):
+        self.run_dir = Path(run_dir)
+        self.is_main = is_main
+        self.writer = SummaryWriter(str(self.run_dir / "tb")) if is_main else None
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        if self.writer is not None:
+            for tag, v in values.items():
+                self.writer.add_scalar(tag, v, step)
+
+    def config(self, cfg) -> None:
+        if self.writer is not None:
+            text = OmegaConf.to_yaml(cfg, resolve=True)
+            # Four-space indent: TensorBoard renders text as Markdown, this keeps it a code block.
+            self.writer.add_text("config", "    " + text.replace("\n", "\n    "))
+
+    def hparams(self, cfg, world_size: int, backend: str, final: dict[str, float]) -> None:
+        """Written into the run's own event file, so a sweep's runs line up in the HParams tab."""
+        if self.writer is None:
+            return
+        metrics = {f"hparam/{k}": v for k, v in final.items()}
+        exp, ssi, sei = hparams(_flat_hparams(cfg, world_size, backend), metrics)
+        fw = self.writer._get_file_writer()
+        for s in (exp, ssi, sei):
+            fw.add_summary(s)
+        for tag, v in metrics.items():
+            self.writer.add_scalar(tag, v, 0)
+
+    def print(self, line: str) -> None:
+        if self.is_main:
+            print(line, flush=True)
+
+    def summary(self, data: dict) -> None:
+        if self.is_main:
+            write_json_atomic(self.run_dir / "summary.json", data)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    """Write to a temp file, then rename: readers see the old file or the new, never half."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def epoch_line(epoch: int, epochs: int, m: dict) -> str:
+    return (f"epoch {epoch + 1}/{epochs}  loss {m['loss/train']:.4f}  "
+            f"train acc {m['acc/train']:.3f}  test acc {m['acc/test']:.3f}  "
+            f"{m['perf/samples_per_sec']:,.0f} img/s ({m['perf/samples_per_sec_per_rank']:,.0f}/rank)  "
+            f"{m['perf/epoch_s']:.1f} s")
+
+
+def final_line(s: dict) -> str:
+    """d2l's closing line, e.g. `test acc 0.85, 4.1 sec/epoch, 14,200 img/s on 2 x cpu (gloo)`."""
+    return (f"test acc {s['test_acc']:.2f}, {s['sec_per_epoch']:.1f} sec/epoch, "
+            f"{s['samples_per_sec']:,.0f} img/s on {s['world_size']} x {s['device']} ({s['backend']})")

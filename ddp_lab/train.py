@@ -1,0 +1,69 @@
+"""Train a model data-parallel: the ddp_lab entry point.
+
+    # one process, no torchrun
+    python -m ddp_lab.train
+    # 2 processes on this machine (gloo on CPU, NCCL with one GPU per rank)
+    torchrun --standalone --nproc_per_node=2 -m ddp_lab.train
+    # Hydra overrides
+    torchrun --standalone --nproc_per_node=4 -m ddp_lab.train model=resnet18 optim.lr=0.1
+    # a sweep: one run directory per job, shared by that job's ranks
+    torchrun --standalone --nproc_per_node=2 -m ddp_lab.train -m seed=1,2
+
+Every rank runs this file. Output goes to outputs/<run id>/ (see ddp_lab.config).
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from ddp_lab import config, distributed, schema
+from ddp_lab.config import ConfigError
+from ddp_lab.trainer import Trainer
+
+log = logging.getLogger("ddp_lab")
+schema.register()
+
+
+def quiet_other_ranks(rank: int) -> None:
+    """Only rank 0 talks on the console; every rank still logs to its own rank<N>.log."""
+    if rank == 0:
+        return
+    for h in logging.getLogger().handlers:
+        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+            h.setLevel(logging.WARNING)
+
+
+@record
+@hydra.main(version_base="1.3", config_path=config.CONFIG_PATH, config_name="train")
+def main(cfg) -> dict:
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    env = None
+    trainer = None
+    try:
+        env = distributed.setup(cfg.dist.backend, cfg.dist.device, cfg.dist.timeout_s)
+        quiet_other_ranks(env.rank)
+        log.info("rank %d/%d on %s (%s), run dir %s", env.rank, env.world_size,
+                 env.device, env.backend, run_dir)
+        trainer = Trainer(cfg, env, run_dir)
+        summary = trainer.fit()
+        if env.is_main:
+            print(f"TensorBoard logs: {run_dir / 'tb'}  (open with: tensorboard --logdir {run_dir.parent})")
+        return summary
+    except ConfigError as e:
+        # A bad input: one clear line on stderr and exit status 2, on every rank.
+        log.error("%s", e)
+        print(f"ddp_lab: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    finally:
+        if trainer is not None:
+            trainer.close()
+        distributed.teardown()
+
+
+if __name__ == "__main__":
+    main()

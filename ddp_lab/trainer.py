@@ -1,0 +1,265 @@
+"""The training loop: one Trainer per rank, built from the config.
+
+Read top to bottom: __init__ builds the parts from config, fit() runs epochs,
+_run_epoch() runs batches, _run_batch() is one optimizer step, evaluate()
+counts correct test images across all ranks.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from hydra.utils import instantiate
+from torch import nn
+from tqdm import tqdm
+
+from ddp_lab.config import ConfigError
+from ddp_lab.data import build_loaders
+from ddp_lab.distributed import DistEnv, all_reduce_sum
+from ddp_lab.metrics import Clock, RunLogger, Throughput, epoch_line, final_line
+from ddp_lab.models import build_model
+from ddp_lab.sync import build_sync
+
+
+def cpu_has_fast_bf16() -> bool:
+    """AVX512-BF16 or AMX: bf16 matmuls run natively rather than emulated (and slow)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_amp(amp: str, device: torch.device) -> str:
+    """trainer.amp=auto picks bf16 where the hardware runs it fast, else off."""
+    if amp not in ("auto", "bf16", "fp16", "off"):
+        raise ConfigError(f"trainer.amp={amp!r} is not one of auto, bf16, fp16, off")
+    if amp == "auto":
+        fast = torch.cuda.is_bf16_supported() if device.type == "cuda" else cpu_has_fast_bf16()
+        return "bf16" if fast else "off"
+    if amp == "fp16" and device.type != "cuda":
+        raise ConfigError("trainer.amp=fp16 needs CUDA; on CPU use trainer.amp=bf16 or off")
+    return amp
+
+
+def build_schedule(optimizer, cfg, steps_per_epoch: int, total_steps: int):
+    """Per-step learning-rate multiplier: linear warm-up, then constant or cosine decay."""
+    if cfg.schedule not in ("constant", "cosine"):
+        raise ConfigError(f"optim.schedule={cfg.schedule!r} is not one of constant, cosine")
+    warmup = int(cfg.warmup_epochs * steps_per_epoch)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if cfg.schedule == "constant":
+            return 1.0
+        progress = (step - warmup) / max(1, total_steps - warmup)
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+class Trainer:
+    def __init__(self, cfg, env: DistEnv, run_dir: Path):
+        self.cfg, self.env, self.run_dir = cfg, env, Path(run_dir)
+        t = cfg.trainer
+        for key in ("epochs", "log_every", "grad_accum"):
+            if t[key] < 1:
+                raise ConfigError(f"trainer.{key}={t[key]} must be >= 1")
+        if t.threads > 0:
+            torch.set_num_threads(t.threads)
+        self.amp = resolve_amp(t.amp, env.device)
+        self.memory_format = torch.channels_last if t.channels_last else torch.contiguous_format
+
+        self.train_loader, self.test_loader = build_loaders(
+            cfg.data, env.rank, env.world_size, env.device, cfg.seed, t.channels_last)
+        channels = cfg.data.image_shape[0] if cfg.data.name == "synthetic" else 1
+        if channels != cfg.model.in_channels:
+            raise ConfigError(f"model.in_channels={cfg.model.in_channels} but the data has "
+                              f"{channels} channel(s); set model.in_channels={channels}")
+
+        torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+        self.model = build_model(cfg.model).to(env.device, memory_format=self.memory_format)
+        self.sync = build_sync(cfg.sync, self.model, env)
+        self.forward = torch.compile(self.sync.module) if t.compile else self.sync.module
+        self.optimizer = instantiate(
+            {k: v for k, v in cfg.optim.items() if k not in ("schedule", "warmup_epochs")},
+            params=self.model.parameters())
+        self.steps_per_epoch = len(self.train_loader) // t.grad_accum
+        total = self.steps_per_epoch * t.epochs
+        self.total_steps = min(total, t.max_steps) if t.max_steps > 0 else total
+        self.scheduler = build_schedule(self.optimizer, cfg.optim, self.steps_per_epoch, self.total_steps)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp == "fp16")
+        self.loss_fn = nn.CrossEntropyLoss()
+
+        self.clock = Clock(env.device)
+        self.throughput = Throughput(self.clock, t.warmup_steps)
+        self.log = RunLogger(self.run_dir, env.is_main)
+        self.step = 0  # optimizer steps taken
+        self.epoch = 0
+        self.epoch_seconds: list[float] = []
+        self.data_seconds = 0.0
+        self.last: dict[str, float] = {}
+
+    def autocast(self):
+        if self.amp == "off":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if self.amp == "bf16" else torch.float16
+        return torch.autocast(self.env.device.type, dtype=dtype)
+
+    # ------------------------------------------------------------ the loop
+    def fit(self) -> dict:
+        self.log.config(self.cfg)
+        t = self.cfg.trainer
+        while self.epoch < t.epochs and not self.done:
+            metrics = self._run_epoch(self.epoch)
+            last_epoch = self.epoch + 1 == t.epochs or self.done
+            if last_epoch or (t.eval_every > 0 and (self.epoch + 1) % t.eval_every == 0):
+                correct, total = self.evaluate()
+                metrics["acc/test"] = correct / total
+                self.last.update(test_correct=correct, test_total=total)
+            self.log.scalars(metrics, self.step)
+            if "acc/test" in metrics:
+                self.log.print(epoch_line(self.epoch, t.epochs, metrics))
+            self.last.update(metrics)
+            self.epoch += 1
+        return self.finish()
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.total_steps
+
+    def _run_epoch(self, epoch: int) -> dict:
+        self.model.train()
+        t = self.cfg.trainer
+        sums = torch.zeros(3, dtype=torch.float64, device=self.env.device)  # loss*n, correct, n
+        images0, seconds0 = self.throughput.images, self.throughput.seconds
+        bar = tqdm(total=self.steps_per_epoch, desc=f"epoch {epoch + 1}", leave=False,
+                   disable=not (self.env.is_main and t.progress and sys.stderr.isatty()))
+        start = self.clock.now()
+        self.throughput.resume()
+        batches = self.train_loader.epoch(epoch)
+        while not self.done:
+            micro = self._next_micro_batches(batches, t.grad_accum)
+            if micro is None:
+                break
+            self._run_batch(micro, sums)
+            self.step += 1
+            self.throughput.step_done(sum(len(y) for _, y in micro) * self.env.world_size)
+            bar.update()
+            if self.step % t.log_every == 0:
+                self.log.scalars({"loss/train_step": self.last_loss.item(),
+                                  "lr": self.scheduler.get_last_lr()[0]}, self.step)
+        self.throughput.pause()
+        bar.close()
+        seconds = self.clock.now() - start
+        self.epoch_seconds.append(seconds)
+
+        all_reduce_sum(sums, self.env)
+        loss_sum, correct, n = sums.tolist()
+        images = self.throughput.images - images0
+        window = self.throughput.seconds - seconds0
+        rate = images / window if window > 0 else float("nan")
+        return {
+            "loss/train": loss_sum / max(n, 1),
+            "acc/train": correct / max(n, 1),
+            "perf/samples_per_sec": rate,
+            "perf/samples_per_sec_per_rank": rate / self.env.world_size,
+            "perf/step_ms": self.throughput.step_ms,
+            "perf/data_ms": 1000 * self.data_seconds / max(self.step, 1),
+            "perf/epoch_s": seconds,
+            "lr": self.scheduler.get_last_lr()[0],
+        }
+
+    def _next_micro_batches(self, batches, k: int):
+        """k micro-batches for one optimizer step, or None when the epoch is out of data."""
+        t0 = time.perf_counter()
+        micro = []
+        for _ in range(k):
+            b = next(batches, None)
+            if b is None:
+                break
+            micro.append(b)
+        self.data_seconds += time.perf_counter() - t0
+        return micro if len(micro) == k else None
+
+    def _run_batch(self, micro: list, sums: torch.Tensor) -> None:
+        """One optimizer step over k micro-batches; only the last one communicates."""
+        for i, (x, y) in enumerate(micro):
+            last = i == len(micro) - 1
+            with (contextlib.nullcontext() if last else self.sync.no_sync()):
+                with self.autocast():
+                    out = self.forward(x)
+                loss = self.loss_fn(out.float(), y)
+                self.scaler.scale(loss / len(micro)).backward()
+            with torch.no_grad():
+                sums[0] += loss.detach() * len(y)
+                sums[1] += (out.argmax(1) == y).sum()
+                sums[2] += len(y)
+        self.last_loss = loss.detach()
+        self.sync.after_backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+
+    # ------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def evaluate(self) -> tuple[int, int]:
+        """Exact test accuracy: each rank counts its own disjoint shard, counts are summed."""
+        self.throughput.pause()
+        self._broadcast_buffers()
+        self.model.eval()
+        counts = torch.zeros(2, dtype=torch.int64, device=self.env.device)
+        for x, y in self.test_loader.epoch(0):
+            with self.autocast():
+                out = self.model(x)
+            counts[0] += (out.argmax(1) == y).sum()
+            counts[1] += len(y)
+        all_reduce_sum(counts, self.env)
+        self.model.train()
+        correct, total = counts.tolist()
+        return correct, total
+
+    def _broadcast_buffers(self) -> None:
+        # BatchNorm running statistics drift apart per rank; evaluate rank 0's on all.
+        if self.env.distributed:
+            for b in self.model.buffers():
+                dist.broadcast(b, src=0)
+
+    # ------------------------------------------------------------ the end
+    def finish(self) -> dict:
+        cfg, env, last = self.cfg, self.env, self.last
+        rate = self.throughput.per_sec
+        summary = {
+            "test_acc": last["acc/test"], "test_correct": last["test_correct"],
+            "test_total": last["test_total"], "train_loss": last["loss/train"],
+            "train_acc": last["acc/train"], "samples_per_sec": rate,
+            "samples_per_sec_per_rank": rate / env.world_size,
+            "sec_per_epoch": sum(self.epoch_seconds) / len(self.epoch_seconds),
+            "step_ms": self.throughput.step_ms,
+            "data_ms": 1000 * self.data_seconds / max(self.step, 1),
+            "epochs": self.epoch, "steps": self.step, "world_size": env.world_size,
+            "backend": env.backend if env.distributed else "none",
+            "device": env.device.type, "model": cfg.model.name, "sync": self.sync.describe(),
+            "global_batch": cfg.data.batch_size, "amp": self.amp, "seed": cfg.seed,
+            "measured_steps": self.throughput.steps,
+        }
+        self.log.hparams(cfg, env.world_size, summary["backend"],
+                         {k: summary[k] for k in ("test_acc", "train_loss", "samples_per_sec")})
+        self.log.summary(summary)
+        if env.is_main:  # temp name + rename: a kill mid-save never leaves half a model.pt
+            tmp = self.run_dir / ".model.pt.tmp"
+            torch.save(self.model.state_dict(), tmp)
+            os.replace(tmp, self.run_dir / "model.pt")
+        self.log.print(final_line(summary))
+        return summary
+
+    def close(self) -> None:
+        self.log.close()
