@@ -15,6 +15,7 @@ Evaluation uses `eval_indices`, which never pads: every test image counts once.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import itertools
 import os
 import shutil
@@ -46,8 +47,17 @@ def _gz_folder(src: Path) -> Path | None:
     return None
 
 
-def _decompress_into(gz_folder: Path, cache_root: Path) -> Path:
-    """torchvision reads decompressed IDX files from <root>/FashionMNIST/raw/."""
+def _decompress_into(gz_folder: Path, cache: Path) -> Path:
+    """torchvision reads decompressed IDX files from <root>/FashionMNIST/raw/.
+
+    The unpacked copy is keyed by the source folder and its files' sizes and
+    times, so another data.root (or a changed file) never reads a stale copy.
+    """
+    stamp = [str(gz_folder.resolve())]
+    for name in RAW_FILES:
+        st = (gz_folder / (name + ".gz")).stat()
+        stamp.append(f"{name}:{st.st_size}:{st.st_mtime_ns}")
+    cache_root = cache / ("fashion-mnist-" + hashlib.sha1("|".join(stamp).encode()).hexdigest()[:12])
     raw = cache_root / "FashionMNIST" / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     for name in RAW_FILES:
@@ -76,7 +86,7 @@ def locate_fashion_mnist(root: str | None, download: bool, cache_dir: str) -> Pa
             return src
         gz = _gz_folder(src)
         if gz is not None:
-            return _decompress_into(gz, cache / "fashion-mnist")
+            return _decompress_into(gz, cache)
         if download:
             return src
         raise ConfigError(
@@ -85,7 +95,7 @@ def locate_fashion_mnist(root: str | None, download: bool, cache_dir: str) -> Pa
             "or add data.download=true to fetch them with torchvision"
         )
     if _has_raw(DEBIAN_DIR, ".gz"):
-        return _decompress_into(DEBIAN_DIR, cache / "fashion-mnist")
+        return _decompress_into(DEBIAN_DIR, cache)
     if download:
         return cache / "fashion-mnist"
     raise ConfigError(
@@ -105,14 +115,14 @@ class Split:
         return len(self.labels)
 
 
-def fashion_mnist_splits(cfg) -> tuple[Split, Split, Path]:
+def fashion_mnist_splits(cfg) -> tuple[Split, Split]:
     root = locate_fashion_mnist(cfg.root, cfg.download, cfg.cache_dir)
     out = []
     for train in (True, False):
         # FashionMNIST parses the IDX files; .data/.targets are its tensors.
         ds = datasets.FashionMNIST(str(root), train=train, download=cfg.download)
         out.append(Split(ds.data.unsqueeze(1).contiguous(), ds.targets.long()))
-    return out[0], out[1], root
+    return out[0], out[1]
 
 
 def synthetic_splits(cfg, seed: int) -> tuple[Split, Split]:
@@ -235,24 +245,27 @@ def build_loaders(cfg, rank: int, world_size: int, device: torch.device, seed: i
     if cfg.loader not in ("device", "dataloader"):
         raise ConfigError(f"data.loader={cfg.loader!r} is not one of device, dataloader")
     mean, std = (cfg.mean, cfg.std) if cfg.normalize else (0.0, 1.0)
-    if cfg.name == "fashion_mnist":
-        train, test, root = fashion_mnist_splits(cfg)
-    elif cfg.name == "synthetic":
-        (train, test), root = synthetic_splits(cfg, seed), None
-    else:
+    if cfg.name not in ("fashion_mnist", "synthetic"):
         raise ConfigError(f"data.name={cfg.name!r} is not one of fashion_mnist, synthetic")
-    sampler = DistributedSampler(range(len(train)), num_replicas=world_size, rank=rank,
+    if cfg.name == "fashion_mnist" and cfg.loader == "dataloader":
+        # The classic path: PIL images through torchvision transforms, per sample.
+        root = locate_fashion_mnist(cfg.root, cfg.download, cfg.cache_dir)
+        train_ds = _fashion_mnist_dataset(root, True, mean, std)
+        test_ds = _fashion_mnist_dataset(root, False, mean, std)
+    elif cfg.name == "fashion_mnist":
+        train, test = fashion_mnist_splits(cfg)
+    else:
+        train, test = synthetic_splits(cfg, seed)
+        if cfg.loader == "dataloader":
+            train_ds, test_ds = _TensorImages(train, mean, std), _TensorImages(test, mean, std)
+    n_train, n_test = (len(train_ds), len(test_ds)) if cfg.loader == "dataloader" else (len(train), len(test))
+    sampler = DistributedSampler(range(n_train), num_replicas=world_size, rank=rank,
                                  shuffle=True, seed=seed, drop_last=False)
-    test_idx = eval_indices(len(test), rank, world_size)
+    test_idx = eval_indices(n_test, rank, world_size)
     if cfg.loader == "device":
         kw = dict(device=device, mean=mean, std=std, channels_last=channels_last)
         return (DeviceLoader(train, batch, sampler=sampler, **kw),
                 DeviceLoader(test, batch, indices=test_idx, **kw))
-    if root is not None:  # the real thing: PIL images through torchvision transforms
-        train_ds = _fashion_mnist_dataset(root, True, mean, std)
-        test_ds = _fashion_mnist_dataset(root, False, mean, std)
-    else:
-        train_ds, test_ds = _TensorImages(train, mean, std), _TensorImages(test, mean, std)
     kw = dict(device=device, num_workers=cfg.num_workers, channels_last=channels_last)
     return (TorchLoader(train_ds, batch, sampler=sampler, **kw),
             TorchLoader(Subset(test_ds, test_idx.tolist()), batch, **kw))

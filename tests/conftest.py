@@ -1,0 +1,97 @@
+"""Shared fixtures: a tiny Fashion-MNIST on disk, Hydra's compose API, a torchrun runner."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+
+from ddp_lab import config, schema  # noqa: F401  (registers the resolvers and the schema)
+
+schema.register()
+
+
+def write_idx_images(path: Path, images: torch.Tensor) -> None:
+    """IDX3 (magic 0x0803, big-endian dims) gzipped, as the real files are."""
+    n, h, w = images.shape
+    with gzip.open(path, "wb") as f:
+        f.write(struct.pack(">IIII", 0x0803, n, h, w))
+        f.write(images.to(torch.uint8).numpy().tobytes())
+
+
+def write_idx_labels(path: Path, labels: torch.Tensor) -> None:
+    with gzip.open(path, "wb") as f:
+        f.write(struct.pack(">II", 0x0801, len(labels)))
+        f.write(labels.to(torch.uint8).numpy().tobytes())
+
+
+def make_tiny_fashion_mnist(folder: Path, n_train: int = 512, n_test: int = 203, seed: int = 0) -> Path:
+    """A learnable stand-in for Fashion-MNIST: class k is a bright bar at row 2k+4 plus noise.
+
+    n_test is odd and prime on purpose, so no world size splits it evenly.
+    """
+    g = torch.Generator().manual_seed(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        labels = torch.randint(0, 10, (n,), generator=g)
+        images = torch.randint(0, 60, (n, 28, 28), generator=g)
+        for i, k in enumerate(labels.tolist()):
+            images[i, 2 * k + 4: 2 * k + 6, 4:24] = 250
+        write_idx_images(folder / f"{prefix}-images-idx3-ubyte.gz", images)
+        write_idx_labels(folder / f"{prefix}-labels-idx1-ubyte.gz", labels)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_fmnist(tmp_path_factory) -> Path:
+    """A folder holding the four gzipped IDX files of a tiny Fashion-MNIST."""
+    return make_tiny_fashion_mnist(tmp_path_factory.mktemp("tiny-fmnist"))
+
+
+@pytest.fixture
+def compose_train():
+    """compose_train(overrides) -> the training config, as `python -m ddp_lab.train` would get it."""
+    def _compose(overrides=()):
+        with initialize_config_module(version_base="1.3", config_module="ddp_lab.conf"):
+            return compose(config_name="train", overrides=list(overrides))
+    return _compose
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tiny_overrides(data_root: Path, run_dir: Path, cache: Path | None = None) -> list[str]:
+    """Overrides that make a training run small, quick and self-contained."""
+    cache = cache or run_dir.parent / "cache"
+    return [f"data.root={data_root}", f"data.cache_dir={cache}", f"hydra.run.dir={run_dir}",
+            "data.batch_size=64", "trainer.epochs=2", "trainer.warmup_steps=1",
+            "trainer.log_every=2", "trainer.progress=false", "optim.warmup_epochs=0"]
+
+
+def run_module(module: str, args, nproc: int = 1, timeout: float = 240,
+               torchrun_args=(), env=None) -> subprocess.CompletedProcess:
+    """Run `python -m module` (nproc=0) or `torchrun --nproc_per_node=nproc -m module`."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env.pop("RANK", None)
+    if nproc == 0:
+        cmd = [sys.executable, "-m", module, *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
+               f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
+               f"--rdzv_endpoint=127.0.0.1:{free_port()}", *torchrun_args, "-m", module, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+def read_summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
