@@ -1,0 +1,452 @@
+"""All-reduce (SUM, in place) written with point-to-point messages.
+
+Each function has the signature ``fn(tensor, group=None) -> tensor``: it sums
+``tensor`` across the ranks of ``group`` (the default group when None),
+overwrites it with the result on every rank and returns the same object, so
+they can stand in for ``dist.all_reduce(tensor, group=group)``.
+
+Cost model for n ranks and an N-byte message: alpha is the per-message
+latency, beta the time per byte on a link, gamma the time per byte to add.
+
+``naive_allreduce`` -- everyone sends to group rank 0, which adds and sends
+    the sum back (the "sum on device 0, copy back" textbook scheme). The root
+    handles every byte: 2(n-1)*(alpha + N*beta) + (n-1)*N*gamma at the root,
+    so it gets slower linearly with n.
+
+``ring_allreduce`` -- the data is cut into n chunks; a reduce-scatter passes
+    chunks around the ring (each rank adds what it receives and forwards it)
+    until every rank owns one fully summed chunk, then an all-gather passes
+    the summed chunks around once more.
+    2(n-1)*alpha + 2(n-1)/n*N*beta + (n-1)/n*N*gamma:
+    the bandwidth term does not grow with n (bandwidth-optimal), but the
+    latency term does, so it is the algorithm for large messages. Chunks are
+    further cut into segments so that receiving segment k+1, adding segment k
+    and forwarding segment k-1 overlap.
+
+``halving_doubling_allreduce`` -- Rabenseifner: a reduce-scatter by recursive
+    vector halving (exchange half the current window with the partner at
+    distance p/2, p/4, ..., 1) then an all-gather by recursive doubling.
+    2*log2(n)*alpha + 2(n-1)/n*N*beta + (n-1)/n*N*gamma:
+    the same bandwidth term as the ring with only log2(n) latency, so it wins
+    for small and medium messages. When n is not a power of two, the first
+    2*(n-p) ranks (p the largest power of two <= n) fold in pairwise first and
+    the idle rank of each pair gets the result at the end, which costs two
+    more full-message steps: alpha + N*beta each.
+
+``builtin_allreduce`` -- ``dist.all_reduce``: the reference the others are
+    checked and timed against.
+
+Shared rules:
+
+* Supported dtypes: float32, float64, bfloat16, float16. bfloat16/float16 are
+  added in their own dtype (no wider accumulator), like NCCL and gloo do, so
+  the result can differ from ``dist.all_reduce`` in the last bits because the
+  summation order differs. Integer and bool tensors raise TypeError rather
+  than risk silent overflow or a meaningless "sum" of bools.
+* The tensor must be contiguous (the algorithms send views of its flat
+  storage); otherwise ValueError.
+* Ranks are group ranks (``dist.get_rank(group)``); peers are translated to
+  global ranks before every send/recv, so subgroups work.
+* Every rank computes the same chunk boundaries, so the two sides of a
+  message always agree on its size; empty pieces are skipped on both sides
+  (never a zero-length message that the peer does not expect).
+* Each phase uses its own tag, and messages between a pair of ranks are
+  posted in the same order on both sides, so phases cannot mix messages.
+* On gloo, a CUDA tensor is copied to the host, reduced there (gloo's
+  point-to-point is CPU only) and copied back. On NCCL, CUDA tensors are
+  used directly and every exchange is posted with ``dist.batch_isend_irecv``
+  so that a rank's send and receive of a step are launched together (NCCL
+  would otherwise deadlock a ring of blocking sends).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "ALGORITHMS",
+    "SUPPORTED_DTYPES",
+    "builtin_allreduce",
+    "get_algorithm",
+    "halving_doubling_allreduce",
+    "naive_allreduce",
+    "ring_allreduce",
+]
+
+SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+# One tag per phase, so a message of one phase can never be matched by a
+# receive of another phase (gloo matches by peer and tag, in posting order).
+_TAG_NAIVE_GATHER = 101
+_TAG_NAIVE_BCAST = 102
+_TAG_RING_RS = 201
+_TAG_RING_AG = 202
+_TAG_HD_FOLD_IN = 301
+_TAG_HD_RS = 302
+_TAG_HD_AG = 303
+_TAG_HD_FOLD_OUT = 304
+
+# Ring segment size on the host (gloo/TCP). Smaller segments overlap better
+# but each message costs a fixed ~100 us on localhost TCP plus Python
+# overhead; see _ring_segment_bytes.
+_RING_SEGMENT_BYTES = 256 * 1024
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _check_tensor(tensor: torch.Tensor) -> None:
+    """Reject inputs the algorithms would get silently wrong."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype not in SUPPORTED_DTYPES:
+        names = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
+        raise TypeError(
+            f"all-reduce of a {str(tensor.dtype).replace('torch.', '')} tensor is not "
+            f"supported; supported dtypes: {names}"
+        )
+    if not tensor.is_contiguous():
+        raise ValueError(
+            f"tensor of shape {tuple(tensor.shape)} with strides {tuple(tensor.stride())} "
+            "is not contiguous; call .contiguous() first (and copy the result back "
+            "into the original if you need it there)"
+        )
+
+
+def _chunk_bounds(numel: int, parts: int) -> list[int]:
+    """Boundaries of `parts` near-equal pieces of range(numel): parts+1 ints.
+
+    The first numel % parts pieces get one extra element; when numel < parts
+    the trailing pieces are empty. Every rank computes the same list.
+    """
+    base, extra = divmod(numel, parts)
+    bounds = [0]
+    for i in range(parts):
+        bounds.append(bounds[-1] + base + (1 if i < extra else 0))
+    return bounds
+
+
+class _Comm:
+    """This rank's view of `group`: group rank, size, and peer translation.
+
+    `exchange` takes *group* ranks and translates them to the global ranks
+    that dist.isend/irecv expect.
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None, device: torch.device):
+        self.group = group
+        self.size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        if self.rank < 0:
+            raise ValueError("this process is not a member of the given group")
+        if group is None:
+            self.global_ranks = list(range(self.size))
+        else:
+            self.global_ranks = [dist.get_global_rank(group, r) for r in range(self.size)]
+        # Only CUDA tensors on NCCL get here with a CUDA device (gloo stages
+        # them through the host first).
+        self.batched = device.type == "cuda"
+
+    def exchange(
+        self,
+        recv: tuple[torch.Tensor, int] | None,
+        send: tuple[torch.Tensor, int] | None,
+        tag: int,
+    ) -> tuple[list[dist.Work], list[dist.Work]]:
+        """Post a receive (into tensor, from peer) and/or a send (tensor, to peer).
+
+        Returns (works to wait for the receive, works to wait for the send).
+        An empty tensor is not posted at all: both sides compute the same
+        sizes, so the peer skips the matching operation too.
+
+        On NCCL both are launched as one batch_isend_irecv, because a ring of
+        ranks that each launch a blocking send before their receive
+        deadlocks; the batch then has a single work, returned as the receive's
+        (waiting for it covers the send). Elsewhere they are posted one by one,
+        which is cheaper and lets the caller wait for the receive alone.
+        """
+        if recv is not None and recv[0].numel() == 0:
+            recv = None
+        if send is not None and send[0].numel() == 0:
+            send = None
+        if self.batched:
+            ops = []
+            if recv is not None:
+                ops.append(dist.P2POp(dist.irecv, recv[0], self.global_ranks[recv[1]], self.group, tag))
+            if send is not None:
+                ops.append(dist.P2POp(dist.isend, send[0], self.global_ranks[send[1]], self.group, tag))
+            works = dist.batch_isend_irecv(ops) if ops else []
+            return (works, []) if recv is not None else ([], works)
+        recv_works, send_works = [], []
+        if recv is not None:
+            recv_works.append(dist.irecv(recv[0], self.global_ranks[recv[1]], group=self.group, tag=tag))
+        if send is not None:
+            send_works.append(dist.isend(send[0], self.global_ranks[send[1]], group=self.group, tag=tag))
+        return recv_works, send_works
+
+    def sendrecv(self, recv, send, tag: int) -> None:
+        """exchange() and wait for both."""
+        recv_works, send_works = self.exchange(recv, send, tag)
+        _wait(recv_works)
+        _wait(send_works)
+
+
+def _wait(works: list[dist.Work]) -> None:
+    for w in works:
+        w.wait()
+
+
+def _run_on_comm_device(
+    tensor: torch.Tensor,
+    group: dist.ProcessGroup | None,
+    algorithm: Callable[[torch.Tensor, _Comm], None],
+) -> torch.Tensor:
+    """Validate, pick where the data travels from, run `algorithm`, copy back.
+
+    `algorithm(flat, comm)` reduces the 1-D contiguous tensor `flat` in place.
+    A CUDA tensor goes straight to the algorithm when the group's backend is
+    NCCL; otherwise (gloo) it is staged through a host copy, because gloo's
+    send/recv only handle CPU tensors.
+    """
+    _check_tensor(tensor)
+    if dist.get_world_size(group) == 1:
+        return tensor
+    # detach(): gradients are usually leaves that require grad; the reduction
+    # itself is not part of any autograd graph.
+    flat = tensor.detach().view(-1)
+    if flat.numel() == 0:
+        # Every rank knows the size is zero (sizes must agree for any
+        # all-reduce), so nothing is sent at all.
+        return tensor
+    if tensor.device.type == "cpu":
+        algorithm(flat, _Comm(group, flat.device))
+    elif tensor.device.type == "cuda" and "nccl" in str(dist.get_backend(group)).lower():
+        algorithm(flat, _Comm(group, flat.device))
+    else:
+        host = flat.to("cpu")
+        algorithm(host, _Comm(group, host.device))
+        flat.copy_(host)
+    return tensor
+
+
+# ------------------------------------------------------------- algorithms
+
+
+def builtin_allreduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """dist.all_reduce(SUM): the backend's own algorithm, used as the reference."""
+    _check_tensor(tensor)
+    if dist.get_world_size(group) > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+    return tensor
+
+
+def _naive(flat: torch.Tensor, comm: _Comm) -> None:
+    n, rank = comm.size, comm.rank
+    if rank != 0:
+        # Sending all of `flat` and then receiving into it is safe: the root
+        # only replies once it has received everything from everyone.
+        comm.sendrecv(None, (flat, 0), _TAG_NAIVE_GATHER)
+        comm.sendrecv((flat, 0), None, _TAG_NAIVE_BCAST)
+        return
+    # Root: two scratch buffers (one if there is a single sender), so the
+    # message from rank i+1 is arriving while the one from rank i is added.
+    scratch = [torch.empty_like(flat) for _ in range(min(2, n - 1))]
+    pending, _ = comm.exchange((scratch[0], 1), None, _TAG_NAIVE_GATHER)
+    for src in range(1, n):
+        _wait(pending)
+        if src + 1 < n:
+            nxt = scratch[src % len(scratch)]
+            pending, _ = comm.exchange((nxt, src + 1), None, _TAG_NAIVE_GATHER)
+        flat.add_(scratch[(src - 1) % len(scratch)])
+    sends = []
+    for dst in range(1, n):
+        recv_works, send_works = comm.exchange(None, (flat, dst), _TAG_NAIVE_BCAST)
+        sends += recv_works + send_works
+    _wait(sends)
+
+
+def naive_allreduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Gather to group rank 0, add there, send the sum back to everyone."""
+    return _run_on_comm_device(tensor, group, _naive)
+
+
+def _ring_segment_count(chunk_numel: int, element_size: int, device: torch.device) -> int:
+    """How many segments each ring chunk is cut into.
+
+    On NCCL one message per chunk: NCCL pipelines internally, and each extra
+    message is a kernel launch. On the host, segments of ~_RING_SEGMENT_BYTES
+    let TCP transfer, addition and forwarding overlap while keeping the
+    per-message cost small against the transfer time.
+    """
+    if device.type == "cuda":
+        return 1
+    chunk_bytes = chunk_numel * element_size
+    return max(1, -(-chunk_bytes // _RING_SEGMENT_BYTES))
+
+
+def _ring(flat: torch.Tensor, comm: _Comm) -> None:
+    n, rank = comm.size, comm.rank
+    right, left = (rank + 1) % n, (rank - 1) % n
+    chunks = _chunk_bounds(flat.numel(), n)
+    k = _ring_segment_count(chunks[1] - chunks[0], flat.element_size(), flat.device)
+    # seg[c][j] = (start, stop) of segment j of chunk c. Every chunk gets the
+    # same number of segments (some possibly empty), so both neighbours agree
+    # on the size of every message.
+    seg = []
+    for c in range(n):
+        b = _chunk_bounds(chunks[c + 1] - chunks[c], k)
+        seg.append([(chunks[c] + b[j], chunks[c] + b[j + 1]) for j in range(k)])
+    seg_numel = max(stop - start for c in seg for start, stop in c)
+
+    # The whole all-reduce is one stream of 2(n-1)*k units; unit u = (step s,
+    # segment j) sends one segment to the right and receives one from the
+    # left:
+    #   reduce-scatter (s < n-1): send chunk rank-s, receive chunk rank-s-1
+    #       into scratch and add it into our copy;
+    #   all-gather (t = s-(n-1) >= 0): send chunk rank+1-t, receive chunk
+    #       rank-t straight into place.
+    # Apart from step 0 (our own data), what unit u sends is what unit u-k
+    # received and reduced: the chunk finished in one step is forwarded in the
+    # next. So unit u is posted right after unit u-k is finished, which keeps
+    # k receives in flight while we add. Scratch slot u % k holds the receive
+    # of unit u; it is free again once unit u-k has been added.
+    units = 2 * (n - 1) * k
+    scratch = flat.new_empty(k * seg_numel)
+    recv_works: list[list[dist.Work]] = [[] for _ in range(units)]
+    send_works: list[dist.Work] = []
+
+    def plan(u: int):
+        s, j = divmod(u, k)
+        if s < n - 1:
+            (sa, sb), (ra, rb) = seg[(rank - s) % n][j], seg[(rank - s - 1) % n][j]
+            slot = (u % k) * seg_numel
+            return flat[sa:sb], flat[ra:rb], scratch[slot: slot + rb - ra]
+        t = s - (n - 1)
+        (sa, sb), (ra, rb) = seg[(rank + 1 - t) % n][j], seg[(rank - t) % n][j]
+        return flat[sa:sb], flat[ra:rb], None
+
+    def post(u: int) -> None:
+        send, dest, incoming = plan(u)
+        tag = _TAG_RING_RS if incoming is not None else _TAG_RING_AG
+        recvs, sends = comm.exchange((dest if incoming is None else incoming, left),
+                                     (send, right), tag)
+        recv_works[u] = recvs
+        send_works.extend(sends)
+
+    def finish(u: int) -> None:
+        _wait(recv_works[u])
+        recv_works[u] = []
+        _, dest, incoming = plan(u)
+        if incoming is not None:
+            dest.add_(incoming)
+
+    for u in range(units):
+        if u >= k:
+            finish(u - k)
+        post(u)
+    for u in range(max(0, units - k), units):
+        finish(u)
+    # Sends are only waited for at the end: a send's data is never
+    # overwritten before the peer has received it (the all-gather data that
+    # replaces it can only arrive after it went around the ring).
+    _wait(send_works)
+
+
+def ring_allreduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Ring reduce-scatter + all-gather, pipelined in segments."""
+    return _run_on_comm_device(tensor, group, _ring)
+
+
+def _halving_doubling(flat: torch.Tensor, comm: _Comm) -> None:
+    n, rank = comm.size, comm.rank
+    p = 1 << (n.bit_length() - 1)  # largest power of two <= n
+    rem = n - p
+
+    # Fold-in: among the first 2*rem ranks, each even rank hands its data to
+    # the odd rank above it and sits out; the p ranks left are renumbered
+    # 0..p-1 and run the power-of-two algorithm.
+    if rank < 2 * rem:
+        if rank % 2 == 0:
+            comm.sendrecv(None, (flat, rank + 1), _TAG_HD_FOLD_IN)
+            comm.sendrecv((flat, rank + 1), None, _TAG_HD_FOLD_OUT)
+            return
+        scratch = torch.empty_like(flat)
+        comm.sendrecv((scratch, rank - 1), None, _TAG_HD_FOLD_IN)
+        flat.add_(scratch)
+        new_rank = rank // 2
+    else:
+        scratch = None
+        new_rank = rank - rem
+
+    def group_rank(nr: int) -> int:
+        return nr * 2 + 1 if nr < rem else nr + rem
+
+    bounds = _chunk_bounds(flat.numel(), p)
+    if scratch is None:
+        # The largest piece ever received is the first half (chunk sizes
+        # only decrease with the index).
+        scratch = flat.new_empty(bounds[p // 2])
+
+    # Reduce-scatter by recursive halving. [lo, hi) is the window of chunk
+    # indices this rank still reduces; each step we keep the half holding
+    # chunk `new_rank`, send the other half to the partner (who keeps it)
+    # and add the partner's copy of our half. After log2(p) steps we hold
+    # the full sum of chunk `new_rank`.
+    lo, hi = 0, p
+    mask = p // 2
+    while mask >= 1:
+        partner = group_rank(new_rank ^ mask)
+        mid = (lo + hi) // 2
+        keep, give = ((mid, hi), (lo, mid)) if new_rank & mask else ((lo, mid), (mid, hi))
+        ka, kb = bounds[keep[0]], bounds[keep[1]]
+        ga, gb = bounds[give[0]], bounds[give[1]]
+        incoming = scratch[: kb - ka]
+        comm.sendrecv((incoming, partner), (flat[ga:gb], partner), _TAG_HD_RS)
+        flat[ka:kb].add_(incoming)
+        lo, hi = keep
+        mask //= 2
+
+    # All-gather by recursive doubling: swap windows with the partner at
+    # distance 1, 2, ..., p/2; the partner's window is received in place and
+    # ours doubles each step.
+    mask = 1
+    while mask < p:
+        partner = group_rank(new_rank ^ mask)
+        width = hi - lo
+        other = (lo - width, lo) if new_rank & mask else (hi, hi + width)
+        oa, ob = bounds[other[0]], bounds[other[1]]
+        comm.sendrecv((flat[oa:ob], partner), (flat[bounds[lo]:bounds[hi]], partner), _TAG_HD_AG)
+        lo, hi = min(lo, other[0]), max(hi, other[1])
+        mask *= 2
+
+    # Fold-out: hand the result to the rank that sat out.
+    if rank < 2 * rem:
+        comm.sendrecv(None, (flat, rank - 1), _TAG_HD_FOLD_OUT)
+
+
+def halving_doubling_allreduce(
+    tensor: torch.Tensor, group: dist.ProcessGroup | None = None
+) -> torch.Tensor:
+    """Rabenseifner: recursive-halving reduce-scatter + recursive-doubling all-gather."""
+    return _run_on_comm_device(tensor, group, _halving_doubling)
+
+
+ALGORITHMS: dict[str, Callable[..., torch.Tensor]] = {
+    "builtin": builtin_allreduce,
+    "naive": naive_allreduce,
+    "ring": ring_allreduce,
+    "halving_doubling": halving_doubling_allreduce,
+}
+
+
+def get_algorithm(name: str) -> Callable[..., torch.Tensor]:
+    """Look an all-reduce up by name; ValueError lists the valid names."""
+    try:
+        return ALGORITHMS[name]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"unknown all-reduce algorithm {name!r}; choose one of: "
+            + ", ".join(ALGORITHMS)
+        ) from None

@@ -1,0 +1,172 @@
+"""Run a function in N real processes that share a torch.distributed group.
+
+    from tests.multiproc import run_in_processes
+
+    def _check(rank, world_size, n):        # module level, so it pickles
+        t = torch.full((n,), float(rank))
+        dist.all_reduce(t)
+        return t.tolist()
+
+    results = run_in_processes(_check, 3, 5)   # [rank0's list, rank1's, rank2's]
+
+Each process is started with the "spawn" method (a fresh interpreter, as
+torchrun gives you), joins a process group through a FileStore in a fresh
+temporary directory (no TCP port to pick, so parallel test runs cannot
+collide), runs ``fn(rank, world_size, *args)`` and sends its return value
+back. The return value must be picklable; return plain Python values or CPU
+tensors. If any rank raises, its traceback is re-raised here in a
+RuntimeError and the other ranks (likely blocked in a collective waiting for
+it) are killed; the same happens when `timeout` seconds pass. Nothing is left
+running either way.
+
+Spawning is the slow part (each process imports torch: seconds on a small
+machine), so batch many checks into one call rather than one call per case.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import queue as queue_mod
+import tempfile
+import time
+import traceback
+from typing import Any, Callable
+
+import torch.multiprocessing as mp
+
+__all__ = ["run_in_processes"]
+
+
+def _entry(rank, world_size, backend, init_method, timeout, fn, args, results):
+    # Imports here, not at module level, keep importing this harness cheap
+    # for test collection.
+    import torch
+    import torch.distributed as dist
+
+    # Set through the environment too (see run_in_processes) so libraries
+    # that read it at import time agree; this covers torch's own pool.
+    torch.set_num_threads(1)
+    try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        dist.init_process_group(
+            backend,
+            init_method=init_method,
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout),
+        )
+        value = fn(rank, world_size, *args)
+        results.put((rank, True, value))
+    except BaseException:  # report everything, including KeyboardInterrupt
+        results.put((rank, False, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_in_processes(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    backend: str = "gloo",
+    timeout: float = 120,
+) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` in `world_size` processes.
+
+    Returns the list of return values, indexed by rank. `fn` and `args` must
+    be picklable (fn defined at module level). Raises RuntimeError with the
+    failing rank's traceback if a rank raises or dies, or TimeoutError if the
+    ranks have not all finished after `timeout` seconds; in both cases every
+    process still running is killed before raising.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = []
+    with tempfile.TemporaryDirectory(prefix="ddp_lab_mp_") as tmp:
+        init_method = "file://" + os.path.join(tmp, "store")
+        # Children inherit the environment at start(); one intra-op thread
+        # per process, as torchrun sets, or N processes fight over the cores.
+        saved = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = "1"
+        try:
+            for rank in range(world_size):
+                p = ctx.Process(
+                    target=_entry,
+                    args=(rank, world_size, backend, init_method, timeout, fn, args, results),
+                    daemon=True,
+                )
+                p.start()
+                procs.append(p)
+        except BaseException:  # e.g. fn or args cannot be pickled
+            _kill(procs)
+            raise
+        finally:
+            if saved is None:
+                os.environ.pop("OMP_NUM_THREADS", None)
+            else:
+                os.environ["OMP_NUM_THREADS"] = saved
+        try:
+            values = _collect(procs, results, timeout)
+        except BaseException:
+            # The other ranks are probably blocked in a collective waiting
+            # for the one that failed: do not wait for them.
+            _kill(procs)
+            raise
+        finally:
+            results.close()
+        _join_or_kill(procs, grace=10)
+        return values
+
+
+def _collect(procs, results, timeout: float) -> list[Any]:
+    world_size = len(procs)
+    values: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
+    silent_exit_seen = None
+    while len(values) < world_size:
+        try:
+            # Short waits so that a rank that died without reporting (killed,
+            # segfault, os._exit) is noticed well before the timeout.
+            rank, ok, value = results.get(timeout=0.2)
+        except queue_mod.Empty:
+            now = time.monotonic()
+            gone = [r for r, p in enumerate(procs) if r not in values and p.exitcode is not None]
+            if gone:
+                # A result can still be in the pipe just after its process
+                # exited: allow a moment before calling it a silent death.
+                silent_exit_seen = silent_exit_seen or now
+                if now - silent_exit_seen > 2.0:
+                    r = gone[0]
+                    raise RuntimeError(
+                        f"rank {r} of {world_size} exited with code {procs[r].exitcode} "
+                        "without reporting a result"
+                    )
+            if now > deadline:
+                missing = sorted(set(range(world_size)) - set(values))
+                raise TimeoutError(
+                    f"ranks {missing} of {world_size} did not finish within {timeout:g} s"
+                )
+            continue
+        if not ok:
+            raise RuntimeError(f"rank {rank} of {world_size} failed:\n{value}")
+        values[rank] = value
+    return [values[r] for r in range(world_size)]
+
+
+def _kill(procs) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    for p in procs:
+        p.join(timeout=5)
+
+
+def _join_or_kill(procs, grace: float) -> None:
+    """Let the ranks exit on their own (they destroy their group), then kill stragglers."""
+    deadline = time.monotonic() + grace
+    for p in procs:
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+    _kill(procs)
