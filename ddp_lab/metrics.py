@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import time
 from pathlib import Path
 
@@ -68,6 +69,17 @@ class Throughput:
     @property
     def step_ms(self) -> float:
         return 1000 * self.seconds / self.steps if self.steps else float("nan")
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """This process's peak memory in MiB: CUDA memory allocated on a GPU, else peak RSS.
+
+    Peak RSS (getrusage, KiB on Linux) covers this process only: DataLoader
+    workers and other ranks are processes of their own.
+    """
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _flat_hparams(cfg, world_size: int, backend: str) -> dict:
