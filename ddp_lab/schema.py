@@ -77,6 +77,9 @@ class TrainerConfig:
     threads: int = MISSING
     grad_accum: int = MISSING
     progress: bool = MISSING
+    ckpt_every: int = MISSING
+    keep_ckpts: int = MISSING
+    resume: str = MISSING
 
 
 @dataclass

@@ -14,6 +14,7 @@ Every rank runs this file. Output goes to outputs/<run id>/ (see ddp_lab.config)
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -38,12 +39,33 @@ def quiet_other_ranks(rank: int) -> None:
             h.setLevel(logging.WARNING)
 
 
+class Terminated(SystemExit):
+    """Raised by the SIGTERM handler; exits with status 143 (128 + SIGTERM)."""
+
+
+def stop_on_sigterm() -> None:
+    """torchrun sends SIGTERM to every worker when one of them fails (SIGKILL
+    follows 30 s later), and so do SLURM and Kubernetes before killing a job.
+    Stop at once rather than finish the step: raise, so the `finally` below
+    closes the logs and the process group; nothing is saved (the newest
+    checkpoint is the resume point). A rank blocked inside a collective sees
+    the exception only once the collective returns, which it does when a peer
+    dies or after dist.timeout_s.
+    """
+    def handler(signum, frame):
+        signal.signal(signum, signal.SIG_DFL)  # a second SIGTERM kills outright
+        raise Terminated(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 @record
 @hydra.main(version_base="1.3", config_path=config.CONFIG_PATH, config_name="train")
 def main(cfg) -> dict:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     env = None
     trainer = None
+    stop_on_sigterm()
     try:
         env = distributed.setup(cfg.dist.backend, cfg.dist.device, cfg.dist.timeout_s)
         quiet_other_ranks(env.rank)
@@ -59,6 +81,9 @@ def main(cfg) -> dict:
         log.error("%s", e)
         print(f"ddp_lab: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except Terminated:
+        log.warning("stopped by SIGTERM")
+        raise
     finally:
         if trainer is not None:
             trainer.close()

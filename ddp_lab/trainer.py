@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from hydra.utils import instantiate
 from torch import nn
 from tqdm import tqdm
 
+from ddp_lab import checkpoint
 from ddp_lab.config import ConfigError
 from ddp_lab.data import build_loaders
 from ddp_lab.distributed import DistEnv, all_reduce_sum
@@ -65,6 +67,26 @@ def build_schedule(optimizer, cfg, steps_per_epoch: int, total_steps: int):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def fault_from_env() -> dict | None:
+    """DDP_LAB_FAULT="rank=1,step=5,kind=raise" makes one rank fail on purpose after
+    that optimizer step, to watch how a job fails and recovers: kind=raise (an
+    exception) or kind=kill (SIGKILL, as the OOM killer would). It fires on a
+    launch's first attempt only (TORCHELASTIC_RESTART_COUNT=0), so that a
+    torchrun restart (--max-restarts) then runs clean.
+    """
+    spec = os.environ.get("DDP_LAB_FAULT")
+    if not spec or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
+        return None
+    try:
+        fault = dict(part.split("=", 1) for part in spec.split(","))
+        fault = {"rank": int(fault["rank"]), "step": int(fault["step"]), "kind": fault["kind"]}
+    except (KeyError, ValueError) as e:
+        raise ConfigError(f"DDP_LAB_FAULT={spec!r}: expected rank=R,step=N,kind=raise|kill") from e
+    if fault["kind"] not in ("raise", "kill"):
+        raise ConfigError(f"DDP_LAB_FAULT={spec!r}: kind must be raise or kill")
+    return fault
+
+
 class Trainer:
     def __init__(self, cfg, env: DistEnv, run_dir: Path):
         self.cfg, self.env, self.run_dir = cfg, env, Path(run_dir)
@@ -72,6 +94,9 @@ class Trainer:
         for key in ("epochs", "log_every", "grad_accum"):
             if t[key] < 1:
                 raise ConfigError(f"trainer.{key}={t[key]} must be >= 1")
+        for key in ("ckpt_every", "keep_ckpts"):
+            if t[key] < 0:
+                raise ConfigError(f"trainer.{key}={t[key]} must be >= 0")
         if t.threads > 0:
             torch.set_num_threads(t.threads)
         self.amp = resolve_amp(t.amp, env.device)
@@ -106,6 +131,11 @@ class Trainer:
         self.epoch_seconds: list[float] = []
         self.data_seconds = 0.0
         self.last: dict[str, float] = {}
+        self.batches_done = 0  # loader batches of the current epoch already trained on
+        self.resumed_sums: torch.Tensor | None = None  # a resumed epoch's running sums
+        self.ckpt_root = self.run_dir / checkpoint.DIRNAME
+        self.fault = fault_from_env()
+        self._maybe_resume()  # last: it overwrites state (and RNG) built above
 
     def autocast(self):
         if self.amp == "off":
@@ -129,6 +159,8 @@ class Trainer:
                 self.log.print(epoch_line(self.epoch, t.epochs, metrics))
             self.last.update(metrics)
             self.epoch += 1
+            self.batches_done = 0
+            self._save_checkpoint()
         return self.finish()
 
     @property
@@ -139,23 +171,33 @@ class Trainer:
         self.model.train()
         t = self.cfg.trainer
         sums = torch.zeros(3, dtype=torch.float64, device=self.env.device)  # loss*n, correct, n
+        if self.resumed_sums is not None:  # resumed mid-epoch: the epoch's metrics go on
+            sums.copy_(self.resumed_sums)
+            self.resumed_sums = None
         images0, seconds0 = self.throughput.images, self.throughput.seconds
-        bar = tqdm(total=self.steps_per_epoch, desc=f"epoch {epoch + 1}", leave=False,
+        bar = tqdm(total=self.steps_per_epoch, initial=self.batches_done // t.grad_accum,
+                   desc=f"epoch {epoch + 1}", leave=False,
                    disable=not (self.env.is_main and t.progress and sys.stderr.isatty()))
         start = self.clock.now()
         self.throughput.resume()
-        batches = self.train_loader.epoch(epoch)
+        batches = self.train_loader.epoch(epoch, start=self.batches_done)
         while not self.done:
             micro = self._next_micro_batches(batches, t.grad_accum)
             if micro is None:
                 break
             self._run_batch(micro, sums)
             self.step += 1
+            self.batches_done += len(micro)
             self.throughput.step_done(sum(len(y) for _, y in micro) * self.env.world_size)
             bar.update()
             if self.step % t.log_every == 0:
                 self.log.scalars({"loss/train_step": self.last_loss.item(),
                                   "lr": self.scheduler.get_last_lr()[0]}, self.step)
+            if self._step_checkpoint_due():
+                self.throughput.pause()  # saving is not training: keep it out of img/s
+                self._save_checkpoint(sums)
+                self.throughput.resume()
+            self._maybe_inject_fault()
         self.throughput.pause()
         bar.close()
         seconds = self.clock.now() - start
@@ -208,6 +250,65 @@ class Trainer:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
+
+    # ------------------------------------------------------------ checkpoints
+    def _step_checkpoint_due(self) -> bool:
+        """Every trainer.ckpt_every steps, except where the epoch-end save follows anyway."""
+        t = self.cfg.trainer
+        epoch_ends = self.done or self.batches_done + t.grad_accum > len(self.train_loader)
+        return t.ckpt_every > 0 and self.step % t.ckpt_every == 0 and not epoch_ends
+
+    def _save_checkpoint(self, sums: torch.Tensor | None = None) -> None:
+        """Every rank calls this at the same step; see ddp_lab.checkpoint for the layout."""
+        t = self.cfg.trainer
+        if t.keep_ckpts == 0:
+            return
+        own = {"rng": checkpoint.rng_state(self.env.device), "step": self.step,
+               "batches_done": self.batches_done,
+               "sums": (sums if sums is not None else torch.zeros(3, dtype=torch.float64)).cpu()}
+        shared = meta = None
+        if self.env.is_main:
+            shared = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                      "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
+                      "step": self.step, "epoch": self.epoch, "batches_done": self.batches_done,
+                      "sampler_seed": self.cfg.seed, "world_size": self.env.world_size,
+                      "last": dict(self.last), "epoch_seconds": list(self.epoch_seconds)}
+            subset = checkpoint.config_subset(self.cfg)
+            meta = {"epoch": self.epoch, "batches_done": self.batches_done,
+                    "config_hash": checkpoint.config_hash(subset), "config": subset}
+        path = checkpoint.save(self.ckpt_root, self.step, self.env, own, shared, meta, t.keep_ckpts)
+        where = (f"end of epoch {self.epoch}" if self.batches_done == 0
+                 else f"epoch {self.epoch + 1}, batch {self.batches_done}")
+        self.log.print(f"checkpoint {path.name} ({where})")
+
+    def _maybe_resume(self) -> None:
+        """Continue from a checkpoint after a torchrun restart, or as trainer.resume says."""
+        path = checkpoint.choose(self.cfg.trainer.resume, self.ckpt_root, self.env)
+        if path is None:
+            return
+        checkpoint.validate(path, checkpoint.read_meta(path), self.env.world_size,
+                            checkpoint.config_subset(self.cfg))
+        shared, own = checkpoint.load(path, self.env.rank, self.env.device)
+        self.model.load_state_dict(shared["model"])
+        self.optimizer.load_state_dict(shared["optimizer"])
+        self.scheduler.load_state_dict(shared["scheduler"])
+        self.scaler.load_state_dict(shared["scaler"])
+        self.step, self.epoch = shared["step"], shared["epoch"]
+        self.batches_done = shared["batches_done"]
+        self.last, self.epoch_seconds = dict(shared["last"]), list(shared["epoch_seconds"])
+        self.resumed_sums = own["sums"].to(self.env.device)
+        checkpoint.set_rng_state(own["rng"], self.env.device)
+        self.log.print(f"resumed from {path} (step {self.step}, epoch {self.epoch + 1}, "
+                       f"batch {self.batches_done})")
+
+    def _maybe_inject_fault(self) -> None:
+        """DDP_LAB_FAULT (see fault_from_env): fail on purpose after the chosen step."""
+        f = self.fault
+        if f is None or f["rank"] != self.env.rank or f["step"] != self.step:
+            return
+        if f["kind"] == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError(f"DDP_LAB_FAULT: rank {self.env.rank} fails after step {self.step}")
 
     # ------------------------------------------------------------ evaluation
     @torch.no_grad()
