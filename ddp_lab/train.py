@@ -59,8 +59,10 @@ def stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-@record
+# @record under @hydra.main: Hydra turns a task's exception into a printed line and
+# exit(1), so only here does torchrun's error file get the real traceback.
 @hydra.main(version_base="1.3", config_path=config.CONFIG_PATH, config_name="train")
+@record
 def main(cfg) -> dict:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     env = None
