@@ -252,10 +252,15 @@ class _Sweep:
         alg = algbw_gbps(size, time_us)
         return {
             "algo": algo, "size_bytes": size, "count": count, "dtype": plan.dtype_name,
-            "world_size": env.world_size, "time_us": round(time_us, 3),
-            "algbw_gbps": round(alg, 6), "busbw_gbps": round(busbw_gbps(alg, env.world_size), 6),
+            "world_size": env.world_size, "time_us": _sig(time_us),
+            "algbw_gbps": _sig(alg), "busbw_gbps": _sig(busbw_gbps(alg, env.world_size)),
             "wrong": wrong, "iters": n_iter,
         }
+
+
+def _sig(x: float, digits: int = 6) -> float:
+    """Round to significant digits: tiny bandwidths keep their precision in the CSV."""
+    return float(f"{x:.{digits}g}")
 
 
 def _header(plan: Plan) -> str:

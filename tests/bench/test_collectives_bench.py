@@ -1,0 +1,125 @@
+"""ddp_lab.bench.collectives: formulas, sweep sizes, validation, check pattern, a real torchrun sweep."""
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+
+from ddp_lab.bench import collectives as bench
+from ddp_lab.config import ConfigError
+from tests.conftest import run_module
+
+
+def test_algbw_and_busbw_on_known_numbers():
+    # 1e9 bytes in 1 s is 1 GB/s of algorithm bandwidth
+    assert bench.algbw_gbps(1e9, 1e6) == pytest.approx(1.0)
+    assert bench.algbw_gbps(4096, 40.96) == pytest.approx(0.1)
+    # busbw = algbw * 2(n-1)/n
+    assert bench.busbw_gbps(1.0, 2) == pytest.approx(1.0)
+    assert bench.busbw_gbps(1.0, 4) == pytest.approx(1.5)
+    assert bench.busbw_gbps(2.0, 8) == pytest.approx(3.5)
+    assert bench.busbw_gbps(1.0, 1) == 0.0
+
+
+def test_message_sizes_follow_nccl_tests_b_e_f():
+    assert bench.message_sizes(4096, 65536, 2) == [4096, 8192, 16384, 32768, 65536]
+    assert bench.message_sizes(1000, 10000, 3) == [1000, 3000, 9000]
+    assert bench.message_sizes(64, 64, 2) == [64]
+    assert len(bench.message_sizes(4096, 64 << 20, 2)) == 15  # the default sweep
+
+
+@pytest.mark.parametrize("dtype", list(bench.DTYPES))
+@pytest.mark.parametrize("world", [2, 3, 8])
+def test_check_pattern_sums_exactly_in_every_dtype(dtype, world):
+    count = 4099
+    bufs = []
+    for r in range(world):
+        b = torch.empty(count, dtype=bench.DTYPES[dtype])
+        bench.fill_pattern(b, r, world, dtype)
+        bufs.append(b)
+    assert not torch.equal(bufs[0], bufs[1])  # rank-dependent
+    want = bench.expected_sum(count, world, dtype, torch.device("cpu"))
+    # any summation order is exact: forwards and backwards in the dtype itself
+    fwd, bwd = bufs[0].clone(), bufs[-1].clone()
+    for b in bufs[1:]:
+        fwd += b
+    for b in reversed(bufs[:-1]):
+        bwd += b
+    assert torch.equal(fwd, want) and torch.equal(bwd, want)
+
+
+def _cfg(overrides=()):
+    with initialize_config_module(version_base="1.3", config_module="ddp_lab.conf"):
+        return compose(config_name="bench_collectives", overrides=list(overrides))
+
+
+def test_defaults_are_valid():
+    plan = bench.validate(_cfg())
+    assert plan.sizes[0] == 4096 and plan.sizes[-1] == 64 << 20
+    assert plan.algos == ["builtin", "naive", "ring", "halving_doubling"]
+    assert plan.dtype == torch.float32 and plan.elem_size == 4
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["min_bytes=8192", "max_bytes=4096"], "min_bytes=8192 is larger than max_bytes=4096"),
+    (["factor=1"], "factor=1 must be an integer >= 2"),
+    (["factor=2.5"], "factor=2.5 must be an integer >= 2"),
+    (["algos=[ring,butterfly]"], "unknown algorithm 'butterfly'; choose from builtin"),
+    (["algos=[]"], "algos is empty"),
+    (["dtype=int32"], "dtype='int32' is not one of float32"),
+    (["min_bytes=4098"], "min_bytes=4098 is not a multiple of the 4-byte element size"),
+    (["dtype=float64", "min_bytes=1024", "max_bytes=1028"], "max_bytes=1028 is not a multiple of the 8-byte"),
+    (["iters=0"], "iters=0 must be >= 1"),
+    (["min_iters=9", "iters=4"], "min_iters=9 is larger than iters=4"),
+    (["time_budget_s=0"], "time_budget_s=0"),
+])
+def test_bad_input_names_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        bench.validate(_cfg(overrides))
+
+
+def test_bad_input_single_process_exits_2(tmp_path):
+    r = run_module("ddp_lab.bench.collectives", ["min_bytes=8192", "max_bytes=4096",
+                                                 f"hydra.run.dir={tmp_path}"], nproc=0, timeout=120)
+    assert r.returncode == 2
+    assert "ddp_lab.bench.collectives: error: min_bytes=8192 is larger than max_bytes=4096" in r.stderr
+    assert not (tmp_path / "collectives.csv").exists()
+
+
+@pytest.mark.slow
+def test_torchrun_sweep_two_processes(tmp_path):
+    algos = ["builtin", "naive", "ring", "halving_doubling"]
+    run_dir = tmp_path / "run"
+    r = run_module("ddp_lab.bench.collectives",
+                   ["min_bytes=1024", "max_bytes=65536", "factor=4", "warmup=1", "iters=3",
+                    "min_iters=1", f"hydra.run.dir={run_dir}"], nproc=2, timeout=180)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "busbw" in r.stdout and "wrong elements in total: 0 OK" in r.stdout
+    with open(run_dir / "collectives.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames == ["algo", "size_bytes", "count", "dtype", "world_size",
+                                     "time_us", "algbw_gbps", "busbw_gbps", "wrong"]
+        rows = list(reader)
+    sizes = [1024, 4096, 16384, 65536]
+    assert [(row["algo"], int(row["size_bytes"])) for row in rows] == [(a, s) for a in algos for s in sizes]
+    for row in rows:
+        assert int(row["wrong"]) == 0, row
+        assert int(row["world_size"]) == 2 and row["dtype"] == "float32"
+        assert int(row["count"]) == int(row["size_bytes"]) // 4
+        t = float(row["time_us"])
+        assert t > 0
+        alg = float(row["algbw_gbps"])
+        assert alg == pytest.approx(int(row["size_bytes"]) / t / 1e3, rel=1e-3)
+        assert float(row["busbw_gbps"]) == pytest.approx(alg * 2 * (2 - 1) / 2, rel=1e-3)
+    assert (run_dir / "collectives.png").stat().st_size > 0
+    assert any((run_dir / "tb").iterdir())
+
+
+@pytest.mark.slow
+def test_torchrun_bad_input_fails_every_rank_quickly(tmp_path):
+    r = run_module("ddp_lab.bench.collectives", ["algos=[ring,butterfly]", f"hydra.run.dir={tmp_path}"],
+                   nproc=2, timeout=120)
+    assert r.returncode != 0
+    assert "unknown algorithm 'butterfly'" in r.stderr + r.stdout
