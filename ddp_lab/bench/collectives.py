@@ -258,6 +258,45 @@ class _Sweep:
         }
 
 
+def median_of_runs(paths: list[str | Path]) -> list[dict]:
+    """Combine repeated sweeps: per (algo, dtype, world_size, size) the median time_us.
+
+    On a shared machine one sweep can catch a burst of someone else's load;
+    the median over a few sweeps, taken minutes apart, does not. algbw/busbw are
+    recomputed from the median time; wrong is the largest count of any run.
+
+        from ddp_lab.bench.collectives import median_of_runs, write_rows
+        write_rows(median_of_runs(["run1/collectives.csv", "run2/collectives.csv",
+                                   "run3/collectives.csv"]), "collectives_median.csv")
+    """
+    import statistics
+
+    groups: dict[tuple, list[dict]] = {}
+    for path in paths:
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                key = (r["algo"], r["dtype"], int(r["world_size"]), int(r["size_bytes"]))
+                groups.setdefault(key, []).append(r)
+    out = []
+    for (algo, dtype, world, size), rs in groups.items():
+        t = statistics.median(float(r["time_us"]) for r in rs)
+        alg = algbw_gbps(size, t)
+        out.append({"algo": algo, "size_bytes": size, "count": int(rs[0]["count"]), "dtype": dtype,
+                    "world_size": world, "time_us": _sig(t), "algbw_gbps": _sig(alg),
+                    "busbw_gbps": _sig(busbw_gbps(alg, world)),
+                    "wrong": max(int(r["wrong"]) for r in rs)})
+    return out
+
+
+def write_rows(rows: list[dict], path: str | Path) -> Path:
+    """Write rows in collectives.csv's format."""
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    return Path(path)
+
+
 def _sig(x: float, digits: int = 6) -> float:
     """Round to significant digits: tiny bandwidths keep their precision in the CSV."""
     return float(f"{x:.{digits}g}")

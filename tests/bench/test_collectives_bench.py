@@ -123,3 +123,16 @@ def test_torchrun_bad_input_fails_every_rank_quickly(tmp_path):
                    nproc=2, timeout=120)
     assert r.returncode != 0
     assert "unknown algorithm 'butterfly'" in r.stderr + r.stdout
+
+
+def test_median_of_runs(tmp_path):
+    def run(times):
+        rows = [{"algo": "ring", "size_bytes": 4096, "count": 1024, "dtype": "float32", "world_size": 2,
+                 "time_us": t, "algbw_gbps": 0, "busbw_gbps": 0, "wrong": w} for t, w in times]
+        return bench.write_rows(rows, tmp_path / f"{len(list(tmp_path.iterdir()))}.csv")
+
+    paths = [run([(10.0, 0)]), run([(40.0, 0)]), run([(20.0, 2)])]
+    (row,) = bench.median_of_runs(paths)
+    assert row["time_us"] == 20.0 and row["wrong"] == 2
+    assert row["algbw_gbps"] == pytest.approx(4096 / 20.0 / 1e3, rel=1e-5)
+    assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"], rel=1e-5)  # 2(n-1)/n = 1 at n = 2
