@@ -138,21 +138,31 @@ class RunLogger:
             self.writer = None
 
 
+def _json_safe(v):
+    # NaN (e.g. no step after warm-up was measured) is not JSON: write null.
+    return None if isinstance(v, float) and v != v else v
+
+
 def write_json_atomic(path: Path, data: dict) -> None:
     """Write to a temp file, then rename: readers see the old file or the new, never half."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    clean = {k: _json_safe(v) for k, v in data.items()}
+    tmp.write_text(json.dumps(clean, indent=2, sort_keys=True, allow_nan=False) + "\n")
     os.replace(tmp, path)
+
+
+def _rate(v: float) -> str:
+    return "n/a" if v != v else f"{v:,.0f}"  # n/a: every step of it was warm-up
 
 
 def epoch_line(epoch: int, epochs: int, m: dict) -> str:
     return (f"epoch {epoch + 1}/{epochs}  loss {m['loss/train']:.4f}  "
             f"train acc {m['acc/train']:.3f}  test acc {m['acc/test']:.3f}  "
-            f"{m['perf/samples_per_sec']:,.0f} img/s ({m['perf/samples_per_sec_per_rank']:,.0f}/rank)  "
+            f"{_rate(m['perf/samples_per_sec'])} img/s ({_rate(m['perf/samples_per_sec_per_rank'])}/rank)  "
             f"{m['perf/epoch_s']:.1f} s")
 
 
 def final_line(s: dict) -> str:
     """d2l's closing line, e.g. `test acc 0.85, 4.1 sec/epoch, 14,200 img/s on 2 x cpu (gloo)`."""
     return (f"test acc {s['test_acc']:.2f}, {s['sec_per_epoch']:.1f} sec/epoch, "
-            f"{s['samples_per_sec']:,.0f} img/s on {s['world_size']} x {s['device']} ({s['backend']})")
+            f"{_rate(s['samples_per_sec'])} img/s on {s['world_size']} x {s['device']} ({s['backend']})")

@@ -5,8 +5,11 @@ new model is a function plus a YAML file.
 """
 from __future__ import annotations
 
+from hydra.errors import InstantiationException
 from torch import nn
 from torchvision.models.resnet import BasicBlock
+
+from ddp_lab.config import ConfigError
 
 
 def lenet(num_classes: int = 10, in_channels: int = 1, init: str = "default",
@@ -61,7 +64,7 @@ def finish(net: nn.Module, init: str, sync_bn: bool) -> nn.Module:
     if init == "d2l":
         net.apply(_d2l_init)
     elif init != "default":
-        raise ValueError(f"model.init={init!r} is not one of default, d2l")
+        raise ConfigError(f"model.init={init!r} is not one of default, d2l")
     if sync_bn:
         net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
     return net
@@ -82,7 +85,12 @@ def build_model(cfg) -> nn.Module:
     from omegaconf import OmegaConf
 
     args = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "name"}
-    return instantiate(args)
+    try:
+        return instantiate(args)
+    except InstantiationException as e:
+        if isinstance(e.__cause__, ConfigError):  # a bad value, not a bug: say it plainly
+            raise e.__cause__ from None
+        raise
 
 
 def load_model_config(name: str):

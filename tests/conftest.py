@@ -93,5 +93,12 @@ def run_module(module: str, args, nproc: int = 1, timeout: float = 240,
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
 
 
+def failure(proc: subprocess.CompletedProcess) -> str:
+    """The part of a failed run's output worth reading: each rank's error, then the tail."""
+    text = proc.stdout + proc.stderr
+    errors = [ln for ln in text.splitlines() if "Error" in ln or "error:" in ln]
+    return "\n".join(errors[:20]) + "\n...\n" + text[-2000:]
+
+
 def read_summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())

@@ -1,0 +1,75 @@
+"""Every bad input: a clear message naming it and the fix, a non-zero exit, no rank left hanging.
+
+A few cases run the real entry point (exit status, torchrun); the rest check
+the message where it is raised, which is what the entry point prints.
+"""
+import time
+
+import pytest
+import torch
+
+from ddp_lab.config import ConfigError
+from ddp_lab.distributed import DistEnv, resolve_backend
+from ddp_lab.trainer import Trainer
+from tests.conftest import run_module, tiny_overrides
+
+
+def _run(tiny_fmnist, tmp_path, extra, nproc=0, timeout=120):
+    args = tiny_overrides(tiny_fmnist, tmp_path / "run") + list(extra)
+    start = time.monotonic()
+    proc = run_module("ddp_lab.train", args, nproc=nproc, timeout=timeout)
+    return proc, proc.stdout + proc.stderr, time.monotonic() - start
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["dist.backend=nccl"], "dist.backend=nccl needs CUDA devices"),
+    (["trainer.amp=fp16"], "trainer.amp=fp16 needs CUDA; on CPU use trainer.amp=bf16 or off"),
+    (["trainer.amp=fp8"], "trainer.amp='fp8' is not one of auto, bf16, fp16, off"),
+    (["model.init=bogus"], "model.init='bogus' is not one of default, d2l"),
+    (["data.batch_size=0"], "data.batch_size=0 must be a positive global batch size"),
+    (["data.loader=magic"], "data.loader='magic' is not one of device, dataloader"),
+    (["sync.mode=allgather"], "sync.mode='allgather' is not one of"),
+    (["model.in_channels=3"], "model.in_channels=3 but the data has 1 channel(s); set model.in_channels=1"),
+    (["trainer.grad_accum=0"], "trainer.grad_accum=0 must be >= 1"),
+    (["optim.schedule=step"], "optim.schedule='step' is not one of constant, cosine"),
+    (["data=synthetic", "data.image_shape=[28,28]"], "data.image_shape=[28, 28] must be [channels, height, width]"),
+])
+def test_bad_value_message(tiny_fmnist, tmp_path, compose_train, extra, message):
+    overrides = [a for a in tiny_overrides(tiny_fmnist, tmp_path) if not a.startswith("hydra.")]
+    cfg = compose_train(overrides + extra)
+    with pytest.raises(ConfigError) as e:
+        # What the entry point builds, in its order: the backend first, then the Trainer.
+        resolve_backend(cfg.dist.backend, torch.device("cpu"))
+        Trainer(cfg, DistEnv(0, 1, 0, torch.device("cpu"), "none"), tmp_path).close()
+    assert message in str(e.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra,message,code", [
+    (["trainer.epoch=3"], "Key 'epoch' not in 'TrainerConfig'", 1),
+    (["trainer.epochs=ten"], "Value 'ten' of type 'str' could not be converted to Integer", 1),
+    (["model.init=bogus"], "ddp_lab: error: model.init='bogus' is not one of default, d2l", 2),
+])
+def test_entry_point_exits_non_zero_with_the_message(tiny_fmnist, tmp_path, extra, message, code):
+    proc, out, _ = _run(tiny_fmnist, tmp_path, extra)
+    assert proc.returncode == code, out[-2000:]
+    assert message in out
+
+
+@pytest.mark.slow
+def test_missing_data_names_the_path_and_the_fixes(tmp_path):
+    proc = run_module("ddp_lab.train", [f"data.root={tmp_path}/absent", f"hydra.run.dir={tmp_path}/r"],
+                      nproc=0, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2
+    assert f"data.root={tmp_path}/absent: no Fashion-MNIST files there" in out
+    assert "data.download=true" in out
+
+
+@pytest.mark.slow
+def test_indivisible_batch_under_torchrun_stops_every_rank(tiny_fmnist, tmp_path):
+    proc, out, seconds = _run(tiny_fmnist, tmp_path, ["data.batch_size=64"], nproc=3)
+    assert proc.returncode != 0
+    assert "data.batch_size=64 is the GLOBAL batch and must divide evenly over 3 ranks" in out
+    assert "use a multiple of 3 (e.g. 63 or 66)" in out
+    assert seconds < 100  # nobody waited for a collective that never comes

@@ -1,0 +1,56 @@
+"""The shipped configs compose, and Hydra itself rejects unknown keys and wrong types."""
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ValidationError
+
+from ddp_lab.models import build_model, num_parameters
+
+
+@pytest.mark.parametrize("model,params", [("lenet", 129_068), ("resnet18", 11_172_810)])
+@pytest.mark.parametrize("data", ["fashion_mnist", "synthetic"])
+def test_every_model_and_data_config_composes(compose_train, model, params, data):
+    cfg = compose_train([f"model={model}", f"data={data}"])
+    assert cfg.model.name == model
+    assert cfg.data.name == data
+    assert cfg.data.batch_size == 256  # the GLOBAL batch, as in d2l
+    assert num_parameters(build_model(cfg.model)) == params
+
+
+def test_defaults(compose_train):
+    cfg = compose_train()
+    assert (cfg.model.name, cfg.data.name, cfg.sync.mode, cfg.sync.algo) == (
+        "lenet", "fashion_mnist", "ddp", "builtin")
+    assert cfg.trainer.epochs == 10
+    assert cfg.dist.backend == "auto"
+    assert cfg.optim._target_ == "torch.optim.SGD"
+
+
+def test_overrides_are_typed(compose_train):
+    cfg = compose_train(["trainer.epochs=3", "optim.lr=0.05", "data.image_shape=[3,32,32]"])
+    assert cfg.trainer.epochs == 3 and isinstance(cfg.trainer.epochs, int)
+    assert cfg.optim.lr == 0.05
+    assert list(cfg.data.image_shape) == [3, 32, 32]
+
+
+def test_unknown_key_is_rejected(compose_train):
+    with pytest.raises(ConfigCompositionException, match="trainer.epoch"):
+        compose_train(["trainer.epoch=3"])
+
+
+def test_wrong_type_is_rejected(compose_train):
+    with pytest.raises((ConfigCompositionException, ValidationError), match="ten"):
+        compose_train(["trainer.epochs=ten"])
+
+
+def test_unknown_group_option_is_rejected(compose_train):
+    with pytest.raises(ConfigCompositionException, match="resnet50"):
+        compose_train(["model=resnet50"])
+
+
+def test_d2l_init_draws_from_normal_001(compose_train):
+    import torch
+    torch.manual_seed(0)
+    net = build_model(compose_train(["model.init=d2l"]).model)
+    w = net[7].weight  # the 800 -> 128 linear layer
+    assert abs(w.std().item() - 0.01) < 0.0005
+    assert abs(w.mean().item()) < 0.0005

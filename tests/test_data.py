@@ -1,0 +1,114 @@
+"""Finding Fashion-MNIST, sharding it over ranks, and the two loaders agreeing."""
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+from ddp_lab.config import ConfigError
+from ddp_lab.data import (build_loaders, eval_indices, fashion_mnist_splits,
+                          locate_fashion_mnist, per_rank_batch)
+
+
+def test_global_batch_is_split_over_ranks():
+    assert per_rank_batch(256, 1) == 256
+    assert per_rank_batch(256, 2) == 128
+    assert per_rank_batch(256, 4) == 64
+
+
+def test_indivisible_global_batch_is_rejected_with_a_fix():
+    with pytest.raises(ConfigError, match=r"batch_size=256 .* 3 ranks; use a multiple of 3 \(e.g. 255 or 258\)"):
+        per_rank_batch(256, 3)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5])
+def test_training_shards_cover_the_dataset_once_per_epoch(world):
+    n = 60  # divisible by every world size above: no padding
+    for epoch in (0, 1):
+        seen = []
+        for rank in range(world):
+            s = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=0)
+            s.set_epoch(epoch)
+            seen += list(s)
+        assert sorted(seen) == list(range(n))
+
+
+def test_set_epoch_reshuffles():
+    s = DistributedSampler(range(100), num_replicas=2, rank=0, shuffle=True, seed=0)
+    s.set_epoch(0)
+    first = list(s)
+    s.set_epoch(1)
+    assert list(s) != first
+    s.set_epoch(0)
+    assert list(s) == first
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 7])
+def test_eval_shards_hold_every_test_image_exactly_once(world):
+    n = 203
+    shards = [eval_indices(n, r, world).tolist() for r in range(world)]
+    assert sorted(sum(shards, [])) == list(range(n))
+
+
+def test_gzipped_folder_is_read_through_torchvision(tiny_fmnist, tmp_path, compose_train):
+    cfg = compose_train([f"data.root={tiny_fmnist}", f"data.cache_dir={tmp_path}"]).data
+    train, test = fashion_mnist_splits(cfg)
+    assert train.images.shape == (512, 1, 28, 28) and train.images.dtype == torch.uint8
+    assert test.images.shape == (203, 1, 28, 28)
+    # The tiny set marks class k with a bright bar at rows 2k+4 and 2k+5.
+    k = int(train.labels[0])
+    assert int(train.images[0, 0, 2 * k + 4, 10]) == 250
+
+
+def test_cache_is_keyed_by_source(tmp_path):
+    from tests.conftest import make_tiny_fashion_mnist
+    a = make_tiny_fashion_mnist(tmp_path / "a", seed=1)
+    b = make_tiny_fashion_mnist(tmp_path / "b", seed=2)
+    ra = locate_fashion_mnist(str(a), False, str(tmp_path / "cache"))
+    rb = locate_fashion_mnist(str(b), False, str(tmp_path / "cache"))
+    assert ra != rb
+
+
+def test_missing_data_names_the_path_and_both_fixes(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        locate_fashion_mnist(str(tmp_path / "nowhere"), False, str(tmp_path))
+    msg = str(e.value)
+    assert "nowhere" in msg and "data.download=true" in msg and "data.root" in msg
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_device_loader_and_dataloader_yield_the_same_batches(tiny_fmnist, tmp_path, compose_train, world):
+    base = [f"data.root={tiny_fmnist}", f"data.cache_dir={tmp_path}", "data.batch_size=64"]
+    for rank in range(world):
+        loaders = {}
+        for kind in ("device", "dataloader"):
+            cfg = compose_train(base + [f"data.loader={kind}"]).data
+            loaders[kind] = build_loaders(cfg, rank, world, torch.device("cpu"), seed=0)
+        for split in (0, 1):
+            a = list(loaders["device"][split].epoch(1))
+            b = list(loaders["dataloader"][split].epoch(1))
+            assert len(a) == len(b) == len(loaders["device"][split])
+            for (xa, ya), (xb, yb) in zip(a, b):
+                assert torch.equal(ya, yb)
+                assert torch.allclose(xa, xb, atol=1e-6)
+
+
+def test_loader_starts_mid_epoch_at_the_exact_batch(tiny_fmnist, tmp_path, compose_train):
+    cfg = compose_train([f"data.root={tiny_fmnist}", f"data.cache_dir={tmp_path}", "data.batch_size=64"]).data
+    train, _ = build_loaders(cfg, 0, 2, torch.device("cpu"), seed=0)
+    full = list(train.epoch(3))
+    tail = list(train.epoch(3, start=2))
+    assert len(tail) == len(full) - 2
+    for (xa, ya), (xb, yb) in zip(full[2:], tail):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_synthetic_data_is_deterministic(compose_train):
+    cfg = compose_train(["data=synthetic", "data.num_train=100", "data.num_test=10",
+                         "data.image_shape=[3,8,8]"]).data
+    a, _ = build_loaders(cfg, 0, 1, torch.device("cpu"), seed=5)
+    b, _ = build_loaders(cfg, 0, 1, torch.device("cpu"), seed=5)
+    xa, ya = next(iter(a.epoch(0)))
+    xb, yb = next(iter(b.epoch(0)))
+    assert xa.shape == (100, 3, 8, 8) and torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert 0.4 < xa.mean().item() < 0.6  # uniform bytes scaled to [0, 1]

@@ -1,0 +1,44 @@
+"""Evaluation is exact: the same weights score the same at every world size."""
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_module
+
+from ddp_lab.distributed import DistEnv
+from ddp_lab.trainer import Trainer
+from tests.multiproc import run_in_processes
+
+
+def _trainer(data_root, tmp, rank, world_size, backend) -> Trainer:
+    from ddp_lab import schema
+    schema.register()
+    with initialize_config_module(version_base="1.3", config_module="ddp_lab.conf"):
+        cfg = compose("train", [f"data.root={data_root}", f"data.cache_dir={tmp}/cache",
+                                "data.batch_size=60", "trainer.amp=off"])
+    env = DistEnv(rank, world_size, 0, torch.device("cpu"), backend)
+    return Trainer(cfg, env, Path(tmp) / f"w{world_size}")
+
+
+def _evaluate(rank, world_size, data_root, tmp, state):
+    trainer = _trainer(data_root, tmp, rank, world_size, "gloo")
+    trainer.model.load_state_dict(state)
+    try:
+        return trainer.evaluate()
+    finally:
+        trainer.close()
+
+
+def test_accuracy_is_identical_at_world_sizes_1_2_3(tiny_fmnist, tmp_path):
+    single = _trainer(tiny_fmnist, tmp_path, 0, 1, "none")
+    # A few steps of training: weights that get some, not all, test images right.
+    batches = single.train_loader.epoch(0)
+    for _ in range(3):
+        single._run_batch([next(batches)], torch.zeros(3, dtype=torch.float64))
+    state = {k: v.clone() for k, v in single.model.state_dict().items()}
+    reference = single.evaluate()
+    single.close()
+    assert reference[1] == 203  # every test image, counted once
+    assert 0 < reference[0] < 203  # a real count, computed from the weights
+    for w in (2, 3):
+        results = run_in_processes(_evaluate, w, str(tiny_fmnist), str(tmp_path), state)
+        assert all(tuple(r) == reference for r in results), (w, results, reference)
