@@ -1,0 +1,33 @@
+# Two commands set up a fresh machine and run ddp_lab:
+#   make train   # 2-process LeNet on CPU (gloo) on the local Fashion-MNIST, logs to TensorBoard
+#   make test    # the test suite
+# Both create .venv (reusing torch if the system Python already has it) and
+# `pip install -e .` into it; `make train` also installs the Debian package
+# dataset-fashion-mnist when the data is not there yet.
+
+PYTHON ?= python3
+VENV   ?= .venv
+NPROC  ?= 2
+ARGS   ?=
+PY     := $(VENV)/bin/python
+DATA   := /usr/share/datasets/fashion-mnist
+
+.PHONY: train test data
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv --system-site-packages $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+data:
+	@if [ -d $(DATA) ]; then echo "Fashion-MNIST: $(DATA)"; \
+	elif command -v apt-get >/dev/null; then \
+	  apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist; \
+	else echo "No $(DATA) and no apt-get: run with ARGS='data.root=<folder with the four .gz files>'"; fi
+
+train: $(VENV)/.installed data
+	$(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m ddp_lab.train $(ARGS)
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q
