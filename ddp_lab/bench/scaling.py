@@ -1,0 +1,213 @@
+"""Training scaling study: images/s against world size, weak and strong.
+
+    python -m ddp_lab.bench.scaling                           # worlds 1,2; ddp/builtin; both kinds
+    python -m ddp_lab.bench.scaling --worlds 1,2,4 --syncs ddp/builtin,flat/ring \\
+        --kinds weak --max-steps 200 --repeats 3
+    python -m ddp_lab.bench.scaling --worlds 1,2 -- model=resnet18 data=synthetic
+
+Each point is a real `torchrun --standalone --nproc_per_node=N -m ddp_lab.train`
+run (world size 1 included, so the 1-rank baseline pays the same DDP and
+process costs as the others). Arguments after `--` are Hydra overrides passed
+to every run.
+
+- weak scaling: the per-rank batch is fixed (`--per-rank-batch`), so the
+  global batch grows with N: how much more data per second N ranks process.
+- strong scaling: the global batch is fixed (`--global-batch`), so each rank's
+  share shrinks with N: how much faster the same training gets.
+
+Scaling efficiency is throughput(N) / (N x throughput(1)), as Horovod reports
+it. Results (the median of `--repeats` runs per point) go to `--out`
+(default outputs/bench/scaling/<time>/): scaling.csv, scaling.md, scaling.png.
+On a machine with C cores, more than C ranks oversubscribe the CPU: such
+points measure contention, not scaling.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+COLUMNS = ["kind", "sync", "world_size", "global_batch", "per_rank_batch", "samples_per_sec",
+           "samples_per_sec_per_rank", "efficiency", "comm_frac", "test_acc", "runs"]
+
+
+@dataclass
+class Point:
+    kind: str  # weak | strong
+    sync: str  # mode/algo
+    world_size: int
+    global_batch: int
+    samples_per_sec: float  # median over repeats
+    comm_frac: float | None
+    test_acc: float
+    runs: int
+
+    @property
+    def per_rank_batch(self) -> int:
+        return self.global_batch // self.world_size
+
+
+def efficiency_rows(points: list[Point]) -> list[dict]:
+    """One row per point, with efficiency against the 1-rank point of the same kind and sync."""
+    base = {(p.kind, p.sync): p.samples_per_sec for p in points if p.world_size == 1}
+    rows = []
+    for p in sorted(points, key=lambda p: (p.kind, p.sync, p.world_size)):
+        one = base.get((p.kind, p.sync))
+        rows.append({
+            "kind": p.kind, "sync": p.sync, "world_size": p.world_size,
+            "global_batch": p.global_batch, "per_rank_batch": p.per_rank_batch,
+            "samples_per_sec": p.samples_per_sec,
+            "samples_per_sec_per_rank": p.samples_per_sec / p.world_size,
+            "efficiency": p.samples_per_sec / (p.world_size * one) if one else None,
+            "comm_frac": p.comm_frac, "test_acc": p.test_acc, "runs": p.runs,
+        })
+    return rows
+
+
+def _fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def markdown_table(rows: list[dict]) -> str:
+    lines = ["| kind | sync | ranks | global batch | batch/rank | images/s | images/s/rank | efficiency | comm share | test acc |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['kind']} | {r['sync']} | {r['world_size']} | {r['global_batch']} | "
+            f"{r['per_rank_batch']} | {_fmt(r['samples_per_sec'], ',.0f')} | "
+            f"{_fmt(r['samples_per_sec_per_rank'], ',.0f')} | {_fmt(r['efficiency'], '.0%')} | "
+            f"{_fmt(r['comm_frac'], '.0%')} | {_fmt(r['test_acc'], '.3f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_results(rows: list[dict], out: Path) -> None:
+    with open(out / "scaling.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    (out / "scaling.md").write_text(markdown_table(rows))
+    plot(rows, out / "scaling.png")
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    series = sorted({(r["kind"], r["sync"]) for r in rows})
+    for kind, sync in series:
+        rs = [r for r in rows if (r["kind"], r["sync"]) == (kind, sync)]
+        ws = [r["world_size"] for r in rs]
+        ax1.plot(ws, [r["samples_per_sec"] for r in rs], "o-", label=f"{kind} {sync}")
+        if all(r["efficiency"] is not None for r in rs):
+            ax2.plot(ws, [r["efficiency"] for r in rs], "o-", label=f"{kind} {sync}")
+        one = next((r["samples_per_sec"] for r in rs if r["world_size"] == 1), None)
+        if one:
+            ax1.plot(ws, [one * w for w in ws], ":", color="gray")
+    ax1.set(xlabel="ranks", ylabel="images/s (dotted: ideal)", title="throughput")
+    ax2.set(xlabel="ranks", ylabel="throughput(N) / (N x throughput(1))",
+            title="scaling efficiency", ylim=(0, 1.1))
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_trainer(world: int, overrides: list[str], run_dir: Path, timeout: float) -> dict:
+    """One torchrun launch of the trainer; its summary.json."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={world}",
+           "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{_free_port()}",
+           "-m", "ddp_lab.train", *overrides, f"hydra.run.dir={run_dir}", "trainer.progress=false"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"run with {world} rank(s) failed (exit {proc.returncode}):\n"
+                           f"{' '.join(cmd)}\n{proc.stderr[-3000:]}")
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def measure(kind: str, sync: str, world: int, args, out: Path) -> Point:
+    mode, algo = sync.split("/")
+    batch = args.per_rank_batch * world if kind == "weak" else args.global_batch
+    overrides = [f"sync.mode={mode}", f"sync.algo={algo}", f"data.batch_size={batch}",
+                 f"trainer.max_steps={args.max_steps}", "trainer.epochs=1", *args.overrides]
+    summaries = []
+    for r in range(args.repeats):
+        run_dir = out / "runs" / f"{kind}-{mode}-{algo}-{world}r-{r}"
+        summaries.append(run_trainer(world, overrides, run_dir, args.timeout))
+        print(f"  {kind:6s} {sync:24s} {world} rank(s)  run {r + 1}/{args.repeats}: "
+              f"{summaries[-1]['samples_per_sec']:,.0f} img/s", flush=True)
+    comm = [s.get("comm_frac") for s in summaries if s.get("comm_frac") is not None]
+    return Point(kind, sync, world, batch,
+                 statistics.median(s["samples_per_sec"] for s in summaries),
+                 statistics.median(comm) if comm else None,
+                 statistics.median(s["test_acc"] for s in summaries), len(summaries))
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--worlds", default="1,2", help="comma-separated world sizes (default 1,2)")
+    p.add_argument("--syncs", default="ddp/builtin", help="comma-separated mode/algo pairs")
+    p.add_argument("--kinds", default="weak,strong", help="weak, strong or both")
+    p.add_argument("--per-rank-batch", type=int, default=128, help="weak scaling's batch per rank")
+    p.add_argument("--global-batch", type=int, default=256, help="strong scaling's global batch")
+    p.add_argument("--max-steps", type=int, default=150, help="optimizer steps per run")
+    p.add_argument("--repeats", type=int, default=3, help="runs per point (the median is kept)")
+    p.add_argument("--timeout", type=float, default=1200, help="seconds one run may take")
+    p.add_argument("--out", type=Path, default=None, help="output folder")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides for every run (after --)")
+    args = p.parse_args(argv)
+    try:
+        args.worlds = [int(w) for w in args.worlds.split(",")]
+    except ValueError:
+        p.error(f"--worlds={args.worlds!r} must be comma-separated integers, e.g. 1,2,4")
+    if min(args.worlds) < 1:
+        p.error("--worlds must all be >= 1")
+    args.kinds = args.kinds.split(",")
+    if not set(args.kinds) <= {"weak", "strong"}:
+        p.error(f"--kinds={','.join(args.kinds)!r}: use weak, strong or weak,strong")
+    args.syncs = args.syncs.split(",")
+    if any(s.count("/") != 1 for s in args.syncs):
+        p.error(f"--syncs={','.join(args.syncs)!r}: each must be mode/algo, e.g. ddp/builtin,flat/ring")
+    if "strong" in args.kinds:
+        bad = [w for w in args.worlds if args.global_batch % w]
+        if bad:
+            p.error(f"--global-batch={args.global_batch} does not divide over {bad} ranks")
+    if args.repeats < 1 or args.max_steps < 1:
+        p.error("--repeats and --max-steps must be >= 1")
+    return args
+
+
+def main(argv=None) -> list[dict]:
+    args = parse_args(argv)
+    out = args.out or Path("outputs/bench/scaling") / time.strftime("%Y-%m-%d_%H-%M-%S")
+    out.mkdir(parents=True, exist_ok=True)
+    points = [measure(kind, sync, world, args, out)
+              for kind in args.kinds for sync in args.syncs for world in sorted(args.worlds)]
+    rows = efficiency_rows(points)
+    write_results(rows, out)
+    print(markdown_table(rows))
+    print(f"written: {out / 'scaling.csv'}, {out / 'scaling.md'}, {out / 'scaling.png'}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""The scaling study: efficiency arithmetic on canned points, and a short real run."""
+import csv
+
+import pytest
+
+from ddp_lab.bench.scaling import Point, efficiency_rows, main, markdown_table, parse_args
+
+
+def _points():
+    return [Point("weak", "ddp/builtin", 1, 128, 1000.0, 0.0, 0.8, 3),
+            Point("weak", "ddp/builtin", 2, 256, 1800.0, 0.1, 0.8, 3),
+            Point("weak", "ddp/builtin", 4, 512, 3000.0, 0.25, 0.8, 3),
+            Point("strong", "flat/ring", 2, 256, 1500.0, None, 0.8, 3),
+            Point("strong", "flat/ring", 1, 256, 1000.0, None, 0.8, 3)]
+
+
+def test_efficiency_is_throughput_over_n_times_one_rank():
+    rows = efficiency_rows(_points())
+    weak = {r["world_size"]: r for r in rows if r["kind"] == "weak"}
+    assert weak[1]["efficiency"] == pytest.approx(1.0)
+    assert weak[2]["efficiency"] == pytest.approx(0.9)
+    assert weak[4]["efficiency"] == pytest.approx(0.75)
+    assert weak[4]["samples_per_sec_per_rank"] == pytest.approx(750)
+    assert weak[4]["per_rank_batch"] == 128
+    strong = [r for r in rows if r["kind"] == "strong"]
+    assert [r["world_size"] for r in strong] == [1, 2]  # sorted by world size
+    assert strong[1]["efficiency"] == pytest.approx(0.75)
+    assert strong[1]["per_rank_batch"] == 128
+
+
+def test_missing_one_rank_baseline_leaves_efficiency_empty():
+    rows = efficiency_rows([Point("weak", "ddp/builtin", 2, 256, 1800.0, None, 0.8, 1)])
+    assert rows[0]["efficiency"] is None
+    assert "| weak | ddp/builtin | 2 | 256 | 128 | 1,800 | 900 | - | - | 0.800 |" in markdown_table(rows)
+
+
+def test_markdown_row():
+    table = markdown_table(efficiency_rows(_points()))
+    assert "| weak | ddp/builtin | 2 | 256 | 128 | 1,800 | 900 | 90% | 10% | 0.800 |" in table
+
+
+def test_bad_arguments_are_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--worlds", "1,3", "--global-batch", "256"])
+    assert e.value.code == 2
+    assert "--global-batch=256 does not divide over [3] ranks" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--syncs", "ring"])
+
+
+@pytest.mark.slow
+def test_short_real_study(tmp_path):
+    rows = main(["--worlds", "1,2", "--kinds", "weak", "--max-steps", "8", "--repeats", "1",
+                 "--per-rank-batch", "32", "--out", str(tmp_path),
+                 "data=synthetic", "data.num_train=2048", "data.num_test=64",
+                 "trainer.warmup_steps=2"])
+    assert [r["world_size"] for r in rows] == [1, 2]
+    assert rows[0]["efficiency"] == pytest.approx(1.0)
+    assert rows[1]["global_batch"] == 64 and rows[1]["samples_per_sec"] > 0
+    with open(tmp_path / "scaling.csv") as f:
+        saved = list(csv.DictReader(f))
+    assert [int(r["world_size"]) for r in saved] == [1, 2]
+    assert (tmp_path / "scaling.png").stat().st_size > 1000
+    assert "| weak | ddp/builtin | 2 | 64 | 32 |" in (tmp_path / "scaling.md").read_text()
