@@ -77,6 +77,9 @@ class TrainerConfig:
     threads: int = MISSING
     grad_accum: int = MISSING
     progress: bool = MISSING
+    profile: bool = MISSING
+    profile_wait: int = MISSING
+    profile_active: int = MISSING
     ckpt_every: int = MISSING
     keep_ckpts: int = MISSING
     resume: str = MISSING

@@ -26,6 +26,7 @@ from ddp_lab.data import build_loaders
 from ddp_lab.distributed import DistEnv, all_reduce_sum
 from ddp_lab.metrics import Clock, RunLogger, Throughput, epoch_line, final_line
 from ddp_lab.models import build_model
+from ddp_lab.profiling import StepProfiler
 from ddp_lab.sync import build_sync
 
 
@@ -126,6 +127,8 @@ class Trainer:
         self.clock = Clock(env.device)
         self.throughput = Throughput(self.clock, t.warmup_steps)
         self.log = RunLogger(self.run_dir, env.is_main)
+        self.profiler = StepProfiler(t.profile, t.profile_wait, t.profile_active, self.run_dir,
+                                     env.rank, env.device.type == "cuda")
         self.step = 0  # optimizer steps taken
         self.epoch = 0
         self.epoch_seconds: list[float] = []
@@ -189,6 +192,7 @@ class Trainer:
             self.step += 1
             self.batches_done += len(micro)
             self.throughput.step_done(sum(len(y) for _, y in micro) * self.env.world_size)
+            self.profiler.step()
             bar.update()
             if self.step % t.log_every == 0:
                 self.log.scalars({"loss/train_step": self.last_loss.item(),
@@ -363,4 +367,5 @@ class Trainer:
         return summary
 
     def close(self) -> None:
+        self.profiler.close()
         self.log.close()

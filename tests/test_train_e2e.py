@@ -19,7 +19,8 @@ SUMMARY_KEYS = ["test_acc", "test_correct", "test_total", "train_loss", "samples
 @pytest.fixture(scope="module")
 def two_rank_run(tiny_fmnist, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("e2e") / "run"
-    proc = run_module("ddp_lab.train", tiny_overrides(tiny_fmnist, run_dir) + ["trainer.amp=off"],
+    profile = ["trainer.profile=true", "trainer.profile_wait=1", "trainer.profile_active=2"]
+    proc = run_module("ddp_lab.train", tiny_overrides(tiny_fmnist, run_dir) + ["trainer.amp=off"] + profile,
                       nproc=2)
     assert proc.returncode == 0, failure(proc)
     return run_dir, proc
@@ -92,3 +93,13 @@ def test_multirun_sweep_under_torchrun_gives_one_dir_per_job(tiny_fmnist, tmp_pa
     seeds = [read_summary(sweep / j)["seed"] for j in jobs]
     assert seeds == [1, 2]
     assert all(read_summary(sweep / j)["world_size"] == 2 for j in jobs)
+
+
+def test_profile_writes_a_timeline_per_rank(two_rank_run):
+    run_dir, _ = two_rank_run
+    for rank in (0, 1):
+        events = json.loads((run_dir / "profile" / f"rank{rank}.json").read_text())["traceEvents"]
+        names = [e.get("name", "") for e in events]
+        assert sum(n.startswith("ProfilerStep#") for n in names) == 2  # profile_active steps
+        assert any("allreduce" in n.lower() or "all_reduce" in n.lower() for n in names)
+        assert any("Backward" in n for n in names)  # communication seen against the backward pass

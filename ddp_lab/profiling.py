@@ -1,0 +1,55 @@
+"""A timeline of a few training steps on every rank (trainer.profile=true).
+
+torch.profiler records `profile_active` steps after skipping `profile_wait`
+steps (and one more as its own warm-up), then writes one Chrome trace per
+rank to `<run dir>/profile/rank<N>.json`. Open it in https://ui.perfetto.dev
+(or chrome://tracing): the forward and backward ops sit on the main thread;
+DDP's bucket allreduces (gloo/NCCL `allreduce` ops, or the `ddp_lab.sync`
+ranges of the hand-written algorithms) show where communication overlaps the
+backward pass and where the step waits for it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+
+from ddp_lab.config import ConfigError
+
+
+class StepProfiler:
+    """Call step() once per optimizer step; close() at the end. A no-op when disabled."""
+
+    def __init__(self, enabled: bool, wait: int, active: int, run_dir: Path, rank: int,
+                 cuda: bool):
+        self.prof = None
+        if not enabled:
+            return
+        if wait < 0 or active < 1:
+            raise ConfigError(f"trainer.profile_wait={wait} must be >= 0 and "
+                              f"trainer.profile_active={active} >= 1")
+        self.path = Path(run_dir) / "profile" / f"rank{rank}.json"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        self.prof = profile(activities=activities,
+                            schedule=schedule(wait=wait, warmup=1, active=active, repeat=1),
+                            on_trace_ready=self._save, record_shapes=False, with_stack=False)
+        self.prof.start()
+
+    def _save(self, prof) -> None:
+        prof.export_chrome_trace(str(self.path))
+
+    def step(self) -> None:
+        if self.prof is not None:
+            self.prof.step()
+
+    def close(self) -> None:
+        if self.prof is not None:
+            self.prof.stop()
+            self.prof = None
+
+
+def range_(name: str):
+    """A named range on the timeline (cheap when no profiler is running)."""
+    return torch.profiler.record_function(name)
