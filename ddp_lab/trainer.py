@@ -188,6 +188,8 @@ class Trainer:
             micro = self._next_micro_batches(batches, t.grad_accum)
             if micro is None:
                 break
+            # count communication over the steps the throughput window counts
+            self.sync.measuring = self.throughput.seen >= self.throughput.warmup
             self._run_batch(micro, sums)
             self.step += 1
             self.batches_done += len(micro)
@@ -221,7 +223,14 @@ class Trainer:
             "perf/data_ms": 1000 * self.data_seconds / max(self.step, 1),
             "perf/epoch_s": seconds,
             "lr": self.scheduler.get_last_lr()[0],
+            **self._comm_metrics(),
         }
+
+    def _comm_metrics(self) -> dict:
+        """perf/comm_ms per step and perf/comm_frac of the step, over the throughput
+        window so far (like perf/step_ms); absent where not measured (see ddp_lab.sync)."""
+        ms, frac = self.sync.comm_figures(self.throughput.steps, self.throughput.seconds)
+        return {} if math.isnan(ms) else {"perf/comm_ms": ms, "perf/comm_frac": frac}
 
     def _next_micro_batches(self, batches, k: int):
         """k micro-batches for one optimizer step, or None when the epoch is out of data."""
@@ -252,7 +261,7 @@ class Trainer:
         self.sync.after_backward()
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=self.sync.grads_set_to_none)
         self.scheduler.step()
 
     # ------------------------------------------------------------ checkpoints
@@ -342,6 +351,8 @@ class Trainer:
     def finish(self) -> dict:
         cfg, env, last = self.cfg, self.env, self.last
         rate = self.throughput.per_sec
+        # over the same post-warm-up window as samples_per_sec; null where not measured
+        comm_ms, comm_frac = self.sync.comm_figures(self.throughput.steps, self.throughput.seconds)
         summary = {
             "test_acc": last["acc/test"], "test_correct": last["test_correct"],
             "test_total": last["test_total"], "train_loss": last["loss/train"],
@@ -355,6 +366,8 @@ class Trainer:
             "device": env.device.type, "model": cfg.model.name, "sync": self.sync.describe(),
             "global_batch": cfg.data.batch_size, "amp": self.amp, "seed": cfg.seed,
             "measured_steps": self.throughput.steps,
+            "comm_timing": self.sync.comm_timing,
+            "comm_ms_per_step": comm_ms, "comm_frac": comm_frac,
         }
         self.log.hparams(cfg, env.world_size, summary["backend"],
                          {k: summary[k] for k in ("test_acc", "train_loss", "samples_per_sec")})
