@@ -81,8 +81,7 @@ SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 # receive of another phase (gloo matches by peer and tag, in posting order).
 _TAG_NAIVE_GATHER = 101
 _TAG_NAIVE_BCAST = 102
-_TAG_RING_RS = 201
-_TAG_RING_AG = 202
+_TAG_RING = 1000  # + unit index: each ring message has its own tag
 _TAG_HD_FOLD_IN = 301
 _TAG_HD_RS = 302
 _TAG_HD_AG = 303
@@ -92,6 +91,8 @@ _TAG_HD_FOLD_OUT = 304
 # but each message costs a fixed ~100 us on localhost TCP plus Python
 # overhead; see _ring_segment_bytes.
 _RING_SEGMENT_BYTES = 256 * 1024
+# Upper bound on the ring's receive scratch space on the host (see _ring).
+_RING_MAX_SCRATCH_BYTES = 256 * 1024 * 1024
 
 
 # ---------------------------------------------------------------- helpers
@@ -308,49 +309,89 @@ def _ring(flat: torch.Tensor, comm: _Comm) -> None:
     #   all-gather (t = s-(n-1) >= 0): send chunk rank+1-t, receive chunk
     #       rank-t straight into place.
     # Apart from step 0 (our own data), what unit u sends is what unit u-k
-    # received and reduced: the chunk finished in one step is forwarded in the
-    # next. So unit u is posted right after unit u-k is finished, which keeps
-    # k receives in flight while we add. Scratch slot u % k holds the receive
-    # of unit u; it is free again once unit u-k has been added.
+    # received: the chunk finished in one step is forwarded in the next. So
+    # the send of unit u is posted right after unit u-k is finished, which
+    # keeps k units in flight while we add.
     units = 2 * (n - 1) * k
-    scratch = flat.new_empty(k * seg_numel)
-    recv_works: list[list[dist.Work]] = [[] for _ in range(units)]
-    send_works: list[dist.Work] = []
+    rs_units = (n - 1) * k
+    if comm.batched:
+        # NCCL: the receive and the send of a unit are launched together;
+        # posting receives early would make every rank's stream wait on a
+        # receive whose matching send is queued behind it on the sender's
+        # stream. Stream order makes one scratch slot per segment enough.
+        slots = k
+    else:
+        # gloo: all receives are posted up front (see below), each into its
+        # own scratch slot, unless that needs more than
+        # _RING_MAX_SCRATCH_BYTES; then slots are reused, and the receive
+        # for a slot is posted once the previous unit in it has been added.
+        cap = max(1, _RING_MAX_SCRATCH_BYTES // max(1, seg_numel * flat.element_size()))
+        slots = min(rs_units, max(2 * k, cap))
+    scratch = flat.new_empty(slots * seg_numel)
 
-    def plan(u: int):
+    def view(u: int):
+        """(segment to send, where the received segment goes, scratch or None)."""
         s, j = divmod(u, k)
         if s < n - 1:
             (sa, sb), (ra, rb) = seg[(rank - s) % n][j], seg[(rank - s - 1) % n][j]
-            slot = (u % k) * seg_numel
+            slot = (u % slots) * seg_numel
             return flat[sa:sb], flat[ra:rb], scratch[slot: slot + rb - ra]
         t = s - (n - 1)
         (sa, sb), (ra, rb) = seg[(rank + 1 - t) % n][j], seg[(rank - t) % n][j]
         return flat[sa:sb], flat[ra:rb], None
 
-    def post(u: int) -> None:
-        send, dest, incoming = plan(u)
-        tag = _TAG_RING_RS if incoming is not None else _TAG_RING_AG
-        recvs, sends = comm.exchange((dest if incoming is None else incoming, left),
-                                     (send, right), tag)
-        recv_works[u] = recvs
-        send_works.extend(sends)
+    plans = [view(u) for u in range(units)]  # build the views once
+    recv_works: list[list[dist.Work]] = [[] for _ in range(units)]
+    send_works: list[dist.Work] = []
+
+    # Every unit has its own tag: messages can only match the receive they
+    # were meant for, whatever order the receives are posted in.
+    def recv_op(u: int):
+        _, dest, incoming = plans[u]
+        return (dest if incoming is None else incoming, left)
+
+    def post_recv(u: int) -> None:
+        recv_works[u] = comm.exchange(recv_op(u), None, _TAG_RING + u)[0]
+
+    def post_send(u: int) -> None:
+        send_works.extend(comm.exchange(None, (plans[u][0], right), _TAG_RING + u)[1])
 
     def finish(u: int) -> None:
+        """Wait for unit u's receive; in the reduce-scatter, add it in."""
         _wait(recv_works[u])
         recv_works[u] = []
-        _, dest, incoming = plan(u)
+        _, dest, incoming = plans[u]
         if incoming is not None:
             dest.add_(incoming)
 
-    for u in range(units):
-        if u >= k:
-            finish(u - k)
-        post(u)
+    if comm.batched:
+        for u in range(units):
+            if u >= k:
+                finish(u - k)
+            recv_works[u], sends = comm.exchange(recv_op(u), (plans[u][0], right), _TAG_RING + u)
+            send_works.extend(sends)
+    else:
+        # Receives first, all of them, and unit 0's last. On gloo's TCP
+        # transport a send whose receive is already posted on the other side
+        # goes out at once; otherwise it announces itself and waits for a
+        # "ready" reply, several thread wake-ups (slow on a busy machine).
+        # Posting receives later, in the loop, would also contend with gloo's
+        # I/O thread, which holds the connection's lock while it reads data
+        # arriving on it; with unit 0 last, nothing arrives until we are done
+        # posting. Early receives into the all-gather destination are safe:
+        # nothing lands there before our own sends of that data completed,
+        # since the data that replaces it has gone around the ring.
+        for u in [*range(1, slots), *range(rs_units, units), 0]:
+            post_recv(u)
+        for u in range(units):
+            if u >= k:
+                finish(u - k)
+            post_send(u)
+            # The scratch slot of unit u-k is free again: reuse it.
+            if u >= k and u - k + slots < rs_units:
+                post_recv(u - k + slots)
     for u in range(max(0, units - k), units):
         finish(u)
-    # Sends are only waited for at the end: a send's data is never
-    # overwritten before the peer has received it (the all-gather data that
-    # replaces it can only arrive after it went around the ring).
     _wait(send_works)
 
 

@@ -1,0 +1,216 @@
+"""The point-to-point all-reduces agree with dist.all_reduce, in real processes.
+
+Spawning is the slow part, so each world size starts its processes once and
+loops over every algorithm, size and dtype inside (`_check_world`). Each rank
+returns the problems it found plus a fingerprint of every result, and the
+test asserts there are no problems and that all ranks hold identical results.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ddp_lab.collectives import ALGORITHMS, SUPPORTED_DTYPES, get_algorithm
+from tests.multiproc import run_in_processes
+
+BIG = 1_000_003  # ~4 MB of float32: several ring segments per chunk, odd length
+
+# Unit roundoff u of each dtype. Summing n values in any order, each addition
+# rounds once, so |result - exact| <= (n-1) * u * sum(|x_i|); the tests allow
+# n * u * sum(|x_i|). float64 inputs are integer-valued, so any order is exact.
+UNIT_ROUNDOFF = {
+    torch.float64: 0.0,
+    torch.float32: 2.0 ** -24,
+    torch.float16: 2.0 ** -11,
+    torch.bfloat16: 2.0 ** -8,
+}
+
+
+def _cases(world_size: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """(shape, dtype) pairs: empty, tiny, fewer elements than ranks, primes, big."""
+    numels = sorted({0, 1, max(world_size - 1, 0), 7, 1021})
+    shapes = [(m,) for m in numels] + [(), (3, 341)]
+    cases = [(shape, dtype) for shape in shapes for dtype in SUPPORTED_DTYPES]
+    cases.append(((BIG,), torch.float32))
+    return cases
+
+
+def _input(rank: int, shape, dtype: torch.dtype, case: int) -> torch.Tensor:
+    """A different, reproducible input on every rank (any rank can rebuild any other's)."""
+    g = torch.Generator().manual_seed(10_000 * case + rank)
+    if dtype == torch.float64:
+        return torch.randint(-1000, 1001, shape, generator=g).to(dtype)
+    return torch.randn(shape, generator=g).to(dtype)
+
+
+def _fingerprint(t: torch.Tensor) -> str:
+    return hashlib.sha1(t.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def _compare(what: str, out: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) -> str | None:
+    """None if |out - expected| <= bound everywhere (float64 tensors), else why not."""
+    err = (out.double() - expected).abs()
+    if bool((err <= bound).all()):
+        return None
+    return f"{what}: max abs error {err.max().item():g} exceeds the rounding bound"
+
+
+def _check_sum(rank, ranks, cases, group=None, label=""):
+    """Run every algorithm on every case over `group`; return (problems, fingerprints)."""
+    problems, prints = [], []
+    for case, (shape, dtype) in enumerate(cases):
+        inputs = [_input(r, shape, dtype, case) for r in ranks]
+        exact = sum(x.double() for x in inputs)
+        bound = len(ranks) * UNIT_ROUNDOFF[dtype] * sum(x.double().abs() for x in inputs)
+        mine = inputs[ranks.index(rank)]
+        reference = mine.clone()
+        dist.all_reduce(reference, group=group)
+        for name, fn in ALGORITHMS.items():
+            what = f"{label}{name} shape={shape} {dtype}"
+            t = mine.clone()
+            out = fn(t, group)
+            if out is not t:
+                problems.append(f"{what}: did not return the input tensor")
+            if t.shape != torch.Size(shape) or t.dtype != dtype:
+                problems.append(f"{what}: shape/dtype changed to {tuple(t.shape)} {t.dtype}")
+                continue
+            # Both we and dist.all_reduce are within `bound` of the exact sum.
+            for why in (_compare(what + " vs exact sum", t, exact, bound),
+                        _compare(what + " vs dist.all_reduce", t, reference.double(), 2 * bound)):
+                if why:
+                    problems.append(why)
+            prints.append(f"{what}: {_fingerprint(t)}")
+    return problems, prints
+
+
+def _check_world(rank: int, world_size: int):
+    """Every algorithm on every case over the default group; on 4 ranks, subgroups too."""
+    ranks = list(range(world_size))
+    problems, prints = _check_sum(rank, ranks, _cases(world_size))
+    if world_size == 4:
+        # new_group is collective: every rank creates every group.
+        for members in ([1, 3], [0, 2, 3]):
+            group = dist.new_group(members)
+            if rank in members:
+                p, f = _check_sum(rank, members, _cases(len(members))[:12], group,
+                                  label=f"group {members}: ")
+                problems += p
+                prints += f
+    return problems, prints
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5])
+def test_every_algorithm_matches_all_reduce(world_size):
+    results = run_in_processes(_check_world, world_size, timeout=240)
+    problems = [p for rank_problems, _ in results for p in rank_problems]
+    assert problems == [], "\n".join(problems[:40])
+    # Every rank must end with bit-identical results (the ring and halving-
+    # doubling broadcast each reduced chunk from a single owner).
+    def lines(rank, prefix):
+        return [line for line in results[rank][1] if line.startswith(prefix)]
+
+    default = [[line for line in r[1] if not line.startswith("group")] for r in results]
+    assert all(d == default[0] for d in default)
+    assert len(default[0]) == len(_cases(world_size)) * len(ALGORITHMS)
+    if world_size == 4:
+        for members in ([1, 3], [0, 2, 3]):
+            prefix = f"group {members}: "
+            sub = [lines(r, prefix) for r in members]
+            assert sub[0] and all(s == sub[0] for s in sub)
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_non_contiguous_input_is_rejected(name):
+    t = torch.arange(12.0).reshape(3, 4).t()
+    with pytest.raises(ValueError, match=r"not contiguous; call \.contiguous\(\) first"):
+        get_algorithm(name)(t)
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])
+def test_integer_and_bool_dtypes_are_rejected(name, dtype):
+    t = torch.zeros(5, dtype=dtype)
+    with pytest.raises(TypeError) as info:
+        get_algorithm(name)(t)
+    message = str(info.value)
+    assert str(dtype).replace("torch.", "") in message
+    for ok in ("float32", "float64", "bfloat16", "float16"):
+        assert ok in message
+
+
+def test_unknown_algorithm_names_the_choices():
+    with pytest.raises(ValueError) as info:
+        get_algorithm("nope")
+    message = str(info.value)
+    assert "'nope'" in message
+    for name in ("builtin", "naive", "ring", "halving_doubling"):
+        assert name in message
+    assert set(ALGORITHMS) == {"builtin", "naive", "ring", "halving_doubling"}
+
+
+def _cuda_on_gloo(rank: int, world_size: int):
+    problems = []
+    for case, numel in enumerate([0, 1, 7, 1021, 100_003]):
+        inputs = [_input(r, (numel,), torch.float64, case) for r in range(world_size)]
+        exact = sum(inputs)
+        for name, fn in ALGORITHMS.items():
+            t = inputs[rank].to("cuda:0")
+            out = fn(t)
+            if out is not t or not out.is_cuda or not torch.equal(out.cpu(), exact):
+                problems.append(f"{name} numel={numel}")
+    return problems
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_tensors_on_gloo_are_staged_through_the_host():
+    results = run_in_processes(_cuda_on_gloo, 2)
+    assert results == [[], []]
+
+
+def _on_nccl(rank: int, world_size: int):
+    problems = []
+    device = torch.device("cuda", torch.cuda.current_device())
+    for case, numel in enumerate([0, 1, world_size - 1, 7, 1021, 100_003]):
+        inputs = [_input(r, (numel,), torch.float64, case) for r in range(world_size)]
+        exact = sum(inputs)
+        for name, fn in ALGORITHMS.items():
+            t = inputs[rank].to(device)
+            out = fn(t)
+            torch.cuda.synchronize()
+            if out is not t or not torch.equal(out.cpu(), exact):
+                problems.append(f"{name} numel={numel}")
+    return problems
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices for NCCL")
+def test_cuda_tensors_on_nccl():
+    world_size = min(torch.cuda.device_count(), 3)
+    results = run_in_processes(_on_nccl, world_size, backend="nccl")
+    assert results == [[]] * world_size
+
+
+def _fail_on_rank_one(rank: int, world_size: int):
+    if rank == 1:
+        raise RuntimeError("deliberate failure on rank one")
+    dist.barrier()  # would wait forever for rank 1: the harness must kill it
+    return rank
+
+
+def test_harness_reports_the_failing_rank_and_does_not_hang():
+    with pytest.raises(RuntimeError, match=r"(?s)rank 1 of 2 failed.*deliberate failure on rank one"):
+        run_in_processes(_fail_on_rank_one, 2, timeout=60)
+
+
+def _hang_on_rank_zero(rank: int, world_size: int):
+    if rank == 0:
+        import time
+        time.sleep(600)
+    return rank
+
+
+def test_harness_times_out_and_kills_the_ranks():
+    with pytest.raises(TimeoutError, match=r"ranks \[0\] of 2 did not finish"):
+        run_in_processes(_hang_on_rank_zero, 2, timeout=3)
