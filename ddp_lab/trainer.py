@@ -7,6 +7,7 @@ counts correct test images across all ranks.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import signal
@@ -28,6 +29,8 @@ from ddp_lab.metrics import Clock, RunLogger, Throughput, epoch_line, final_line
 from ddp_lab.models import build_model
 from ddp_lab.profiling import StepProfiler
 from ddp_lab.sync import build_sync
+
+log = logging.getLogger("ddp_lab")
 
 
 def cpu_has_fast_bf16() -> bool:
@@ -150,7 +153,9 @@ class Trainer:
     def fit(self) -> dict:
         self.log.config(self.cfg)
         t = self.cfg.trainer
-        while self.epoch < t.epochs and not self.done:
+        # (batches_done > 0 when done: resumed from the save that max_steps made mid-epoch,
+        # whose epoch still needs its metrics and evaluation)
+        while self.epoch < t.epochs and (not self.done or self.batches_done > 0):
             metrics = self._run_epoch(self.epoch)
             last_epoch = self.epoch + 1 == t.epochs or self.done
             if last_epoch or (t.eval_every > 0 and (self.epoch + 1) % t.eval_every == 0):
@@ -161,9 +166,11 @@ class Trainer:
             if "acc/test" in metrics:
                 self.log.print(epoch_line(self.epoch, t.epochs, metrics))
             self.last.update(metrics)
+            complete = self._epoch_exhausted()  # else max_steps cut it (saved in the loop)
             self.epoch += 1
             self.batches_done = 0
-            self._save_checkpoint()
+            if complete:
+                self._save_checkpoint()
         return self.finish()
 
     @property
@@ -265,11 +272,17 @@ class Trainer:
         self.scheduler.step()
 
     # ------------------------------------------------------------ checkpoints
+    def _epoch_exhausted(self) -> bool:
+        """Too few batches left in this epoch for another optimizer step."""
+        return self.batches_done + self.cfg.trainer.grad_accum > len(self.train_loader)
+
     def _step_checkpoint_due(self) -> bool:
-        """Every trainer.ckpt_every steps, except where the epoch-end save follows anyway."""
-        t = self.cfg.trainer
-        epoch_ends = self.done or self.batches_done + t.grad_accum > len(self.train_loader)
-        return t.ckpt_every > 0 and self.step % t.ckpt_every == 0 and not epoch_ends
+        """Every trainer.ckpt_every steps, and where max_steps stops mid-epoch (so that
+        trainer.resume can finish the epoch later); at an epoch's end fit() saves instead."""
+        if self._epoch_exhausted():
+            return False
+        every = self.cfg.trainer.ckpt_every
+        return self.done or (every > 0 and self.step % every == 0)
 
     def _save_checkpoint(self, sums: torch.Tensor | None = None) -> None:
         """Every rank calls this at the same step; see ddp_lab.checkpoint for the layout."""
@@ -285,6 +298,7 @@ class Trainer:
                       "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
                       "step": self.step, "epoch": self.epoch, "batches_done": self.batches_done,
                       "sampler_seed": self.cfg.seed, "world_size": self.env.world_size,
+                      "total_steps": self.total_steps,
                       "last": dict(self.last), "epoch_seconds": list(self.epoch_seconds)}
             subset = checkpoint.config_subset(self.cfg)
             meta = {"epoch": self.epoch, "batches_done": self.batches_done,
@@ -310,6 +324,10 @@ class Trainer:
         self.batches_done = shared["batches_done"]
         self.last, self.epoch_seconds = dict(shared["last"]), list(shared["epoch_seconds"])
         self.resumed_sums = own["sums"].to(self.env.device)
+        if shared["total_steps"] != self.total_steps and self.cfg.optim.schedule == "cosine":
+            log.warning("the cosine schedule was planned over %d steps, now over %d "
+                        "(trainer.max_steps changed): the learning rate curve changes from here",
+                        shared["total_steps"], self.total_steps)
         checkpoint.set_rng_state(own["rng"], self.env.device)
         self.log.print(f"resumed from {path} (step {self.step}, epoch {self.epoch + 1}, "
                        f"batch {self.batches_done})")

@@ -1,0 +1,122 @@
+"""Resume: mid-epoch, after a killed rank, and refusal of a checkpoint that does not fit.
+
+The in-process tests drive a Trainer directly (one rank, no torchrun); the
+slow ones launch torchrun on the tiny Fashion-MNIST (8 steps per epoch).
+"""
+import json
+
+import pytest
+import torch
+
+from ddp_lab.distributed import DistEnv
+from ddp_lab.trainer import Trainer
+from tests.conftest import read_summary, run_module, tiny_overrides
+
+ALONE = DistEnv(0, 1, 0, torch.device("cpu"), "none")
+
+
+def _same_weights(a, b) -> None:
+    wa = torch.load(a / "model.pt", weights_only=True)
+    wb = torch.load(b / "model.pt", weights_only=True)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+
+
+def _fit(compose_train, data, run_dir, extra=()):
+    """A one-rank run in this process; returns its summary."""
+    args = [o for o in tiny_overrides(data, run_dir) if not o.startswith("hydra.")]
+    cfg = compose_train(args + ["trainer.amp=off", "trainer.threads=1", *extra])
+    threads = torch.get_num_threads()
+    trainer = Trainer(cfg, ALONE, run_dir)
+    try:
+        return trainer.fit()
+    finally:
+        trainer.close()
+        torch.set_num_threads(threads)
+
+
+def test_resume_mid_epoch_matches_the_uninterrupted_run(compose_train, tiny_fmnist, tmp_path):
+    full = _fit(compose_train, tiny_fmnist, tmp_path / "full",
+                ["trainer.ckpt_every=3", "trainer.keep_ckpts=10"])
+    ckpts = tmp_path / "full" / "checkpoints"
+    # every 3 steps, plus both epoch ends (8, 16); 15 is 3*5 inside epoch 2
+    assert sorted(int(p.name[5:]) for p in ckpts.iterdir()) == [3, 6, 8, 9, 12, 15, 16]
+    meta = json.loads((ckpts / "step-9" / "meta.json").read_text())
+    assert (meta["epoch"], meta["batches_done"], meta["world_size"]) == (1, 1, 1)
+
+    resumed = _fit(compose_train, tiny_fmnist, tmp_path / "resumed",
+                   [f"trainer.resume={ckpts / 'step-9'}"])  # epoch 2, after its first batch
+    _same_weights(tmp_path / "full", tmp_path / "resumed")
+    # the partial epoch's sums came along, so epoch 2's metrics are the same too
+    assert resumed["train_loss"] == full["train_loss"]
+    assert resumed["train_acc"] == full["train_acc"]
+    assert resumed["test_correct"] == full["test_correct"]
+    assert (resumed["steps"], resumed["epochs"]) == (16, 2)
+
+
+def test_stop_at_max_steps_then_resume_auto(compose_train, tiny_fmnist, tmp_path):
+    """max_steps stops mid-epoch and saves there; trainer.resume=auto finishes the run."""
+    const = ["optim.schedule=constant"]  # cosine would plan its decay over max_steps
+    full = _fit(compose_train, tiny_fmnist, tmp_path / "full", const)
+    part = _fit(compose_train, tiny_fmnist, tmp_path / "part", const + ["trainer.max_steps=5"])
+    assert part["steps"] == 5
+    assert [p.name for p in (tmp_path / "part" / "checkpoints").iterdir()] == ["step-5"]
+    rest = _fit(compose_train, tiny_fmnist, tmp_path / "part", const + ["trainer.resume=auto"])
+    assert rest["steps"] == 16 and rest["train_loss"] == full["train_loss"]
+    _same_weights(tmp_path / "full", tmp_path / "part")
+
+
+# ---------------------------------------------------------------- under torchrun
+CKPT = ["trainer.amp=off", "trainer.ckpt_every=3", "trainer.keep_ckpts=10"]
+KILL = {"DDP_LAB_FAULT": "rank=1,step=11,kind=kill"}  # SIGKILL rank 1 after step 11
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_fmnist, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    proc = run_module("ddp_lab.train", tiny_overrides(tiny_fmnist, run_dir) + ["trainer.amp=off"],
+                      nproc=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def killed(tiny_fmnist, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("killed") / "run"
+    proc = run_module("ddp_lab.train", tiny_overrides(tiny_fmnist, run_dir) + CKPT, nproc=2,
+                      torchrun_args=["--max-restarts=1"], env=KILL)
+    return run_dir, proc
+
+
+@pytest.mark.slow
+def test_sigkilled_rank_restarts_and_ends_bit_identical(reference, killed):
+    run_dir, proc = killed
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "exitcode: -9" in proc.stderr or "exitcode  : -9" in proc.stderr or "-9" in proc.stderr
+    # the restart went on from the newest checkpoint before the kill: step 9 (epoch 2, batch 1)
+    assert f"resumed from {run_dir / 'checkpoints' / 'step-9'} (step 9, epoch 2, batch 1)" in proc.stdout
+    assert proc.stdout.count("epoch 2/2") == 1
+    _same_weights(reference, run_dir)
+    a, b = read_summary(reference), read_summary(run_dir)
+    assert (b["steps"], b["epochs"], b["world_size"]) == (16, 2, 2)
+    assert b["train_loss"] == a["train_loss"] and b["test_correct"] == a["test_correct"]
+    # both ranks wrote their own RNG file into every checkpoint
+    assert sorted(p.name for p in (run_dir / "checkpoints" / "step-15").iterdir()) == [
+        "meta.json", "rank0.pt", "rank1.pt", "state.pt"]
+
+
+@pytest.mark.slow
+def test_refuses_checkpoint_of_other_world_size_and_config(killed, tiny_fmnist, tmp_path):
+    run_dir, _ = killed
+    step = run_dir / "checkpoints" / "step-3"
+    proc = run_module("ddp_lab.train", tiny_overrides(tiny_fmnist, tmp_path / "run") + CKPT + [
+        f"trainer.resume={step}", "optim.lr=0.05"], nproc=0)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("ddp_lab: error:")]
+    assert len(errors) == 1
+    assert f"cannot resume from {step}" in errors[0]
+    assert "world size 2 in the checkpoint vs 1 now" in errors[0]
+    assert "optim.lr: 0.1 in the checkpoint vs 0.05 now" in errors[0]
+    assert "start a new run directory" in errors[0]
+    assert "Traceback" not in proc.stderr
