@@ -304,9 +304,12 @@ class Trainer:
             meta = {"epoch": self.epoch, "batches_done": self.batches_done,
                     "config_hash": checkpoint.config_hash(subset), "config": subset}
         path = checkpoint.save(self.ckpt_root, self.step, self.env, own, shared, meta, t.keep_ckpts)
-        where = (f"end of epoch {self.epoch}" if self.batches_done == 0
-                 else f"epoch {self.epoch + 1}, batch {self.batches_done}")
-        self.log.print(f"checkpoint {path.name} ({where})")
+        self.log.print(f"checkpoint {path.name} ({self._position()})")
+
+    def _position(self) -> str:
+        if self.batches_done == 0:
+            return f"end of epoch {self.epoch}"
+        return f"epoch {self.epoch + 1}, batch {self.batches_done}"
 
     def _maybe_resume(self) -> None:
         """Continue from a checkpoint after a torchrun restart, or as trainer.resume says."""
@@ -329,8 +332,7 @@ class Trainer:
                         "(trainer.max_steps changed): the learning rate curve changes from here",
                         shared["total_steps"], self.total_steps)
         checkpoint.set_rng_state(own["rng"], self.env.device)
-        self.log.print(f"resumed from {path} (step {self.step}, epoch {self.epoch + 1}, "
-                       f"batch {self.batches_done})")
+        self.log.print(f"resumed from {path} (step {self.step}, {self._position()})")
 
     def _maybe_inject_fault(self) -> None:
         """DDP_LAB_FAULT (see fault_from_env): fail on purpose after the chosen step."""
