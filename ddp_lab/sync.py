@@ -190,7 +190,7 @@ class DDPSync(_Averaging):
             self.comm_timing = "hook"
             self.module.register_comm_hook(None, self._hook)
 
-    def _hook(self, state, bucket: dist.GradBucket) -> torch.futures.Future:
+    def _hook(self, state, bucket):  # (no annotations: DDP checks them, and they are strings here)
         buffer = bucket.buffer()
         with self._timed():
             self._average(buffer)

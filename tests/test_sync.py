@@ -1,0 +1,282 @@
+"""Gradient-sync strategies: data parallelism changes nothing but speed.
+
+Every sync.mode x sync.algo, at 2, 3 and 4 ranks, takes the same steps as one
+process training on the same global batches (the check PyTorch's own DDP
+tests make). One spawn of processes per world size runs every case.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ddp_lab.config import ConfigError
+from ddp_lab.distributed import DistEnv
+from ddp_lab.models import lenet, num_parameters
+from ddp_lab.sync import ALGOS, MODES, GradSync, _Bucket, _flat_view, build_sync, validate
+from tests.conftest import failure, run_module, tiny_overrides
+from tests.multiproc import run_in_processes
+
+STEPS, BATCH, LR = 3, 12, 0.1  # 12 images per global batch: divides over 2, 3 and 4 ranks
+CPU = torch.device("cpu")
+SINGLE = DistEnv(0, 1, 0, CPU, "none")
+
+
+def _cfg(mode="ddp", algo="builtin", compress="none", bucket_cap_mb=0.1, **extra):
+    """A sync config; 0.1 MB buckets split LeNet's 0.5 MB of gradients into several."""
+    return SimpleNamespace(mode=mode, algo=algo, compress=compress, bucket_cap_mb=bucket_cap_mb,
+                           gradient_as_bucket_view=True, static_graph=False, **extra)
+
+
+# Each case: (name, sync config, micro-batches per step, trainer-like options).
+# Every mode x algo at every world size; the rest at 3 ranks only (the machine
+# is small, and 3 is the size where halving-doubling has to fold a rank in).
+EXTRAS_AT = 3
+
+
+def _cases(world_size: int) -> list[tuple]:
+    cases = []
+    for mode in MODES:
+        for algo in ALGOS:
+            cases.append((f"{mode}/{algo}", _cfg(mode, algo), 1, {}))
+    if world_size != EXTRAS_AT:
+        return cases
+    cases += [
+        ("flat/ring one buffer", _cfg("flat", "ring", bucket_cap_mb=0), 1, {}),
+        ("flat/ring channels_last", _cfg("flat", "ring"), 1, {"channels_last": True}),
+        ("per_param/builtin channels_last", _cfg("per_param"), 1, {"channels_last": True}),
+        # The trainer's zero_grad(set_to_none=True) must not break flat's views.
+        ("flat/builtin set_to_none", _cfg("flat"), 1, {"set_to_none": True}),
+        ("flat/ring not measuring", _cfg("flat", "ring"), 1, {"measuring": False}),
+    ]
+    for name, cfg in (("ddp/builtin", _cfg()), ("ddp/ring", _cfg("ddp", "ring")),
+                      ("flat/builtin", _cfg("flat")), ("flat/halving_doubling", _cfg("flat", "halving_doubling")),
+                      ("per_param/naive", _cfg("per_param", "naive"))):
+        cases.append((f"{name} accum2", cfg, 2, {}))
+    for name, cfg in (("ddp/builtin", _cfg()), ("ddp/ring", _cfg("ddp", "ring")),
+                      ("flat/halving_doubling", _cfg("flat", "halving_doubling")),
+                      ("per_param/naive", _cfg("per_param", "naive"))):
+        for c in ("bf16", "fp16"):
+            cases.append((f"{name}+{c}", SimpleNamespace(**{**vars(cfg), "compress": c}), 1, {}))
+    return cases
+
+
+def _global_batches(micro: int):
+    """STEPS optimizer steps of `micro` global micro-batches of BATCH images each."""
+    g = torch.Generator().manual_seed(micro)
+    x = torch.randn(STEPS, micro, BATCH, 1, 28, 28, generator=g)
+    y = torch.randint(0, 10, (STEPS, micro, BATCH), generator=g)
+    return x, y
+
+
+def _train(sync: GradSync, model, steps, set_to_none: bool) -> None:
+    """The trainer's _run_batch: no_sync for all but the last micro-batch, mean loss."""
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    for micro in steps:
+        for i, (x, y) in enumerate(micro):
+            last = i == len(micro) - 1
+            with contextlib.nullcontext() if last else sync.no_sync():
+                loss = F.cross_entropy(sync.module(x), y)
+                (loss / len(micro)).backward()
+        sync.after_backward()
+        opt.step()
+        opt.zero_grad(set_to_none=set_to_none)
+
+
+def _model(channels_last=False):
+    torch.manual_seed(0)
+    model = lenet()
+    return model.to(memory_format=torch.channels_last) if channels_last else model
+
+
+def _fmt(x, channels_last):
+    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+
+
+def _run_cases(rank: int, world_size: int) -> dict:
+    env = DistEnv(rank, world_size, 0, CPU, "gloo")
+    refs, finals, out = {}, {}, {}
+    for name, cfg, micro, opts in _cases(world_size):
+        x, y = _global_batches(micro)
+        cl = opts.get("channels_last", False)
+        if micro not in refs:  # one process, the whole global batch (micro-batches joined)
+            model = _model()
+            _train(GradSync(model, SINGLE), model,
+                   [[(x[s].flatten(0, 1), y[s].flatten(0, 1))] for s in range(STEPS)], True)
+            refs[micro] = [p.detach().clone() for p in model.parameters()]
+        model = _model(cl)
+        if rank > 0:
+            # Only rank 0's initial weights may count: the sync (or DDP) must broadcast them.
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.01 * rank)
+        sync = build_sync(cfg, model, env)
+        sync.measuring = opts.get("measuring", True)
+        per = BATCH // world_size
+        mine = [[(_fmt(x[s, m, rank * per:(rank + 1) * per], cl), y[s, m, rank * per:(rank + 1) * per])
+                 for m in range(micro)] for s in range(STEPS)]
+        _train(sync, model, mine, opts.get("set_to_none", sync.grads_set_to_none))
+        params = [p.detach().contiguous().clone() for p in model.parameters()]
+        finals[name] = params
+        base = name.split("+")[0]
+        out[name] = {
+            "ref_diff": max((a - b).abs().max().item() for a, b in zip(params, refs[micro])),
+            "plain_diff": (max((a - b).abs().max().item() for a, b in zip(params, finals[base]))
+                           if "+" in name else None),
+            "sha1": hashlib.sha1(b"".join(p.numpy().tobytes() for p in params)).hexdigest(),
+            "comm_seconds": sync.comm_seconds,
+            "comm_timing": sync.comm_timing,
+            "wire_bytes": sync.wire_bytes,
+            "describe": sync.describe(),
+        }
+        if hasattr(sync, "buckets"):
+            out[name]["grads_are_views"] = all(
+                p.grad is not None and p.grad.data_ptr() == v.data_ptr()
+                for b in sync.buckets for p, v in zip(b.params, b.views))
+    return out
+
+
+@pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda n: f"{n}ranks")
+def results(request):
+    return request.param, run_in_processes(_run_cases, request.param, timeout=240)
+
+
+def test_every_mode_and_algo_matches_one_process(results):
+    world_size, ranks = results
+    for name, _, micro, opts in _cases(world_size):
+        r = ranks[0][name]
+        if "+" in name:
+            continue
+        assert r["ref_diff"] < 1e-5, (world_size, name, r["ref_diff"])
+        assert {x[name]["sha1"] for x in ranks} == {r["sha1"]}, (world_size, name)
+
+
+def test_compression_is_close_but_not_equal_and_halves_the_bytes(results):
+    world_size, ranks = results
+    if world_size != EXTRAS_AT:
+        pytest.skip(f"compression cases run at {EXTRAS_AT} ranks")
+    n = num_parameters(lenet())
+    for name, cfg, micro, opts in _cases(world_size):
+        if "+" not in name:
+            continue
+        r = ranks[0][name]
+        assert {x[name]["sha1"] for x in ranks} == {r["sha1"]}, (world_size, name)
+        assert 0 < r["plain_diff"] < 2e-3, (world_size, name, r["plain_diff"])
+        assert r["ref_diff"] < 2e-3, (world_size, name, r["ref_diff"])
+        assert r["describe"] == name
+        # 2 bytes per gradient element on the wire, per step (torch's hook: counted at the call)
+        assert r["wire_bytes"] == 2 * n * STEPS, (world_size, name)
+        if name.startswith("ddp/builtin"):
+            continue
+        plain = ranks[0][name.split("+")[0]]
+        assert plain["wire_bytes"] == 4 * n * STEPS, name
+
+
+def test_comm_time_is_measured_where_it_means_something(results):
+    world_size, ranks = results
+    for name, cfg, micro, opts in _cases(world_size):
+        r = ranks[0][name]
+        if cfg.mode == "ddp" and cfg.algo == "builtin":
+            assert r["comm_timing"] == "unmeasured", name
+        elif "measuring" in opts:
+            assert r["comm_seconds"] == 0.0, name
+        else:
+            assert r["comm_timing"] == ("hook" if cfg.mode == "ddp" else "after_backward"), name
+            assert r["comm_seconds"] > 0, name
+
+
+def test_flat_grads_stay_views_of_the_buffer(results):
+    world_size, ranks = results
+    for name, cfg, micro, opts in _cases(world_size):
+        if cfg.mode == "flat" and "set_to_none" not in opts:
+            assert ranks[0][name]["grads_are_views"], name
+    if world_size == EXTRAS_AT:
+        # after zero_grad(set_to_none=True) the grads are fresh tensors, yet the steps were right
+        assert ranks[0]["flat/builtin set_to_none"]["ref_diff"] < 1e-5
+
+
+# ------------------------------------------------------------ no processes needed
+@pytest.mark.parametrize("key,value,choices", [
+    ("mode", "allgather", "ddp, flat, per_param"),
+    ("algo", "tree", "builtin, naive, ring, halving_doubling"),
+    ("compress", "int8", "none, bf16, fp16"),
+])
+def test_bad_choice_names_the_valid_ones(key, value, choices):
+    with pytest.raises(ConfigError) as e:
+        validate(_cfg(**{key: value}))
+    assert str(e.value) == f"sync.{key}={value!r} is not one of {choices}"
+
+
+def test_every_combination_is_valid_and_bucket_sizes_are_checked():
+    for mode in MODES:
+        for algo in ALGOS:
+            for compress in ("none", "bf16", "fp16"):
+                validate(_cfg(mode, algo, compress))
+    validate(_cfg("flat", bucket_cap_mb=0))  # one buffer
+    with pytest.raises(ConfigError, match="must be > 0 with sync.mode=ddp"):
+        validate(_cfg("ddp", bucket_cap_mb=0))
+    with pytest.raises(ConfigError, match="must be >= 0"):
+        validate(_cfg("per_param", bucket_cap_mb=-1))
+
+
+@pytest.mark.parametrize("preset", ["ddp", "flat", "per_param"])
+def test_presets_compose_and_comment_every_key(compose_train, preset):
+    cfg = compose_train([f"sync={preset}", "sync.algo=ring"])
+    assert (cfg.sync.mode, cfg.sync.algo) == (preset, "ring")
+    validate(cfg.sync)
+    text = (Path(__file__).parents[1] / "conf" / "sync" / f"{preset}.yaml").read_text()
+    keys = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+    assert len(keys) == 6 and all("#" in ln for ln in keys)
+
+
+def test_single_process_has_nothing_to_communicate():
+    model = lenet()
+    sync = build_sync(_cfg("flat", "ring"), model, SINGLE)
+    assert type(sync) is GradSync and sync.module is model and sync.describe() == "none"
+    assert sync.comm_figures(10, 1.0) == (0.0, 0.0)
+    assert all(math.isnan(v) for v in sync.comm_figures(0, 0.0))
+
+
+def test_bucket_views_keep_the_param_layout_and_survive_set_to_none():
+    conv = torch.nn.Conv2d(2, 3, 3).to(memory_format=torch.channels_last)
+    bucket = _Bucket(list(conv.parameters()))
+    bucket.attach()
+    assert conv.weight.grad.stride() == conv.weight.stride()  # channels_last, like autograd's
+    x = torch.randn(2, 2, 5, 5).contiguous(memory_format=torch.channels_last)
+    conv(x).sum().backward()
+    expected = [p.grad.clone() for p in conv.parameters()]
+    assert torch.equal(bucket.buffer, torch.cat([_flat_view(g) for g in expected]))
+    conv.zero_grad(set_to_none=True)
+    conv(x).sum().backward()  # fresh grads, not views
+    bucket.attach()
+    for p, view, g in zip(conv.parameters(), bucket.views, expected):
+        assert p.grad is view and torch.equal(p.grad, g)
+
+
+# ------------------------------------------------------------ end to end
+@pytest.mark.slow
+def test_every_strategy_trains_as_well_as_builtin_ddp(tiny_fmnist, tmp_path):
+    """One torchrun launch sweeps the strategies (each job in the same two processes)."""
+    sweep = tmp_path / "sweep"
+    args = [a for a in tiny_overrides(tiny_fmnist, tmp_path / "unused") if not a.startswith("hydra.")]
+    proc = run_module("ddp_lab.train", [
+        "-m", "sync.mode=ddp,flat,per_param", "sync.algo=builtin,ring,halving_doubling,naive",
+        "trainer.amp=off", "trainer.keep_ckpts=0", "trainer.eval_every=0",
+        f"hydra.sweep.dir={sweep}", *args], nproc=2, timeout=600)
+    assert proc.returncode == 0, failure(proc)
+    runs = [json.loads((d / "summary.json").read_text()) for d in sweep.iterdir() if d.is_dir()]
+    by = {s["sync"]: s for s in runs}
+    assert len(by) == 12
+    ref = by["ddp/builtin"]
+    assert ref["comm_ms_per_step"] is None and ref["comm_timing"] == "unmeasured"
+    for name, s in by.items():
+        assert s["test_acc"] >= 0.9 and abs(s["test_acc"] - ref["test_acc"]) <= 0.05, (name, s["test_acc"])
+        if name != "ddp/builtin":
+            assert s["comm_ms_per_step"] > 0 and 0 < s["comm_frac"] < 1, (name, s)
