@@ -20,18 +20,20 @@ latency, beta the time per byte on a link, gamma the time per byte to add.
     2(n-1)*alpha + 2(n-1)/n*N*beta + (n-1)/n*N*gamma:
     the bandwidth term does not grow with n (bandwidth-optimal), but the
     latency term does, so it is the algorithm for large messages. Chunks are
-    further cut into segments so that receiving segment k+1, adding segment k
-    and forwarding segment k-1 overlap.
+    further cut into segments (about _RING_SEGMENT_BYTES each on the host) so
+    that receiving one segment, adding another and forwarding a third
+    overlap; on gloo all receives are posted before the first send.
 
 ``halving_doubling_allreduce`` -- Rabenseifner: a reduce-scatter by recursive
     vector halving (exchange half the current window with the partner at
     distance p/2, p/4, ..., 1) then an all-gather by recursive doubling.
     2*log2(n)*alpha + 2(n-1)/n*N*beta + (n-1)/n*N*gamma:
-    the same bandwidth term as the ring with only log2(n) latency, so it wins
-    for small and medium messages. When n is not a power of two, the first
-    2*(n-p) ranks (p the largest power of two <= n) fold in pairwise first and
-    the idle rank of each pair gets the result at the end, which costs two
-    more full-message steps: alpha + N*beta each.
+    the same bandwidth term as the ring with 2*log2(n) instead of 2(n-1)
+    latencies, so it suits small and medium messages. When n is not a power
+    of two, the first 2*(n-p) ranks (p the largest power of two <= n) fold in
+    pairwise first and the idle rank of each pair gets the result at the end,
+    which costs two more full-message steps (alpha + N*beta each) and one
+    more addition.
 
 ``builtin_allreduce`` -- ``dist.all_reduce``: the reference the others are
     checked and timed against.
@@ -39,10 +41,12 @@ latency, beta the time per byte on a link, gamma the time per byte to add.
 Shared rules:
 
 * Supported dtypes: float32, float64, bfloat16, float16. bfloat16/float16 are
-  added in their own dtype (no wider accumulator), like NCCL and gloo do, so
-  the result can differ from ``dist.all_reduce`` in the last bits because the
-  summation order differs. Integer and bool tensors raise TypeError rather
-  than risk silent overflow or a meaningless "sum" of bools.
+  accumulated in their own dtype (every addition rounds to it; no wider
+  accumulator), as gloo's own all-reduce does. Results can therefore differ
+  from ``dist.all_reduce`` in the last bits, because the summation order
+  differs; for n ranks the error stays within n * unit-roundoff * sum|x_i|.
+  Integer and bool tensors raise TypeError rather than risk silent overflow
+  or a meaningless "sum" of bools.
 * The tensor must be contiguous (the algorithms send views of its flat
   storage); otherwise ValueError.
 * Ranks are group ranks (``dist.get_rank(group)``); peers are translated to
@@ -50,8 +54,10 @@ Shared rules:
 * Every rank computes the same chunk boundaries, so the two sides of a
   message always agree on its size; empty pieces are skipped on both sides
   (never a zero-length message that the peer does not expect).
-* Each phase uses its own tag, and messages between a pair of ranks are
-  posted in the same order on both sides, so phases cannot mix messages.
+* Tags keep messages apart: one tag per phase (naive), per phase and level
+  (halving-doubling) or per message (ring), and between a pair of ranks
+  messages are posted in the same order on both sides, so no receive can
+  match a message meant for another phase or step.
 * On gloo, a CUDA tensor is copied to the host, reduced there (gloo's
   point-to-point is CPU only) and copied back. On NCCL, CUDA tensors are
   used directly and every exchange is posted with ``dist.batch_isend_irecv``
@@ -60,7 +66,7 @@ Shared rules:
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -77,20 +83,23 @@ __all__ = [
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
-# One tag per phase, so a message of one phase can never be matched by a
-# receive of another phase (gloo matches by peer and tag, in posting order).
+# Tags name the exchanges, so a message can never be matched by a receive
+# meant for another phase or step (gloo matches by peer and tag, in posting
+# order; NCCL ignores tags and relies on the posting order alone).
 _TAG_NAIVE_GATHER = 101
 _TAG_NAIVE_BCAST = 102
 _TAG_RING = 1000  # + unit index: each ring message has its own tag
-_TAG_HD_FOLD_IN = 301
-_TAG_HD_RS = 302
-_TAG_HD_AG = 303
-_TAG_HD_FOLD_OUT = 304
+_TAG_HD_FOLD_IN = 201
+_TAG_HD_FOLD_OUT = 202
+_TAG_HD_RS = 300  # + level (< 64)
+_TAG_HD_AG = 400  # + level
 
 # Ring segment size on the host (gloo/TCP). Smaller segments overlap better
-# but each message costs a fixed ~100 us on localhost TCP plus Python
-# overhead; see _ring_segment_bytes.
-_RING_SEGMENT_BYTES = 256 * 1024
+# but every message costs a fixed ~0.1-1 ms on a busy machine (thread
+# wake-ups on both sides) plus Python overhead; measured on 2 cores with 2-4
+# processes, 256 KiB segments were clearly slower than 1 MiB ones, which were
+# about as fast as one message per chunk. See _ring_segment_count.
+_RING_SEGMENT_BYTES = 1024 * 1024
 # Upper bound on the ring's receive scratch space on the host (see _ring).
 _RING_MAX_SCRATCH_BYTES = 256 * 1024 * 1024
 
@@ -142,10 +151,11 @@ class _Comm:
         self.rank = dist.get_rank(group)
         if self.rank < 0:
             raise ValueError("this process is not a member of the given group")
+        # global_ranks[r] = dist.get_global_rank(group, r), looked up once.
         if group is None:
             self.global_ranks = list(range(self.size))
         else:
-            self.global_ranks = [dist.get_global_rank(group, r) for r in range(self.size)]
+            self.global_ranks = dist.get_process_group_ranks(group)
         # Only CUDA tensors on NCCL get here with a CUDA device (gloo stages
         # them through the host first).
         self.batched = device.type == "cuda"
@@ -212,6 +222,8 @@ def _run_on_comm_device(
     send/recv only handle CPU tensors.
     """
     _check_tensor(tensor)
+    if dist.get_rank(group) < 0:
+        raise ValueError("this process is not a member of the given group")
     if dist.get_world_size(group) == 1:
         return tensor
     # detach(): gradients are usually leaves that require grad; the reduction
@@ -246,10 +258,10 @@ def builtin_allreduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = No
 def _naive(flat: torch.Tensor, comm: _Comm) -> None:
     n, rank = comm.size, comm.rank
     if rank != 0:
-        # Sending all of `flat` and then receiving into it is safe: the root
-        # only replies once it has received everything from everyone.
-        comm.sendrecv(None, (flat, 0), _TAG_NAIVE_GATHER)
-        comm.sendrecv((flat, 0), None, _TAG_NAIVE_BCAST)
+        # Receiving the result into `flat` while it is being sent is safe:
+        # the root only replies once it has received everything.
+        _run_steps(comm, [_Step(0, _TAG_NAIVE_GATHER, send=flat, recv=None),
+                          _Step(0, _TAG_NAIVE_BCAST, send=None, recv=flat)])
         return
     # Root: two scratch buffers (one if there is a single sender), so the
     # message from rank i+1 is arriving while the one from rank i is added.
@@ -377,8 +389,8 @@ def _ring(flat: torch.Tensor, comm: _Comm) -> None:
         # "ready" reply, several thread wake-ups (slow on a busy machine).
         # Posting receives later, in the loop, would also contend with gloo's
         # I/O thread, which holds the connection's lock while it reads data
-        # arriving on it; with unit 0 last, nothing arrives until we are done
-        # posting. Early receives into the all-gather destination are safe:
+        # arriving on it; unit 0's data comes first, so its receive is posted
+        # last, and the others are posted before any data arrives. Early receives into the all-gather destination are safe:
         # nothing lands there before our own sends of that data completed,
         # since the data that replaces it has gone around the ring.
         for u in [*range(1, slots), *range(rs_units, units), 0]:
@@ -400,71 +412,119 @@ def ring_allreduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None)
     return _run_on_comm_device(tensor, group, _ring)
 
 
+class _Step(NamedTuple):
+    """One exchange with one peer: send `send`, receive into `recv`, then
+    (optionally) add what was received into `add_into`. Either side may be
+    None. `tag` names the exchange, identically on both peers."""
+
+    peer: int
+    tag: int
+    send: torch.Tensor | None
+    recv: torch.Tensor | None
+    add_into: torch.Tensor | None = None
+
+
+def _run_steps(comm: _Comm, steps: list[_Step]) -> None:
+    """Run a sequence of exchanges, each step's send after the previous step's add.
+
+    On gloo every receive is posted before anything is sent (the first
+    step's last), so that each send finds its receive already posted and goes
+    out immediately instead of through gloo's announce/ready handshake. Each
+    receive has its own buffer and tag, and the caller guarantees that data
+    arriving early never overwrites something still to be sent (it can only
+    arrive after the peer got what it needed from us). On NCCL each step's
+    send and receive are launched together as one batch instead.
+    """
+    if comm.batched:
+        for st in steps:
+            comm.sendrecv(None if st.recv is None else (st.recv, st.peer),
+                          None if st.send is None else (st.send, st.peer), st.tag)
+            if st.add_into is not None:
+                st.add_into.add_(st.recv)
+        return
+    recv_works: dict[int, list[dist.Work]] = {}
+    for i in reversed(range(len(steps))):
+        if steps[i].recv is not None:
+            recv_works[i] = comm.exchange((steps[i].recv, steps[i].peer), None, steps[i].tag)[0]
+    send_works: list[dist.Work] = []
+    for i, st in enumerate(steps):
+        if st.send is not None:
+            send_works += comm.exchange(None, (st.send, st.peer), st.tag)[1]
+        if st.recv is not None:
+            _wait(recv_works.pop(i))
+            if st.add_into is not None:
+                st.add_into.add_(st.recv)
+    _wait(send_works)
+
+
 def _halving_doubling(flat: torch.Tensor, comm: _Comm) -> None:
     n, rank = comm.size, comm.rank
     p = 1 << (n.bit_length() - 1)  # largest power of two <= n
     rem = n - p
+    steps: list[_Step] = []
 
     # Fold-in: among the first 2*rem ranks, each even rank hands its data to
-    # the odd rank above it and sits out; the p ranks left are renumbered
-    # 0..p-1 and run the power-of-two algorithm.
+    # the odd rank above it and sits out until the result comes back; the p
+    # ranks left are renumbered 0..p-1 and run the power-of-two algorithm.
+    if rank < 2 * rem and rank % 2 == 0:
+        steps.append(_Step(rank + 1, _TAG_HD_FOLD_IN, send=flat, recv=None))
+        steps.append(_Step(rank + 1, _TAG_HD_FOLD_OUT, send=None, recv=flat))
+        _run_steps(comm, steps)
+        return
     if rank < 2 * rem:
-        if rank % 2 == 0:
-            comm.sendrecv(None, (flat, rank + 1), _TAG_HD_FOLD_IN)
-            comm.sendrecv((flat, rank + 1), None, _TAG_HD_FOLD_OUT)
-            return
-        scratch = torch.empty_like(flat)
-        comm.sendrecv((scratch, rank - 1), None, _TAG_HD_FOLD_IN)
-        flat.add_(scratch)
-        new_rank = rank // 2
-    else:
-        scratch = None
-        new_rank = rank - rem
+        steps.append(_Step(rank - 1, _TAG_HD_FOLD_IN, send=None,
+                           recv=torch.empty_like(flat), add_into=flat))
+    new_rank = rank // 2 if rank < 2 * rem else rank - rem
 
     def group_rank(nr: int) -> int:
         return nr * 2 + 1 if nr < rem else nr + rem
 
+    # Chunk c of p covers bounds[c]:bounds[c+1]; after the reduce-scatter
+    # new rank r owns the sum of chunk r.
     bounds = _chunk_bounds(flat.numel(), p)
-    if scratch is None:
-        # The largest piece ever received is the first half (chunk sizes
-        # only decrease with the index).
-        scratch = flat.new_empty(bounds[p // 2])
+    levels = p.bit_length() - 1  # log2(p)
 
-    # Reduce-scatter by recursive halving. [lo, hi) is the window of chunk
-    # indices this rank still reduces; each step we keep the half holding
-    # chunk `new_rank`, send the other half to the partner (who keeps it)
-    # and add the partner's copy of our half. After log2(p) steps we hold
-    # the full sum of chunk `new_rank`.
+    # Reduce-scatter by recursive halving. [lo, hi) is the window of chunks
+    # this rank still reduces; each step keeps the half that holds chunk
+    # `new_rank`, sends the other half to the partner (who keeps that one)
+    # and adds the partner's copy of the kept half. Each step receives into
+    # its own piece of scratch (the pieces halve: less than N in all).
+    rs = []
     lo, hi = 0, p
-    mask = p // 2
-    while mask >= 1:
-        partner = group_rank(new_rank ^ mask)
+    for level in range(levels):
+        mask = p >> (level + 1)
         mid = (lo + hi) // 2
         keep, give = ((mid, hi), (lo, mid)) if new_rank & mask else ((lo, mid), (mid, hi))
-        ka, kb = bounds[keep[0]], bounds[keep[1]]
-        ga, gb = bounds[give[0]], bounds[give[1]]
-        incoming = scratch[: kb - ka]
-        comm.sendrecv((incoming, partner), (flat[ga:gb], partner), _TAG_HD_RS)
-        flat[ka:kb].add_(incoming)
+        rs.append((group_rank(new_rank ^ mask), keep, give))
         lo, hi = keep
-        mask //= 2
+    sizes = [bounds[keep[1]] - bounds[keep[0]] for _, keep, _ in rs]
+    scratch = flat.new_empty(sum(sizes))
+    offset = 0
+    for level, ((partner, keep, give), size) in enumerate(zip(rs, sizes)):
+        steps.append(_Step(partner, _TAG_HD_RS + level,
+                           send=flat[bounds[give[0]]:bounds[give[1]]],
+                           recv=scratch[offset: offset + size],
+                           add_into=flat[bounds[keep[0]]:bounds[keep[1]]]))
+        offset += size
 
     # All-gather by recursive doubling: swap windows with the partner at
-    # distance 1, 2, ..., p/2; the partner's window is received in place and
-    # ours doubles each step.
-    mask = 1
-    while mask < p:
-        partner = group_rank(new_rank ^ mask)
+    # distance 1, 2, ..., p/2, receiving the partner's window in place; ours
+    # doubles each step. The partner's window is what we gave away in the
+    # reduce-scatter step at the same distance, so nothing lands there before
+    # we are done with it.
+    for level in range(levels):
+        mask = 1 << level
         width = hi - lo
         other = (lo - width, lo) if new_rank & mask else (hi, hi + width)
-        oa, ob = bounds[other[0]], bounds[other[1]]
-        comm.sendrecv((flat[oa:ob], partner), (flat[bounds[lo]:bounds[hi]], partner), _TAG_HD_AG)
+        steps.append(_Step(group_rank(new_rank ^ mask), _TAG_HD_AG + level,
+                           send=flat[bounds[lo]:bounds[hi]],
+                           recv=flat[bounds[other[0]]:bounds[other[1]]]))
         lo, hi = min(lo, other[0]), max(hi, other[1])
-        mask *= 2
 
     # Fold-out: hand the result to the rank that sat out.
     if rank < 2 * rem:
-        comm.sendrecv(None, (flat, rank - 1), _TAG_HD_FOLD_OUT)
+        steps.append(_Step(rank - 1, _TAG_HD_FOLD_OUT, send=flat, recv=None))
+    _run_steps(comm, steps)
 
 
 def halving_doubling_allreduce(
