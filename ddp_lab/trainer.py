@@ -25,7 +25,7 @@ from ddp_lab import checkpoint
 from ddp_lab.config import ConfigError
 from ddp_lab.data import build_loaders
 from ddp_lab.distributed import DistEnv, all_reduce_sum
-from ddp_lab.metrics import Clock, RunLogger, Throughput, epoch_line, final_line
+from ddp_lab.metrics import Clock, RunLogger, Throughput, epoch_line, final_line, peak_memory_mb
 from ddp_lab.models import build_model
 from ddp_lab.profiling import StepProfiler
 from ddp_lab.sync import build_sync
@@ -388,6 +388,7 @@ class Trainer:
             "measured_steps": self.throughput.steps,
             "comm_timing": self.sync.comm_timing,
             "comm_ms_per_step": comm_ms, "comm_frac": comm_frac,
+            "peak_mem_mb": peak_memory_mb(env.device),  # rank 0's process (ranks are alike)
         }
         self.log.hparams(cfg, env.world_size, summary["backend"],
                          {k: summary[k] for k in ("test_acc", "train_loss", "samples_per_sec")})
