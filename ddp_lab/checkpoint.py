@@ -177,6 +177,10 @@ def save(root: Path, step: int, env: DistEnv, own: dict, shared: dict | None,
         shutil.rmtree(tmp, ignore_errors=True)  # left by a save that was killed
         tmp.mkdir()
     _barrier(env)  # the empty temp dir exists before any rank writes into it
+    if not tmp.is_dir():
+        raise RuntimeError(
+            f"rank {env.rank} cannot see {tmp}, which rank 0 just created: the run directory "
+            "must be on a filesystem that every node shares")
     _write_durable(tmp / rank_file(env.rank), lambda f: torch.save(own, f))
     if env.is_main:
         _write_durable(tmp / STATE, lambda f: torch.save(shared, f))
