@@ -1,0 +1,119 @@
+"""vs_baseline: the table and the scaling figure from canned results; the commands it runs."""
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from ddp_lab.bench import vs_baseline as vb
+
+
+def result(system, rate, sec=10.0, acc=0.85, mem=700.0, repeat=0):
+    return {"system": system, "repeat": repeat, "samples_per_sec": rate, "sec_per_epoch": sec,
+            "test_acc": acc, "peak_mem_mb": mem}
+
+
+CANNED = [
+    result("baseline d2l_scratch", 2000, sec=30.0, acc=0.83, mem=900),
+    result("trainer 2p", 9000, sec=7.0, acc=0.89, mem=760),
+    result("baseline d2l_scratch", 1800, sec=33.0, acc=0.83, mem=910, repeat=1),
+    result("trainer 2p", 10000, sec=6.0, acc=0.89, mem=770, repeat=1),
+    result("baseline d2l_scratch", 2200, sec=27.0, acc=0.84, mem=905, repeat=2),
+    result("trainer 2p", 8000, sec=8.0, acc=0.88, mem=765, repeat=2),
+]
+
+
+def test_summarize_takes_medians_extremes_and_the_ratio_of_medians():
+    base, trainer = vb.summarize(CANNED)
+    assert base == {"system": "baseline d2l_scratch", "runs": 3, "images_per_sec_median": 2000,
+                    "images_per_sec_min": 1800, "images_per_sec_max": 2200, "sec_per_epoch": 30.0,
+                    "test_acc": 0.83, "peak_mem_mb_per_process": 910, "ratio": 1.0}
+    assert trainer["images_per_sec_median"] == 9000
+    assert (trainer["images_per_sec_min"], trainer["images_per_sec_max"]) == (8000, 10000)
+    assert trainer["sec_per_epoch"] == 7.0 and trainer["test_acc"] == 0.89
+    assert trainer["peak_mem_mb_per_process"] == 770
+    assert trainer["ratio"] == pytest.approx(4.5)
+
+
+def test_reference_can_be_named_and_must_exist():
+    rows = vb.summarize(CANNED, reference="trainer 2p")
+    assert rows[0]["ratio"] == pytest.approx(2000 / 9000) and rows[1]["ratio"] == 1.0
+    with pytest.raises(ValueError, match="no results"):
+        vb.summarize(CANNED, reference="trainer 4p")
+    assert vb.summarize([]) == []
+
+
+def test_missing_memory_and_accuracy_show_as_dashes():
+    rows = vb.summarize([{"system": "a", "samples_per_sec": 100.0, "sec_per_epoch": 1.0,
+                          "test_acc": None, "peak_mem_mb": None}])
+    assert rows[0]["peak_mem_mb_per_process"] is None and rows[0]["test_acc"] is None
+    assert "| a | 1 | 100 | 100 | 100 | 1.0 | - | - | 1.00x |" in vb.markdown_table(rows)
+
+
+def test_markdown_and_csv_render_the_rows():
+    rows = vb.summarize(CANNED)
+    md = vb.markdown_table(rows).splitlines()
+    assert md[0].startswith("| system | runs | images/s (median) | min | max | sec/epoch | test acc")
+    assert md[1] == "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    assert md[2] == "| baseline d2l_scratch | 3 | 2,000 | 1,800 | 2,200 | 30.0 | 0.8300 | 910 | 1.00x |"
+    assert md[3] == "| trainer 2p | 3 | 9,000 | 8,000 | 10,000 | 7.0 | 0.8900 | 770 | 4.50x |"
+    parsed = list(csv.DictReader(io.StringIO(vb.csv_text(rows))))
+    assert [r["system"] for r in parsed] == ["baseline d2l_scratch", "trainer 2p"]
+    assert float(parsed[1]["ratio"]) == pytest.approx(4.5)
+    assert list(parsed[0]) == vb.COLUMNS
+
+
+def test_scaling_efficiency_is_2p_over_twice_1p():
+    runs = [result("trainer 1p", r) for r in (5000, 5200, 4800)] + \
+           [result("trainer 2p", r) for r in (9000, 9500, 9400)]
+    assert vb.scaling_efficiency(runs, "trainer 1p", "trainer 2p", 1, 2) == pytest.approx(9400 / 10000)
+    assert vb.scaling_efficiency(runs, "trainer 1p", "trainer 2p", 1, 4) == pytest.approx(9400 / 20000)
+
+
+def test_notes_give_the_ratio_and_the_efficiency():
+    a = vb.parse_args(["--epochs", "10"])
+    note, = vb.notes_for(vb.summarize(CANNED), CANNED, a)
+    assert note.startswith("Trainer / baseline: 4.50x images/s, test accuracy +0.0600")
+    runs = [result("trainer 1p", 5000), result("trainer 2p", 9500)]
+    a = vb.parse_args(["--compare-world", "1,2", "--threads", "1"])
+    note, = vb.notes_for(vb.summarize(runs), runs, a)
+    assert "rate(2p) / (2 x rate(1p)) = 95.0%" in note and "128 images and 1 thread(s)" in note
+
+
+def test_commands_hold_the_same_data_batch_and_epochs(tmp_path):
+    a = vb.parse_args(["--epochs", "3", "--batch", "128", "--data-root", "/data/fm", "--out", str(tmp_path),
+                       "--trainer-args", "trainer.compile=true", "--baseline-args", "num_devices=1"])
+    a.out = tmp_path
+    systems, reference = vb.plan(a)
+    assert reference == "baseline d2l_scratch"
+    (base, _, base_cmd), (trainer, _, trainer_cmd) = systems
+    b, t = base_cmd(tmp_path / "b"), trainer_cmd(tmp_path / "t")
+    assert b[1:3] == ["-m", "ddp_lab.baselines.d2l_scratch"]
+    assert {"epochs=3", "data.batch_size=128", "data.root=/data/fm", "num_devices=1",
+            f"hydra.run.dir={tmp_path / 'b'}"} <= set(b)
+    assert t[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    assert {"trainer.epochs=3", "data.batch_size=128", "data.root=/data/fm", "model=lenet",
+            "trainer.threads=1", "trainer.compile=true", f"hydra.run.dir={tmp_path / 't'}"} <= set(t)
+
+
+def test_compare_world_keeps_the_per_process_batch(tmp_path):
+    a = vb.parse_args(["--compare-world", "2,1", "--per-process-batch", "64"])
+    systems, reference = vb.plan(a)
+    assert reference == "trainer 1p" and [s for s, _, _ in systems] == ["trainer 1p", "trainer 2p"]
+    cmds = [cmd(tmp_path) for _, _, cmd in systems]
+    assert "--nproc_per_node=1" in cmds[0] and "data.batch_size=64" in cmds[0]
+    assert "--nproc_per_node=2" in cmds[1] and "data.batch_size=128" in cmds[1]
+    with pytest.raises(SystemExit):
+        vb.parse_worlds("2")
+
+
+def test_table_only_re_renders_saved_results(tmp_path, capsys):
+    args = {"epochs": 10, "batch": 256, "compare_world": "", "per_process_batch": 128, "threads": 1}
+    (tmp_path / "results.json").write_text(json.dumps(
+        {"args": args, "reference": "baseline d2l_scratch", "results": CANNED}))
+    assert vb.main(["--table-only", str(tmp_path)]) == 0
+    md = Path(tmp_path / "table.md").read_text()
+    assert "| trainer 2p | 3 | 9,000 |" in md and "Trainer / baseline: 4.50x" in md
+    assert (tmp_path / "table.csv").read_text().startswith("system,runs,")
+    assert "4.50x" in capsys.readouterr().out
