@@ -99,7 +99,7 @@ _TAG_HD_AG = 400  # + level
 # wake-ups on both sides) plus Python overhead; measured on 2 cores with 2-4
 # processes, 256 KiB segments were clearly slower than 1 MiB ones, which were
 # about as fast as one message per chunk. See _ring_segment_count.
-_RING_SEGMENT_BYTES = 1024 * 1024
+_RING_SEGMENT_BYTES = 4 * 1024 * 1024
 # Upper bound on the ring's receive scratch space on the host (see _ring).
 _RING_MAX_SCRATCH_BYTES = 256 * 1024 * 1024
 
@@ -333,10 +333,11 @@ def _ring(flat: torch.Tensor, comm: _Comm) -> None:
         # stream. Stream order makes one scratch slot per segment enough.
         slots = k
     else:
-        # gloo: all receives are posted up front (see below), each into its
-        # own scratch slot, unless that needs more than
+        # gloo, 3+ ranks: all receives are posted up front (see below), each
+        # into its own scratch slot, unless that needs more than
         # _RING_MAX_SCRATCH_BYTES; then slots are reused, and the receive
         # for a slot is posted once the previous unit in it has been added.
+        # (With 2 ranks, receives are posted as we go; k slots suffice.)
         cap = max(1, _RING_MAX_SCRATCH_BYTES // max(1, seg_numel * flat.element_size()))
         slots = min(rs_units, max(2 * k, cap))
     scratch = flat.new_empty(slots * seg_numel)
@@ -382,17 +383,27 @@ def _ring(flat: torch.Tensor, comm: _Comm) -> None:
                 finish(u - k)
             recv_works[u], sends = comm.exchange(recv_op(u), (plans[u][0], right), _TAG_RING + u)
             send_works.extend(sends)
+    elif n == 2:
+        # Both neighbours are the same peer, so this is a pairwise exchange:
+        # send before receive, for the reason given in _run_steps.
+        for u in range(units):
+            if u >= k:
+                finish(u - k)
+            post_send(u)
+            post_recv(u)
     else:
-        # Receives first, all of them, and unit 0's last. On gloo's TCP
-        # transport a send whose receive is already posted on the other side
-        # goes out at once; otherwise it announces itself and waits for a
-        # "ready" reply, several thread wake-ups (slow on a busy machine).
-        # Posting receives later, in the loop, would also contend with gloo's
-        # I/O thread, which holds the connection's lock while it reads data
-        # arriving on it; unit 0's data comes first, so its receive is posted
-        # last, and the others are posted before any data arrives. Early receives into the all-gather destination are safe:
-        # nothing lands there before our own sends of that data completed,
-        # since the data that replaces it has gone around the ring.
+        # All receives first, unit 0's last. On gloo's TCP transport a send
+        # whose receive is already posted on the other side goes out at once
+        # from our thread (to the right neighbour, while data arrives from
+        # the left one on another connection); otherwise it announces itself
+        # and waits for a "ready" reply, several thread wake-ups (slow on a
+        # busy machine). Posting receives later, in the loop, would also
+        # contend with gloo's I/O thread, which holds a connection's lock
+        # while it reads the data arriving on it; unit 0's data comes first,
+        # so its receive is posted last. Early receives into the all-gather
+        # destination are safe: nothing lands there before our own sends of
+        # that data completed, since the data that replaces it has gone
+        # around the ring.
         for u in [*range(1, slots), *range(rs_units, units), 0]:
             post_recv(u)
         for u in range(units):
@@ -427,33 +438,27 @@ class _Step(NamedTuple):
 def _run_steps(comm: _Comm, steps: list[_Step]) -> None:
     """Run a sequence of exchanges, each step's send after the previous step's add.
 
-    On gloo every receive is posted before anything is sent (the first
-    step's last), so that each send finds its receive already posted and goes
-    out immediately instead of through gloo's announce/ready handshake. Each
-    receive has its own buffer and tag, and the caller guarantees that data
-    arriving early never overwrites something still to be sent (it can only
-    arrive after the peer got what it needed from us). On NCCL each step's
-    send and receive are launched together as one batch instead.
+    Each step posts its send and then its receive. When both go to the same
+    peer (a pairwise exchange) this is the cheap order on gloo: the peer has
+    not posted its receive yet, so the payload is written later by gloo's I/O
+    thread, which reads and writes that connection in one thread. Had the
+    receive been posted first, our thread would write the payload itself
+    while the peer's data arrives on the same connection, and gloo's I/O
+    thread spins on the connection's lock until the write is done (measured:
+    ~60% more CPU for a 4 MiB exchange). On NCCL each step's send and receive
+    are launched together as one batch.
     """
-    if comm.batched:
-        for st in steps:
-            comm.sendrecv(None if st.recv is None else (st.recv, st.peer),
-                          None if st.send is None else (st.send, st.peer), st.tag)
-            if st.add_into is not None:
-                st.add_into.add_(st.recv)
-        return
-    recv_works: dict[int, list[dist.Work]] = {}
-    for i in reversed(range(len(steps))):
-        if steps[i].recv is not None:
-            recv_works[i] = comm.exchange((steps[i].recv, steps[i].peer), None, steps[i].tag)[0]
     send_works: list[dist.Work] = []
-    for i, st in enumerate(steps):
-        if st.send is not None:
-            send_works += comm.exchange(None, (st.send, st.peer), st.tag)[1]
-        if st.recv is not None:
-            _wait(recv_works.pop(i))
-            if st.add_into is not None:
-                st.add_into.add_(st.recv)
+    for st in steps:
+        recv = None if st.recv is None else (st.recv, st.peer)
+        send = None if st.send is None else (st.send, st.peer)
+        if comm.batched:
+            comm.sendrecv(recv, send, st.tag)
+        else:
+            send_works += comm.exchange(None, send, st.tag)[1]
+            _wait(comm.exchange(recv, None, st.tag)[0])
+        if st.add_into is not None:
+            st.add_into.add_(st.recv)
     _wait(send_works)
 
 
@@ -471,48 +476,41 @@ def _halving_doubling(flat: torch.Tensor, comm: _Comm) -> None:
         steps.append(_Step(rank + 1, _TAG_HD_FOLD_OUT, send=None, recv=flat))
         _run_steps(comm, steps)
         return
+    # Chunk c of p covers bounds[c]:bounds[c+1]; after the reduce-scatter
+    # new rank r owns the sum of chunk r. Steps run one after the other, so
+    # one scratch buffer serves every receive: the whole tensor for a rank
+    # that folds in a partner, else the largest half (chunk sizes only
+    # decrease with the index, so that is the first half).
+    bounds = _chunk_bounds(flat.numel(), p)
     if rank < 2 * rem:
-        steps.append(_Step(rank - 1, _TAG_HD_FOLD_IN, send=None,
-                           recv=torch.empty_like(flat), add_into=flat))
+        scratch = torch.empty_like(flat)
+        steps.append(_Step(rank - 1, _TAG_HD_FOLD_IN, send=None, recv=scratch, add_into=flat))
+    else:
+        scratch = flat.new_empty(bounds[p // 2])
     new_rank = rank // 2 if rank < 2 * rem else rank - rem
 
     def group_rank(nr: int) -> int:
         return nr * 2 + 1 if nr < rem else nr + rem
 
-    # Chunk c of p covers bounds[c]:bounds[c+1]; after the reduce-scatter
-    # new rank r owns the sum of chunk r.
-    bounds = _chunk_bounds(flat.numel(), p)
-    levels = p.bit_length() - 1  # log2(p)
-
     # Reduce-scatter by recursive halving. [lo, hi) is the window of chunks
     # this rank still reduces; each step keeps the half that holds chunk
     # `new_rank`, sends the other half to the partner (who keeps that one)
-    # and adds the partner's copy of the kept half. Each step receives into
-    # its own piece of scratch (the pieces halve: less than N in all).
-    rs = []
+    # and adds the partner's copy of the kept half.
     lo, hi = 0, p
-    for level in range(levels):
+    for level in range(p.bit_length() - 1):  # log2(p) levels
         mask = p >> (level + 1)
         mid = (lo + hi) // 2
         keep, give = ((mid, hi), (lo, mid)) if new_rank & mask else ((lo, mid), (mid, hi))
-        rs.append((group_rank(new_rank ^ mask), keep, give))
-        lo, hi = keep
-    sizes = [bounds[keep[1]] - bounds[keep[0]] for _, keep, _ in rs]
-    scratch = flat.new_empty(sum(sizes))
-    offset = 0
-    for level, ((partner, keep, give), size) in enumerate(zip(rs, sizes)):
-        steps.append(_Step(partner, _TAG_HD_RS + level,
+        ka, kb = bounds[keep[0]], bounds[keep[1]]
+        steps.append(_Step(group_rank(new_rank ^ mask), _TAG_HD_RS + level,
                            send=flat[bounds[give[0]]:bounds[give[1]]],
-                           recv=scratch[offset: offset + size],
-                           add_into=flat[bounds[keep[0]]:bounds[keep[1]]]))
-        offset += size
+                           recv=scratch[: kb - ka], add_into=flat[ka:kb]))
+        lo, hi = keep
 
     # All-gather by recursive doubling: swap windows with the partner at
     # distance 1, 2, ..., p/2, receiving the partner's window in place; ours
-    # doubles each step. The partner's window is what we gave away in the
-    # reduce-scatter step at the same distance, so nothing lands there before
-    # we are done with it.
-    for level in range(levels):
+    # doubles each step.
+    for level in range(p.bit_length() - 1):
         mask = 1 << level
         width = hi - lo
         other = (lo - width, lo) if new_rank & mask else (hi, hi + width)

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from ddp_lab import collectives
 from ddp_lab.collectives import ALGORITHMS, SUPPORTED_DTYPES, get_algorithm
 from tests.multiproc import run_in_processes
 
@@ -86,10 +87,35 @@ def _check_sum(rank, ranks, cases, group=None, label=""):
     return problems, prints
 
 
+def _check_ring_segments(rank: int, world_size: int) -> list[str]:
+    """The ring with many segments per chunk and a scratch cap that forces slot reuse."""
+    problems = []
+    saved = collectives._RING_SEGMENT_BYTES, collectives._RING_MAX_SCRATCH_BYTES
+    try:
+        # (elements, dtype, segment bytes, scratch cap bytes); a cap of 1 byte
+        # gives the minimum number of scratch slots.
+        configs = [(1021, torch.float64, 1024, 1 << 30), (1021, torch.float64, 1024, 1),
+                   (20_011, torch.bfloat16, 4096, 16 * 1024), (BIG, torch.float32, 512 * 1024, 1 << 20)]
+        for case, (numel, dtype, seg_bytes, cap) in enumerate(configs):
+            collectives._RING_SEGMENT_BYTES, collectives._RING_MAX_SCRATCH_BYTES = seg_bytes, cap
+            inputs = [_input(r, (numel,), dtype, 100 + case) for r in range(world_size)]
+            exact = sum(x.double() for x in inputs)
+            bound = world_size * UNIT_ROUNDOFF[dtype] * sum(x.double().abs() for x in inputs)
+            t = inputs[rank].clone()
+            why = _compare(f"ring segments={seg_bytes}B cap={cap}B numel={numel} {dtype}",
+                           collectives.ring_allreduce(t), exact, bound)
+            if why:
+                problems.append(why)
+    finally:
+        collectives._RING_SEGMENT_BYTES, collectives._RING_MAX_SCRATCH_BYTES = saved
+    return problems
+
+
 def _check_world(rank: int, world_size: int):
     """Every algorithm on every case over the default group; on 4 ranks, subgroups too."""
     ranks = list(range(world_size))
     problems, prints = _check_sum(rank, ranks, _cases(world_size))
+    problems += _check_ring_segments(rank, world_size)
     if world_size == 4:
         # new_group is collective: every rank creates every group.
         for members in ([1, 3], [0, 2, 3]):
