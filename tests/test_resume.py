@@ -68,7 +68,7 @@ def test_stop_at_max_steps_then_resume_auto(compose_train, tiny_fmnist, tmp_path
 
 
 # ---------------------------------------------------------------- under torchrun
-CKPT = ["trainer.amp=off", "trainer.ckpt_every=3", "trainer.keep_ckpts=10"]
+CKPT = ["trainer.amp=off", "trainer.ckpt_every=3", "trainer.keep_ckpts=10", "dist.timeout_s=60"]
 KILL = {"DDP_LAB_FAULT": "rank=1,step=11,kind=kill",  # SIGKILL rank 1 after step 11
         # a fresh store per attempt: the shared one keeps the dead attempt's addresses
         # (see ddp_lab.train.warn_if_restarts_share_the_store)
