@@ -258,7 +258,7 @@ def problem(step_dir: Path) -> str | None:
 
 def newest(root: Path) -> Path | None:
     """The newest intact checkpoint under `root`; damaged newer ones are skipped, loudly."""
-    for step, p in reversed(step_dirs(root)):
+    for _, p in reversed(step_dirs(root)):
         why = problem(p)
         if why is None:
             return p
