@@ -5,6 +5,7 @@ and as a plain `python -m ...` (a world of one, no process group at all).
 """
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 from dataclasses import dataclass
@@ -75,7 +76,12 @@ def setup(backend: str = "auto", device: str = "auto", timeout_s: float = 300) -
     chosen = resolve_backend(backend, dev)
     if "RANK" not in os.environ:  # plain `python -m`: nothing to join
         return DistEnv(0, 1, 0, dev, "none")
-    if not dist.is_initialized():
+    if dist.is_initialized():  # the next job of a sweep (see teardown)
+        if dist.get_backend() != chosen:
+            raise ConfigError(f"dist.backend={chosen} but this launch's process group is "
+                              f"{dist.get_backend()}: a sweep cannot change the backend; "
+                              "launch one torchrun per backend")
+    else:
         dist.init_process_group(
             backend=chosen,
             timeout=datetime.timedelta(seconds=timeout_s),
@@ -85,8 +91,22 @@ def setup(backend: str = "auto", device: str = "auto", timeout_s: float = 300) -
     return DistEnv(rank, world_size, local_rank, dev, chosen)
 
 
-def teardown() -> None:
-    """Destroy the process group if there is one; safe to call on any exit path."""
+def teardown(keep_for_next_job: bool = False) -> None:
+    """Destroy the process group if there is one; safe to call on any exit path.
+
+    keep_for_next_job: a Hydra sweep (-m) runs its jobs one after another in
+    the same processes. Destroying and re-creating the group between them would
+    reuse the first group's keys in torchrun's store, where the old peer
+    addresses still stand, and ranks could connect to ports long closed. So a
+    sweep keeps one group for all its jobs, destroyed when the process exits.
+    """
+    if keep_for_next_job:
+        atexit.register(_destroy)  # registering twice is harmless: _destroy checks
+        return
+    _destroy()
+
+
+def _destroy() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ddp_lab import config, distributed, schema
@@ -105,7 +106,7 @@ def main(cfg) -> dict:
     finally:
         if trainer is not None:
             trainer.close()
-        distributed.teardown()
+        distributed.teardown(keep_for_next_job=HydraConfig.get().mode == RunMode.MULTIRUN)
 
 
 if __name__ == "__main__":
