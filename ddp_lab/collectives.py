@@ -197,6 +197,18 @@ class _Comm:
             send_works.append(dist.isend(send[0], self.global_ranks[send[1]], group=self.group, tag=tag))
         return recv_works, send_works
 
+    def isend(self, tensor: torch.Tensor, peer: int, tag: int) -> dist.Work | None:
+        """dist.isend to group rank `peer`; nothing (None) for an empty tensor. Not for NCCL."""
+        if tensor.numel() == 0:
+            return None
+        return dist.isend(tensor, self.global_ranks[peer], group=self.group, tag=tag)
+
+    def irecv(self, tensor: torch.Tensor, peer: int, tag: int) -> dist.Work | None:
+        """dist.irecv from group rank `peer`; nothing (None) for an empty tensor. Not for NCCL."""
+        if tensor.numel() == 0:
+            return None
+        return dist.irecv(tensor, self.global_ranks[peer], group=self.group, tag=tag)
+
     def sendrecv(self, recv, send, tag: int) -> None:
         """exchange() and wait for both."""
         recv_works, send_works = self.exchange(recv, send, tag)
@@ -342,47 +354,53 @@ def _ring(flat: torch.Tensor, comm: _Comm) -> None:
         slots = min(rs_units, max(2 * k, cap))
     scratch = flat.new_empty(slots * seg_numel)
 
-    def view(u: int):
-        """(segment to send, where the received segment goes, scratch or None)."""
+    # Per unit: the segment to send, where the received segment goes, and
+    # for the reduce-scatter the (destination, scratch) pair to add. Built
+    # once: the loop below is on the critical path of every hop.
+    sends, recvs, adds = [], [], []
+    for u in range(units):
         s, j = divmod(u, k)
         if s < n - 1:
             (sa, sb), (ra, rb) = seg[(rank - s) % n][j], seg[(rank - s - 1) % n][j]
             slot = (u % slots) * seg_numel
-            return flat[sa:sb], flat[ra:rb], scratch[slot: slot + rb - ra]
-        t = s - (n - 1)
-        (sa, sb), (ra, rb) = seg[(rank + 1 - t) % n][j], seg[(rank - t) % n][j]
-        return flat[sa:sb], flat[ra:rb], None
-
-    plans = [view(u) for u in range(units)]  # build the views once
-    recv_works: list[list[dist.Work]] = [[] for _ in range(units)]
+            incoming = scratch[slot: slot + rb - ra]
+            adds.append((flat[ra:rb], incoming) if rb > ra else None)
+            recvs.append(incoming)
+        else:
+            t = s - (n - 1)
+            (sa, sb), (ra, rb) = seg[(rank + 1 - t) % n][j], seg[(rank - t) % n][j]
+            adds.append(None)
+            recvs.append(flat[ra:rb])
+        sends.append(flat[sa:sb])
+    recv_works: list[dist.Work | None] = [None] * units
     send_works: list[dist.Work] = []
 
     # Every unit has its own tag: messages can only match the receive they
     # were meant for, whatever order the receives are posted in.
-    def recv_op(u: int):
-        _, dest, incoming = plans[u]
-        return (dest if incoming is None else incoming, left)
-
     def post_recv(u: int) -> None:
-        recv_works[u] = comm.exchange(recv_op(u), None, _TAG_RING + u)[0]
+        recv_works[u] = comm.irecv(recvs[u], left, _TAG_RING + u)
 
     def post_send(u: int) -> None:
-        send_works.extend(comm.exchange(None, (plans[u][0], right), _TAG_RING + u)[1])
+        work = comm.isend(sends[u], right, _TAG_RING + u)
+        if work is not None:
+            send_works.append(work)
 
     def finish(u: int) -> None:
         """Wait for unit u's receive; in the reduce-scatter, add it in."""
-        _wait(recv_works[u])
-        recv_works[u] = []
-        _, dest, incoming = plans[u]
-        if incoming is not None:
+        work = recv_works[u]
+        if work is not None:
+            work.wait()
+        if adds[u] is not None:
+            dest, incoming = adds[u]
             dest.add_(incoming)
 
     if comm.batched:
         for u in range(units):
             if u >= k:
                 finish(u - k)
-            recv_works[u], sends = comm.exchange(recv_op(u), (plans[u][0], right), _TAG_RING + u)
-            send_works.extend(sends)
+            recv_list, send_list = comm.exchange((recvs[u], left), (sends[u], right), _TAG_RING + u)
+            recv_works[u] = recv_list[0] if recv_list else None
+            send_works.extend(send_list)
     elif n == 2:
         # Both neighbours are the same peer, so this is a pairwise exchange:
         # send before receive, for the reason given in _run_steps.
