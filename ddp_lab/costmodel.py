@@ -33,6 +33,16 @@ dependent (it would be accepted for a model where they are not).
 
 Fitting weights every point by 1/measured time, so the fit minimises the
 relative error: a 4 KiB message counts as much as a 64 MiB one.
+
+Oversubscribed measurements (`measured_cores`): the formulas assume that every
+rank has its own processor and link. Benchmarks run as several processes on one
+host with fewer cores than ranks break that: p ranks share c cores, so each
+step of the collective takes about p/c times longer (at 4 ranks on 2 cores,
+every algorithm's time roughly doubles on top of the formula's p-dependence).
+With measured_cores=c, each measured point is modelled as
+max(1, p/c) x formula(p, N) during the fit only; predictions are made for one
+core (or device) per rank, i.e. without the factor. null (the default) fits the
+plain textbook formulas.
 """
 from __future__ import annotations
 
@@ -189,6 +199,11 @@ class Fit:
     params: Params
     points: list[Point]
     rel_errors: list[float] = field(default_factory=list)  # (model - measured) / measured
+    cores: int | None = None  # the measured ranks shared this many cores (None: no correction)
+
+    def model_time(self, model: Callable, pt: Point) -> float:
+        """The model's time for a measured point, with the measurement's core sharing."""
+        return contention(pt.world_size, self.cores) * self.params.time(model, pt.world_size, pt.size_bytes)
 
     @property
     def median_abs_err(self) -> float:
@@ -205,16 +220,24 @@ class Fit:
         return {w: statistics.median(v) for w, v in sorted(out.items())}
 
 
+def contention(p: int, cores: int | None) -> float:
+    """How much slower p ranks run on `cores` shared cores than on p own ones: max(1, p/cores)."""
+    return 1.0 if not cores else max(1.0, p / cores)
+
+
 def fit(points: Sequence[Point], model: Callable, gamma: float | None, algo: str = "",
-        source: str = "fitted") -> Fit:
+        source: str = "fitted", cores: int | None = None) -> Fit:
     """Fit alpha, beta (and gamma when it is None) to measured times, minimising relative error.
 
     Each row (alpha, beta, gamma coefficients; measured time) is divided by the
-    measured time, so the residual is (model - measured) / measured.
+    measured time, so the residual is (model - measured) / measured. With
+    `cores`, the measured ranks shared that many cores: each row is scaled by
+    contention(p, cores) (see the module docstring).
     """
     if not points:
         raise ValueError(f"no measured points to fit {algo or 'the model'} to")
-    rows = torch.tensor([coefficients(model, pt.world_size, pt.size_bytes) for pt in points],
+    rows = torch.tensor([[contention(pt.world_size, cores) * c
+                          for c in coefficients(model, pt.world_size, pt.size_bytes)] for pt in points],
                         dtype=torch.float64)
     t = torch.tensor([pt.time_s for pt in points], dtype=torch.float64)
     if gamma is None:
@@ -231,8 +254,9 @@ def fit(points: Sequence[Point], model: Callable, gamma: float | None, algo: str
     alpha, beta = float(x[0]), float(x[1])
     g = float(x[2]) if gamma is None else float(gamma)
     params = Params(alpha, beta, g, source)
-    errs = [(params.time(model, pt.world_size, pt.size_bytes) - pt.time_s) / pt.time_s for pt in points]
-    return Fit(algo, params, list(points), errs)
+    f = Fit(algo, params, list(points), cores=cores)
+    f.rel_errors = [(f.model_time(model, pt) - pt.time_s) / pt.time_s for pt in points]
+    return f
 
 
 def measure_gamma(threads: int = 1, sizes: Iterable[int] = (1 << 24, 1 << 25, 1 << 26),
@@ -466,7 +490,7 @@ def plot_fits(fits: dict[str, Fit], path: Path) -> Path:
             line, = ax.plot([s for s, _ in pts], [t * 1e6 for _, t in pts], "o", ms=3,
                             label=f"measured p={w}")
             sizes = [s for s, _ in pts]
-            ax.plot(sizes, [f.params.time(model, w, s) * 1e6 for s in sizes], "-",
+            ax.plot(sizes, [f.model_time(model, Point(algo, w, s, 0.0)) * 1e6 for s in sizes], "-",
                     color=line.get_color(), label=f"model p={w}")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -578,12 +602,17 @@ def validate(cfg) -> dict:
                               f"measured; give it in ms per step, e.g. +compute_ms.{g.label}=50")
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
             raise ConfigError(f"compute_ms.{g.label}={v!r} must be a non-negative number of milliseconds")
+    cores = cfg.measured_cores
+    if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores < 1):
+        raise ConfigError(f"measured_cores={cores!r} must be null (textbook model) or the number of CPU "
+                          "cores the benchmark's ranks shared, e.g. measured_cores=2")
     for key in ("batch_size", "iters", "threads"):
         v = cfg.compute[key]
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError(f"compute.{key}={v!r} must be an integer >= 1")
     return {"params": params, "inputs": inputs, "gamma": _gamma_setting(cfg), "algos": algos,
-            "world_sizes": [int(w) for w in worlds], "gradients": grads, "compute_ms": compute_ms}
+            "world_sizes": [int(w) for w in worlds], "gradients": grads, "compute_ms": compute_ms,
+            "cores": cores}
 
 
 def run(cfg, run_dir: Path, log=print) -> dict:
@@ -616,7 +645,7 @@ def run(cfg, run_dir: Path, log=print) -> dict:
                 log(f"# no cost model for measured algorithm {algo!r}: not fitted")
                 continue
             try:
-                fits[algo] = fit(pts, MODELS[algo], gamma, algo, source=f"fit: {algo}")
+                fits[algo] = fit(pts, MODELS[algo], gamma, algo, source=f"fit: {algo}", cores=s["cores"])
             except ValueError as e:
                 raise ConfigError(str(e)) from None
         # One parameter set for the machine, fitted to all measured
@@ -626,7 +655,12 @@ def run(cfg, run_dir: Path, log=print) -> dict:
         shared = None
         if own:
             rows = [(MODELS[pt.algo], pt) for pt in own]
-            shared = _fit_mixed(rows, gamma)
+            shared = _fit_mixed(rows, gamma, s["cores"])
+        if s["cores"]:
+            log(f"# measured_cores={s['cores']}: measured p ranks modelled as max(1, p/{s['cores']}) x formula "
+                "(ranks shared the cores); predictions assume one core or device per rank")
+        else:
+            log("# textbook formulas as they are (measured_cores=null: no correction for ranks sharing cores)")
         print_fits(fits, gamma_note, log)
         if shared is not None:
             med = statistics.median(abs(e) for e in shared[1])
@@ -651,7 +685,7 @@ def run(cfg, run_dir: Path, log=print) -> dict:
         write_csv(run_dir / "fit_points.csv", [
             {"algo": a, "world_size": pt.world_size, "size_bytes": pt.size_bytes,
              "measured_us": round(pt.time_s * 1e6, 3),
-             "model_us": round(f.params.time(MODELS[a], pt.world_size, pt.size_bytes) * 1e6, 3),
+             "model_us": round(f.model_time(MODELS[a], pt) * 1e6, 3),
              "rel_err": round(e, 4)}
             for a, f in fits.items() for pt, e in zip(f.points, f.rel_errors)])
         if cfg.plot and fits:
@@ -703,9 +737,12 @@ def run(cfg, run_dir: Path, log=print) -> dict:
     return {"fits": fits, "params": param_sets, "predictions": preds, "compute_s": compute_s}
 
 
-def _fit_mixed(rows: list[tuple[Callable, Point]], gamma: float | None) -> tuple[Params, list[float]] | None:
+def _fit_mixed(rows: list[tuple[Callable, Point]], gamma: float | None,
+               cores: int | None = None) -> tuple[Params, list[float]] | None:
     """One (alpha, beta[, gamma]) for points of several algorithms, each with its own formula."""
-    coef = torch.tensor([coefficients(m, pt.world_size, pt.size_bytes) for m, pt in rows], dtype=torch.float64)
+    coef = torch.tensor([[contention(pt.world_size, cores) * c
+                          for c in coefficients(m, pt.world_size, pt.size_bytes)] for m, pt in rows],
+                        dtype=torch.float64)
     t = torch.tensor([pt.time_s for _, pt in rows], dtype=torch.float64)
     if gamma is None:
         x = nnls(coef / t.reshape(-1, 1), torch.ones_like(t))
@@ -713,7 +750,8 @@ def _fit_mixed(rows: list[tuple[Callable, Point]], gamma: float | None) -> tuple
     else:
         x = nnls(coef[:, :2] / t.reshape(-1, 1), (t - gamma * coef[:, 2]) / t)
         params = Params(float(x[0]), float(x[1]), gamma, "fit: shared")
-    errs = [(params.time(m, pt.world_size, pt.size_bytes) - pt.time_s) / pt.time_s for m, pt in rows]
+    errs = [(contention(pt.world_size, cores) * params.time(m, pt.world_size, pt.size_bytes) - pt.time_s)
+            / pt.time_s for m, pt in rows]
     return params, errs
 
 

@@ -92,6 +92,18 @@ def test_fit_with_noise_stays_close(algo):
     assert 0.01 < f.median_abs_err < 0.08
 
 
+def test_fit_with_shared_cores_recovers_per_rank_parameters():
+    # 2, 4 and 8 ranks measured on a 2-core host: 4 ranks take 2x, 8 ranks 4x the formula
+    pts = [cm.Point("ring", pt.world_size, pt.size_bytes, pt.time_s * cm.contention(pt.world_size, 2))
+           for pt in synthetic(cm.ring)]
+    f = cm.fit(pts, cm.ring, gamma=GAMMA, cores=2)
+    assert f.params.alpha == pytest.approx(ALPHA, rel=0.02)
+    assert f.params.beta == pytest.approx(BETA, rel=0.02)
+    assert f.max_abs_err < 1e-6
+    assert cm.fit(pts, cm.ring, gamma=GAMMA).median_abs_err > 0.2  # the textbook formula cannot follow
+    assert cm.contention(2, 2) == 1.0 and cm.contention(1, 4) == 1.0 and cm.contention(8, None) == 1.0
+
+
 def test_fit_is_non_negative():
     # Pure bandwidth data (alpha = 0) plus noise: plain least squares may go below zero.
     g = torch.Generator().manual_seed(3)
@@ -193,6 +205,7 @@ def test_run_end_to_end_on_synthetic_csvs(tmp_path):
     (["params=[ib_100g]", "gradients=[1000]"], "compute time cannot be"),
     (["params=[ib_100g]", "gamma=-1"], "gamma=-1"),
     (["params=[ib_100g]", "world_sizes=[0]"], "world_sizes"),
+    (["params=[ib_100g]", "measured_cores=0"], "measured_cores=0"),
 ])
 def test_bad_config_is_refused_with_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
