@@ -20,9 +20,10 @@ latency, beta the time per byte on a link, gamma the time per byte to add.
     2(n-1)*alpha + 2(n-1)/n*N*beta + (n-1)/n*N*gamma:
     the bandwidth term does not grow with n (bandwidth-optimal), but the
     latency term does, so it is the algorithm for large messages. Chunks are
-    further cut into segments (about _RING_SEGMENT_BYTES each on the host) so
-    that receiving one segment, adding another and forwarding a third
-    overlap; on gloo all receives are posted before the first send.
+    further cut into segments (at most _RING_SEGMENT_BYTES each on the host)
+    so that receiving one segment, adding another and forwarding a third
+    overlap; on gloo with 3+ ranks all receives are posted before the first
+    send, so every send finds its receive ready.
 
 ``halving_doubling_allreduce`` -- Rabenseifner: a reduce-scatter by recursive
     vector halving (exchange half the current window with the partner at
@@ -94,14 +95,20 @@ _TAG_HD_FOLD_OUT = 202
 _TAG_HD_RS = 300  # + level (< 64)
 _TAG_HD_AG = 400  # + level
 
-# Ring segment size on the host (gloo/TCP). Smaller segments overlap better
-# but every message costs a fixed ~0.1-1 ms on a busy machine (thread
-# wake-ups on both sides) plus Python overhead; measured on 2 cores with 2-4
-# processes, 256 KiB segments were clearly slower than 1 MiB ones, which were
-# about as fast as one message per chunk. See _ring_segment_count.
+# Ring segment size on the host (gloo/TCP). Smaller segments overlap
+# transfer, addition and forwarding better, but every message has a fixed
+# cost (thread wake-ups and lock hand-offs on both sides, Python), which
+# dominates on a small, oversubscribed machine: on 2 cores with 2-4
+# processes, one message per chunk up to 4 MiB was as fast as 1 MiB segments
+# or faster, and 256 KiB segments were clearly slower. Chunks above this are
+# cut into near-equal segments of at most this size. See _ring_segment_count.
 _RING_SEGMENT_BYTES = 4 * 1024 * 1024
 # Upper bound on the ring's receive scratch space on the host (see _ring).
 _RING_MAX_SCRATCH_BYTES = 256 * 1024 * 1024
+# Pairwise exchanges on gloo (halving-doubling, the 2-rank ring, naive) post
+# all their receives first for tensors up to this size, and each send before
+# its receive above it. See _run_steps.
+_EARLY_RECV_MAX_BYTES = 1024 * 1024
 
 
 # ---------------------------------------------------------------- helpers
@@ -273,7 +280,8 @@ def _naive(flat: torch.Tensor, comm: _Comm) -> None:
         # Receiving the result into `flat` while it is being sent is safe:
         # the root only replies once it has received everything.
         _run_steps(comm, [_Step(0, _TAG_NAIVE_GATHER, send=flat, recv=None),
-                          _Step(0, _TAG_NAIVE_BCAST, send=None, recv=flat)])
+                          _Step(0, _TAG_NAIVE_BCAST, send=None, recv=flat)],
+                   receives_first=flat.numel() * flat.element_size() <= _EARLY_RECV_MAX_BYTES)
         return
     # Root: two scratch buffers (one if there is a single sender), so the
     # message from rank i+1 is arriving while the one from rank i is added.
@@ -301,9 +309,10 @@ def _ring_segment_count(chunk_numel: int, element_size: int, device: torch.devic
     """How many segments each ring chunk is cut into.
 
     On NCCL one message per chunk: NCCL pipelines internally, and each extra
-    message is a kernel launch. On the host, segments of ~_RING_SEGMENT_BYTES
-    let TCP transfer, addition and forwarding overlap while keeping the
-    per-message cost small against the transfer time.
+    message is a kernel launch. On the host, enough segments of at most
+    _RING_SEGMENT_BYTES that transfer, addition and forwarding overlap for
+    large chunks, while the per-message cost stays small against the
+    transfer time.
     """
     if device.type == "cuda":
         return 1
@@ -345,11 +354,12 @@ def _ring(flat: torch.Tensor, comm: _Comm) -> None:
         # stream. Stream order makes one scratch slot per segment enough.
         slots = k
     else:
-        # gloo, 3+ ranks: all receives are posted up front (see below), each
-        # into its own scratch slot, unless that needs more than
+        # gloo: all receives are posted up front (see below), each into its
+        # own scratch slot, unless that needs more than
         # _RING_MAX_SCRATCH_BYTES; then slots are reused, and the receive
         # for a slot is posted once the previous unit in it has been added.
-        # (With 2 ranks, receives are posted as we go; k slots suffice.)
+        # (With 2 ranks and a large tensor receives are posted as we go, and
+        # k slots suffice: there rs_units == k.)
         cap = max(1, _RING_MAX_SCRATCH_BYTES // max(1, seg_numel * flat.element_size()))
         slots = min(rs_units, max(2 * k, cap))
     scratch = flat.new_empty(slots * seg_numel)
@@ -401,9 +411,9 @@ def _ring(flat: torch.Tensor, comm: _Comm) -> None:
             recv_list, send_list = comm.exchange((recvs[u], left), (sends[u], right), _TAG_RING + u)
             recv_works[u] = recv_list[0] if recv_list else None
             send_works.extend(send_list)
-    elif n == 2:
+    elif n == 2 and flat.numel() * flat.element_size() > _EARLY_RECV_MAX_BYTES:
         # Both neighbours are the same peer, so this is a pairwise exchange:
-        # send before receive, for the reason given in _run_steps.
+        # above _EARLY_RECV_MAX_BYTES, send before receive (see _run_steps).
         for u in range(units):
             if u >= k:
                 finish(u - k)
@@ -453,28 +463,52 @@ class _Step(NamedTuple):
     add_into: torch.Tensor | None = None
 
 
-def _run_steps(comm: _Comm, steps: list[_Step]) -> None:
+def _run_steps(comm: _Comm, steps: list[_Step], receives_first: bool) -> None:
     """Run a sequence of exchanges, each step's send after the previous step's add.
 
-    Each step posts its send and then its receive. When both go to the same
-    peer (a pairwise exchange) this is the cheap order on gloo: the peer has
-    not posted its receive yet, so the payload is written later by gloo's I/O
-    thread, which reads and writes that connection in one thread. Had the
-    receive been posted first, our thread would write the payload itself
-    while the peer's data arrives on the same connection, and gloo's I/O
-    thread spins on the connection's lock until the write is done (measured:
-    ~60% more CPU for a 4 MiB exchange). On NCCL each step's send and receive
-    are launched together as one batch.
+    On gloo's TCP transport a send whose receive is already posted on the
+    other side goes out at once, from the sending thread; otherwise it
+    announces itself and the payload follows when the receiver replies
+    "ready", written by gloo's I/O thread. Which is cheaper depends on size:
+
+    * receives_first=True (small tensors): every receive is posted before
+      anything is sent, so each step costs one message latency, not three.
+      Each receive then needs its own buffer, and data arriving early must
+      never overwrite something still to be sent (the callers guarantee it:
+      such data can only arrive after the peer got what it needed from us).
+    * receives_first=False (large tensors): each step posts its send, then its
+      receive. In a pairwise exchange the peer usually has not posted its
+      receive yet, so the payload is written by gloo's I/O thread, which
+      reads and writes the connection in one thread. Had the receive been
+      posted first, our thread would write the payload itself while the
+      peer's data arrives on the same connection, and gloo's I/O thread spins
+      on the connection's lock until the write is done (measured: ~60% more
+      CPU for a 4 MiB exchange, which an oversubscribed machine pays in time).
+
+    On NCCL each step's send and receive are launched together as one batch.
     """
+    if comm.batched:
+        for st in steps:
+            comm.sendrecv(None if st.recv is None else (st.recv, st.peer),
+                          None if st.send is None else (st.send, st.peer), st.tag)
+            if st.add_into is not None:
+                st.add_into.add_(st.recv)
+        return
+    recv_works: list[dist.Work | None] = [None] * len(steps)
+    if receives_first:
+        for i in reversed(range(len(steps))):  # the first step's data comes first
+            if steps[i].recv is not None:
+                recv_works[i] = comm.irecv(steps[i].recv, steps[i].peer, steps[i].tag)
     send_works: list[dist.Work] = []
-    for st in steps:
-        recv = None if st.recv is None else (st.recv, st.peer)
-        send = None if st.send is None else (st.send, st.peer)
-        if comm.batched:
-            comm.sendrecv(recv, send, st.tag)
-        else:
-            send_works += comm.exchange(None, send, st.tag)[1]
-            _wait(comm.exchange(recv, None, st.tag)[0])
+    for i, st in enumerate(steps):
+        if st.send is not None:
+            work = comm.isend(st.send, st.peer, st.tag)
+            if work is not None:
+                send_works.append(work)
+        if st.recv is not None:
+            work = recv_works[i] if receives_first else comm.irecv(st.recv, st.peer, st.tag)
+            if work is not None:
+                work.wait()
         if st.add_into is not None:
             st.add_into.add_(st.recv)
     _wait(send_works)
@@ -489,22 +523,15 @@ def _halving_doubling(flat: torch.Tensor, comm: _Comm) -> None:
     # Fold-in: among the first 2*rem ranks, each even rank hands its data to
     # the odd rank above it and sits out until the result comes back; the p
     # ranks left are renumbered 0..p-1 and run the power-of-two algorithm.
+    receives_first = flat.numel() * flat.element_size() <= _EARLY_RECV_MAX_BYTES
     if rank < 2 * rem and rank % 2 == 0:
         steps.append(_Step(rank + 1, _TAG_HD_FOLD_IN, send=flat, recv=None))
         steps.append(_Step(rank + 1, _TAG_HD_FOLD_OUT, send=None, recv=flat))
-        _run_steps(comm, steps)
+        _run_steps(comm, steps, receives_first)
         return
     # Chunk c of p covers bounds[c]:bounds[c+1]; after the reduce-scatter
-    # new rank r owns the sum of chunk r. Steps run one after the other, so
-    # one scratch buffer serves every receive: the whole tensor for a rank
-    # that folds in a partner, else the largest half (chunk sizes only
-    # decrease with the index, so that is the first half).
+    # new rank r owns the sum of chunk r.
     bounds = _chunk_bounds(flat.numel(), p)
-    if rank < 2 * rem:
-        scratch = torch.empty_like(flat)
-        steps.append(_Step(rank - 1, _TAG_HD_FOLD_IN, send=None, recv=scratch, add_into=flat))
-    else:
-        scratch = flat.new_empty(bounds[p // 2])
     new_rank = rank // 2 if rank < 2 * rem else rank - rem
 
     def group_rank(nr: int) -> int:
@@ -514,16 +541,36 @@ def _halving_doubling(flat: torch.Tensor, comm: _Comm) -> None:
     # this rank still reduces; each step keeps the half that holds chunk
     # `new_rank`, sends the other half to the partner (who keeps that one)
     # and adds the partner's copy of the kept half.
+    halving = []  # (partner, (keep start, stop), (give start, stop)) in elements
     lo, hi = 0, p
     for level in range(p.bit_length() - 1):  # log2(p) levels
         mask = p >> (level + 1)
         mid = (lo + hi) // 2
         keep, give = ((mid, hi), (lo, mid)) if new_rank & mask else ((lo, mid), (mid, hi))
-        ka, kb = bounds[keep[0]], bounds[keep[1]]
-        steps.append(_Step(group_rank(new_rank ^ mask), _TAG_HD_RS + level,
-                           send=flat[bounds[give[0]]:bounds[give[1]]],
-                           recv=scratch[: kb - ka], add_into=flat[ka:kb]))
+        halving.append((group_rank(new_rank ^ mask), (bounds[keep[0]], bounds[keep[1]]),
+                        (bounds[give[0]], bounds[give[1]])))
         lo, hi = keep
+
+    # Receives posted first each need their own scratch (the pieces halve:
+    # about the size of the tensor in all). Otherwise the steps run one
+    # after the other and one buffer, as large as the largest piece, serves
+    # them all.
+    sizes = [kb - ka for _, (ka, kb), _ in halving]
+    fold = rank < 2 * rem
+    if receives_first:
+        scratch = flat.new_empty(sum(sizes) + (flat.numel() if fold else 0))
+    else:
+        scratch = flat.new_empty(max(sizes + [flat.numel() if fold else 0]))
+    offset = 0
+    if fold:
+        steps.append(_Step(rank - 1, _TAG_HD_FOLD_IN, send=None,
+                           recv=scratch[: flat.numel()], add_into=flat))
+        offset = flat.numel() if receives_first else 0
+    for level, ((partner, (ka, kb), (ga, gb)), size) in enumerate(zip(halving, sizes)):
+        steps.append(_Step(partner, _TAG_HD_RS + level, send=flat[ga:gb],
+                           recv=scratch[offset: offset + size], add_into=flat[ka:kb]))
+        if receives_first:
+            offset += size
 
     # All-gather by recursive doubling: swap windows with the partner at
     # distance 1, 2, ..., p/2, receiving the partner's window in place; ours
@@ -540,7 +587,7 @@ def _halving_doubling(flat: torch.Tensor, comm: _Comm) -> None:
     # Fold-out: hand the result to the rank that sat out.
     if rank < 2 * rem:
         steps.append(_Step(rank - 1, _TAG_HD_FOLD_OUT, send=flat, recv=None))
-    _run_steps(comm, steps)
+    _run_steps(comm, steps, receives_first)
 
 
 def halving_doubling_allreduce(
