@@ -2,6 +2,8 @@
 
     # the README table: d2l's LeNet from scratch vs `torchrun --nproc_per_node=2 -m ddp_lab.train`
     python -m ddp_lab.bench.vs_baseline --epochs 10 --repeats 3
+    # the same with one more trainer row: torch.compile on
+    python -m ddp_lab.bench.vs_baseline --epochs 10 --repeats 3 --variant compile=trainer.compile=true
     # a quick sanity check (minutes, not a measurement)
     python -m ddp_lab.bench.vs_baseline --epochs 1 --repeats 1
     # scaling: the trainer on 1 and on 2 processes, 128 images and 1 thread per process
@@ -32,7 +34,7 @@ the same global batch and the same number of epochs. Each keeps its own recipe:
 the baseline d2l's (plain SGD, d2l's lr), the trainer its config
 (conf/train.yaml: SGD with Nesterov momentum, cosine schedule; bf16 autocast
 and channels_last where the CPU runs bf16 natively). Add overrides to either
-with --trainer-args / --baseline-args.
+with --trainer-args / --baseline-args; --variant adds trainer rows with other settings.
 
 Output (<out> = outputs/bench/vs_baseline/<time> unless --out): results.json
 (one record per run), table.md, table.csv, and the same table on stdout.
@@ -156,14 +158,14 @@ def baseline_command(name: str, run_dir: Path, a) -> list[str]:
     return [sys.executable, "-m", f"ddp_lab.baselines.{name}", *args, *shlex.split(a.baseline_args)]
 
 
-def trainer_command(nproc: int, batch: int, run_dir: Path, a) -> list[str]:
+def trainer_command(nproc: int, batch: int, run_dir: Path, a, extra: str = "") -> list[str]:
     args = [f"hydra.run.dir={run_dir}", f"trainer.epochs={a.epochs}", f"data.batch_size={batch}",
             f"trainer.threads={a.threads}", f"trainer.max_steps={a.max_steps}",
             "trainer.progress=false", *TRAINER_MODEL[a.baseline]]
     if a.data_root:
         args.append(f"data.root={a.data_root}")
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            "-m", "ddp_lab.train", *args, *shlex.split(a.trainer_args)]
+            "-m", "ddp_lab.train", *args, *shlex.split(a.trainer_args), *shlex.split(extra)]
 
 
 def run_one(system: str, repeat: int, cmd: list[str], run_dir: Path, timeout: float | None) -> dict:
@@ -194,8 +196,23 @@ def plan(a) -> tuple[list[tuple[str, str, Callable[[Path], list[str]]]], str]:
                  lambda d, w=w: trainer_command(w, a.per_process_batch * w, d, a))
                 for w in worlds], f"trainer {worlds[0]}p"
     base = f"baseline {a.baseline}"
-    return [(base, "baseline", lambda d: baseline_command(a.baseline, d, a)),
-            (f"trainer {a.nproc}p", "trainer", lambda d: trainer_command(a.nproc, a.batch, d, a))], base
+    systems = [(base, "baseline", lambda d: baseline_command(a.baseline, d, a)),
+               (f"trainer {a.nproc}p", "trainer", lambda d: trainer_command(a.nproc, a.batch, d, a))]
+    for label, overrides in parse_variants(a.variant):
+        systems.append((f"trainer {a.nproc}p {label}", f"trainer-{label}",
+                        lambda d, o=overrides: trainer_command(a.nproc, a.batch, d, a, o)))
+    return systems, base
+
+
+def parse_variants(specs: list[str]) -> list[tuple[str, str]]:
+    """--variant LABEL=OVERRIDES: e.g. 'compile=trainer.compile=true' -> ('compile', 'trainer.compile=true')."""
+    out = []
+    for spec in specs:
+        label, sep, overrides = spec.partition("=")
+        if not sep or not label or not overrides or not label.replace("_", "").replace("-", "").isalnum():
+            raise SystemExit(f"--variant {spec!r}: expected LABEL=OVERRIDES, e.g. compile=trainer.compile=true")
+        out.append((label, overrides))
+    return out
 
 
 def parse_worlds(text: str) -> list[int]:
@@ -220,12 +237,15 @@ def notes_for(rows: list[dict], results: list[dict], a) -> list[str]:
             out.append(f"Scaling efficiency: rate({w}p) / ({w / worlds[0]:g} x rate({worlds[0]}p)) = {eff:.1%} "
                        f"({a.per_process_batch} images and {a.threads or 'default'} thread(s) per process).")
         return out
-    base, trainer = rows[0], rows[-1]
-    acc = ""
-    if base["test_acc"] is not None and trainer["test_acc"] is not None:
-        acc = f", test accuracy {trainer['test_acc'] - base['test_acc']:+.4f}"
-    return [f"Trainer / baseline: {trainer['ratio']:.2f}x images/s{acc} "
-            f"(medians of {trainer['runs']} run(s), {a.epochs} epoch(s), global batch {a.batch})."]
+    base, out = rows[0], []
+    for trainer in rows[1:]:
+        acc = ""
+        if base["test_acc"] is not None and trainer["test_acc"] is not None:
+            acc = f", test accuracy {trainer['test_acc'] - base['test_acc']:+.4f}"
+        name = "Trainer" if len(rows) == 2 else trainer["system"]
+        out.append(f"{name} / baseline: {trainer['ratio']:.2f}x images/s{acc} "
+                   f"(medians of {trainer['runs']} run(s), {a.epochs} epoch(s), global batch {a.batch}).")
+    return out
 
 
 def write_outputs(out: Path, rows: list[dict], notes: list[str]) -> str:
@@ -253,6 +273,9 @@ def parse_args(argv=None):
     p.add_argument("--data-root", default=None, help="Fashion-MNIST folder (default: found as ddp_lab.data does)")
     p.add_argument("--trainer-args", default="", help="extra Hydra overrides for the trainer, one string")
     p.add_argument("--baseline-args", default="", help="extra Hydra overrides for the baseline, one string")
+    p.add_argument("--variant", action="append", default=[], metavar="LABEL=OVERRIDES",
+                   help="one more trainer row with these extra overrides, e.g. "
+                        "'compile=trainer.compile=true' (repeatable)")
     p.add_argument("--compare-world", default="",
                    help="instead of a baseline: the trainer at these world sizes, e.g. 1,2")
     p.add_argument("--per-process-batch", type=int, default=128,

@@ -117,3 +117,18 @@ def test_table_only_re_renders_saved_results(tmp_path, capsys):
     assert "| trainer 2p | 3 | 9,000 |" in md and "Trainer / baseline: 4.50x" in md
     assert (tmp_path / "table.csv").read_text().startswith("system,runs,")
     assert "4.50x" in capsys.readouterr().out
+
+
+def test_variants_add_trainer_rows_with_their_overrides(tmp_path):
+    a = vb.parse_args(["--variant", "compile=trainer.compile=true", "--variant", "fp32=trainer.amp=off"])
+    systems, _ = vb.plan(a)
+    assert [s for s, _, _ in systems] == ["baseline d2l_scratch", "trainer 2p", "trainer 2p compile",
+                                          "trainer 2p fp32"]
+    assert "trainer.compile=true" in systems[2][2](tmp_path) and "trainer.amp=off" in systems[3][2](tmp_path)
+    assert "trainer.compile=true" not in systems[1][2](tmp_path)
+    with pytest.raises(SystemExit):
+        vb.parse_variants(["no-overrides"])
+    runs = CANNED + [result("trainer 2p compile", 11000)]
+    notes = vb.notes_for(vb.summarize(runs), runs, a)
+    assert [n.split(":")[0] for n in notes] == ["trainer 2p / baseline", "trainer 2p compile / baseline"]
+    assert "5.50x" in notes[1]
