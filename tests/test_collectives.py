@@ -17,7 +17,8 @@ from ddp_lab import collectives
 from ddp_lab.collectives import ALGORITHMS, SUPPORTED_DTYPES, get_algorithm
 from tests.multiproc import run_in_processes
 
-BIG = 1_000_003  # ~4 MB of float32: several ring segments per chunk, odd length
+BIG = 1_000_003  # ~4 MB of float32, odd length; above the size where pairwise
+#                  exchanges switch to send-first (_EARLY_RECV_MAX_BYTES)
 
 # Unit roundoff u of each dtype. Summing n values in any order, each addition
 # rounds once, so |result - exact| <= (n-1) * u * sum(|x_i|); the tests allow
