@@ -9,6 +9,7 @@ the same dashboards and tables as `ddp_lab.train`.
 """
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -185,6 +186,8 @@ class Report:
             "device": self.devices[0].type, "model": self.model, "sync": self.sync,
             "global_batch": cfg.data.batch_size, "amp": "off", "seed": cfg.seed,
             "measured_steps": self.throughput.steps,
+            # the trainer's communication keys; a baseline's copies/allreduce are not timed apart
+            "comm_timing": "unmeasured", "comm_ms_per_step": math.nan, "comm_frac": math.nan,
             "num_devices": len(self.devices), "peak_mem_mb": peak_memory_mb(self.devices[0]),
         }
         # The trainer's HParams names, so a sweep of baselines and trainer runs lines up.

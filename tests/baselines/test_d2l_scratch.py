@@ -11,7 +11,8 @@ CPU = torch.device("cpu")
 TRAINER_KEYS = {"test_acc", "test_correct", "test_total", "train_loss", "train_acc",
                 "samples_per_sec", "samples_per_sec_per_rank", "sec_per_epoch", "step_ms",
                 "data_ms", "epochs", "steps", "world_size", "backend", "device", "model",
-                "sync", "global_batch", "amp", "seed", "measured_steps"}
+                "sync", "global_batch", "amp", "seed", "measured_steps", "comm_timing",
+                "comm_ms_per_step", "comm_frac", "peak_mem_mb"}
 TRAINER_TAGS = {"loss/train", "acc/train", "acc/test", "perf/samples_per_sec",
                 "perf/samples_per_sec_per_rank", "perf/step_ms", "perf/data_ms", "perf/epoch_s", "lr"}
 
