@@ -11,15 +11,45 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
-from omegaconf import OmegaConf
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, OmegaConf
 from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
 
 from ddp_lab.data import locate_fashion_mnist
 from ddp_lab.metrics import Clock, RunLogger, Throughput, epoch_line, final_line, peak_memory_mb
+
+
+@dataclass
+class BaselineData:
+    root: Optional[str] = None
+    cache_dir: str = MISSING
+    download: bool = MISSING
+    batch_size: int = MISSING
+    num_workers: int = MISSING
+
+
+@dataclass
+class BaselineConfig:
+    """Types of a baseline's config keys (values and comments: conf/baseline_*.yaml)."""
+    data: BaselineData = MISSING
+    epochs: int = MISSING
+    lr: float = MISSING
+    num_devices: int = MISSING
+    max_steps: int = MISSING
+    warmup_steps: int = MISSING
+    log_every: int = MISSING
+    threads: int = MISSING
+    seed: int = MISSING
+
+
+# Hydra then rejects unknown keys and wrong types (epochs=ten) with a clear message.
+ConfigStore.instance().store(name="baseline_schema", node=BaselineConfig)
 
 
 def try_gpu(i: int = 0) -> torch.device:

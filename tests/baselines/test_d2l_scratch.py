@@ -91,3 +91,18 @@ def test_end_to_end_run(tiny_fmnist, tmp_path):
     # N(0, 0.01^2) weights learn slowly at first, but the loss falls every epoch.
     assert losses[0] > losses[1] > losses[2]
     assert losses[0] == pytest.approx(2.3026, abs=0.01)  # starts at log(10): uniform outputs
+
+
+@pytest.mark.parametrize("name, lr, devices", [("d2l_scratch", 0.2, 2), ("data_parallel", 0.1, 0)])
+def test_configs_hold_the_chapter_defaults_and_are_typed(name, lr, devices):
+    from hydra import compose, initialize_config_module
+    from hydra.errors import ConfigCompositionException
+
+    with initialize_config_module(version_base="1.3", config_module="ddp_lab.conf"):
+        cfg = compose(config_name=f"baseline_{name}", return_hydra_config=True)
+        assert (cfg.epochs, cfg.lr, cfg.num_devices, cfg.data.batch_size) == (10, lr, devices, 256)
+        assert cfg.hydra.run.dir.startswith(f"outputs/baselines/{name}/")
+        with pytest.raises(ConfigCompositionException):
+            compose(config_name=f"baseline_{name}", overrides=["epochs=ten"])
+        with pytest.raises(ConfigCompositionException):
+            compose(config_name=f"baseline_{name}", overrides=["bogus=1"])
