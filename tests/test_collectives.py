@@ -168,6 +168,19 @@ def test_integer_and_bool_dtypes_are_rejected(name, dtype):
         assert ok in message
 
 
+def test_host_scratch_is_reused_grown_and_freed():
+    like = torch.empty(0, dtype=torch.float32)
+    first = collectives._scratch(1000, like)
+    assert collectives._scratch(10, like).data_ptr() == first.data_ptr()  # reused
+    assert collectives._scratch(10, like.double()).data_ptr() != first.data_ptr()  # per dtype
+    assert collectives._scratch(10, like, "staging").data_ptr() != first.data_ptr()  # per purpose
+    grown = collectives._scratch(5000, like)
+    assert grown.numel() == 5000
+    assert collectives._scratch(4000, like).data_ptr() == grown.data_ptr()
+    collectives.free_scratch_buffers()
+    assert collectives._scratch_local.__dict__.get("buffers") is None
+
+
 def test_unknown_algorithm_names_the_choices():
     with pytest.raises(ValueError) as info:
         get_algorithm("nope")
