@@ -385,6 +385,7 @@ class Trainer:
             "backend": env.backend if env.distributed else "none",
             "device": env.device.type, "model": cfg.model.name, "sync": self.sync.describe(),
             "global_batch": cfg.data.batch_size, "amp": self.amp, "seed": cfg.seed,
+            "threads": torch.get_num_threads(),
             "measured_steps": self.throughput.steps,
             "comm_timing": self.sync.comm_timing,
             "comm_ms_per_step": comm_ms, "comm_frac": comm_frac,

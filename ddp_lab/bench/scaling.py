@@ -7,8 +7,8 @@
 
 Each point is a real `torchrun --standalone --nproc_per_node=N -m ddp_lab.train`
 run (world size 1 included, so the 1-rank baseline pays the same DDP and
-process costs as the others). Arguments after `--` are Hydra overrides passed
-to every run.
+process costs as the others), with `--threads` torch threads per rank at
+every N. Arguments after `--` are Hydra overrides passed to every run.
 
 - weak scaling: the per-rank batch is fixed (`--per-rank-batch`), so the
   global batch grows with N: how much more data per second N ranks process.
@@ -147,7 +147,8 @@ def measure(kind: str, sync: str, world: int, args, out: Path) -> Point:
     mode, algo = sync.split("/")
     batch = args.per_rank_batch * world if kind == "weak" else args.global_batch
     overrides = [f"sync.mode={mode}", f"sync.algo={algo}", f"data.batch_size={batch}",
-                 f"trainer.max_steps={args.max_steps}", "trainer.epochs=1", *args.overrides]
+                 f"trainer.max_steps={args.max_steps}", "trainer.epochs=1",
+                 f"trainer.threads={args.threads}", *args.overrides]
     summaries = []
     for r in range(args.repeats):
         run_dir = out / "runs" / f"{kind}-{mode}-{algo}-{world}r-{r}"
@@ -169,6 +170,10 @@ def parse_args(argv=None):
     p.add_argument("--kinds", default="weak,strong", help="weak, strong or both")
     p.add_argument("--per-rank-batch", type=int, default=128, help="weak scaling's batch per rank")
     p.add_argument("--global-batch", type=int, default=256, help="strong scaling's global batch")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads per rank, the same at every world size (torchrun only "
+                        "sets OMP_NUM_THREADS=1 when it starts 2+ processes, so a 1-rank run would "
+                        "otherwise use every core)")
     p.add_argument("--max-steps", type=int, default=150, help="optimizer steps per run")
     p.add_argument("--repeats", type=int, default=3, help="runs per point (the median is kept)")
     p.add_argument("--timeout", type=float, default=1200, help="seconds one run may take")
@@ -191,8 +196,8 @@ def parse_args(argv=None):
         bad = [w for w in args.worlds if args.global_batch % w]
         if bad:
             p.error(f"--global-batch={args.global_batch} does not divide over {bad} ranks")
-    if args.repeats < 1 or args.max_steps < 1:
-        p.error("--repeats and --max-steps must be >= 1")
+    if args.repeats < 1 or args.max_steps < 1 or args.threads < 1:
+        p.error("--repeats, --max-steps and --threads must be >= 1")
     return args
 
 

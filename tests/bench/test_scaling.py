@@ -1,5 +1,6 @@
 """The scaling study: efficiency arithmetic on canned points, and a short real run."""
 import csv
+import json
 
 import pytest
 
@@ -62,3 +63,7 @@ def test_short_real_study(tmp_path):
     assert [int(r["world_size"]) for r in saved] == [1, 2]
     assert (tmp_path / "scaling.png").stat().st_size > 1000
     assert "| weak | ddp/builtin | 2 | 64 | 32 |" in (tmp_path / "scaling.md").read_text()
+    # every run, the 1-rank one included, used --threads (default 1) torch threads per rank
+    summaries = sorted((tmp_path / "runs").glob("*/summary.json"))
+    assert len(summaries) == 2
+    assert [json.loads(p.read_text())["threads"] for p in summaries] == [1, 1]
