@@ -1,0 +1,3 @@
+from ddp_lab.costmodel.cli import main
+
+main()
