@@ -73,7 +73,7 @@ class TrainerConfig:
     eval_every: int = MISSING
     amp: str = MISSING
     channels_last: bool = MISSING
-    compile: bool = MISSING
+    compile: str = MISSING  # auto | true | false
     threads: int = MISSING
     grad_accum: int = MISSING
     progress: bool = MISSING

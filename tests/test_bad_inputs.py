@@ -25,6 +25,7 @@ def _run(tiny_fmnist, tmp_path, extra, nproc=0, timeout=120):
     (["dist.backend=nccl"], "dist.backend=nccl needs CUDA devices"),
     (["trainer.amp=fp16"], "trainer.amp=fp16 needs CUDA; on CPU use trainer.amp=bf16 or off"),
     (["trainer.amp=fp8"], "trainer.amp='fp8' is not one of auto, bf16, fp16, off"),
+    (["trainer.compile=maybe"], "trainer.compile='maybe' is not one of auto, true, false"),
     (["model.init=bogus"], "model.init='bogus' is not one of default, d2l"),
     (["data.batch_size=0"], "data.batch_size=0 must be a positive global batch size"),
     (["data.loader=magic"], "data.loader='magic' is not one of device, dataloader"),

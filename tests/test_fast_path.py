@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from ddp_lab.distributed import DistEnv
-from ddp_lab.trainer import Trainer
+from ddp_lab import trainer as trainer_module
+from ddp_lab.trainer import AUTO_COMPILE_MIN_STEPS, Trainer, resolve_compile
 from tests.conftest import tiny_overrides
 
 ALONE = DistEnv(0, 1, 0, torch.device("cpu"), "none")
@@ -73,10 +74,46 @@ def test_channels_last_trains(compose_train, tiny_fmnist, tmp_path):
     assert_learned(summary, before, after)
 
 
+CPU = torch.device("cpu")
+
+
+def test_compile_setting_true_false_and_auto(monkeypatch):
+    monkeypatch.setattr(trainer_module, "inductor_available", lambda device: True)
+    assert resolve_compile(True, CPU, 10)[0] is True  # Hydra may hand over a bool ...
+    assert resolve_compile("True", CPU, 10)[0] is True  # ... or its str() in a str field
+    assert resolve_compile("false", CPU, 10 ** 6)[0] is False
+    on, why = resolve_compile("auto", CPU, AUTO_COMPILE_MIN_STEPS)
+    assert on and "auto: on" in why
+    on, why = resolve_compile("auto", CPU, AUTO_COMPILE_MIN_STEPS - 1)
+    assert not on and f"{AUTO_COMPILE_MIN_STEPS - 1} steps are too few" in why
+    monkeypatch.setattr(trainer_module, "inductor_available", lambda device: False)
+    on, why = resolve_compile("auto", CPU, 10 ** 6)
+    assert not on and "needs a C++ compiler" in why
+
+
+def test_inductor_available_looks_for_a_cpp_compiler(monkeypatch):
+    monkeypatch.setattr(trainer_module.shutil, "which", lambda name: None)
+    assert not trainer_module.inductor_available(CPU)
+    monkeypatch.setattr(trainer_module.shutil, "which",
+                        lambda name: "/usr/bin/clang++" if name == "clang++" else None)
+    assert trainer_module.inductor_available(CPU)
+
+
+def test_short_runs_are_not_compiled_by_default(compose_train, tiny_fmnist, tmp_path):
+    cfg = compose_train(tiny_overrides(tiny_fmnist, tmp_path / "run"))
+    assert cfg.trainer.compile == "auto"
+    trainer = Trainer(cfg, ALONE, tmp_path / "run")
+    try:
+        assert trainer.compiled is False and trainer.forward is trainer.model
+    finally:
+        trainer.close()
+
+
 @pytest.mark.slow  # torch.compile's first step generates and compiles C++: tens of seconds
 def test_compile_trains(compose_train, tiny_fmnist, tmp_path):
     trainer, summary, before, after, _ = train_with(
         compose_train, tiny_fmnist, tmp_path,
         ["trainer.compile=true", "trainer.amp=bf16", "trainer.channels_last=true"])
     assert isinstance(trainer.forward, torch._dynamo.eval_frame.OptimizedModule)
+    assert summary["compile"] is True
     assert_learned(summary, before, after)
