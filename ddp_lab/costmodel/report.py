@@ -78,17 +78,9 @@ def plot_fits(fits: dict[str, Fit], path: Path) -> Path:
             sizes = [s for s, _ in pts]
             ax.plot(sizes, [f.model_time(model, Point(algo, w, s, 0.0)) * 1e6 for s in sizes], "-",
                     color=line.get_color(), label=f"model p={w}")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_title(f"{algo}: median |err| {f.median_abs_err:.0%}")
-        ax.set_xlabel("message size (bytes)")
-        ax.set_ylabel("time per allreduce (us)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+        _log_log(ax, "message size (bytes)", "time per allreduce (us)",
+                 f"{algo}: median |err| {f.median_abs_err:.0%}")
+    return _save(plt, fig, path)
 
 
 def plot_predictions(preds: list[Prediction], path: Path) -> Path:
@@ -109,13 +101,22 @@ def plot_predictions(preds: list[Prediction], path: Path) -> Path:
                 ax.plot([w for w, _ in rows], [t for _, t in rows], marker="o", ms=3, label=algo)
             if sel:
                 ax.axhline(sel[0].compute_s, ls="--", color="gray", label="compute / step")
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xlabel("world size (ranks)")
-            ax.set_ylabel("predicted allreduce time (s)")
-            ax.set_title(f"PREDICTED, params={pname}, {grad}")
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=7)
+            _log_log(ax, "world size (ranks)", "predicted allreduce time (s)",
+                     f"PREDICTED, params={pname}, {grad}")
+    return _save(plt, fig, path)
+
+
+def _log_log(ax, xlabel: str, ylabel: str, title: str) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def _save(plt, fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
