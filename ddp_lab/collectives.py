@@ -261,7 +261,7 @@ def _receives_first(flat: torch.Tensor, comm: _Comm) -> bool:
     """Whether a pairwise exchange on gloo posts all its receives before any send.
 
     Measured on 2 cores (interleaved rounds against dist.all_reduce): with 4
-    ranks, receives first made halving-doubling 1.2-1.4x faster up to 1 MiB;
+    ranks, receives first made halving-doubling 1.1-1.3x faster up to 1 MiB;
     with 2 ranks it made every size slower, up to 3x at 16 KiB (0.6x of
     gloo's own all-reduce instead of 1.0x). With only two processes, each
     blocked on the other, a send that goes out at once beats one whose

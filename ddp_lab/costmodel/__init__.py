@@ -17,7 +17,7 @@ on p ranks with three machine constants:
     beta   seconds per byte sent over a link (1/beta = link bandwidth)
     gamma  seconds per byte reduced (the local additions)
 
-and one formula per algorithm (MODELS below). Every formula is linear in
+and one formula per algorithm (MODELS in formulas.py). Every formula is linear in
 alpha, beta and gamma, so fitting them to measured times is a least-squares
 problem with non-negativity constraints.
 
