@@ -201,6 +201,7 @@ class TorchLoader:
     def __init__(self, dataset, batch_size: int, device: torch.device, num_workers: int,
                  sampler: DistributedSampler | None = None, channels_last: bool = False):
         self.sampler = sampler
+        self.batch_size = batch_size
         self.device = device
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=False,

@@ -57,10 +57,12 @@ def resolve_amp(amp: str, device: torch.device) -> str:
 
 # torch.compile's first step builds kernels: ~16 s for LeNet on the 2-core
 # development machine with an empty inductor cache, a few seconds from the
-# cache. After that each LeNet step is ~5 ms (~15%) faster on CPU. 2000 steps
-# save ~10 s: about a cold compile's cost, many times a cached one's. A full
-# 10-epoch run (2,340 steps on 2 ranks) compiles; a quick check does not.
-AUTO_COMPILE_MIN_STEPS = 2000
+# cache. After that every image costs ~15% less on CPU, so what compiling
+# saves grows with the images each rank trains on, whatever the batch:
+# 250,000 images per rank (a 10-epoch run on 2 ranks trains 300,000) save
+# ~10 s, about a cold compile's cost and many times a cached one's. A full
+# run compiles; a quick check does not.
+AUTO_COMPILE_MIN_IMAGES = 250_000
 
 
 def inductor_available(device: torch.device) -> bool:
@@ -75,20 +77,23 @@ def inductor_available(device: torch.device) -> bool:
     return any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "c++", "clang++"))
 
 
-def resolve_compile(setting, device: torch.device, total_steps: int) -> tuple[bool, str]:
-    """trainer.compile=auto|true|false -> (compile?, why), the reason for the run log."""
+def resolve_compile(setting, device: torch.device, images_per_rank: int) -> tuple[bool, str]:
+    """trainer.compile=auto|true|false -> (compile?, why), the reason for the run log.
+
+    images_per_rank: the images one rank trains on in this run (steps x its batch).
+    """
     value = str(setting).lower()
     if value not in ("auto", "true", "false"):
         raise ConfigError(f"trainer.compile={setting!r} is not one of auto, true, false")
     if value != "auto":
         return value == "true", f"trainer.compile={value}"
-    if total_steps < AUTO_COMPILE_MIN_STEPS:
-        return False, (f"trainer.compile=auto: off, {total_steps} steps are too few to repay "
-                       f"compiling (needs {AUTO_COMPILE_MIN_STEPS})")
+    if images_per_rank < AUTO_COMPILE_MIN_IMAGES:
+        return False, (f"trainer.compile=auto: off, {images_per_rank:,} images per rank are too "
+                       f"few to repay compiling (needs {AUTO_COMPILE_MIN_IMAGES:,})")
     if not inductor_available(device):
         need = "Triton" if device.type == "cuda" else "a C++ compiler (g++ or clang++)"
         return False, f"trainer.compile=auto: off, torch.compile needs {need}, not found"
-    return True, f"trainer.compile=auto: on ({total_steps} steps)"
+    return True, f"trainer.compile=auto: on ({images_per_rank:,} images per rank)"
 
 
 def build_schedule(optimizer, cfg, steps_per_epoch: int, total_steps: int):
@@ -156,7 +161,8 @@ class Trainer:
 
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         self.model = build_model(cfg.model).to(env.device, memory_format=self.memory_format)
-        self.compiled, why = resolve_compile(t.compile, env.device, self.total_steps)
+        images_per_rank = self.total_steps * t.grad_accum * self.train_loader.batch_size
+        self.compiled, why = resolve_compile(t.compile, env.device, images_per_rank)
         log.info(why)
         # Compile the bare model and let DDP wrap the compiled one: compiling the
         # DDP wrapper instead breaks the graph inside DDP's forward and, with

@@ -11,7 +11,7 @@ import torch
 
 from ddp_lab.distributed import DistEnv
 from ddp_lab import trainer as trainer_module
-from ddp_lab.trainer import AUTO_COMPILE_MIN_STEPS, Trainer, resolve_compile
+from ddp_lab.trainer import AUTO_COMPILE_MIN_IMAGES, Trainer, resolve_compile
 from tests.conftest import tiny_overrides
 
 ALONE = DistEnv(0, 1, 0, torch.device("cpu"), "none")
@@ -82,10 +82,10 @@ def test_compile_setting_true_false_and_auto(monkeypatch):
     assert resolve_compile(True, CPU, 10)[0] is True  # Hydra may hand over a bool ...
     assert resolve_compile("True", CPU, 10)[0] is True  # ... or its str() in a str field
     assert resolve_compile("false", CPU, 10 ** 6)[0] is False
-    on, why = resolve_compile("auto", CPU, AUTO_COMPILE_MIN_STEPS)
+    on, why = resolve_compile("auto", CPU, AUTO_COMPILE_MIN_IMAGES)
     assert on and "auto: on" in why
-    on, why = resolve_compile("auto", CPU, AUTO_COMPILE_MIN_STEPS - 1)
-    assert not on and f"{AUTO_COMPILE_MIN_STEPS - 1} steps are too few" in why
+    on, why = resolve_compile("auto", CPU, AUTO_COMPILE_MIN_IMAGES - 1)
+    assert not on and f"{AUTO_COMPILE_MIN_IMAGES - 1:,} images per rank are too few" in why
     monkeypatch.setattr(trainer_module, "inductor_available", lambda device: False)
     on, why = resolve_compile("auto", CPU, 10 ** 6)
     assert not on and "needs a C++ compiler" in why

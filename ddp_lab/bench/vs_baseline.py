@@ -2,13 +2,15 @@
 
     # the README table: d2l's LeNet from scratch vs `torchrun --nproc_per_node=2 -m ddp_lab.train`
     python -m ddp_lab.bench.vs_baseline --epochs 10 --repeats 3
-    # the same with one more trainer row: torch.compile off (the default, auto, compiles 10 epochs)
-    python -m ddp_lab.bench.vs_baseline --epochs 10 --repeats 3 --variant eager=trainer.compile=false
+    # the same with more trainer rows: torch.compile off (auto compiles 10 epochs), and the
+    # trainer at the baseline's global batch (256) and learning rate per image
+    python -m ddp_lab.bench.vs_baseline --epochs 10 --repeats 3 --variant eager=trainer.compile=false \
+        --variant b256="data.batch_size=256 optim.lr=0.1"
     # a quick sanity check (minutes, not a measurement)
     python -m ddp_lab.bench.vs_baseline --epochs 1 --repeats 1
-    # scaling: the trainer on 1 and on 2 processes, 128 images and 1 thread per process
-    python -m ddp_lab.bench.vs_baseline --compare-world 1,2 --per-process-batch 128 --threads 1 \
-        --epochs 2 --repeats 3
+    # scaling: the trainer on 1 and on 2 processes, 256 images and 1 thread per process
+    python -m ddp_lab.bench.vs_baseline --compare-world 1,2 --per-process-batch 256 --threads 1 \
+        --epochs 3 --repeats 3 --trainer-args trainer.compile=true
     # d2l's ResNet-18 in nn.DataParallel vs the trainer with ResNet-18 (a GPU machine: 1 process per GPU)
     python -m ddp_lab.bench.vs_baseline --baseline data_parallel --nproc 2 --epochs 10 --repeats 3
     # re-render the table of an earlier run's results.json
@@ -29,11 +31,13 @@ smallest world size's). --compare-world also reports the scaling efficiency
 rate(N processes) / (N/M x rate(M processes)), with the per-process batch and
 threads held fixed.
 
-Both systems see the same data (data.root, or found as ddp_lab.data finds it),
-the same global batch and the same number of epochs. Each keeps its own recipe:
-the baseline d2l's (plain SGD, d2l's lr), the trainer its config
-(conf/train.yaml: SGD with Nesterov momentum, cosine schedule; bf16 autocast
-and channels_last where the CPU runs bf16 natively). Add overrides to either
+Both systems see the same data (data.root, or found as ddp_lab.data finds it)
+and the same number of epochs. Each keeps its own recipe: the baseline d2l's
+(global batch 256, plain SGD, d2l's lr), the trainer its config
+(conf/train.yaml: global batch 512, SGD with Nesterov momentum, cosine
+schedule; bf16 autocast and channels_last where the CPU runs bf16 natively;
+torch.compile for runs this long). The table shows each row's global batch;
+--trainer-batch sets the trainer's (with --trainer-args optim.lr=... to match). Add overrides to either
 with --trainer-args / --baseline-args; --variant adds trainer rows with other settings.
 
 Output (<out> = outputs/bench/vs_baseline/<time> unless --out): results.json
@@ -59,9 +63,9 @@ TRAINER_MODEL = {
     "d2l_scratch": ["model=lenet"],
     "data_parallel": ["model=resnet18", "model.init=d2l"],
 }
-COLUMNS = ["system", "runs", "images_per_sec_median", "images_per_sec_min", "images_per_sec_max",
+COLUMNS = ["system", "runs", "global_batch", "images_per_sec_median", "images_per_sec_min", "images_per_sec_max",
            "sec_per_epoch", "test_acc", "peak_mem_mb_per_process", "ratio"]
-HEADERS = ["system", "runs", "images/s (median)", "min", "max", "sec/epoch", "test acc",
+HEADERS = ["system", "runs", "global batch", "images/s (median)", "min", "max", "sec/epoch", "test acc",
            "peak mem/process (MiB)", "ratio"]
 
 
@@ -70,7 +74,7 @@ def summarize(results: list[dict], reference: str | None = None) -> list[dict]:
     """One row per system, in order of first appearance; `ratio` is relative to `reference`.
 
     Each result holds at least system, samples_per_sec, sec_per_epoch, test_acc
-    and peak_mem_mb (None where not measured). reference defaults to the first
+    and peak_mem_mb (None where not measured), and global_batch where known. reference defaults to the first
     system.
     """
     systems: dict[str, list[dict]] = {}
@@ -92,8 +96,10 @@ def summarize(results: list[dict], reference: str | None = None) -> list[dict]:
         rates = [r["samples_per_sec"] for r in runs]
         mems = [r["peak_mem_mb"] for r in runs if r.get("peak_mem_mb") is not None]
         rate = statistics.median(rates)
+        batches = sorted({r["global_batch"] for r in runs if r.get("global_batch") is not None})
         rows.append({
             "system": name, "runs": len(runs),
+            "global_batch": "/".join(str(b) for b in batches) or None,
             "images_per_sec_median": rate, "images_per_sec_min": min(rates),
             "images_per_sec_max": max(rates),
             "sec_per_epoch": median(runs, "sec_per_epoch"),
@@ -158,9 +164,10 @@ def baseline_command(name: str, run_dir: Path, a) -> list[str]:
     return [sys.executable, "-m", f"ddp_lab.baselines.{name}", *args, *shlex.split(a.baseline_args)]
 
 
-def trainer_command(nproc: int, batch: int, run_dir: Path, a, extra: str = "") -> list[str]:
-    args = [f"hydra.run.dir={run_dir}", f"trainer.epochs={a.epochs}", f"data.batch_size={batch}",
-            f"trainer.threads={a.threads}", f"trainer.max_steps={a.max_steps}",
+def trainer_command(nproc: int, batch: int | None, run_dir: Path, a, extra: str = "") -> list[str]:
+    """batch None: the trainer's own default (conf/data)."""
+    args = [f"hydra.run.dir={run_dir}", f"trainer.epochs={a.epochs}",
+            *([f"data.batch_size={batch}"] if batch else []), f"trainer.threads={a.threads}", f"trainer.max_steps={a.max_steps}",
             "trainer.progress=false", *TRAINER_MODEL[a.baseline]]
     if a.data_root:
         args.append(f"data.root={a.data_root}")
@@ -197,10 +204,10 @@ def plan(a) -> tuple[list[tuple[str, str, Callable[[Path], list[str]]]], str]:
                 for w in worlds], f"trainer {worlds[0]}p"
     base = f"baseline {a.baseline}"
     systems = [(base, "baseline", lambda d: baseline_command(a.baseline, d, a)),
-               (f"trainer {a.nproc}p", "trainer", lambda d: trainer_command(a.nproc, a.batch, d, a))]
+               (f"trainer {a.nproc}p", "trainer", lambda d: trainer_command(a.nproc, a.trainer_batch, d, a))]
     for label, overrides in parse_variants(a.variant):
         systems.append((f"trainer {a.nproc}p {label}", f"trainer-{label}",
-                        lambda d, o=overrides: trainer_command(a.nproc, a.batch, d, a, o)))
+                        lambda d, o=overrides: trainer_command(a.nproc, a.trainer_batch, d, a, o)))
     return systems, base
 
 
@@ -243,8 +250,9 @@ def notes_for(rows: list[dict], results: list[dict], a) -> list[str]:
         if base["test_acc"] is not None and trainer["test_acc"] is not None:
             acc = f", test accuracy {trainer['test_acc'] - base['test_acc']:+.4f}"
         name = "Trainer" if len(rows) == 2 else trainer["system"]
+        batches = f"global batch {trainer['global_batch'] or '?'} against {base['global_batch'] or '?'}"
         out.append(f"{name} / baseline: {trainer['ratio']:.2f}x images/s{acc} "
-                   f"(medians of {trainer['runs']} run(s), {a.epochs} epoch(s), global batch {a.batch}).")
+                   f"(medians of {trainer['runs']} run(s), {a.epochs} epoch(s), {batches}).")
     return out
 
 
@@ -268,7 +276,11 @@ def parse_args(argv=None):
                    help="torch threads per trainer process (default: 1; 0: torch's default)")
     p.add_argument("--baseline-threads", type=int, default=0,
                    help="torch threads of the baseline's one process (default: 0, torch's default: every core)")
-    p.add_argument("--batch", type=int, default=256, help="global batch, both systems (default: 256)")
+    p.add_argument("--batch", type=int, default=256,
+                   help="the baseline's global batch (default: 256, the chapter's)")
+    p.add_argument("--trainer-batch", type=int, default=None,
+                   help="the trainer's global batch (default: its own, data.batch_size in conf/data; "
+                        "--trainer-batch 256 compares at the baseline's)")
     p.add_argument("--max-steps", type=int, default=0, help="cap each run at this many steps (0: none)")
     p.add_argument("--data-root", default=None, help="Fashion-MNIST folder (default: found as ddp_lab.data does)")
     p.add_argument("--trainer-args", default="", help="extra Hydra overrides for the trainer, one string")
@@ -278,8 +290,9 @@ def parse_args(argv=None):
                         "'compile=trainer.compile=true' (repeatable)")
     p.add_argument("--compare-world", default="",
                    help="instead of a baseline: the trainer at these world sizes, e.g. 1,2")
-    p.add_argument("--per-process-batch", type=int, default=128,
-                   help="with --compare-world: images per process per step (default: 128)")
+    p.add_argument("--per-process-batch", type=int, default=256,
+                   help="with --compare-world: images per process per step (default: 256, the "
+                        "trainer's default global batch 512 on 2 ranks)")
     p.add_argument("--timeout", type=float, default=None, help="seconds one run may take (default: no limit)")
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default: outputs/bench/vs_baseline/<time>)")

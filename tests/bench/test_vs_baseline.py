@@ -9,9 +9,10 @@ import pytest
 from ddp_lab.bench import vs_baseline as vb
 
 
-def result(system, rate, sec=10.0, acc=0.85, mem=700.0, repeat=0):
+def result(system, rate, sec=10.0, acc=0.85, mem=700.0, repeat=0, batch=None):
+    batch = batch or (256 if system.startswith("baseline") else 512)
     return {"system": system, "repeat": repeat, "samples_per_sec": rate, "sec_per_epoch": sec,
-            "test_acc": acc, "peak_mem_mb": mem}
+            "test_acc": acc, "peak_mem_mb": mem, "global_batch": batch}
 
 
 CANNED = [
@@ -26,7 +27,8 @@ CANNED = [
 
 def test_summarize_takes_medians_extremes_and_the_ratio_of_medians():
     base, trainer = vb.summarize(CANNED)
-    assert base == {"system": "baseline d2l_scratch", "runs": 3, "images_per_sec_median": 2000,
+    assert base == {"system": "baseline d2l_scratch", "runs": 3, "global_batch": "256",
+                    "images_per_sec_median": 2000,
                     "images_per_sec_min": 1800, "images_per_sec_max": 2200, "sec_per_epoch": 30.0,
                     "test_acc": 0.83, "peak_mem_mb_per_process": 910, "ratio": 1.0}
     assert trainer["images_per_sec_median"] == 9000
@@ -48,16 +50,16 @@ def test_missing_memory_and_accuracy_show_as_dashes():
     rows = vb.summarize([{"system": "a", "samples_per_sec": 100.0, "sec_per_epoch": 1.0,
                           "test_acc": None, "peak_mem_mb": None}])
     assert rows[0]["peak_mem_mb_per_process"] is None and rows[0]["test_acc"] is None
-    assert "| a | 1 | 100 | 100 | 100 | 1.0 | - | - | 1.00x |" in vb.markdown_table(rows)
+    assert "| a | 1 | - | 100 | 100 | 100 | 1.0 | - | - | 1.00x |" in vb.markdown_table(rows)
 
 
 def test_markdown_and_csv_render_the_rows():
     rows = vb.summarize(CANNED)
     md = vb.markdown_table(rows).splitlines()
-    assert md[0].startswith("| system | runs | images/s (median) | min | max | sec/epoch | test acc")
-    assert md[1] == "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
-    assert md[2] == "| baseline d2l_scratch | 3 | 2,000 | 1,800 | 2,200 | 30.0 | 0.8300 | 910 | 1.00x |"
-    assert md[3] == "| trainer 2p | 3 | 9,000 | 8,000 | 10,000 | 7.0 | 0.8900 | 770 | 4.50x |"
+    assert md[0].startswith("| system | runs | global batch | images/s (median) | min | max | sec/epoch")
+    assert md[1] == "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    assert md[2] == "| baseline d2l_scratch | 3 | 256 | 2,000 | 1,800 | 2,200 | 30.0 | 0.8300 | 910 | 1.00x |"
+    assert md[3] == "| trainer 2p | 3 | 512 | 9,000 | 8,000 | 10,000 | 7.0 | 0.8900 | 770 | 4.50x |"
     parsed = list(csv.DictReader(io.StringIO(vb.csv_text(rows))))
     assert [r["system"] for r in parsed] == ["baseline d2l_scratch", "trainer 2p"]
     assert float(parsed[1]["ratio"]) == pytest.approx(4.5)
@@ -75,13 +77,14 @@ def test_notes_give_the_ratio_and_the_efficiency():
     a = vb.parse_args(["--epochs", "10"])
     note, = vb.notes_for(vb.summarize(CANNED), CANNED, a)
     assert note.startswith("Trainer / baseline: 4.50x images/s, test accuracy +0.0600")
+    assert "global batch 512 against 256" in note
     runs = [result("trainer 1p", 5000), result("trainer 2p", 9500)]
     a = vb.parse_args(["--compare-world", "1,2", "--threads", "1"])
     note, = vb.notes_for(vb.summarize(runs), runs, a)
-    assert "rate(2p) / (2 x rate(1p)) = 95.0%" in note and "128 images and 1 thread(s)" in note
+    assert "rate(2p) / (2 x rate(1p)) = 95.0%" in note and "256 images and 1 thread(s)" in note
 
 
-def test_commands_hold_the_same_data_batch_and_epochs(tmp_path):
+def test_commands_hold_the_same_data_and_epochs(tmp_path):
     a = vb.parse_args(["--epochs", "3", "--batch", "128", "--data-root", "/data/fm", "--out", str(tmp_path),
                        "--trainer-args", "trainer.compile=true", "--baseline-args", "num_devices=1"])
     a.out = tmp_path
@@ -93,8 +96,12 @@ def test_commands_hold_the_same_data_batch_and_epochs(tmp_path):
     assert {"epochs=3", "data.batch_size=128", "data.root=/data/fm", "num_devices=1",
             f"hydra.run.dir={tmp_path / 'b'}"} <= set(b)
     assert t[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    assert {"trainer.epochs=3", "data.batch_size=128", "data.root=/data/fm", "model=lenet",
+    assert {"trainer.epochs=3", "data.root=/data/fm", "model=lenet",
             "trainer.threads=1", "trainer.compile=true", f"hydra.run.dir={tmp_path / 't'}"} <= set(t)
+    # the trainer keeps its own batch unless told
+    assert not any(x.startswith("data.batch_size=") for x in t)
+    a.trainer_batch = 256
+    assert "data.batch_size=256" in vb.plan(a)[0][1][2](tmp_path / "t")
 
 
 def test_compare_world_keeps_the_per_process_batch(tmp_path):
@@ -114,7 +121,7 @@ def test_table_only_re_renders_saved_results(tmp_path, capsys):
         {"args": args, "reference": "baseline d2l_scratch", "results": CANNED}))
     assert vb.main(["--table-only", str(tmp_path)]) == 0
     md = Path(tmp_path / "table.md").read_text()
-    assert "| trainer 2p | 3 | 9,000 |" in md and "Trainer / baseline: 4.50x" in md
+    assert "| trainer 2p | 3 | 512 | 9,000 |" in md and "Trainer / baseline: 4.50x" in md
     assert (tmp_path / "table.csv").read_text().startswith("system,runs,")
     assert "4.50x" in capsys.readouterr().out
 
@@ -132,3 +139,8 @@ def test_variants_add_trainer_rows_with_their_overrides(tmp_path):
     notes = vb.notes_for(vb.summarize(runs), runs, a)
     assert [n.split(":")[0] for n in notes] == ["trainer 2p / baseline", "trainer 2p compile / baseline"]
     assert "5.50x" in notes[1]
+
+
+def test_a_row_with_runs_of_different_batches_shows_each():
+    runs = [result("trainer 2p", 9000, batch=512), result("trainer 2p", 8000, batch=256)]
+    assert vb.summarize(runs)[0]["global_batch"] == "256/512"
