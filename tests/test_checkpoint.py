@@ -166,7 +166,7 @@ def test_validate_names_world_size_and_differing_keys(compose_train):
         checkpoint.validate("ck", meta, 2, now)
     msg = str(e.value)
     assert "config hash differs" in msg
-    assert "optim.lr: 0.1 in the checkpoint vs 0.05 now" in msg
+    assert "optim.lr: 0.2 in the checkpoint vs 0.05 now" in msg
     assert "seed: 0 in the checkpoint vs 3 now" in msg
     assert "world size" not in msg
 

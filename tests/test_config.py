@@ -12,7 +12,7 @@ def test_every_model_and_data_config_composes(compose_train, model, params, data
     cfg = compose_train([f"model={model}", f"data={data}"])
     assert cfg.model.name == model
     assert cfg.data.name == data
-    assert cfg.data.batch_size == 256  # the GLOBAL batch, as in d2l
+    assert cfg.data.batch_size == 512  # the GLOBAL batch (d2l: 256)
     assert num_parameters(build_model(cfg.model)) == params
 
 

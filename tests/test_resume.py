@@ -121,6 +121,6 @@ def test_refuses_checkpoint_of_other_world_size_and_config(killed, tiny_fmnist, 
     assert len(errors) == 1
     assert f"cannot resume from {step}" in errors[0]
     assert "world size 2 in the checkpoint vs 1 now" in errors[0]
-    assert "optim.lr: 0.1 in the checkpoint vs 0.05 now" in errors[0]
+    assert "optim.lr: 0.2 in the checkpoint vs 0.05 now" in errors[0]
     assert "start a new run directory" in errors[0]
     assert "Traceback" not in proc.stderr
