@@ -60,7 +60,7 @@ def resolve_amp(amp: str, device: torch.device) -> str:
 # cache. After that every image costs ~15% less on CPU, so what compiling
 # saves grows with the images each rank trains on, whatever the batch:
 # 250,000 images per rank (a 10-epoch run on 2 ranks trains 300,000) save
-# ~10 s, about a cold compile's cost and many times a cached one's. A full
+# ~8-10 s, about a cold compile's cost and many times a cached one's. A full
 # run compiles; a quick check does not.
 AUTO_COMPILE_MIN_IMAGES = 250_000
 

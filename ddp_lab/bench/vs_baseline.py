@@ -3,7 +3,7 @@
     # the README table: d2l's LeNet from scratch vs `torchrun --nproc_per_node=2 -m ddp_lab.train`
     python -m ddp_lab.bench.vs_baseline --epochs 10 --repeats 3
     # the same with more trainer rows: torch.compile off (auto compiles 10 epochs), and the
-    # trainer at the baseline's global batch (256) and learning rate per image
+    # trainer at the baseline's global batch (256, with its own lr per image: 0.1 per 256)
     python -m ddp_lab.bench.vs_baseline --epochs 10 --repeats 3 --variant eager=trainer.compile=false \
         --variant b256="data.batch_size=256 optim.lr=0.1"
     # a quick sanity check (minutes, not a measurement)
@@ -37,8 +37,9 @@ and the same number of epochs. Each keeps its own recipe: the baseline d2l's
 (conf/train.yaml: global batch 512, SGD with Nesterov momentum, cosine
 schedule; bf16 autocast and channels_last where the CPU runs bf16 natively;
 torch.compile for runs this long). The table shows each row's global batch;
---trainer-batch sets the trainer's (with --trainer-args optim.lr=... to match). Add overrides to either
-with --trainer-args / --baseline-args; --variant adds trainer rows with other settings.
+--trainer-batch sets the trainer's (with --trainer-args optim.lr=... to keep
+0.1 per 256 images). Add overrides to either with --trainer-args /
+--baseline-args; --variant adds trainer rows with other settings.
 
 Output (<out> = outputs/bench/vs_baseline/<time> unless --out): results.json
 (one record per run), table.md, table.csv, and the same table on stdout.
@@ -63,10 +64,10 @@ TRAINER_MODEL = {
     "d2l_scratch": ["model=lenet"],
     "data_parallel": ["model=resnet18", "model.init=d2l"],
 }
-COLUMNS = ["system", "runs", "global_batch", "images_per_sec_median", "images_per_sec_min", "images_per_sec_max",
-           "sec_per_epoch", "test_acc", "peak_mem_mb_per_process", "ratio"]
-HEADERS = ["system", "runs", "global batch", "images/s (median)", "min", "max", "sec/epoch", "test acc",
-           "peak mem/process (MiB)", "ratio"]
+COLUMNS = ["system", "runs", "global_batch", "images_per_sec_median", "images_per_sec_min",
+           "images_per_sec_max", "sec_per_epoch", "test_acc", "peak_mem_mb_per_process", "ratio"]
+HEADERS = ["system", "runs", "global batch", "images/s (median)", "min", "max", "sec/epoch",
+           "test acc", "peak mem/process (MiB)", "ratio"]
 
 
 # ---------------------------------------------------------------- the table (pure)
@@ -74,8 +75,8 @@ def summarize(results: list[dict], reference: str | None = None) -> list[dict]:
     """One row per system, in order of first appearance; `ratio` is relative to `reference`.
 
     Each result holds at least system, samples_per_sec, sec_per_epoch, test_acc
-    and peak_mem_mb (None where not measured), and global_batch where known. reference defaults to the first
-    system.
+    and peak_mem_mb (None where not measured), and global_batch where known.
+    reference defaults to the first system.
     """
     systems: dict[str, list[dict]] = {}
     for r in results:
@@ -167,7 +168,8 @@ def baseline_command(name: str, run_dir: Path, a) -> list[str]:
 def trainer_command(nproc: int, batch: int | None, run_dir: Path, a, extra: str = "") -> list[str]:
     """batch None: the trainer's own default (conf/data)."""
     args = [f"hydra.run.dir={run_dir}", f"trainer.epochs={a.epochs}",
-            *([f"data.batch_size={batch}"] if batch else []), f"trainer.threads={a.threads}", f"trainer.max_steps={a.max_steps}",
+            *([] if batch is None else [f"data.batch_size={batch}"]),
+            f"trainer.threads={a.threads}", f"trainer.max_steps={a.max_steps}",
             "trainer.progress=false", *TRAINER_MODEL[a.baseline]]
     if a.data_root:
         args.append(f"data.root={a.data_root}")
