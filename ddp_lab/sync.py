@@ -49,6 +49,7 @@ steps its throughput window counts.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 
@@ -66,6 +67,10 @@ MODES = ("ddp", "flat", "per_param")
 ALGOS = tuple(ALGORITHMS)  # builtin, naive, ring, halving_doubling
 COMPRESS = ("none", "bf16", "fp16")
 COMPRESS_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+# DDP's first bucket, kept small so that the first allreduce starts early.
+DDP_FIRST_BUCKET_BYTES = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 1024 * 1024)
+
+log = logging.getLogger("ddp_lab")
 
 
 class GradSync:
@@ -168,6 +173,8 @@ class DDPSync(_Averaging):
 
     def __init__(self, model: nn.Module, env: DistEnv, cfg):
         super().__init__(model, env, cfg)
+        if _is_compiled(model) and cfg.bucket_cap_mb * 2**20 < DDP_FIRST_BUCKET_BYTES:
+            _compile_whole_graph_under_ddp(cfg.bucket_cap_mb)
         self.module = DDP(
             model,
             device_ids=[env.device.index] if env.device.type == "cuda" else None,
@@ -200,6 +207,29 @@ class DDPSync(_Averaging):
 
     def no_sync(self):
         return self.module.no_sync()
+
+
+def _is_compiled(model: nn.Module) -> bool:
+    return isinstance(model, torch._dynamo.eval_frame.OptimizedModule)
+
+
+def _compile_whole_graph_under_ddp(bucket_cap_mb: float) -> None:
+    """Let a compiled model train under DDP buckets smaller than DDP's first one.
+
+    torch.compile cuts the model's graph at DDP's bucket boundaries, so that each
+    bucket's allreduce starts while the rest of the backward runs; that pass
+    (torch._dynamo.config.optimize_ddp) assumes no bucket is smaller than DDP's
+    first (1 MiB) and fails with "First bucket should be smaller/equal to other
+    buckets" when one is. Compiling the whole graph instead is correct; the
+    price is that every bucket's allreduce starts after the backward ends.
+    The setting is process-wide: one training run per process.
+    """
+    log.warning("sync.bucket_cap_mb=%s is below DDP's first bucket (%s MiB), which the "
+                "compiled model's bucket-wise graph splitting cannot handle: compiling the "
+                "whole graph, so allreduces start after the backward instead of during it. "
+                "For overlap, use sync.bucket_cap_mb>=%s or trainer.compile=false.",
+                bucket_cap_mb, DDP_FIRST_BUCKET_BYTES / 2**20, DDP_FIRST_BUCKET_BYTES / 2**20)
+    torch._dynamo.config.optimize_ddp = False
 
 
 def _broadcast_from_rank0(model: nn.Module) -> None:

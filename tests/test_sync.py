@@ -4,7 +4,8 @@ Every sync.mode x sync.algo, at 2, 3 and 4 ranks, takes the same steps as one
 process training on the same global batches (the check PyTorch's own DDP
 tests make); at 3 ranks also with grad_accum=2 (= one step on the doubled
 batch), channels_last, zero_grad(set_to_none=True), and bf16/fp16 compression
-(close, not equal, half the bytes). One spawn of processes per world size runs
+(close, not equal, half the bytes); at 2 ranks also a torch.compile'd model
+under DDP buckets smaller than DDP's first. One spawn of processes per world size runs
 every case. The slow test trains under torchrun and compares test accuracy.
 """
 from __future__ import annotations
@@ -50,6 +51,12 @@ def _cases(world_size: int) -> list[tuple]:
     for mode in MODES:
         for algo in ALGOS:
             cases.append((f"{mode}/{algo}", _cfg(mode, algo), 1, {}))
+    if world_size == 2:
+        # torch.compile under DDP with buckets below DDP's first (1 MiB): compiling
+        # splits the graph per bucket and refuses such buckets unless told not to.
+        # Last: the fix is process-wide. (The eager backend: the same graph
+        # splitting as inductor, without generating C++.)
+        cases.append(("ddp/builtin compiled", _cfg(), 1, {"compile": True}))
     if world_size != EXTRAS_AT:
         return cases
     cases += [
@@ -121,7 +128,8 @@ def _run_cases(rank: int, world_size: int) -> dict:
             with torch.no_grad():
                 for p in model.parameters():
                     p.add_(0.01 * rank)
-        sync = build_sync(cfg, model, env)
+        sync = build_sync(cfg, torch.compile(model, backend="eager") if opts.get("compile")
+                          else model, env)
         sync.measuring = opts.get("measuring", True)
         per = BATCH // world_size
         mine = [[(_fmt(x[s, m, rank * per:(rank + 1) * per], cl), y[s, m, rank * per:(rank + 1) * per])
