@@ -161,6 +161,11 @@ class Trainer:
 
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         self.model = build_model(cfg.model).to(env.device, memory_format=self.memory_format)
+        if env.distributed and env.device.type == "cpu" and any(
+                isinstance(m, nn.SyncBatchNorm) for m in self.model.modules()):
+            raise ConfigError("model.sync_bn=true needs GPU ranks: torch's SyncBatchNorm does not "
+                              "run on CPU. Set model.sync_bn=false (each rank then normalises "
+                              "with its own batch's statistics)")
         images_per_rank = self.total_steps * t.grad_accum * self.train_loader.batch_size
         self.compiled, why = resolve_compile(t.compile, env.device, images_per_rank)
         log.info(why)

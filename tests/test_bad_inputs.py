@@ -45,6 +45,15 @@ def test_bad_value_message(tiny_fmnist, tmp_path, compose_train, extra, message)
     assert message in str(e.value)
 
 
+def test_sync_bn_on_cpu_ranks_is_refused_before_any_collective(tiny_fmnist, tmp_path, compose_train):
+    overrides = [a for a in tiny_overrides(tiny_fmnist, tmp_path) if not a.startswith("hydra.")]
+    cfg = compose_train(overrides + ["model=resnet18", "model.sync_bn=true"])
+    # Rank 0 of 2 with no process group: the check must come before DDP needs one.
+    with pytest.raises(ConfigError, match="model.sync_bn=true needs GPU ranks"):
+        Trainer(cfg, DistEnv(0, 2, 0, torch.device("cpu"), "gloo"), tmp_path).close()
+    Trainer(cfg, DistEnv(0, 1, 0, torch.device("cpu"), "none"), tmp_path).close()  # alone: fine
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("extra,message,code", [
     (["trainer.epoch=3"], "Key 'epoch' not in 'TrainerConfig'", 1),
