@@ -130,6 +130,9 @@ def synthetic_splits(cfg, seed: int) -> tuple[Split, Split]:
     shape = tuple(cfg.image_shape)
     if len(shape) != 3 or min(shape) < 1:
         raise ConfigError(f"data.image_shape={list(shape)} must be [channels, height, width], all >= 1")
+    for key in ("num_train", "num_test", "num_classes"):
+        if cfg[key] < 1:
+            raise ConfigError(f"data.{key}={cfg[key]} must be >= 1")
     gen = torch.Generator().manual_seed(seed)
     splits = []
     for n in (cfg.num_train, cfg.num_test):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from torch import nn
 from tqdm import tqdm
@@ -96,10 +97,25 @@ def resolve_compile(setting, device: torch.device, images_per_rank: int) -> tupl
     return True, f"trainer.compile=auto: on ({images_per_rank:,} images per rank)"
 
 
+def build_optimizer(cfg, params):
+    """The optimizer `cfg` (the optim group) names; the schedule keys are ddp_lab's own."""
+    args = {k: v for k, v in cfg.items() if k not in ("schedule", "warmup_epochs")}
+    try:
+        return instantiate(args, params=params)
+    except InstantiationException as e:
+        # torch.optim checks its own arguments ("Invalid learning rate: -1.0"): pass that on
+        if isinstance(e.__cause__, ValueError):
+            raise ConfigError(f"optim: {cfg._target_} refused these settings: {e.__cause__} "
+                              "(fix the optim.* value it names)") from None
+        raise
+
+
 def build_schedule(optimizer, cfg, steps_per_epoch: int, total_steps: int):
     """Per-step learning-rate multiplier: linear warm-up, then constant or cosine decay."""
     if cfg.schedule not in ("constant", "cosine"):
         raise ConfigError(f"optim.schedule={cfg.schedule!r} is not one of constant, cosine")
+    if cfg.warmup_epochs < 0:
+        raise ConfigError(f"optim.warmup_epochs={cfg.warmup_epochs} must be >= 0 (0: no warm-up)")
     warmup = int(cfg.warmup_epochs * steps_per_epoch)
 
     def factor(step: int) -> float:
@@ -140,7 +156,7 @@ class Trainer:
         for key in ("epochs", "log_every", "grad_accum"):
             if t[key] < 1:
                 raise ConfigError(f"trainer.{key}={t[key]} must be >= 1")
-        for key in ("ckpt_every", "keep_ckpts"):
+        for key in ("ckpt_every", "keep_ckpts", "max_steps", "warmup_steps", "eval_every", "threads"):
             if t[key] < 0:
                 raise ConfigError(f"trainer.{key}={t[key]} must be >= 0")
         if t.threads > 0:
@@ -156,6 +172,11 @@ class Trainer:
                               f"{channels} channel(s); set model.in_channels={channels}")
 
         self.steps_per_epoch = len(self.train_loader) // t.grad_accum
+        if self.steps_per_epoch == 0:
+            raise ConfigError(
+                f"trainer.grad_accum={t.grad_accum} takes {t.grad_accum} batches per optimizer "
+                f"step, but each rank has only {len(self.train_loader)} per epoch: lower "
+                f"trainer.grad_accum (or data.batch_size)")
         total = self.steps_per_epoch * t.epochs
         self.total_steps = min(total, t.max_steps) if t.max_steps > 0 else total
 
@@ -175,9 +196,7 @@ class Trainer:
         net = torch.compile(self.model) if self.compiled else self.model
         self.sync = build_sync(cfg.sync, net, env)
         self.forward = self.sync.module
-        self.optimizer = instantiate(
-            {k: v for k, v in cfg.optim.items() if k not in ("schedule", "warmup_epochs")},
-            params=self.model.parameters())
+        self.optimizer = build_optimizer(cfg.optim, self.model.parameters())
         self.scheduler = build_schedule(self.optimizer, cfg.optim, self.steps_per_epoch, self.total_steps)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp == "fp16")
         self.loss_fn = nn.CrossEntropyLoss()

@@ -34,6 +34,13 @@ def _run(tiny_fmnist, tmp_path, extra, nproc=0, timeout=120):
     (["trainer.grad_accum=0"], "trainer.grad_accum=0 must be >= 1"),
     (["optim.schedule=step"], "optim.schedule='step' is not one of constant, cosine"),
     (["data=synthetic", "data.image_shape=[28,28]"], "data.image_shape=[28, 28] must be [channels, height, width]"),
+    (["data=synthetic", "data.num_test=0"], "data.num_test=0 must be >= 1"),
+    (["trainer.grad_accum=100000"], "trainer.grad_accum=100000 takes 100000 batches per optimizer step, "
+                                    "but each rank has only"),
+    (["trainer.threads=-1"], "trainer.threads=-1 must be >= 0"),
+    (["optim.warmup_epochs=-1"], "optim.warmup_epochs=-1.0 must be >= 0"),
+    (["optim.lr=-1"], "optim: torch.optim.SGD refused these settings: Invalid learning rate: -1.0"),
+    (["optim.momentum=0"], "Nesterov momentum requires a momentum"),
 ])
 def test_bad_value_message(tiny_fmnist, tmp_path, compose_train, extra, message):
     overrides = [a for a in tiny_overrides(tiny_fmnist, tmp_path) if not a.startswith("hydra.")]

@@ -10,6 +10,7 @@ the same dashboards and tables as `ddp_lab.train`.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,22 @@ class BaselineConfig:
 
 # Hydra then rejects unknown keys and wrong types (epochs=ten) with a clear message.
 ConfigStore.instance().store(name="baseline_schema", node=BaselineConfig)
+
+
+def check_config(cfg, min_devices: int, min_batch: int = 1) -> None:
+    """Refuse a bad value before any work: one line on stderr, exit status 2 (as the trainer)."""
+    for key, value, low, why in (
+            ("epochs", cfg.epochs, 1, ""), ("lr", cfg.lr, 0, ""),
+            ("num_devices", cfg.num_devices, min_devices, ""),
+            ("max_steps", cfg.max_steps, 0, " (0: no cap)"), ("warmup_steps", cfg.warmup_steps, 0, ""),
+            ("log_every", cfg.log_every, 1, ""), ("threads", cfg.threads, 0, " (0: torch's default)"),
+            ("data.batch_size", cfg.data.batch_size, min_batch,
+             f" (every one of the {cfg.num_devices} devices needs a share of each batch)"
+             if min_batch > 1 else ""),
+            ("data.num_workers", cfg.data.num_workers, 0, "")):
+        if value < low:
+            print(f"ddp_lab: error: {key}={value} must be >= {low}{why}", file=sys.stderr)
+            raise SystemExit(2)
 
 
 def try_gpu(i: int = 0) -> torch.device:

@@ -140,8 +140,7 @@ def train(cfg, run_dir: Path) -> dict:
 
 @hydra.main(version_base="1.3", config_path=config.CONFIG_PATH, config_name="baseline_d2l_scratch")
 def main(cfg) -> dict:
-    if cfg.num_devices < 1:
-        raise SystemExit(f"num_devices={cfg.num_devices} must be >= 1")
+    d2l.check_config(cfg, min_devices=1, min_batch=max(1, cfg.num_devices))
     return train(cfg, Path(HydraConfig.get().runtime.output_dir))
 
 

@@ -84,8 +84,7 @@ def train(cfg, run_dir: Path) -> dict:
 
 @hydra.main(version_base="1.3", config_path=config.CONFIG_PATH, config_name="baseline_data_parallel")
 def main(cfg) -> dict:
-    if cfg.num_devices < 0:
-        raise SystemExit(f"num_devices={cfg.num_devices} must be >= 0 (0: every visible GPU)")
+    d2l.check_config(cfg, min_devices=0)  # num_devices=0: every visible GPU
     return train(cfg, Path(HydraConfig.get().runtime.output_dir))
 
 

@@ -106,3 +106,25 @@ def test_configs_hold_the_chapter_defaults_and_are_typed(name, lr, devices):
             compose(config_name=f"baseline_{name}", overrides=["epochs=ten"])
         with pytest.raises(ConfigCompositionException):
             compose(config_name=f"baseline_{name}", overrides=["bogus=1"])
+
+
+@pytest.mark.parametrize("name, override, message", [
+    ("d2l_scratch", "lr=-1", "lr=-1.0 must be >= 0"),
+    ("d2l_scratch", "epochs=0", "epochs=0 must be >= 1"),
+    ("d2l_scratch", "num_devices=0", "num_devices=0 must be >= 1"),
+    ("d2l_scratch", "data.batch_size=1",
+     "data.batch_size=1 must be >= 2 (every one of the 2 devices needs a share of each batch)"),
+    ("data_parallel", "num_devices=-1", "num_devices=-1 must be >= 0"),
+    ("data_parallel", "data.num_workers=-1", "data.num_workers=-1 must be >= 0"),
+    ("data_parallel", "threads=-2", "threads=-2 must be >= 0 (0: torch's default)"),
+])
+def test_bad_values_stop_with_the_key_and_exit_2(name, override, message, capsys):
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module(version_base="1.3", config_module="ddp_lab.conf"):
+        cfg = compose(config_name=f"baseline_{name}", overrides=[override])
+    with pytest.raises(SystemExit) as e:
+        d2l.check_config(cfg, min_devices=1 if name == "d2l_scratch" else 0,
+                         min_batch=cfg.num_devices if name == "d2l_scratch" else 1)
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip() == f"ddp_lab: error: {message}"
