@@ -309,7 +309,11 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     a = parse_args(argv)
     if a.table_only:
-        saved = json.loads((a.table_only / "results.json").read_text())
+        path = a.table_only / "results.json"
+        if not path.is_file():
+            raise SystemExit(f"--table-only {a.table_only}: no results.json there; give the "
+                             "folder a vs_baseline run wrote (its --out)")
+        saved = json.loads(path.read_text())
         a_saved = argparse.Namespace(**{**vars(a), **saved["args"]})
         rows = summarize(saved["results"], saved["reference"])
         print(write_outputs(a.table_only, rows, notes_for(rows, saved["results"], a_saved)), end="")

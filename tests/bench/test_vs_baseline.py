@@ -124,6 +124,8 @@ def test_table_only_re_renders_saved_results(tmp_path, capsys):
     assert "| trainer 2p | 3 | 512 | 9,000 |" in md and "Trainer / baseline: 4.50x" in md
     assert (tmp_path / "table.csv").read_text().startswith("system,runs,")
     assert "4.50x" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="no results.json there"):
+        vb.main(["--table-only", str(tmp_path / "elsewhere")])
 
 
 def test_variants_add_trainer_rows_with_their_overrides(tmp_path):
