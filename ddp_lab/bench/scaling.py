@@ -192,6 +192,12 @@ def parse_args(argv=None):
     args.syncs = args.syncs.split(",")
     if any(s.count("/") != 1 for s in args.syncs):
         p.error(f"--syncs={','.join(args.syncs)!r}: each must be mode/algo, e.g. ddp/builtin,flat/ring")
+    from ddp_lab.sync import ALGOS, MODES  # imports torch: only once the cheap checks passed
+    for sync in args.syncs:
+        mode, algo = sync.split("/")
+        if mode not in MODES or algo not in ALGOS:
+            p.error(f"--syncs: {sync!r} is not mode/algo with mode one of {', '.join(MODES)} "
+                    f"and algo one of {', '.join(ALGOS)}")
     if "strong" in args.kinds:
         bad = [w for w in args.worlds if args.global_batch % w]
         if bad:

@@ -47,6 +47,11 @@ def test_bad_arguments_are_refused(capsys):
     assert "--global-batch=256 does not divide over [3] ranks" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse_args(["--syncs", "ring"])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--syncs", "ddp/builtin,flat/rng"])  # caught before any run is launched
+    assert e.value.code == 2
+    assert "'flat/rng' is not mode/algo with mode one of ddp, flat, per_param" in capsys.readouterr().err
 
 
 @pytest.mark.slow
