@@ -331,10 +331,27 @@ def pick(resume: str, run_root: Path, restarted: bool) -> Path | None:
         if found is not None:
             return found
     if resume == "none":
+        if not restarted:
+            _refuse_to_overwrite(run_root)
         return None
     if resume == "auto":
         return newest(run_root)
     return _explicit(Path(resume).expanduser())
+
+
+def _refuse_to_overwrite(run_root: Path) -> None:
+    """A fresh run must not overwrite what an earlier run left in the same directory."""
+    held = []
+    earlier = step_dirs(run_root)
+    if earlier:
+        held.append(f"checkpoints up to {earlier[-1][1].name}")
+    if (run_root.parent / "model.pt").exists():
+        held.append("model.pt")
+    if held:
+        raise ConfigError(
+            f"{run_root.parent} already holds an earlier run ({', '.join(held)}), which a new "
+            f"run there would overwrite. Continue it with trainer.resume=auto, or start afresh "
+            f"in another directory (hydra.run.dir=...)")
 
 
 def choose(resume: str, run_root: Path, env: DistEnv) -> Path | None:

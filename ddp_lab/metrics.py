@@ -99,30 +99,39 @@ class RunLogger:
     def __init__(self, run_dir: Path, is_main: bool):
         self.run_dir = Path(run_dir)
         self.is_main = is_main
-        self.writer = SummaryWriter(str(self.run_dir / "tb")) if is_main else None
+        self._writer: SummaryWriter | None = None
+        self._closed = False
+
+    @property
+    def writer(self) -> SummaryWriter | None:
+        """Rank 0's event file (None elsewhere and once closed), opened at the first
+        write: a run refused at start (a bad input) leaves no empty event file."""
+        if self.is_main and not self._closed and self._writer is None:
+            self._writer = SummaryWriter(str(self.run_dir / "tb"))
+        return self._writer
 
     def scalars(self, values: dict[str, float], step: int) -> None:
-        if self.writer is not None:
+        if (w := self.writer) is not None:
             for tag, v in values.items():
-                self.writer.add_scalar(tag, v, step)
+                w.add_scalar(tag, v, step)
 
     def config(self, cfg) -> None:
-        if self.writer is not None:
+        if (w := self.writer) is not None:
             text = OmegaConf.to_yaml(cfg, resolve=True)
             # Four-space indent: TensorBoard renders text as Markdown, this keeps it a code block.
-            self.writer.add_text("config", "    " + text.replace("\n", "\n    "))
+            w.add_text("config", "    " + text.replace("\n", "\n    "))
 
     def hparams(self, cfg, world_size: int, backend: str, final: dict[str, float]) -> None:
         """Written into the run's own event file, so a sweep's runs line up in the HParams tab."""
-        if self.writer is None:
+        if (w := self.writer) is None:
             return
         metrics = {f"hparam/{k}": v for k, v in final.items()}
         exp, ssi, sei = hparams(_flat_hparams(cfg, world_size, backend), metrics)
-        fw = self.writer._get_file_writer()
+        fw = w._get_file_writer()
         for s in (exp, ssi, sei):
             fw.add_summary(s)
         for tag, v in metrics.items():
-            self.writer.add_scalar(tag, v, 0)
+            w.add_scalar(tag, v, 0)
 
     def print(self, line: str) -> None:
         if self.is_main:
@@ -133,9 +142,10 @@ class RunLogger:
             write_json_atomic(self.run_dir / "summary.json", data)
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
+        self._closed = True
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
 
 def _json_safe(v):

@@ -184,10 +184,27 @@ def test_pick_follows_restart_and_trainer_resume(tmp_path):
     assert checkpoint.pick("none", run_root, restarted=True) == mine
     assert checkpoint.pick(str(old), run_root, restarted=True) == mine
     assert checkpoint.pick("auto", run_root, restarted=False) == mine
-    assert checkpoint.pick("none", run_root, restarted=False) is None
     # a run dir or a checkpoints dir means its newest checkpoint
     assert checkpoint.pick(str(tmp_path / "other"), run_root, restarted=False) == old
     assert checkpoint.pick(str(other), run_root, restarted=False) == old
+
+
+def test_a_fresh_run_refuses_to_overwrite_an_earlier_one(tmp_path):
+    run_root = tmp_path / "run" / "checkpoints"
+    _save(run_root, 2)
+    _save(run_root, 5)
+    with pytest.raises(ConfigError) as e:
+        checkpoint.pick("none", run_root, restarted=False)
+    assert str(e.value) == (
+        f"{tmp_path / 'run'} already holds an earlier run (checkpoints up to step-5), which a new "
+        "run there would overwrite. Continue it with trainer.resume=auto, or start afresh in "
+        "another directory (hydra.run.dir=...)")
+    # a finished run that kept no checkpoints (trainer.keep_ckpts=0) is protected too
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "model.pt").write_bytes(b"weights")
+    with pytest.raises(ConfigError, match=r"already holds an earlier run \(model.pt\)"):
+        checkpoint.pick("none", bare / "checkpoints", restarted=False)
 
 
 def test_pick_refuses_a_bad_explicit_path(tmp_path):
@@ -204,7 +221,8 @@ def test_pick_refuses_a_bad_explicit_path(tmp_path):
 def test_choose_alone_reads_the_restart_count(tmp_path, monkeypatch):
     mine, _, _ = _save(tmp_path, 4)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
-    assert checkpoint.choose("none", tmp_path, ALONE) is None
+    with pytest.raises(ConfigError, match="already holds an earlier run"):
+        checkpoint.choose("none", tmp_path, ALONE)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     assert checkpoint.choose("none", tmp_path, ALONE) == mine
     with pytest.raises(ConfigError):
