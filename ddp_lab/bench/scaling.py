@@ -31,9 +31,10 @@ import socket
 import statistics
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from ddp_lab.bench import fresh_out_dir
 
 COLUMNS = ["kind", "sync", "world_size", "global_batch", "per_rank_batch", "samples_per_sec",
            "samples_per_sec_per_rank", "efficiency", "comm_frac", "test_acc", "runs"]
@@ -209,8 +210,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
-    out = args.out or Path("outputs/bench/scaling") / time.strftime("%Y-%m-%d_%H-%M-%S")
-    out.mkdir(parents=True, exist_ok=True)
+    out = fresh_out_dir(args.out, "outputs/bench/scaling")
     points = [measure(kind, sync, world, args, out)
               for kind in args.kinds for sync in args.syncs for world in sorted(args.worlds)]
     rows = efficiency_rows(points)

@@ -59,6 +59,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ddp_lab.bench import fresh_out_dir
+
 # Per baseline: the trainer's model overrides that make it the same network.
 TRAINER_MODEL = {
     "d2l_scratch": ["model=lenet"],
@@ -318,9 +320,8 @@ def main(argv=None) -> int:
         rows = summarize(saved["results"], saved["reference"])
         print(write_outputs(a.table_only, rows, notes_for(rows, saved["results"], a_saved)), end="")
         return 0
-    a.out = a.out or Path("outputs/bench/vs_baseline") / time.strftime("%Y-%m-%d_%H-%M-%S")
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "runs").mkdir(exist_ok=True)
+    a.out = fresh_out_dir(a.out, "outputs/bench/vs_baseline")
+    (a.out / "runs").mkdir()
     systems, reference = plan(a)
     results: list[dict] = []
     args_record = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}

@@ -146,3 +146,10 @@ def test_variants_add_trainer_rows_with_their_overrides(tmp_path):
 def test_a_row_with_runs_of_different_batches_shows_each():
     runs = [result("trainer 2p", 9000, batch=512), result("trainer 2p", 8000, batch=256)]
     assert vb.summarize(runs)[0]["global_batch"] == "256/512"
+
+
+def test_an_out_folder_with_an_earlier_run_is_refused_before_any_run(tmp_path):
+    (tmp_path / "results.json").write_text("{}")
+    with pytest.raises(SystemExit, match="already holds an earlier run's files; choose another --out"):
+        vb.main(["--out", str(tmp_path), "--epochs", "1", "--repeats", "1"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]  # untouched
