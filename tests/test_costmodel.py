@@ -195,6 +195,8 @@ def test_run_end_to_end_on_synthetic_csvs(tmp_path):
     assert float(ring8["allreduce_s"]) == pytest.approx(cm.ring(8, 129068 * 4, ALPHA, BETA, GAMMA), rel=0.02)
     assert float(ring8["compute_s"]) == pytest.approx(5e-3)
     assert (tmp_path / "run" / "fit.csv").is_file() and (tmp_path / "run" / "fit_points.csv").is_file()
+    with pytest.raises(ConfigError, match="already holds predictions.csv from an earlier run"):
+        cm.run(cfg, tmp_path / "run", log=lines.append)  # a rerun never overwrites them
 
 
 @pytest.mark.parametrize("overrides, message", [

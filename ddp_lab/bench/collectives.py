@@ -324,6 +324,20 @@ def _init_world_of_one(backend: str, env: DistEnv) -> None:
                                 device_id=env.device if env.device.type == "cuda" else None)
 
 
+def _refuse_an_earlier_sweep(run_dir: Path, env: DistEnv) -> None:
+    """Never overwrite the results of an earlier sweep (a reused hydra.run.dir).
+
+    Rank 0's view decides, on every rank, so that all of them stop together.
+    """
+    taken = torch.tensor([int(env.is_main and (run_dir / "collectives.csv").exists())],
+                         device=env.device)
+    dist.all_reduce(taken)
+    if taken.item():
+        raise ConfigError(f"hydra.run.dir={run_dir} already holds collectives.csv from an earlier "
+                          "sweep; choose another hydra.run.dir (or leave it out: a new folder "
+                          "per launch)")
+
+
 def run(cfg: DictConfig, run_dir: Path) -> list[dict]:
     """The sweep; returns the rows (on every rank), writes the outputs on rank 0."""
     plan = validate(cfg)  # before any collective, identical on every rank
@@ -336,6 +350,7 @@ def run(cfg: DictConfig, run_dir: Path) -> list[dict]:
     try:
         if not env.distributed:
             _init_world_of_one(cfg.dist.backend, env)
+        _refuse_an_earlier_sweep(run_dir, env)
         backend = dist.get_backend()
         sweep = _Sweep(env, cfg, plan)
         if env.is_main:

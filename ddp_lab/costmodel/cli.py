@@ -101,6 +101,9 @@ def validate(cfg) -> dict:
 
 def run(cfg, run_dir: Path, log=print) -> dict:
     s = validate(cfg)
+    if (run_dir / "predictions.csv").exists():
+        raise ConfigError(f"hydra.run.dir={run_dir} already holds predictions.csv from an earlier "
+                          "run; choose another hydra.run.dir (or leave it out: a new folder per run)")
     run_dir.mkdir(parents=True, exist_ok=True)
     fits: dict[str, Fit] = {}
     param_sets: dict[str, dict[str, Params]] = {}

@@ -115,6 +115,13 @@ def test_torchrun_sweep_two_processes(tmp_path):
         assert float(row["busbw_gbps"]) == pytest.approx(alg * 2 * (2 - 1) / 2, rel=1e-3)
     assert (run_dir / "collectives.png").stat().st_size > 0
     assert any((run_dir / "tb").iterdir())
+    # a second sweep into the same directory stops, every rank, and keeps the first one's CSV
+    before = (run_dir / "collectives.csv").read_bytes()
+    r = run_module("ddp_lab.bench.collectives", ["max_bytes=4096", f"hydra.run.dir={run_dir}"],
+                   nproc=2, timeout=120)
+    assert r.returncode != 0
+    assert "already holds collectives.csv from an earlier sweep" in r.stderr
+    assert (run_dir / "collectives.csv").read_bytes() == before
 
 
 @pytest.mark.slow
