@@ -69,6 +69,15 @@ def check_config(cfg, min_devices: int, min_batch: int = 1) -> None:
             raise SystemExit(2)
 
 
+def refuse_an_earlier_run(run_dir: Path) -> None:
+    """A reused hydra.run.dir must not overwrite an earlier run's summary and event files."""
+    if (run_dir / "summary.json").exists():
+        print(f"ddp_lab: error: hydra.run.dir={run_dir} already holds an earlier run "
+              "(summary.json); choose another hydra.run.dir (or leave it out: a new folder "
+              "per run)", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def try_gpu(i: int = 0) -> torch.device:
     """GPU i if there is one, else the CPU."""
     if torch.cuda.device_count() >= i + 1:

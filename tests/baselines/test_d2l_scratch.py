@@ -128,3 +128,12 @@ def test_bad_values_stop_with_the_key_and_exit_2(name, override, message, capsys
                          min_batch=cfg.num_devices if name == "d2l_scratch" else 1)
     assert e.value.code == 2
     assert capsys.readouterr().err.strip() == f"ddp_lab: error: {message}"
+
+
+def test_a_run_dir_with_an_earlier_run_is_refused(tmp_path, capsys):
+    d2l.refuse_an_earlier_run(tmp_path)  # empty: fine
+    (tmp_path / "summary.json").write_text("{}")
+    with pytest.raises(SystemExit) as e:
+        d2l.refuse_an_earlier_run(tmp_path)
+    assert e.value.code == 2
+    assert f"hydra.run.dir={tmp_path} already holds an earlier run" in capsys.readouterr().err
