@@ -51,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import sys
 import time
 
 import torch
@@ -210,7 +211,9 @@ class DDPSync(_Averaging):
 
 
 def _is_compiled(model: nn.Module) -> bool:
-    return isinstance(model, torch._dynamo.eval_frame.OptimizedModule)
+    # No torch.compile without torch._dynamo loaded: do not pay for importing it here.
+    dynamo = sys.modules.get("torch._dynamo")
+    return dynamo is not None and isinstance(model, dynamo.eval_frame.OptimizedModule)
 
 
 def _compile_whole_graph_under_ddp(bucket_cap_mb: float) -> None:
