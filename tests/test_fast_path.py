@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from ddp_lab.distributed import DistEnv
-from ddp_lab import trainer as trainer_module
-from ddp_lab.trainer import AUTO_COMPILE_MIN_IMAGES, Trainer, resolve_compile
+from ddp_lab import fast_path
+from ddp_lab.fast_path import AUTO_COMPILE_MIN_IMAGES, resolve_compile
+from ddp_lab.trainer import Trainer
 from tests.conftest import tiny_overrides
 
 ALONE = DistEnv(0, 1, 0, torch.device("cpu"), "none")
@@ -78,7 +79,7 @@ CPU = torch.device("cpu")
 
 
 def test_compile_setting_true_false_and_auto(monkeypatch):
-    monkeypatch.setattr(trainer_module, "inductor_available", lambda device: True)
+    monkeypatch.setattr(fast_path, "inductor_available", lambda device: True)
     assert resolve_compile(True, CPU, 10)[0] is True  # Hydra may hand over a bool ...
     assert resolve_compile("True", CPU, 10)[0] is True  # ... or its str() in a str field
     assert resolve_compile("false", CPU, 10 ** 6)[0] is False
@@ -86,17 +87,17 @@ def test_compile_setting_true_false_and_auto(monkeypatch):
     assert on and "auto: on" in why
     on, why = resolve_compile("auto", CPU, AUTO_COMPILE_MIN_IMAGES - 1)
     assert not on and f"{AUTO_COMPILE_MIN_IMAGES - 1:,} images per rank are too few" in why
-    monkeypatch.setattr(trainer_module, "inductor_available", lambda device: False)
+    monkeypatch.setattr(fast_path, "inductor_available", lambda device: False)
     on, why = resolve_compile("auto", CPU, 10 ** 6)
     assert not on and "needs a C++ compiler" in why
 
 
 def test_inductor_available_looks_for_a_cpp_compiler(monkeypatch):
-    monkeypatch.setattr(trainer_module.shutil, "which", lambda name: None)
-    assert not trainer_module.inductor_available(CPU)
-    monkeypatch.setattr(trainer_module.shutil, "which",
+    monkeypatch.setattr(fast_path.shutil, "which", lambda name: None)
+    assert not fast_path.inductor_available(CPU)
+    monkeypatch.setattr(fast_path.shutil, "which",
                         lambda name: "/usr/bin/clang++" if name == "clang++" else None)
-    assert trainer_module.inductor_available(CPU)
+    assert fast_path.inductor_available(CPU)
 
 
 def test_short_runs_are_not_compiled_by_default(compose_train, tiny_fmnist, tmp_path):
