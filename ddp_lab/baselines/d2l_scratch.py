@@ -138,9 +138,14 @@ def train(cfg, run_dir: Path) -> dict:
         report.close()
 
 
+def check(cfg) -> None:
+    """Refuse bad values; every device gets a share of each batch."""
+    d2l.check_config(cfg, min_devices=1, min_batch=max(1, cfg.num_devices))
+
+
 @hydra.main(version_base="1.3", config_path=config.CONFIG_PATH, config_name="baseline_d2l_scratch")
 def main(cfg) -> dict:
-    d2l.check_config(cfg, min_devices=1, min_batch=max(1, cfg.num_devices))
+    check(cfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     d2l.refuse_an_earlier_run(run_dir)
     return train(cfg, run_dir)

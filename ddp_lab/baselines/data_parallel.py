@@ -82,9 +82,14 @@ def train(cfg, run_dir: Path) -> dict:
         report.close()
 
 
+def check(cfg) -> None:
+    """Refuse bad values; num_devices=0 means every visible GPU."""
+    d2l.check_config(cfg, min_devices=0)
+
+
 @hydra.main(version_base="1.3", config_path=config.CONFIG_PATH, config_name="baseline_data_parallel")
 def main(cfg) -> dict:
-    d2l.check_config(cfg, min_devices=0)  # num_devices=0: every visible GPU
+    check(cfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     d2l.refuse_an_earlier_run(run_dir)
     return train(cfg, run_dir)

@@ -3,7 +3,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from ddp_lab.baselines import d2l, d2l_scratch as s
+from ddp_lab.baselines import d2l, d2l_scratch as s, data_parallel as dp
 from tests.conftest import failure, read_summary, run_module
 
 CPU = torch.device("cpu")
@@ -124,8 +124,7 @@ def test_bad_values_stop_with_the_key_and_exit_2(name, override, message, capsys
     with initialize_config_module(version_base="1.3", config_module="ddp_lab.conf"):
         cfg = compose(config_name=f"baseline_{name}", overrides=[override])
     with pytest.raises(SystemExit) as e:
-        d2l.check_config(cfg, min_devices=1 if name == "d2l_scratch" else 0,
-                         min_batch=cfg.num_devices if name == "d2l_scratch" else 1)
+        {"d2l_scratch": s, "data_parallel": dp}[name].check(cfg)  # what each main() calls first
     assert e.value.code == 2
     assert capsys.readouterr().err.strip() == f"ddp_lab: error: {message}"
 
