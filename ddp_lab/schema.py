@@ -22,6 +22,7 @@ class ModelConfig:
     in_channels: int = MISSING
     init: str = MISSING
     sync_bn: bool = MISSING
+    crop_unused_border: Optional[bool] = None  # LeNet only; None: the model has no such key
 
 
 @dataclass

@@ -41,6 +41,8 @@ def _run(tiny_fmnist, tmp_path, extra, nproc=0, timeout=120):
     (["optim.warmup_epochs=-1"], "optim.warmup_epochs=-1.0 must be >= 0"),
     (["optim.lr=-1"], "optim: torch.optim.SGD refused these settings: Invalid learning rate: -1.0"),
     (["optim.momentum=0"], "Nesterov momentum requires a momentum"),
+    (["model=resnet18", "model.crop_unused_border=true"],
+     "model.crop_unused_border does not apply to model 'resnet18'; drop the override"),
 ])
 def test_bad_value_message(tiny_fmnist, tmp_path, compose_train, extra, message):
     overrides = [a for a in tiny_overrides(tiny_fmnist, tmp_path) if not a.startswith("hydra.")]

@@ -1,0 +1,51 @@
+"""LeNet's unused-border crop computes the same function with less arithmetic."""
+import pytest
+import torch
+
+from ddp_lab.models import lenet, live_input_extent
+
+
+@pytest.mark.parametrize("n, live", [(28, 26), (30, 30), (31, 30), (33, 30), (35, 34), (10, 10)])
+def test_live_extent_walks_the_layers(n, live):
+    assert live_input_extent(n) == live  # (10: too small for LeNet, left uncropped)
+
+
+# Sizes whose pooled map is 4x4, the only ones LeNet's 800-input linear layer takes.
+@pytest.mark.parametrize("n, live", [(28, 26), (29, 26)])
+def test_live_extent_is_exactly_the_part_of_the_input_that_matters(n, live):
+    assert live_input_extent(n) == live
+    torch.manual_seed(0)
+    net = lenet(crop_unused_border=False).double()
+    x = torch.randn(2, 1, n, n, dtype=torch.float64)
+    base = net(x)
+    beyond = x.clone()
+    beyond[..., live:, :] += 5.0
+    beyond[..., :, live:] += 5.0
+    assert torch.equal(net(beyond), base)          # past the extent: no effect at all
+    last_row = x.clone()
+    last_row[..., live - 1, :] += 5.0
+    assert not torch.allclose(net(last_row), base)  # the last live row does matter
+
+
+def test_cropped_lenet_gives_the_same_logits_and_gradients():
+    torch.manual_seed(0)
+    full = lenet(crop_unused_border=False).double()
+    cropped = lenet(crop_unused_border=True).double()
+    cropped.load_state_dict(full.state_dict())
+    x = torch.randn(8, 1, 28, 28, dtype=torch.float64)
+    y = torch.randint(0, 10, (8,))
+    outs = []
+    for net in (full, cropped):
+        logits = net(x)
+        torch.nn.functional.cross_entropy(logits, y).backward()
+        outs.append((logits, [p.grad for p in net.parameters()]))
+    (l_full, g_full), (l_crop, g_crop) = outs
+    torch.testing.assert_close(l_crop, l_full, rtol=1e-12, atol=1e-12)
+    for a, b in zip(g_crop, g_full):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_crop_keeps_the_parameter_names_checkpoints_use():
+    plain = torch.nn.Sequential(*lenet(crop_unused_border=False))
+    assert list(lenet().state_dict()) == list(plain.state_dict())
+    assert list(lenet().state_dict())[:2] == ["0.weight", "0.bias"]
