@@ -50,9 +50,12 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 # The parts of the config that change the training math. A checkpoint made
 # under other values would continue a different run, so resuming is refused.
 # Left out on purpose: where the data lives and how it is read (root,
-# cache_dir, download, loader, num_workers), trainer.max_steps (stop early,
-# continue later), logging, resume and checkpoint settings, dist.*.
+# cache_dir, download, loader, num_workers), how LeNet lays out its
+# arithmetic (crop_unused_border, pad_channels_to: the same function either
+# way), trainer.max_steps (stop early, continue later), logging, resume and
+# checkpoint settings, dist.*.
 HASHED_GROUPS = ("model", "data", "optim", "sync")
+MODEL_NOT_HASHED = ("crop_unused_border", "pad_channels_to")
 DATA_NOT_HASHED = ("root", "cache_dir", "download", "loader", "num_workers")
 TRAINER_HASHED = ("epochs", "grad_accum", "amp")
 
@@ -66,6 +69,8 @@ def config_subset(cfg) -> dict:
     """The hashed part of `cfg` as plain values (it goes into meta.json as well)."""
     c = OmegaConf.to_container(cfg, resolve=True)
     sub = {g: dict(c[g]) for g in HASHED_GROUPS}
+    for k in MODEL_NOT_HASHED:
+        sub["model"].pop(k, None)
     for k in DATA_NOT_HASHED:
         sub["data"].pop(k, None)
     sub["trainer"] = {k: c["trainer"][k] for k in TRAINER_HASHED}

@@ -23,6 +23,7 @@ class ModelConfig:
     init: str = MISSING
     sync_bn: bool = MISSING
     crop_unused_border: Optional[bool] = None  # LeNet only; None: the model has no such key
+    pad_channels_to: Optional[int] = None  # LeNet only, as above
 
 
 @dataclass

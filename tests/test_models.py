@@ -1,7 +1,8 @@
-"""LeNet's unused-border crop computes the same function with less arithmetic."""
+"""LeNet's unused-border crop and its padded conv1 compute the same function as the plain net."""
 import pytest
 import torch
 
+from ddp_lab.config import ConfigError
 from ddp_lab.models import lenet, live_input_extent
 
 
@@ -49,3 +50,56 @@ def test_crop_keeps_the_parameter_names_checkpoints_use():
     plain = torch.nn.Sequential(*lenet(crop_unused_border=False))
     assert list(lenet().state_dict()) == list(plain.state_dict())
     assert list(lenet().state_dict())[:2] == ["0.weight", "0.bias"]
+
+
+def _logits_and_grads(net, x, y, forward=None):
+    logits = (forward or net)(x)
+    torch.nn.functional.cross_entropy(logits, y).backward()
+    return logits, [p.grad.clone() for p in net.parameters()]
+
+
+@pytest.mark.parametrize("pad_to", [32, 16, 7])
+def test_padded_conv1_gives_the_same_logits_and_gradients(pad_to):
+    torch.manual_seed(0)
+    net = lenet(pad_channels_to=pad_to).double()
+    x = torch.randn(8, 1, 28, 28, dtype=torch.float64)
+    y = torch.randint(0, 10, (8,))
+    l_plain, g_plain = _logits_and_grads(net, x, y)
+    net.zero_grad()
+    l_pad, g_pad = _logits_and_grads(net, x, y, lambda t: net.forward_padded(t[..., :26, :26]))
+    torch.testing.assert_close(l_pad, l_plain, rtol=1e-12, atol=1e-12)
+    for a, b in zip(g_pad, g_plain):
+        assert a.shape == b.shape  # the padding never reaches a parameter
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_compiled_lenet_takes_the_padded_path_and_eager_does_not(monkeypatch):
+    torch.manual_seed(0)
+    net = lenet()
+    calls = []
+    padded = net.forward_padded
+    monkeypatch.setattr(net, "forward_padded", lambda x: calls.append(x.shape) or padded(x))
+    x = torch.randn(4, 1, 28, 28)
+    eager = net(x)
+    assert calls == []
+    compiled = torch.compile(net, backend="eager")(x)  # dynamo traces forward(), no kernels built
+    assert calls == [torch.Size([4, 1, 26, 26])]
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+
+
+def test_negative_channel_padding_is_refused():
+    with pytest.raises(ConfigError, match="model.pad_channels_to=-1"):
+        lenet(pad_channels_to=-1)
+
+
+def test_layout_settings_do_not_change_the_checkpoint_hash():
+    from omegaconf import OmegaConf
+    from ddp_lab import checkpoint
+    base = {g: {} for g in checkpoint.HASHED_GROUPS}
+    base.update(trainer={k: 1 for k in checkpoint.TRAINER_HASHED}, seed=0)
+    base["model"] = {"name": "lenet", "crop_unused_border": True, "pad_channels_to": 32}
+    other = OmegaConf.to_container(OmegaConf.create(base))
+    other["model"].update(crop_unused_border=False, pad_channels_to=0)
+    hashes = {checkpoint.config_hash(checkpoint.config_subset(OmegaConf.create(c)))
+              for c in (base, other)}
+    assert len(hashes) == 1
