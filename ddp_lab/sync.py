@@ -30,6 +30,17 @@ PyTorch's own ``bf16_compress_hook`` / ``fp16_compress_hook``.
 Every mode averages: the result is the mean of the ranks' gradients, so that N
 ranks on N slices of a batch take the step one process takes on the batch.
 
+``sync.poll`` -- how a CPU rank waits for the backend's own allreduce
+(algo=builtin): by asking whether it is done, yielding the CPU between
+questions (``os.sched_yield``), instead of sleeping until gloo wakes it. A
+rank that sleeps there is now and then woken milliseconds late: on the 2-core
+development VM a 0.5 MB gloo allreduce took a median 0.45 ms back to back
+but 2-4 ms in one step of four right after a compute phase. Polling made 2
+ranks of LeNet train 3% (ddp) to 10% (flat) faster there. With mode=ddp it
+waits on the backward's last bucket only, so earlier buckets still overlap
+the backward. CUDA ranks never poll: NCCL's wait does not block the host.
+Our own algorithms always block: gloo's send/recv works cannot be asked.
+
 Communication time (``comm_seconds``, ``comm_timing``):
 
 * ``after_backward`` (flat, per_param): the wall time of after_backward.
@@ -51,6 +62,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import sys
 import time
 
@@ -136,13 +148,47 @@ class GradSync:
         return "none"
 
 
+def wait_polling(done) -> None:
+    """Return once done() is true, yielding the CPU between checks but never sleeping."""
+    while not done():
+        os.sched_yield()
+
+
+def polling_allreduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """dist.all_reduce(SUM) that waits by polling (see sync.poll above)."""
+    if dist.get_world_size(group) > 1:
+        work = dist.all_reduce(tensor, group=group, async_op=True)
+        wait_polling(work.is_completed)
+        work.wait()  # raises what the allreduce raised, if anything
+    return tensor
+
+
+def _polls(cfg, env: DistEnv) -> bool:
+    """Whether this rank waits for the builtin allreduce by polling (sync.poll)."""
+    return cfg.poll and cfg.algo == "builtin" and env.device.type == "cpu"
+
+
+def _polling_hook(hook):
+    """A DDP comm hook that waits for the backward's last bucket by polling.
+
+    DDP waits for every bucket's future when the backward ends; the last
+    bucket is the one still in flight then, so polling it is where the wait is.
+    """
+    def polling(state, bucket):
+        fut = hook(state, bucket)
+        if bucket.is_last():
+            wait_polling(fut.done)
+        return fut
+    return polling
+
+
 class _Averaging(GradSync):
     """A GradSync that averages 1-D buffers itself with the chosen algorithm."""
 
     def __init__(self, model: nn.Module, env: DistEnv, cfg):
         super().__init__(model, env)
         self.cfg = cfg
-        self.allreduce = ALGORITHMS[cfg.algo]
+        self.allreduce = polling_allreduce if _polls(cfg, env) else ALGORITHMS[cfg.algo]
         self.wire_dtype = COMPRESS_DTYPES[cfg.compress]
 
     def _average(self, flat: torch.Tensor) -> None:
@@ -185,15 +231,18 @@ class DDPSync(_Averaging):
         )
         if cfg.algo == "builtin":
             self.comm_timing = "unmeasured"
+            hook = None
             if cfg.compress != "none":
                 torch_hook = {"bf16": default_hooks.bf16_compress_hook,
                               "fp16": default_hooks.fp16_compress_hook}[cfg.compress]
 
-                def counting_hook(state, bucket):  # counts bytes, never waits
+                def hook(state, bucket):  # counts bytes, never waits
                     self.wire_bytes += bucket.buffer().numel() * 2
                     return torch_hook(state, bucket)
-
-                self.module.register_comm_hook(None, counting_hook)
+            if _polls(cfg, env):
+                hook = _polling_hook(hook or default_hooks.allreduce_hook)
+            if hook is not None:
+                self.module.register_comm_hook(None, hook)
         else:
             self.comm_timing = "hook"
             self.module.register_comm_hook(None, self._hook)

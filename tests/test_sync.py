@@ -11,6 +11,7 @@ every case. The slow test trains under torchrun and compares test accuracy.
 from __future__ import annotations
 
 import contextlib
+import threading
 import hashlib
 import math
 from concurrent.futures import ThreadPoolExecutor
@@ -34,10 +35,10 @@ CPU = torch.device("cpu")
 SINGLE = DistEnv(0, 1, 0, CPU, "none")
 
 
-def _cfg(mode="ddp", algo="builtin", compress="none", bucket_cap_mb=0.1, **extra):
+def _cfg(mode="ddp", algo="builtin", compress="none", bucket_cap_mb=0.1, poll=True, **extra):
     """A sync config; 0.1 MB buckets split LeNet's 0.5 MB of gradients into several."""
     return SimpleNamespace(mode=mode, algo=algo, compress=compress, bucket_cap_mb=bucket_cap_mb,
-                           gradient_as_bucket_view=True, static_graph=False, **extra)
+                           gradient_as_bucket_view=True, static_graph=False, poll=poll, **extra)
 
 
 # Each case: (name, sync config, micro-batches per step, trainer-like options).
@@ -66,6 +67,10 @@ def _cases(world_size: int) -> list[tuple]:
         # The trainer's zero_grad(set_to_none=True) must not break flat's views.
         ("flat/builtin set_to_none", _cfg("flat"), 1, {"set_to_none": True}),
         ("flat/ring not measuring", _cfg("flat", "ring"), 1, {"measuring": False}),
+        # Waiting by sleeping instead of polling (sync.poll=false): same results.
+        ("ddp/builtin no poll", _cfg(poll=False), 1, {}),
+        ("flat/builtin no poll", _cfg("flat", poll=False), 1, {}),
+        ("per_param/builtin no poll", _cfg("per_param", poll=False), 1, {}),
     ]
     for name, cfg in (("ddp/builtin", _cfg()), ("ddp/ring", _cfg("ddp", "ring")),
                       ("flat/builtin", _cfg("flat")), ("flat/halving_doubling", _cfg("flat", "halving_doubling")),
@@ -245,7 +250,7 @@ def test_presets_compose_and_comment_every_key(compose_train, preset):
     validate(cfg.sync)
     text = (Path(__file__).parents[1] / "conf" / "sync" / f"{preset}.yaml").read_text()
     keys = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
-    assert len(keys) == 6 and all("#" in ln for ln in keys)
+    assert len(keys) == 7 and all("#" in ln for ln in keys)
 
 
 def test_single_process_has_nothing_to_communicate():
@@ -306,3 +311,37 @@ def test_strategies_train_as_well_as_builtin_ddp(tiny_fmnist, tmp_path):
     assert {"perf/comm_ms", "perf/comm_frac"} <= set(acc.Tags()["scalars"])
     last = acc.Scalars("perf/comm_ms")[-1].value
     assert last == pytest.approx(summaries["flat/ring"]["comm_ms_per_step"], rel=1e-5)
+
+
+def test_polling_hook_waits_for_the_last_bucket_only():
+    from ddp_lab.sync import _polling_hook
+
+    class Bucket:
+        def __init__(self, last):
+            self.last = last
+
+        def is_last(self):
+            return self.last
+
+    futures = []
+
+    def hook(state, bucket):  # an allreduce that finishes 50 ms later, on another thread
+        fut = torch.futures.Future()
+        threading.Timer(0.05, fut.set_result, args=(bucket,)).start()
+        futures.append(fut)
+        return fut
+
+    polling = _polling_hook(hook)
+    assert not polling(None, Bucket(last=False)).done()  # earlier buckets: back at once
+    assert polling(None, Bucket(last=True)).done()       # the last: back when it is done
+    futures[0].wait()
+
+
+def test_polling_is_for_the_builtin_allreduce_on_cpu_ranks():
+    from ddp_lab.sync import _polls
+    gloo_cpu = DistEnv(0, 2, 0, CPU, "gloo")
+    nccl_gpu = DistEnv(0, 2, 0, torch.device("cuda", 0), "nccl")
+    assert _polls(_cfg(), gloo_cpu)
+    assert not _polls(_cfg(poll=False), gloo_cpu)
+    assert not _polls(_cfg(algo="ring"), gloo_cpu)   # send/recv works cannot be polled
+    assert not _polls(_cfg(), nccl_gpu)              # NCCL's wait does not block the host
