@@ -36,7 +36,8 @@ questions (``os.sched_yield``), instead of sleeping until gloo wakes it. A
 rank that sleeps there is now and then woken milliseconds late: on the 2-core
 development VM a 0.5 MB gloo allreduce took a median 0.45 ms back to back
 but 2-4 ms in one step of four right after a compute phase. Polling made 2
-ranks of LeNet train 3% (ddp) to 10% (flat) faster there. With mode=ddp it
+ranks of LeNet train 10% faster there with mode=flat (3 alternating runs
+each); with mode=ddp the difference was within the noise. With mode=ddp it
 waits on the backward's last bucket only, so earlier buckets still overlap
 the backward. CUDA ranks never poll: NCCL's wait does not block the host.
 Our own algorithms always block: gloo's send/recv works cannot be asked.
