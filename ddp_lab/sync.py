@@ -5,7 +5,8 @@ calls `sync.module(x)` for the forward pass, `sync.no_sync()` around
 micro-batches that must not communicate, and `sync.after_backward()` before
 the optimizer step. Two config keys choose the strategy:
 
-``sync.mode`` -- *when* and *in what pieces* gradients travel:
+``sync.mode`` -- *when* and *in what pieces* gradients travel (``auto``, the
+default: flat on CPU ranks, ddp on GPU ranks; see resolve_mode):
 
 * ``ddp``: torch DistributedDataParallel. Gradients are grouped into buckets
   of ``bucket_cap_mb`` during backward, and each bucket is all-reduced as soon
@@ -66,6 +67,7 @@ import math
 import os
 import sys
 import time
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -416,14 +418,29 @@ class PerParamSync(_Averaging):
                     p.grad.copy_(tmp.view(p.grad.shape))
 
 
+def resolve_mode(mode: str, device: torch.device) -> str:
+    """sync.mode=auto: flat on CPU ranks, ddp on GPU ranks.
+
+    On CPU, LeNet on 2 ranks trained 3-10% faster with flat than with ddp in
+    each of 9 alternating pairs of runs on the 2-core development machine
+    (both polling): a small model's gradients fit one DDP bucket, so DDP has
+    no overlap to offer, only its bookkeeping. On GPUs DDP's buckets overlap
+    the allreduce with the backward, which is what larger models need.
+    """
+    if mode != "auto":
+        return mode
+    return "ddp" if device.type == "cuda" else "flat"
+
+
 def validate(cfg) -> None:
     """Reject unknown choices before any process group traffic (identically on every rank)."""
-    for key, value, choices in (("sync.mode", cfg.mode, MODES), ("sync.algo", cfg.algo, ALGOS),
+    for key, value, choices in (("sync.mode", cfg.mode, ("auto", *MODES)), ("sync.algo", cfg.algo, ALGOS),
                                 ("sync.compress", cfg.compress, COMPRESS)):
         if value not in choices:
             raise ConfigError(f"{key}={value!r} is not one of {', '.join(choices)}")
-    if cfg.mode == "ddp" and cfg.bucket_cap_mb <= 0:
-        raise ConfigError(f"sync.bucket_cap_mb={cfg.bucket_cap_mb} must be > 0 with sync.mode=ddp")
+    if cfg.mode in ("ddp", "auto") and cfg.bucket_cap_mb <= 0:
+        raise ConfigError(f"sync.bucket_cap_mb={cfg.bucket_cap_mb} must be > 0 with "
+                          f"sync.mode={cfg.mode}")
     if cfg.bucket_cap_mb < 0:
         raise ConfigError(f"sync.bucket_cap_mb={cfg.bucket_cap_mb} must be >= 0 "
                           "(0 with sync.mode=flat: one buffer for all gradients)")
@@ -433,5 +450,9 @@ def build_sync(cfg, model: nn.Module, env: DistEnv) -> GradSync:
     validate(cfg)
     if not env.distributed:
         return GradSync(model, env)
-    cls = {"ddp": DDPSync, "flat": FlatSync, "per_param": PerParamSync}[cfg.mode]
+    mode = resolve_mode(cfg.mode, env.device)
+    if mode != cfg.mode:  # the strategies read cfg.mode (describe() reports it)
+        items = vars(cfg) if isinstance(cfg, SimpleNamespace) else dict(cfg)
+        cfg = SimpleNamespace(**{**items, "mode": mode})
+    cls = {"ddp": DDPSync, "flat": FlatSync, "per_param": PerParamSync}[mode]
     return cls(model, env, cfg)

@@ -19,7 +19,7 @@ def test_every_model_and_data_config_composes(compose_train, model, params, data
 def test_defaults(compose_train):
     cfg = compose_train()
     assert (cfg.model.name, cfg.data.name, cfg.sync.mode, cfg.sync.algo) == (
-        "lenet", "fashion_mnist", "ddp", "builtin")
+        "lenet", "fashion_mnist", "auto", "builtin")
     assert cfg.trainer.epochs == 10
     assert cfg.dist.backend == "auto"
     assert cfg.optim._target_ == "torch.optim.SGD"

@@ -221,7 +221,7 @@ def test_flat_grads_stay_views_of_the_buffer(results):
 
 # ------------------------------------------------------------ no processes needed
 @pytest.mark.parametrize("key,value,choices", [
-    ("mode", "allgather", "ddp, flat, per_param"),
+    ("mode", "allgather", "auto, ddp, flat, per_param"),
     ("algo", "tree", "builtin, naive, ring, halving_doubling"),
     ("compress", "int8", "none, bf16, fp16"),
 ])
@@ -243,7 +243,7 @@ def test_every_combination_is_valid_and_bucket_sizes_are_checked():
         validate(_cfg("per_param", bucket_cap_mb=-1))
 
 
-@pytest.mark.parametrize("preset", ["ddp", "flat", "per_param"])
+@pytest.mark.parametrize("preset", ["auto", "ddp", "flat", "per_param"])
 def test_presets_compose_and_comment_every_key(compose_train, preset):
     cfg = compose_train([f"sync={preset}", "sync.algo=ring"])
     assert (cfg.sync.mode, cfg.sync.algo) == (preset, "ring")
@@ -345,3 +345,21 @@ def test_polling_is_for_the_builtin_allreduce_on_cpu_ranks():
     assert not _polls(_cfg(poll=False), gloo_cpu)
     assert not _polls(_cfg(algo="ring"), gloo_cpu)   # send/recv works cannot be polled
     assert not _polls(_cfg(), nccl_gpu)              # NCCL's wait does not block the host
+
+
+def test_auto_mode_is_flat_on_cpu_and_ddp_on_gpus():
+    from ddp_lab.sync import resolve_mode
+    assert resolve_mode("auto", CPU) == "flat"
+    assert resolve_mode("auto", torch.device("cuda", 0)) == "ddp"
+    assert resolve_mode("per_param", CPU) == "per_param"  # an explicit mode is kept
+    assert run_in_processes(_build_auto, 2) == [("FlatSync", "flat/builtin", "auto")] * 2
+
+
+def _build_auto(rank: int, world_size: int):
+    cfg = _cfg("auto", bucket_cap_mb=25)
+    sync = build_sync(cfg, lenet(), DistEnv(rank, world_size, 0, CPU, "gloo"))
+    return type(sync).__name__, sync.describe(), cfg.mode  # the caller's cfg is left as it was
+
+
+def test_default_config_syncs_by_device(compose_train):
+    assert compose_train([]).sync.mode == "auto"

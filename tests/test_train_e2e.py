@@ -31,7 +31,7 @@ def test_summary_holds_the_run(two_rank_run):
     s = read_summary(run_dir)
     assert set(SUMMARY_KEYS) <= set(s)
     assert (s["world_size"], s["backend"], s["device"], s["model"], s["sync"]) == (
-        2, "gloo", "cpu", "lenet", "ddp/builtin")
+        2, "gloo", "cpu", "lenet", "flat/builtin")  # sync.mode=auto: flat on CPU
     assert s["test_total"] == 203
     assert s["test_acc"] == pytest.approx(s["test_correct"] / 203)
     assert s["epochs"] == 2 and s["steps"] == 2 * (512 // 64)
