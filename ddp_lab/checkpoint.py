@@ -49,14 +49,18 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 # The parts of the config that change the training math. A checkpoint made
 # under other values would continue a different run, so resuming is refused.
-# Left out on purpose: where the data lives and how it is read (root,
-# cache_dir, download, loader, num_workers), how LeNet lays out its
-# arithmetic (crop_unused_border, pad_channels_to: the same function either
-# way), trainer.max_steps (stop early, continue later), logging, resume and
-# checkpoint settings, dist.*.
+# Left out on purpose (NOT_HASHED): where the data lives and how it is read,
+# how LeNet lays out its arithmetic and how a rank waits for the allreduce
+# (the same function either way); trainer.max_steps (stop early, continue
+# later), logging, resume and checkpoint settings, dist.*. A checkpoint whose
+# meta.json still holds such a key (written before it was left out) is
+# compared without it.
 HASHED_GROUPS = ("model", "data", "optim", "sync")
-MODEL_NOT_HASHED = ("crop_unused_border", "pad_channels_to")
-DATA_NOT_HASHED = ("root", "cache_dir", "download", "loader", "num_workers")
+NOT_HASHED = {
+    "model": ("crop_unused_border", "pad_channels_to"),
+    "data": ("root", "cache_dir", "download", "loader", "num_workers"),
+    "sync": ("poll",),
+}
 TRAINER_HASHED = ("epochs", "grad_accum", "amp")
 
 
@@ -68,14 +72,17 @@ def rank_file(rank: int) -> str:
 def config_subset(cfg) -> dict:
     """The hashed part of `cfg` as plain values (it goes into meta.json as well)."""
     c = OmegaConf.to_container(cfg, resolve=True)
-    sub = {g: dict(c[g]) for g in HASHED_GROUPS}
-    for k in MODEL_NOT_HASHED:
-        sub["model"].pop(k, None)
-    for k in DATA_NOT_HASHED:
-        sub["data"].pop(k, None)
+    sub = _without_unhashed({g: c[g] for g in HASHED_GROUPS})
     sub["trainer"] = {k: c["trainer"][k] for k in TRAINER_HASHED}
     sub["seed"] = c["seed"]
     return sub
+
+
+def _without_unhashed(subset: dict) -> dict:
+    """`subset` with the NOT_HASHED keys of its groups dropped (a copy)."""
+    return {g: ({k: v for k, v in part.items() if k not in NOT_HASHED.get(g, ())}
+                if isinstance(part, dict) else part)
+            for g, part in subset.items()}
 
 
 def config_hash(subset: dict) -> str:
@@ -281,8 +288,9 @@ def validate(step_dir: Path, meta: dict, world_size: int, subset: dict) -> None:
     if meta["world_size"] != world_size:
         problems.append(f"world size {meta['world_size']} in the checkpoint vs {world_size} now")
         fixes.append(f"launch {meta['world_size']} processes in all (nnodes x nproc_per_node)")
-    if meta["config_hash"] != config_hash(subset):
-        diff = config_diff(meta["config"], subset)
+    saved = _without_unhashed(meta["config"])
+    if config_hash(saved) != config_hash(subset):
+        diff = config_diff(saved, subset)
         problems.append("config hash differs (" + "; ".join(diff) + ")")
         fixes.append("set those keys back to the checkpoint's values")
     if problems:

@@ -35,10 +35,11 @@ ranks on N slices of a batch take the step one process takes on the batch.
 (algo=builtin): by asking whether it is done, yielding the CPU between
 questions (``os.sched_yield``), instead of sleeping until gloo wakes it. A
 rank that sleeps there is now and then woken milliseconds late: on the 2-core
-development VM a 0.5 MB gloo allreduce took a median 0.45 ms back to back
-but 2-4 ms in one step of four right after a compute phase. Polling made 2
-ranks of LeNet train 10% faster there with mode=flat (3 alternating runs
-each); with mode=ddp the difference was within the noise. With mode=ddp it
+development VM a 0.5 MB gloo allreduce took a median 0.45 ms back to back,
+but a median 2.1 ms (3.9 ms or more one time in four) right after 20 ms of
+computing. Polling made 2 ranks of LeNet train 10% faster there with
+mode=flat (3 alternating runs each); with mode=ddp the difference was within
+the noise. With mode=ddp it
 waits on the backward's last bucket only, so earlier buckets still overlap
 the backward. CUDA ranks never poll: NCCL's wait does not block the host.
 Our own algorithms always block: gloo's send/recv works cannot be asked.
@@ -421,8 +422,8 @@ class PerParamSync(_Averaging):
 def resolve_mode(mode: str, device: torch.device) -> str:
     """sync.mode=auto: flat on CPU ranks, ddp on GPU ranks.
 
-    On CPU, LeNet on 2 ranks trained 3-10% faster with flat than with ddp in
-    each of 9 alternating pairs of runs on the 2-core development machine
+    On CPU, LeNet on 2 ranks trained 3-14% faster with flat than with ddp in
+    each of 12 alternating pairs of runs on the 2-core development machine
     (both polling): a small model's gradients fit one DDP bucket, so DDP has
     no overlap to offer, only its bookkeeping. On GPUs DDP's buckets overlap
     the allreduce with the backward, which is what larger models need.

@@ -142,7 +142,8 @@ def test_config_hash_ignores_settings_that_do_not_change_training(compose_train)
     same = checkpoint.config_subset(compose_train([
         "trainer.max_steps=3", "trainer.log_every=7", "trainer.resume=auto",
         "trainer.ckpt_every=5", "trainer.keep_ckpts=9", "data.root=/elsewhere",
-        "data.num_workers=3", "dist.timeout_s=5", "trainer.progress=false"]))
+        "data.num_workers=3", "dist.timeout_s=5", "trainer.progress=false",
+        "model.crop_unused_border=false", "model.pad_channels_to=0", "sync.poll=false"]))
     assert checkpoint.config_hash(base) == checkpoint.config_hash(same)
     for change in ("optim.lr=0.05", "seed=1", "trainer.epochs=3", "trainer.grad_accum=2",
                    "data.batch_size=128", "model=resnet18", "sync.bucket_cap_mb=1"):
@@ -169,6 +170,17 @@ def test_validate_names_world_size_and_differing_keys(compose_train):
     assert "optim.lr: 0.2 in the checkpoint vs 0.05 now" in msg
     assert "seed: 0 in the checkpoint vs 3 now" in msg
     assert "world size" not in msg
+
+
+def test_a_checkpoint_that_hashed_a_key_now_left_out_still_resumes(compose_train):
+    now = checkpoint.config_subset(compose_train())
+    older = {g: dict(v) if isinstance(v, dict) else v for g, v in now.items()}
+    older["model"]["crop_unused_border"] = False  # hashed when that checkpoint was written
+    meta = {"world_size": 2, "config_hash": checkpoint.config_hash(older), "config": older}
+    checkpoint.validate("ck", meta, 2, now)  # no error
+    older["optim"]["lr"] = 0.05  # a key that still counts still refuses
+    with pytest.raises(ConfigError, match="optim.lr: 0.05 in the checkpoint vs 0.2 now"):
+        checkpoint.validate("ck", meta, 2, now)
 
 
 # ---------------------------------------------------------------- which one to resume

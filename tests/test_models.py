@@ -91,15 +91,3 @@ def test_negative_channel_padding_is_refused():
     with pytest.raises(ConfigError, match="model.pad_channels_to=-1"):
         lenet(pad_channels_to=-1)
 
-
-def test_layout_settings_do_not_change_the_checkpoint_hash():
-    from omegaconf import OmegaConf
-    from ddp_lab import checkpoint
-    base = {g: {} for g in checkpoint.HASHED_GROUPS}
-    base.update(trainer={k: 1 for k in checkpoint.TRAINER_HASHED}, seed=0)
-    base["model"] = {"name": "lenet", "crop_unused_border": True, "pad_channels_to": 32}
-    other = OmegaConf.to_container(OmegaConf.create(base))
-    other["model"].update(crop_unused_border=False, pad_channels_to=0)
-    hashes = {checkpoint.config_hash(checkpoint.config_subset(OmegaConf.create(c)))
-              for c in (base, other)}
-    assert len(hashes) == 1

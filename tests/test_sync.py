@@ -11,9 +11,9 @@ every case. The slow test trains under torchrun and compares test accuracy.
 from __future__ import annotations
 
 import contextlib
-import threading
 import hashlib
 import math
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -360,6 +360,3 @@ def _build_auto(rank: int, world_size: int):
     sync = build_sync(cfg, lenet(), DistEnv(rank, world_size, 0, CPU, "gloo"))
     return type(sync).__name__, sync.describe(), cfg.mode  # the caller's cfg is left as it was
 
-
-def test_default_config_syncs_by_device(compose_train):
-    assert compose_train([]).sync.mode == "auto"
