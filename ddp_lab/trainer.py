@@ -352,6 +352,10 @@ class Trainer:
         if f is None or f["rank"] != self.env.rank or f["step"] != self.step:
             return
         if f["kind"] == "kill":
+            # A SIGKILLed rank leaves no traceback, and torchrun may name another rank's
+            # failure first (the rank that hit the dead peer): say what happened here.
+            print(f"DDP_LAB_FAULT: rank {self.env.rank} sends itself SIGKILL after step "
+                  f"{self.step}", file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         raise RuntimeError(f"DDP_LAB_FAULT: rank {self.env.rank} fails after step {self.step}")
 
