@@ -29,7 +29,10 @@ The table gives the median over repeats of each, min and max of images/s, and
 the ratio of medians to the baseline's (or, with --compare-world, to the
 smallest world size's). --compare-world also reports the scaling efficiency
 rate(N processes) / (N/M x rate(M processes)), with the per-process batch and
-threads held fixed.
+threads held fixed. The notes under the table also give the ratio (or the
+efficiency) within each round, a run against the other system's run of the
+same round, and their median: how much the ratio itself varies from round to
+round, each pair of runs having seen nearly the same machine.
 
 Both systems see the same data (data.root, or found as ddp_lab.data finds it)
 and the same number of epochs. Each keeps its own recipe: the baseline d2l's
@@ -119,6 +122,23 @@ def scaling_efficiency(results: list[dict], small: str, large: str,
     rate = {name: statistics.median([r["samples_per_sec"] for r in results if r["system"] == name])
             for name in (small, large)}
     return rate[large] / (large_world / small_world * rate[small])
+
+
+def paired_ratios(results: list[dict], system: str, reference: str) -> list[float]:
+    """rate(system) / rate(reference) within each round (runs of the same repeat), in
+    round order. The runs of a round follow each other, so each ratio compares two runs
+    that saw nearly the same machine; rounds missing either system are left out."""
+    ref = {r["repeat"]: r["samples_per_sec"] for r in results if r["system"] == reference}
+    mine = sorted((r["repeat"], r["samples_per_sec"]) for r in results
+                  if r["system"] == system and r.get("repeat") in ref)
+    return [rate / ref[repeat] for repeat, rate in mine]
+
+
+def _per_round(values: list[float], show: Callable[[float], str]) -> str:
+    """' Per round: a, b, c; median m.' for two or more rounds, else ''."""
+    if len(values) < 2:
+        return ""
+    return f" Per round: {', '.join(map(show, values))}; median {show(statistics.median(values))}."
 
 
 def _fmt(key: str, v) -> str:
@@ -244,9 +264,12 @@ def notes_for(rows: list[dict], results: list[dict], a) -> list[str]:
         small = f"trainer {worlds[0]}p"
         out = []
         for w in worlds[1:]:
-            eff = scaling_efficiency(results, small, f"trainer {w}p", worlds[0], w)
+            large = f"trainer {w}p"
+            eff = scaling_efficiency(results, small, large, worlds[0], w)
+            rounds = [x / (w / worlds[0]) for x in paired_ratios(results, large, small)]
             out.append(f"Scaling efficiency: rate({w}p) / ({w / worlds[0]:g} x rate({worlds[0]}p)) = {eff:.1%} "
-                       f"({a.per_process_batch} images and {a.threads or 'default'} thread(s) per process).")
+                       f"({a.per_process_batch} images and {a.threads or 'default'} thread(s) per process)."
+                       + _per_round(rounds, lambda v: f"{v:.1%}"))
         return out
     base, out = rows[0], []
     for trainer in rows[1:]:
@@ -255,8 +278,10 @@ def notes_for(rows: list[dict], results: list[dict], a) -> list[str]:
             acc = f", test accuracy {trainer['test_acc'] - base['test_acc']:+.4f}"
         name = "Trainer" if len(rows) == 2 else trainer["system"]
         batches = f"global batch {trainer['global_batch'] or '?'} against {base['global_batch'] or '?'}"
+        rounds = paired_ratios(results, trainer["system"], base["system"])
         out.append(f"{name} / baseline: {trainer['ratio']:.2f}x images/s{acc} "
-                   f"(medians of {trainer['runs']} run(s), {a.epochs} epoch(s), {batches}).")
+                   f"(medians of {trainer['runs']} run(s), {a.epochs} epoch(s), {batches})."
+                   + _per_round(rounds, lambda v: f"{v:.2f}x"))
     return out
 
 

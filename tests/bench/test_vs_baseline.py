@@ -78,10 +78,23 @@ def test_notes_give_the_ratio_and_the_efficiency():
     note, = vb.notes_for(vb.summarize(CANNED), CANNED, a)
     assert note.startswith("Trainer / baseline: 4.50x images/s, test accuracy +0.0600")
     assert "global batch 512 against 256" in note
+    # each round's trainer run against the baseline run of the same round
+    assert note.endswith("Per round: 4.50x, 5.56x, 3.64x; median 4.50x.")
     runs = [result("trainer 1p", 5000), result("trainer 2p", 9500)]
     a = vb.parse_args(["--compare-world", "1,2", "--threads", "1"])
     note, = vb.notes_for(vb.summarize(runs), runs, a)
     assert "rate(2p) / (2 x rate(1p)) = 95.0%" in note and "256 images and 1 thread(s)" in note
+    assert "Per round" not in note  # one round: nothing to pair beyond the headline
+
+
+def test_paired_ratios_match_runs_by_round_whatever_their_order():
+    runs = [result("trainer 2p", 9000, repeat=1), result("trainer 1p", 5000, repeat=0),
+            result("trainer 1p", 4000, repeat=1), result("trainer 2p", 8000, repeat=0),
+            result("trainer 2p", 7000, repeat=2)]  # round 2 has no 1p run: left out
+    assert vb.paired_ratios(runs, "trainer 2p", "trainer 1p") == pytest.approx([8000 / 5000, 9000 / 4000])
+    a = vb.parse_args(["--compare-world", "1,2"])
+    note, = vb.notes_for(vb.summarize(runs), runs, a)
+    assert note.endswith("Per round: 80.0%, 112.5%; median 96.2%.")
 
 
 def test_commands_hold_the_same_data_and_epochs(tmp_path):
