@@ -90,4 +90,3 @@ def test_compiled_lenet_takes_the_padded_path_and_eager_does_not(monkeypatch):
 def test_negative_channel_padding_is_refused():
     with pytest.raises(ConfigError, match="model.pad_channels_to=-1"):
         lenet(pad_channels_to=-1)
-

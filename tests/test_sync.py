@@ -359,4 +359,3 @@ def _build_auto(rank: int, world_size: int):
     cfg = _cfg("auto", bucket_cap_mb=25)
     sync = build_sync(cfg, lenet(), DistEnv(rank, world_size, 0, CPU, "gloo"))
     return type(sync).__name__, sync.describe(), cfg.mode  # the caller's cfg is left as it was
-
