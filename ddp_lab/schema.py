@@ -93,6 +93,7 @@ class DistConfig:
     backend: str = MISSING
     device: str = MISSING
     timeout_s: float = MISSING
+    comm_threads: str = "auto"  # auto | realtime | normal
 
 
 @dataclass

@@ -84,12 +84,13 @@ def main(cfg) -> dict:
     trainer = None
     stop_on_sigterm()
     try:
-        env = distributed.setup(cfg.dist.backend, cfg.dist.device, cfg.dist.timeout_s)
+        env = distributed.setup(cfg.dist.backend, cfg.dist.device, cfg.dist.timeout_s,
+                                cfg.dist.comm_threads)
         quiet_other_ranks(env.rank)
         if env.is_main:
             warn_if_restarts_share_the_store()
-        log.info("rank %d/%d on %s (%s), run dir %s", env.rank, env.world_size,
-                 env.device, env.backend, run_dir)
+        log.info("rank %d/%d on %s (%s, %s comm threads), run dir %s", env.rank, env.world_size,
+                 env.device, env.backend, env.comm_threads, run_dir)
         trainer = Trainer(cfg, env, run_dir)
         summary = trainer.fit()
         if env.is_main:

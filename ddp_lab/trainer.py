@@ -399,7 +399,7 @@ class Trainer:
             "data_ms": 1000 * self.data_seconds / max(self.step, 1),
             "epochs": self.epoch, "steps": self.step, "world_size": env.world_size,
             "backend": env.backend if env.distributed else "none",
-            "device": env.device.type, "model": cfg.model.name, "sync": self.sync.describe(),
+            "comm_threads": env.comm_threads, "device": env.device.type, "model": cfg.model.name, "sync": self.sync.describe(),
             "global_batch": cfg.data.batch_size, "amp": self.amp, "seed": cfg.seed,
             "threads": torch.get_num_threads(), "compile": self.compiled,
             "measured_steps": self.throughput.steps,

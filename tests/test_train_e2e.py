@@ -6,6 +6,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.conftest import failure, read_summary, run_module, tiny_overrides
+from tests.test_distributed import may_use_realtime
 
 pytestmark = pytest.mark.slow
 
@@ -13,7 +14,7 @@ SCALARS = ["loss/train", "acc/train", "acc/test", "perf/samples_per_sec",
            "perf/samples_per_sec_per_rank", "perf/step_ms", "perf/data_ms", "perf/epoch_s", "lr"]
 SUMMARY_KEYS = ["test_acc", "test_correct", "test_total", "train_loss", "samples_per_sec",
                 "samples_per_sec_per_rank", "sec_per_epoch", "epochs", "steps", "world_size",
-                "backend", "device", "model", "sync"]
+                "backend", "comm_threads", "device", "model", "sync"]
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +33,8 @@ def test_summary_holds_the_run(two_rank_run):
     assert set(SUMMARY_KEYS) <= set(s)
     assert (s["world_size"], s["backend"], s["device"], s["model"], s["sync"]) == (
         2, "gloo", "cpu", "lenet", "flat/builtin")  # sync.mode=auto: flat on CPU
+    # gloo's threads at real-time priority wherever this process may do that (dist.comm_threads=auto)
+    assert s["comm_threads"] == ("realtime" if may_use_realtime() else "normal")
     assert s["test_total"] == 203
     assert s["test_acc"] == pytest.approx(s["test_correct"] / 203)
     assert s["epochs"] == 2 and s["steps"] == 2 * (512 // 64)
