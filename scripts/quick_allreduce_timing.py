@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.collectives import ALGORITHMS, get_algorithm
+from ddp_lab.distributed import COMM_THREADS, setup
 
 
 def parse_size(text: str) -> int:
@@ -55,9 +56,11 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"])
     parser.add_argument("--budget-bytes", type=float, default=8e6,
                         help="bytes per timed block: iterations = budget / size, clamped to [2, 20]")
+    parser.add_argument("--comm-threads", default="auto", choices=COMM_THREADS,
+                        help="gloo's threads at real-time priority where permitted, as dist.comm_threads")
     args = parser.parse_args()
 
-    dist.init_process_group("gloo")
+    env = setup("gloo", "cpu", comm_threads=args.comm_threads)
     torch.set_num_threads(1)
     rank, n = dist.get_rank(), dist.get_world_size()
     algos = args.algos.split(",")
@@ -67,7 +70,8 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     elem = torch.empty((), dtype=dtype).element_size()
     if rank == 0:
-        print(f"# world_size={n} dtype={args.dtype} rounds={args.rounds} (median over rounds; "
+        print(f"# world_size={n} dtype={args.dtype} rounds={args.rounds} comm_threads={env.comm_threads} "
+              "(median over rounds; "
               f"ratio = median of per-round busbw / builtin's)")
         print(f"{'size':>10} {'algo':>18} {'time_us':>10} {'busbw_GB/s':>11} {'vs_builtin':>10}")
     for size in [parse_size(s) for s in args.sizes.split(",")]:
