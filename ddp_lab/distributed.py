@@ -81,8 +81,12 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
 
 
 def setup(backend: str = "auto", device: str = "auto", timeout_s: float = 300,
-          comm_threads: str = "auto") -> DistEnv:
-    """Join the process group torchrun described, or run alone without one."""
+          comm_threads: str = "auto", hand_written: bool = False) -> DistEnv:
+    """Join the process group torchrun described, or run alone without one.
+
+    hand_written: this run all-reduces with ddp_lab.collectives' point-to-point
+    algorithms, which gloo's threads must not outrank (see schedule_comm_threads).
+    """
     global _comm_threads_of_group
     if comm_threads not in COMM_THREADS:
         raise ConfigError(f"dist.comm_threads={comm_threads!r} is not one of {', '.join(COMM_THREADS)}")
@@ -108,12 +112,13 @@ def setup(backend: str = "auto", device: str = "auto", timeout_s: float = 300,
     )
     if chosen == "gloo":
         dist.barrier()  # every gloo thread has started and run once
-    _comm_threads_of_group = schedule_comm_threads(comm_threads, chosen, dev, thread_ids() - before)
+    _comm_threads_of_group = schedule_comm_threads(comm_threads, chosen, dev, thread_ids() - before,
+                                                   hand_written)
     return DistEnv(rank, world_size, local_rank, dev, chosen, _comm_threads_of_group)
 
 
 def schedule_comm_threads(requested: str, backend: str, device: torch.device,
-                          new_threads: set[int]) -> str:
+                          new_threads: set[int], hand_written: bool = False) -> str:
     """dist.comm_threads: give gloo's threads real-time priority (SCHED_FIFO).
 
     Why: a gloo allreduce passes through several threads (the socket loop
@@ -125,15 +130,30 @@ def schedule_comm_threads(requested: str, backend: str, device: torch.device,
     2 ms. The threads sleep until there is work, so they take no CPU they do
     not need.
 
+    Not with the hand-written algorithms: they post gloo's sends and receives
+    from the training thread, which then holds the connection's lock for a
+    moment. gloo's socket thread, finding it taken, tries again at once, and
+    at real-time priority it never lets the training thread run to release
+    it: a 1 MiB ring all-reduce took 50 ms instead of 0.8 (gloo's own
+    algorithms run in its own threads, at the same priority, and are not hit).
+
     auto: realtime for gloo on CPU ranks where this process may (root,
-    CAP_SYS_NICE, or `ulimit -r` of 1 or more), else normal, with a warning.
-    realtime: the same, but failing is an error. normal: leave them be.
+    CAP_SYS_NICE, or `ulimit -r` of 1 or more) and nothing hand-written runs,
+    else normal (with a warning where it was not permitted). realtime: the
+    same, but what stops it is an error. normal: leave them be.
     Returns what the threads got.
     """
     if requested == "normal" or backend != "gloo":
         if requested == "realtime":
             raise ConfigError(f"dist.comm_threads=realtime schedules gloo's threads, but this run uses "
                               f"{backend}: use dist.comm_threads=auto or normal")
+        return "normal"
+    if hand_written:
+        if requested == "realtime":
+            raise ConfigError("dist.comm_threads=realtime cannot run with the hand-written allreduces "
+                              "(sync.algo or algos other than builtin): gloo's socket thread at "
+                              "real-time priority starves their sends and receives (a 1 MiB ring "
+                              "all-reduce took 50 ms instead of 0.8); use dist.comm_threads=auto or normal")
         return "normal"
     if requested == "auto" and device.type != "cpu":
         return "normal"  # CUDA ranks wait on the GPU, not on a busy CPU

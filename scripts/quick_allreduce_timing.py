@@ -57,15 +57,17 @@ def main() -> None:
     parser.add_argument("--budget-bytes", type=float, default=8e6,
                         help="bytes per timed block: iterations = budget / size, clamped to [2, 20]")
     parser.add_argument("--comm-threads", default="auto", choices=COMM_THREADS,
-                        help="gloo's threads at real-time priority where permitted, as dist.comm_threads")
+                        help="gloo's threads at real-time priority where permitted, as dist.comm_threads "
+                             "(only when --algos is builtin alone: see ddp_lab.distributed)")
     args = parser.parse_args()
 
-    env = setup("gloo", "cpu", comm_threads=args.comm_threads)
-    torch.set_num_threads(1)
-    rank, n = dist.get_rank(), dist.get_world_size()
     algos = args.algos.split(",")
     if "builtin" not in algos:
         algos.insert(0, "builtin")
+    env = setup("gloo", "cpu", comm_threads=args.comm_threads,
+                hand_written=any(a != "builtin" for a in algos))
+    torch.set_num_threads(1)
+    rank, n = dist.get_rank(), dist.get_world_size()
     fns = {a: get_algorithm(a) for a in algos}
     dtype = getattr(torch, args.dtype)
     elem = torch.empty((), dtype=dtype).element_size()

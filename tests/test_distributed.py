@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab import distributed
+from ddp_lab.collectives import ring_allreduce
 from ddp_lab.config import ConfigError
 from tests.multiproc import run_in_processes
 
@@ -75,6 +76,16 @@ def test_realtime_is_refused_for_nccl_and_auto_leaves_it_alone():
 
 
 @linux_only
+def test_hand_written_algorithms_keep_gloo_at_normal_priority(threads):
+    loop = threads("gloo_tcp_loop")
+    loop.named.wait()
+    with pytest.raises(ConfigError, match="cannot run with the hand-written allreduces"):
+        distributed.schedule_comm_threads("realtime", "gloo", CPU, {loop.tid}, hand_written=True)
+    assert distributed.schedule_comm_threads("auto", "gloo", CPU, {loop.tid}, hand_written=True) == "normal"
+    assert os.sched_getscheduler(loop.tid) == os.SCHED_OTHER
+
+
+@linux_only
 def test_gloo_threads_waits_for_the_names_and_keeps_only_gloos(threads):
     late = threads("pt_gloo_runloop", delay_s=0.2)
     loop = threads("gloo_tcp_loop")
@@ -133,12 +144,13 @@ def test_set_fifo_is_all_or_nothing(threads, monkeypatch):
     assert os.sched_getscheduler(second.tid) == os.SCHED_OTHER
 
 
-def _schedule(rank, world_size, requested):
+def _schedule(rank, world_size, requested, hand_written):
     me = threading.get_native_id()
     # The harness has already built the group: every other thread is its.
-    got = distributed.schedule_comm_threads(requested, "gloo", CPU, distributed.thread_ids() - {me})
+    got = distributed.schedule_comm_threads(requested, "gloo", CPU, distributed.thread_ids() - {me},
+                                            hand_written)
     t = torch.full((1000,), float(rank + 1))
-    dist.all_reduce(t)
+    ring_allreduce(t) if hand_written else dist.all_reduce(t)
     policies = sorted((distributed.thread_name(tid), os.sched_getscheduler(tid))
                       for tid in distributed.thread_ids() if tid != me)
     return got, policies, os.sched_getscheduler(me), t[0].item()
@@ -147,13 +159,13 @@ def _schedule(rank, world_size, requested):
 @linux_only
 def test_a_real_group_gets_realtime_gloo_threads_where_permitted():
     realtime = may_use_realtime()
-    for requested in ("auto", "normal"):
-        for got, policies, main_policy, total in run_in_processes(_schedule, 2, requested):
+    for requested, hand_written in (("auto", False), ("normal", False), ("auto", True)):
+        for got, policies, main_policy, total in run_in_processes(_schedule, 2, requested, hand_written):
             assert total == 3.0  # the group still works
             assert main_policy == os.SCHED_OTHER  # the training thread is never changed
             names = [name for name, _ in policies]
             assert "gloo_tcp_loop" in names and "pt_gloo_runloop" in names
-            expect_fifo = requested == "auto" and realtime
+            expect_fifo = requested == "auto" and realtime and not hand_written
             assert got == ("realtime" if expect_fifo else "normal")
             want = os.SCHED_FIFO if expect_fifo else os.SCHED_OTHER
             assert all(policy == want for _, policy in policies), policies
