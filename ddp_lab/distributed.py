@@ -26,6 +26,11 @@ COMM_THREADS = ("auto", "realtime", "normal")
 GLOO_THREAD_PREFIXES = ("gloo", "pt_gloo")
 REALTIME_PRIORITY = 1  # the lowest SCHED_FIFO priority already runs ahead of every normal thread
 _comm_threads_of_group = "normal"  # what schedule_comm_threads gave the live group's threads
+HAND_WRITTEN_REFUSAL = (
+    "dist.comm_threads=realtime cannot run with the hand-written allreduces (sync.algo, or "
+    "algos, other than builtin): gloo's socket thread at real-time priority starves their "
+    "sends and receives (a 1 MiB ring all-reduce took 50 ms instead of 0.8); use "
+    "dist.comm_threads=auto or normal")
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,8 @@ def setup(backend: str = "auto", device: str = "auto", timeout_s: float = 300,
     global _comm_threads_of_group
     if comm_threads not in COMM_THREADS:
         raise ConfigError(f"dist.comm_threads={comm_threads!r} is not one of {', '.join(COMM_THREADS)}")
+    if comm_threads == "realtime" and hand_written:  # refused before any rank joins
+        raise ConfigError(HAND_WRITTEN_REFUSAL)
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -150,10 +157,7 @@ def schedule_comm_threads(requested: str, backend: str, device: torch.device,
         return "normal"
     if hand_written:
         if requested == "realtime":
-            raise ConfigError("dist.comm_threads=realtime cannot run with the hand-written allreduces "
-                              "(sync.algo or algos other than builtin): gloo's socket thread at "
-                              "real-time priority starves their sends and receives (a 1 MiB ring "
-                              "all-reduce took 50 ms instead of 0.8); use dist.comm_threads=auto or normal")
+            raise ConfigError(HAND_WRITTEN_REFUSAL)
         return "normal"
     if requested == "auto" and device.type != "cpu":
         return "normal"  # CUDA ranks wait on the GPU, not on a busy CPU

@@ -68,6 +68,13 @@ def test_unknown_value_names_the_choices():
         distributed.setup("auto", "cpu", 60, "fast")
 
 
+def test_realtime_with_hand_written_algorithms_is_refused_before_joining(monkeypatch):
+    monkeypatch.setenv("RANK", "0")  # as under torchrun: the refusal must come before init
+    monkeypatch.setattr(dist, "init_process_group", lambda **kw: pytest.fail("joined the group"))
+    with pytest.raises(ConfigError, match="cannot run with the hand-written allreduces"):
+        distributed.setup("gloo", "cpu", 60, "realtime", hand_written=True)
+
+
 def test_realtime_is_refused_for_nccl_and_auto_leaves_it_alone():
     with pytest.raises(ConfigError, match="schedules gloo's threads, but this run uses nccl"):
         distributed.schedule_comm_threads("realtime", "nccl", torch.device("cuda", 0), set())
