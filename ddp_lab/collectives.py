@@ -77,6 +77,8 @@ from typing import Callable, NamedTuple
 import torch
 import torch.distributed as dist
 
+from ddp_lab.distributed import at_comm_priority
+
 __all__ = [
     "ALGORITHMS",
     "SUPPORTED_DTYPES",
@@ -308,13 +310,15 @@ def _run_on_comm_device(
         # Every rank knows the size is zero (sizes must agree for any
         # all-reduce), so nothing is sent at all.
         return tensor
-    if tensor.device.type == "cpu":
+    if tensor.device.type == "cuda" and "nccl" in str(dist.get_backend(group)).lower():
         algorithm(flat, _Comm(group, flat.device))
-    elif tensor.device.type == "cuda" and "nccl" in str(dist.get_backend(group)).lower():
-        algorithm(flat, _Comm(group, flat.device))
+    elif tensor.device.type == "cpu":
+        with at_comm_priority():  # gloo's threads must not outrank this one (dist.comm_threads)
+            algorithm(flat, _Comm(group, flat.device))
     else:
         host = _scratch(flat.numel(), torch.empty(0, dtype=flat.dtype), "staging").copy_(flat)
-        algorithm(host, _Comm(group, host.device))
+        with at_comm_priority():
+            algorithm(host, _Comm(group, host.device))
         flat.copy_(host)
     return tensor
 

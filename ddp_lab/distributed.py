@@ -6,6 +6,7 @@ and as a plain `python -m ...` (a world of one, no process group at all).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import logging
 import os
@@ -26,11 +27,6 @@ COMM_THREADS = ("auto", "realtime", "normal")
 GLOO_THREAD_PREFIXES = ("gloo", "pt_gloo")
 REALTIME_PRIORITY = 1  # the lowest SCHED_FIFO priority already runs ahead of every normal thread
 _comm_threads_of_group = "normal"  # what schedule_comm_threads gave the live group's threads
-HAND_WRITTEN_REFUSAL = (
-    "dist.comm_threads=realtime cannot run with the hand-written allreduces (sync.algo, or "
-    "algos, other than builtin): gloo's socket thread at real-time priority starves their "
-    "sends and receives (a 1 MiB ring all-reduce took 50 ms instead of 0.8); use "
-    "dist.comm_threads=auto or normal")
 
 
 @dataclass(frozen=True)
@@ -86,17 +82,10 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
 
 
 def setup(backend: str = "auto", device: str = "auto", timeout_s: float = 300,
-          comm_threads: str = "auto", hand_written: bool = False) -> DistEnv:
-    """Join the process group torchrun described, or run alone without one.
-
-    hand_written: this run all-reduces with ddp_lab.collectives' point-to-point
-    algorithms, which gloo's threads must not outrank (see schedule_comm_threads).
-    """
-    global _comm_threads_of_group
+          comm_threads: str = "auto") -> DistEnv:
+    """Join the process group torchrun described, or run alone without one."""
     if comm_threads not in COMM_THREADS:
         raise ConfigError(f"dist.comm_threads={comm_threads!r} is not one of {', '.join(COMM_THREADS)}")
-    if comm_threads == "realtime" and hand_written:  # refused before any rank joins
-        raise ConfigError(HAND_WRITTEN_REFUSAL)
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -109,7 +98,7 @@ def setup(backend: str = "auto", device: str = "auto", timeout_s: float = 300,
             raise ConfigError(f"dist.backend={chosen} but this launch's process group is "
                               f"{dist.get_backend()}: a sweep cannot change the backend; "
                               "launch one torchrun per backend")
-        return DistEnv(rank, world_size, local_rank, dev, chosen, _comm_threads_of_group)
+        return DistEnv(rank, world_size, local_rank, dev, chosen, comm_threads_of_group())
     before = thread_ids()
     dist.init_process_group(
         backend=chosen,
@@ -119,13 +108,17 @@ def setup(backend: str = "auto", device: str = "auto", timeout_s: float = 300,
     )
     if chosen == "gloo":
         dist.barrier()  # every gloo thread has started and run once
-    _comm_threads_of_group = schedule_comm_threads(comm_threads, chosen, dev, thread_ids() - before,
-                                                   hand_written)
-    return DistEnv(rank, world_size, local_rank, dev, chosen, _comm_threads_of_group)
+    got = schedule_comm_threads(comm_threads, chosen, dev, thread_ids() - before)
+    return DistEnv(rank, world_size, local_rank, dev, chosen, got)
+
+
+def comm_threads_of_group() -> str:
+    """What schedule_comm_threads last gave the live group's threads."""
+    return _comm_threads_of_group
 
 
 def schedule_comm_threads(requested: str, backend: str, device: torch.device,
-                          new_threads: set[int], hand_written: bool = False) -> str:
+                          new_threads: set[int]) -> str:
     """dist.comm_threads: give gloo's threads real-time priority (SCHED_FIFO).
 
     Why: a gloo allreduce passes through several threads (the socket loop
@@ -137,27 +130,27 @@ def schedule_comm_threads(requested: str, backend: str, device: torch.device,
     2 ms. The threads sleep until there is work, so they take no CPU they do
     not need.
 
-    Not with the hand-written algorithms: they post gloo's sends and receives
-    from the training thread, which then holds the connection's lock for a
-    moment. gloo's socket thread, finding it taken, tries again at once, and
-    at real-time priority it never lets the training thread run to release
-    it: a 1 MiB ring all-reduce took 50 ms instead of 0.8 (gloo's own
-    algorithms run in its own threads, at the same priority, and are not hit).
+    The hand-written algorithms post gloo's sends and receives from the
+    training thread, which then holds a connection's lock for a moment: see
+    at_comm_priority for what they need in turn.
 
     auto: realtime for gloo on CPU ranks where this process may (root,
-    CAP_SYS_NICE, or `ulimit -r` of 1 or more) and nothing hand-written runs,
-    else normal (with a warning where it was not permitted). realtime: the
-    same, but what stops it is an error. normal: leave them be.
+    CAP_SYS_NICE, or `ulimit -r` of 1 or more), else normal, with a warning.
+    realtime: the same, but failing is an error. normal: leave them be.
     Returns what the threads got.
     """
+    got = _schedule_comm_threads(requested, backend, device, new_threads)
+    global _comm_threads_of_group
+    _comm_threads_of_group = got
+    return got
+
+
+def _schedule_comm_threads(requested: str, backend: str, device: torch.device,
+                           new_threads: set[int]) -> str:
     if requested == "normal" or backend != "gloo":
         if requested == "realtime":
             raise ConfigError(f"dist.comm_threads=realtime schedules gloo's threads, but this run uses "
                               f"{backend}: use dist.comm_threads=auto or normal")
-        return "normal"
-    if hand_written:
-        if requested == "realtime":
-            raise ConfigError(HAND_WRITTEN_REFUSAL)
         return "normal"
     if requested == "auto" and device.type != "cpu":
         return "normal"  # CUDA ranks wait on the GPU, not on a busy CPU
@@ -258,3 +251,26 @@ def all_agree(flag: bool, env: DistEnv) -> bool:
     t = torch.tensor([0 if flag else 1], dtype=torch.int32, device=env.device)
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return int(t.item()) == 0
+
+
+@contextlib.contextmanager
+def at_comm_priority():
+    """Run the block with the calling thread at the priority gloo's threads have.
+
+    For the hand-written algorithms, which call gloo's send and recv from this
+    thread: each call holds the connection's lock for a moment, and gloo's
+    socket thread, finding it taken, tries again at once. At real-time
+    priority it would never let a normal thread run to release it (a 1 MiB
+    ring all-reduce took 50 ms instead of 0.3). At the same real-time priority
+    neither preempts the other. Nothing changes where gloo's threads are at
+    normal priority; nested blocks keep the outer one's priority.
+    """
+    if _comm_threads_of_group != "realtime" or os.sched_getscheduler(0) == os.SCHED_FIFO:
+        yield
+        return
+    policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(REALTIME_PRIORITY))
+    try:
+        yield
+    finally:
+        os.sched_setscheduler(0, policy, param)

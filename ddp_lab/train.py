@@ -85,7 +85,7 @@ def main(cfg) -> dict:
     stop_on_sigterm()
     try:
         env = distributed.setup(cfg.dist.backend, cfg.dist.device, cfg.dist.timeout_s,
-                                cfg.dist.comm_threads, hand_written=cfg.sync.algo != "builtin")
+                                cfg.dist.comm_threads)
         quiet_other_ranks(env.rank)
         if env.is_main:
             warn_if_restarts_share_the_store()

@@ -57,15 +57,13 @@ def main() -> None:
     parser.add_argument("--budget-bytes", type=float, default=8e6,
                         help="bytes per timed block: iterations = budget / size, clamped to [2, 20]")
     parser.add_argument("--comm-threads", default="auto", choices=COMM_THREADS,
-                        help="gloo's threads at real-time priority where permitted, as dist.comm_threads "
-                             "(only when --algos is builtin alone: see ddp_lab.distributed)")
+                        help="gloo's threads at real-time priority where permitted, as dist.comm_threads")
     args = parser.parse_args()
 
     algos = args.algos.split(",")
     if "builtin" not in algos:
         algos.insert(0, "builtin")
-    env = setup("gloo", "cpu", comm_threads=args.comm_threads,
-                hand_written=any(a != "builtin" for a in algos))
+    env = setup("gloo", "cpu", comm_threads=args.comm_threads)
     torch.set_num_threads(1)
     rank, n = dist.get_rank(), dist.get_world_size()
     fns = {a: get_algorithm(a) for a in algos}

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab import distributed
-from ddp_lab.collectives import ring_allreduce
+from ddp_lab import collectives
 from ddp_lab.config import ConfigError
 from tests.multiproc import run_in_processes
 
@@ -68,13 +68,6 @@ def test_unknown_value_names_the_choices():
         distributed.setup("auto", "cpu", 60, "fast")
 
 
-def test_realtime_with_hand_written_algorithms_is_refused_before_joining(monkeypatch):
-    monkeypatch.setenv("RANK", "0")  # as under torchrun: the refusal must come before init
-    monkeypatch.setattr(dist, "init_process_group", lambda **kw: pytest.fail("joined the group"))
-    with pytest.raises(ConfigError, match="cannot run with the hand-written allreduces"):
-        distributed.setup("gloo", "cpu", 60, "realtime", hand_written=True)
-
-
 def test_realtime_is_refused_for_nccl_and_auto_leaves_it_alone():
     with pytest.raises(ConfigError, match="schedules gloo's threads, but this run uses nccl"):
         distributed.schedule_comm_threads("realtime", "nccl", torch.device("cuda", 0), set())
@@ -82,14 +75,23 @@ def test_realtime_is_refused_for_nccl_and_auto_leaves_it_alone():
     assert distributed.schedule_comm_threads("auto", "gloo", torch.device("cuda", 0), set()) == "normal"
 
 
-@linux_only
-def test_hand_written_algorithms_keep_gloo_at_normal_priority(threads):
-    loop = threads("gloo_tcp_loop")
-    loop.named.wait()
-    with pytest.raises(ConfigError, match="cannot run with the hand-written allreduces"):
-        distributed.schedule_comm_threads("realtime", "gloo", CPU, {loop.tid}, hand_written=True)
-    assert distributed.schedule_comm_threads("auto", "gloo", CPU, {loop.tid}, hand_written=True) == "normal"
-    assert os.sched_getscheduler(loop.tid) == os.SCHED_OTHER
+def test_at_comm_priority_matches_the_groups_threads(monkeypatch):
+    if not may_use_realtime():
+        pytest.skip("this process may not use SCHED_FIFO")
+    monkeypatch.setattr(distributed, "_comm_threads_of_group", "normal")
+    with distributed.at_comm_priority():
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    monkeypatch.setattr(distributed, "_comm_threads_of_group", "realtime")
+    with distributed.at_comm_priority():
+        assert os.sched_getscheduler(0) == os.SCHED_FIFO
+        with distributed.at_comm_priority():  # nested: no change, and no early restore
+            pass
+        assert os.sched_getscheduler(0) == os.SCHED_FIFO
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    with pytest.raises(RuntimeError, match="inside"):
+        with distributed.at_comm_priority():
+            raise RuntimeError("inside")
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # restored on the way out of an error
 
 
 @linux_only
@@ -151,28 +153,39 @@ def test_set_fifo_is_all_or_nothing(threads, monkeypatch):
     assert os.sched_getscheduler(second.tid) == os.SCHED_OTHER
 
 
-def _schedule(rank, world_size, requested, hand_written):
+def _schedule(rank, world_size, requested):
     me = threading.get_native_id()
     # The harness has already built the group: every other thread is its.
-    got = distributed.schedule_comm_threads(requested, "gloo", CPU, distributed.thread_ids() - {me},
-                                            hand_written)
+    got = distributed.schedule_comm_threads(requested, "gloo", CPU, distributed.thread_ids() - {me})
     t = torch.full((1000,), float(rank + 1))
-    ring_allreduce(t) if hand_written else dist.all_reduce(t)
+    dist.all_reduce(t)
+    # The hand-written algorithms call gloo's send/recv from this thread: for the call it
+    # takes the priority gloo's threads have (see at_comm_priority), and gives it back.
+    seen = []
+
+    def ring_noting_priority(flat, comm):
+        seen.append(os.sched_getscheduler(0))
+        collectives._ring(flat, comm)
+
+    u = torch.full((1 << 18,), float(rank + 1))
+    collectives._run_on_comm_device(u, None, ring_noting_priority)
+    assert u[0].item() == 3.0
     policies = sorted((distributed.thread_name(tid), os.sched_getscheduler(tid))
                       for tid in distributed.thread_ids() if tid != me)
-    return got, policies, os.sched_getscheduler(me), t[0].item()
+    return got, policies, os.sched_getscheduler(me), t[0].item(), seen[0]
 
 
 @linux_only
 def test_a_real_group_gets_realtime_gloo_threads_where_permitted():
     realtime = may_use_realtime()
-    for requested, hand_written in (("auto", False), ("normal", False), ("auto", True)):
-        for got, policies, main_policy, total in run_in_processes(_schedule, 2, requested, hand_written):
+    for requested in ("auto", "normal"):
+        for got, policies, main_policy, total, ring_policy in run_in_processes(_schedule, 2, requested):
             assert total == 3.0  # the group still works
             assert main_policy == os.SCHED_OTHER  # the training thread is never changed
             names = [name for name, _ in policies]
             assert "gloo_tcp_loop" in names and "pt_gloo_runloop" in names
-            expect_fifo = requested == "auto" and realtime and not hand_written
+            expect_fifo = requested == "auto" and realtime
             assert got == ("realtime" if expect_fifo else "normal")
             want = os.SCHED_FIFO if expect_fifo else os.SCHED_OTHER
             assert all(policy == want for _, policy in policies), policies
+            assert ring_policy == want  # the ring's thread ran at gloo's threads' priority

@@ -344,8 +344,7 @@ def run(cfg: DictConfig, run_dir: Path) -> list[dict]:
     from ddp_lab.collectives import get_algorithm
 
     fns = {a: get_algorithm(a) for a in plan.algos}
-    env = setup(cfg.dist.backend, cfg.dist.device, cfg.dist.timeout_s, cfg.dist.comm_threads,
-                hand_written=any(a != "builtin" for a in plan.algos))
+    env = setup(cfg.dist.backend, cfg.dist.device, cfg.dist.timeout_s, cfg.dist.comm_threads)
     rows: list[dict] = []
     writer = None
     try:
