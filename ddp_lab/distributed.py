@@ -2,6 +2,8 @@
 
 The same entry point runs under `torchrun` (RANK, WORLD_SIZE, LOCAL_RANK set)
 and as a plain `python -m ...` (a world of one, no process group at all).
+On CPU ranks it also puts gloo's threads at real-time priority where it may
+(dist.comm_threads, see schedule_comm_threads).
 """
 from __future__ import annotations
 
@@ -233,8 +235,10 @@ def teardown(keep_for_next_job: bool = False) -> None:
 
 
 def _destroy() -> None:
+    global _comm_threads_of_group
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    _comm_threads_of_group = "normal"  # the threads went with the group
 
 
 def all_reduce_sum(t: torch.Tensor, env: DistEnv) -> torch.Tensor:

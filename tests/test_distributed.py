@@ -94,6 +94,12 @@ def test_at_comm_priority_matches_the_groups_threads(monkeypatch):
     assert os.sched_getscheduler(0) == os.SCHED_OTHER  # restored on the way out of an error
 
 
+def test_teardown_forgets_the_threads_priority(monkeypatch):
+    monkeypatch.setattr(distributed, "_comm_threads_of_group", "realtime")
+    distributed.teardown()  # no group here; the next one's threads start at normal priority
+    assert distributed.comm_threads_of_group() == "normal"
+
+
 @linux_only
 def test_gloo_threads_waits_for_the_names_and_keeps_only_gloos(threads):
     late = threads("pt_gloo_runloop", delay_s=0.2)
