@@ -267,7 +267,10 @@ def at_comm_priority():
     priority it would never let a normal thread run to release it (a 1 MiB
     ring all-reduce took 50 ms instead of 0.3). At the same real-time priority
     neither preempts the other. Nothing changes where gloo's threads are at
-    normal priority; nested blocks keep the outer one's priority.
+    normal priority; nested blocks keep the outer one's priority. Any other
+    code that calls dist.send/recv/isend/irecv on a gloo group should do so
+    inside this block too (collectives such as dist.all_reduce need not:
+    gloo runs them in its own threads).
     """
     if _comm_threads_of_group != "realtime" or os.sched_getscheduler(0) == os.SCHED_FIFO:
         yield
