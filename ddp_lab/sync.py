@@ -39,10 +39,12 @@ development VM a 0.5 MB gloo allreduce took a median 0.45 ms back to back,
 but a median 2.1 ms (3.9 ms or more one time in four) right after 20 ms of
 computing. Polling made 2 ranks of LeNet train 10% faster there with
 mode=flat (3 alternating runs each); with mode=ddp the difference was within
-the noise. (Most of that lateness was gloo's own threads waiting
-for a scheduler tick, which dist.comm_threads now removes where permitted;
-with it, polling still gave the shorter comm_ms in 2 of 3 pairs.) With mode=ddp it waits on the backward's last bucket only, so
-earlier buckets still overlap the backward. CUDA ranks never poll: NCCL's wait does not block the host.
+the noise. (Most of that lateness was gloo's own threads waiting for a
+scheduler tick, which dist.comm_threads now removes where permitted; with
+it, polling still gave the shorter comm_ms in 2 of 3 pairs.) With mode=ddp
+it waits on the backward's last bucket only, so earlier buckets still
+overlap the backward. CUDA ranks never poll: NCCL's wait does not block the
+host.
 Our own algorithms always block: gloo's send/recv works cannot be asked.
 
 Communication time (``comm_seconds``, ``comm_timing``):

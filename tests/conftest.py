@@ -8,6 +8,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,42 @@ def failure(proc: subprocess.CompletedProcess) -> str:
 
 def read_summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
+
+
+class NamedThread:
+    """A sleeping thread that gives itself an OS name (what /proc/.../comm shows)
+    after `delay_s`, as gloo's threads do when they start."""
+
+    def __init__(self, name: str, delay_s: float = 0.0):
+        self.named = threading.Event()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(name, delay_s), daemon=True)
+        self.thread.start()
+        while self.thread.native_id is None:
+            pass
+        self.tid = self.thread.native_id
+
+    def _run(self, name, delay_s):
+        self.stop.wait(delay_s)
+        with open("/proc/thread-self/comm", "w") as f:
+            f.write(name)
+        self.named.set()
+        self.stop.wait()
+
+    def close(self):
+        self.stop.set()
+        self.thread.join()
+
+
+def may_use_realtime() -> bool:
+    """Whether this process may give a thread SCHED_FIFO (root, CAP_SYS_NICE, ulimit -r)."""
+    if not os.path.isdir("/proc/thread-self"):  # not Linux: dist.comm_threads stays normal
+        return False
+    probe = NamedThread("probe")
+    try:
+        os.sched_setscheduler(probe.tid, os.SCHED_FIFO, os.sched_param(1))
+        return True
+    except PermissionError:
+        return False
+    finally:
+        probe.close()

@@ -7,37 +7,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddp_lab import distributed
-from ddp_lab import collectives
+from ddp_lab import collectives, distributed
 from ddp_lab.config import ConfigError
+from tests.conftest import NamedThread, may_use_realtime
 from tests.multiproc import run_in_processes
 
 CPU = torch.device("cpu")
-
-
-class NamedThread:
-    """A sleeping thread that gives itself an OS name (what /proc/.../comm shows)
-    after `delay_s`, as gloo's threads do when they start."""
-
-    def __init__(self, name: str, delay_s: float = 0.0):
-        self.named = threading.Event()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, args=(name, delay_s), daemon=True)
-        self.thread.start()
-        while self.thread.native_id is None:
-            pass
-        self.tid = self.thread.native_id
-
-    def _run(self, name, delay_s):
-        self.stop.wait(delay_s)
-        with open("/proc/thread-self/comm", "w") as f:
-            f.write(name)
-        self.named.set()
-        self.stop.wait()
-
-    def close(self):
-        self.stop.set()
-        self.thread.join()
 
 
 @pytest.fixture
@@ -46,18 +21,6 @@ def threads():
     yield lambda name, delay_s=0.0: made.append(NamedThread(name, delay_s)) or made[-1]
     for t in made:
         t.close()
-
-
-def may_use_realtime() -> bool:
-    """Whether this process may give a thread SCHED_FIFO (root, CAP_SYS_NICE, ulimit -r)."""
-    probe = NamedThread("probe")
-    try:
-        os.sched_setscheduler(probe.tid, os.SCHED_FIFO, os.sched_param(1))
-        return True
-    except PermissionError:
-        return False
-    finally:
-        probe.close()
 
 
 linux_only = pytest.mark.skipif(not os.path.isdir("/proc/thread-self"), reason="thread names come from Linux /proc")

@@ -5,8 +5,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.conftest import failure, read_summary, run_module, tiny_overrides
-from tests.test_distributed import may_use_realtime
+from tests.conftest import failure, may_use_realtime, read_summary, run_module, tiny_overrides
 
 pytestmark = pytest.mark.slow
 
