@@ -20,10 +20,10 @@ latency, beta the time per byte on a link, gamma the time per byte to add.
     2(n-1)*alpha + 2(n-1)/n*N*beta + (n-1)/n*N*gamma:
     the bandwidth term does not grow with n (bandwidth-optimal), but the
     latency term does, so it is the algorithm for large messages. Chunks are
-    further cut into segments (at most _RING_SEGMENT_BYTES each on the host)
-    so that receiving one segment, adding another and forwarding a third
-    overlap; on gloo with 3+ ranks all receives are posted before the first
-    send, so every send finds its receive ready.
+    further cut into segments so that receiving one segment, adding another
+    and forwarding a third overlap; how small, and how many are in flight,
+    depends on what a message costs, which on gloo depends on how its threads
+    are scheduled (_ring_plan).
 
 ``halving_doubling_allreduce`` -- Rabenseifner: a reduce-scatter by recursive
     vector halving (exchange half the current window with the partner at
@@ -77,7 +77,7 @@ from typing import Callable, NamedTuple
 import torch
 import torch.distributed as dist
 
-from ddp_lab.distributed import at_comm_priority
+from ddp_lab.distributed import at_comm_priority, comm_threads_of_group
 
 __all__ = [
     "ALGORITHMS",
@@ -103,14 +103,24 @@ _TAG_HD_FOLD_OUT = 202
 _TAG_HD_RS = 300  # + level (< 64)
 _TAG_HD_AG = 400  # + level
 
-# Ring segment size on the host (gloo/TCP). Smaller segments overlap
-# transfer, addition and forwarding better, but every message has a fixed
-# cost (thread wake-ups and lock hand-offs on both sides, Python), which
-# dominates on a small, oversubscribed machine: on 2 cores with 2-4
-# processes, one message per chunk up to 4 MiB was as fast as 1 MiB segments
-# or faster, and 256 KiB segments were clearly slower. Chunks above this are
-# cut into near-equal segments of at most this size. See _ring_segment_count.
-_RING_SEGMENT_BYTES = 4 * 1024 * 1024
+# Ring segment size on the host (gloo/TCP), by how gloo's threads are
+# scheduled (dist.comm_threads), because that sets what a message costs.
+# Smaller segments overlap transfer, addition and forwarding better and stay
+# in cache between arriving and being added, but every message has a fixed
+# cost: thread wake-ups and lock hand-offs on both sides, and Python.
+# * normal: a woken thread may wait for a scheduler tick on a busy machine.
+#   On 2 cores with 2-4 processes, one message per chunk up to 4 MiB was as
+#   fast as 1 MiB segments or faster, and 256 KiB segments were clearly
+#   slower (0.6-0.75x gloo's own all-reduce at 4-16 MiB with 512 KiB).
+# * realtime: hand-offs are immediate, so gloo's own choice pays off: small
+#   segments, two units in flight (_RING_WINDOW_REALTIME). Against 4 MiB
+#   segments on the same machine, 512 KiB took the ring from 0.77-0.91x of
+#   gloo's all-reduce to 1.1-1.3x (2 ranks, 4-16 MiB) and from 0.79-0.86x to
+#   0.89-0.92x (3 and 4 ranks, 16 MiB); 256 KiB was slower again with 3+.
+# Chunks above the size are cut into near-equal segments of at most this
+# size. See _ring_plan.
+_RING_SEGMENT_BYTES = {"normal": 4 * 1024 * 1024, "realtime": 512 * 1024}
+_RING_WINDOW_REALTIME = 2
 # Upper bound on the ring's receive scratch space on the host (see _ring).
 _RING_MAX_SCRATCH_BYTES = 256 * 1024 * 1024
 # Pairwise exchanges on gloo (halving-doubling, the 2-rank ring, naive) with
@@ -209,6 +219,9 @@ class _Comm:
         # Only CUDA tensors on NCCL get here with a CUDA device (gloo stages
         # them through the host first).
         self.batched = device.type == "cuda"
+        # How gloo's threads are scheduled ("realtime" or "normal",
+        # dist.comm_threads): it decides how the ring cuts its messages.
+        self.threads = comm_threads_of_group()
 
     def exchange(
         self,
@@ -367,26 +380,49 @@ def naive_allreduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None
     return _run_on_comm_device(tensor, group, _naive)
 
 
-def _ring_segment_count(chunk_numel: int, element_size: int, device: torch.device) -> int:
-    """How many segments each ring chunk is cut into.
+class _RingPlan(NamedTuple):
+    """How the ring cuts and paces its messages (see _ring_plan)."""
 
-    On NCCL one message per chunk: NCCL pipelines internally, and each extra
-    message is a kernel launch. On the host, enough segments of at most
-    _RING_SEGMENT_BYTES that transfer, addition and forwarding overlap for
-    large chunks, while the per-message cost stays small against the
-    transfer time.
+    segments: int  # per chunk (k); one unit = one segment sent and one received
+    window: int  # units in flight: unit u is posted once unit u-window is finished (<= k)
+    send_first: bool  # within a unit, post the send before the receive
+    receives_ahead: bool  # post (almost) every receive before the first send
+
+
+def _ring_plan(comm: _Comm, chunk_numel: int, element_size: int) -> _RingPlan:
+    """Segments and pacing for this call, from where the data is and how the
+    threads that move it are scheduled (measured on 2 cores, 2-4 processes).
+
+    * NCCL: one message per chunk, each launched with its receive; NCCL
+      pipelines internally, and each extra message is a kernel launch.
+    * gloo, real-time threads: segments of at most 512 KiB, two units in
+      flight, each unit's receive posted before its send, as gloo's own ring
+      does: with no scheduling delays, small messages are cheap.
+    * gloo, normal threads: segments of at most 4 MiB. With 3+ ranks every
+      receive is posted before the first send: on gloo's TCP transport a
+      send whose receive is already posted on the other side goes out at
+      once from the sending thread; otherwise it announces itself and waits
+      for a "ready" reply, several thread wake-ups. With 2 ranks both
+      neighbours are the same peer, a pairwise exchange: send before
+      receive, k units in flight (see _receives_first).
     """
-    if device.type == "cuda":
-        return 1
-    chunk_bytes = chunk_numel * element_size
-    return max(1, -(-chunk_bytes // _RING_SEGMENT_BYTES))
+    if comm.batched:
+        return _RingPlan(segments=1, window=1, send_first=False, receives_ahead=False)
+    seg_bytes = _RING_SEGMENT_BYTES[comm.threads]
+    k = max(1, -(-chunk_numel * element_size // seg_bytes))
+    if comm.threads == "realtime":
+        return _RingPlan(k, min(k, _RING_WINDOW_REALTIME), send_first=False, receives_ahead=False)
+    if comm.size == 2:
+        return _RingPlan(k, k, send_first=True, receives_ahead=False)
+    return _RingPlan(k, k, send_first=True, receives_ahead=True)
 
 
 def _ring(flat: torch.Tensor, comm: _Comm) -> None:
     n, rank = comm.size, comm.rank
     right, left = (rank + 1) % n, (rank - 1) % n
     chunks = _chunk_bounds(flat.numel(), n)
-    k = _ring_segment_count(chunks[1] - chunks[0], flat.element_size(), flat.device)
+    plan = _ring_plan(comm, chunks[1] - chunks[0], flat.element_size())
+    k, window = plan.segments, plan.window
     # seg[c][j] = (start, stop) of segment j of chunk c. Every chunk gets the
     # same number of segments (some possibly empty), so both neighbours agree
     # on the size of every message.
@@ -405,25 +441,21 @@ def _ring(flat: torch.Tensor, comm: _Comm) -> None:
     #       rank-t straight into place.
     # Apart from step 0 (our own data), what unit u sends is what unit u-k
     # received: the chunk finished in one step is forwarded in the next. So
-    # the send of unit u is posted right after unit u-k is finished, which
-    # keeps k units in flight while we add.
+    # unit u is posted once unit u-window (window <= k) is finished, which
+    # keeps `window` units in flight while we add.
     units = 2 * (n - 1) * k
     rs_units = (n - 1) * k
-    if comm.batched:
-        # NCCL: the receive and the send of a unit are launched together;
-        # posting receives early would make every rank's stream wait on a
-        # receive whose matching send is queued behind it on the sender's
-        # stream. Stream order makes one scratch slot per segment enough.
-        slots = k
-    else:
-        # gloo: all receives are posted up front (see below), each into its
-        # own scratch slot, unless that needs more than
-        # _RING_MAX_SCRATCH_BYTES; then slots are reused, and the receive
-        # for a slot is posted once the previous unit in it has been added.
-        # (With 2 ranks receives are posted as we go, and
-        # k slots suffice: there rs_units == k.)
+    if plan.receives_ahead:
+        # Each receive posted ahead needs its own scratch slot, unless that
+        # takes more than _RING_MAX_SCRATCH_BYTES; then slots are reused, and
+        # the receive for a slot is posted once the previous unit in it has
+        # been added.
         cap = max(1, _RING_MAX_SCRATCH_BYTES // max(1, seg_numel * flat.element_size()))
         slots = min(rs_units, max(2 * k, cap))
+    else:
+        # Unit u's slot was last used by unit u-window, finished before u is
+        # posted. (NCCL: stream order makes that safe as well.)
+        slots = window
     scratch = _scratch(slots * seg_numel, flat)
 
     # Per unit: the segment to send, where the received segment goes, and
@@ -457,6 +489,23 @@ def _ring(flat: torch.Tensor, comm: _Comm) -> None:
         if work is not None:
             send_works.append(work)
 
+    def post(u: int) -> None:
+        if comm.batched:
+            recv_list, send_list = comm.exchange((recvs[u], left), (sends[u], right), _TAG_RING + u)
+            recv_works[u] = recv_list[0] if recv_list else None
+            send_works.extend(send_list)
+        elif plan.receives_ahead:
+            post_send(u)
+            # The scratch slot of unit u-k is free again: reuse it.
+            if u >= k and u - k + slots < rs_units:
+                post_recv(u - k + slots)
+        elif plan.send_first:
+            post_send(u)
+            post_recv(u)
+        else:
+            post_recv(u)
+            post_send(u)
+
     def finish(u: int) -> None:
         """Wait for unit u's receive; in the reduce-scatter, add it in."""
         work = recv_works[u]
@@ -466,44 +515,20 @@ def _ring(flat: torch.Tensor, comm: _Comm) -> None:
             dest, incoming = adds[u]
             dest.add_(incoming)
 
-    if comm.batched:
-        for u in range(units):
-            if u >= k:
-                finish(u - k)
-            recv_list, send_list = comm.exchange((recvs[u], left), (sends[u], right), _TAG_RING + u)
-            recv_works[u] = recv_list[0] if recv_list else None
-            send_works.extend(send_list)
-    elif n == 2:
-        # Both neighbours are the same peer, so this is a pairwise exchange:
-        # send before receive (see _receives_first).
-        for u in range(units):
-            if u >= k:
-                finish(u - k)
-            post_send(u)
-            post_recv(u)
-    else:
-        # All receives first, unit 0's last. On gloo's TCP transport a send
-        # whose receive is already posted on the other side goes out at once
-        # from our thread (to the right neighbour, while data arrives from
-        # the left one on another connection); otherwise it announces itself
-        # and waits for a "ready" reply, several thread wake-ups (slow on a
-        # busy machine). Posting receives later, in the loop, would also
-        # contend with gloo's I/O thread, which holds a connection's lock
-        # while it reads the data arriving on it; unit 0's data comes first,
-        # so its receive is posted last. Early receives into the all-gather
-        # destination are safe: nothing lands there before our own sends of
-        # that data completed, since the data that replaces it has gone
-        # around the ring.
+    if plan.receives_ahead:
+        # Unit 0's data comes first, so its receive is posted last: posting
+        # receives while data arrives contends with gloo's I/O thread, which
+        # holds a connection's lock while it reads. Early receives into the
+        # all-gather destination are safe: nothing lands there before our
+        # own sends of that data completed, since the data that replaces it
+        # has gone around the ring.
         for u in [*range(1, slots), *range(rs_units, units), 0]:
             post_recv(u)
-        for u in range(units):
-            if u >= k:
-                finish(u - k)
-            post_send(u)
-            # The scratch slot of unit u-k is free again: reuse it.
-            if u >= k and u - k + slots < rs_units:
-                post_recv(u - k + slots)
-    for u in range(max(0, units - k), units):
+    for u in range(units):
+        if u >= window:
+            finish(u - window)
+        post(u)
+    for u in range(max(0, units - window), units):
         finish(u)
     _wait(send_works)
 

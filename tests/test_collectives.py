@@ -8,6 +8,7 @@ test asserts there are no problems and that all ranks hold identical results.
 from __future__ import annotations
 
 import hashlib
+import types
 
 import pytest
 import torch
@@ -89,26 +90,33 @@ def _check_sum(rank, ranks, cases, group=None, label=""):
 
 
 def _check_ring_segments(rank: int, world_size: int) -> list[str]:
-    """The ring with many segments per chunk and a scratch cap that forces slot reuse."""
+    """The ring with many segments per chunk, under both plans (gloo's threads
+    at normal or real-time priority), and a scratch cap that forces slot reuse."""
     problems = []
-    saved = collectives._RING_SEGMENT_BYTES, collectives._RING_MAX_SCRATCH_BYTES
+    saved = (collectives._RING_SEGMENT_BYTES, collectives._RING_MAX_SCRATCH_BYTES,
+             collectives.comm_threads_of_group)
     try:
         # (elements, dtype, segment bytes, scratch cap bytes); a cap of 1 byte
         # gives the minimum number of scratch slots.
         configs = [(1021, torch.float64, 1024, 1 << 30), (1021, torch.float64, 1024, 1),
                    (20_011, torch.bfloat16, 4096, 16 * 1024), (BIG, torch.float32, 512 * 1024, 1 << 20)]
-        for case, (numel, dtype, seg_bytes, cap) in enumerate(configs):
-            collectives._RING_SEGMENT_BYTES, collectives._RING_MAX_SCRATCH_BYTES = seg_bytes, cap
-            inputs = [_input(r, (numel,), dtype, 100 + case) for r in range(world_size)]
-            exact = sum(x.double() for x in inputs)
-            bound = world_size * UNIT_ROUNDOFF[dtype] * sum(x.double().abs() for x in inputs)
-            t = inputs[rank].clone()
-            why = _compare(f"ring segments={seg_bytes}B cap={cap}B numel={numel} {dtype}",
-                           collectives.ring_allreduce(t), exact, bound)
-            if why:
-                problems.append(why)
+        for threads in ("normal", "realtime"):
+            # Only the ring's plan follows this; the threads' priority is untouched.
+            collectives.comm_threads_of_group = lambda threads=threads: threads
+            for case, (numel, dtype, seg_bytes, cap) in enumerate(configs):
+                collectives._RING_SEGMENT_BYTES = {"normal": seg_bytes, "realtime": seg_bytes}
+                collectives._RING_MAX_SCRATCH_BYTES = cap
+                inputs = [_input(r, (numel,), dtype, 100 + case) for r in range(world_size)]
+                exact = sum(x.double() for x in inputs)
+                bound = world_size * UNIT_ROUNDOFF[dtype] * sum(x.double().abs() for x in inputs)
+                t = inputs[rank].clone()
+                why = _compare(f"ring ({threads} threads) segments={seg_bytes}B cap={cap}B "
+                               f"numel={numel} {dtype}", collectives.ring_allreduce(t), exact, bound)
+                if why:
+                    problems.append(why)
     finally:
-        collectives._RING_SEGMENT_BYTES, collectives._RING_MAX_SCRATCH_BYTES = saved
+        (collectives._RING_SEGMENT_BYTES, collectives._RING_MAX_SCRATCH_BYTES,
+         collectives.comm_threads_of_group) = saved
     return problems
 
 
@@ -179,6 +187,21 @@ def test_host_scratch_is_reused_grown_and_freed():
     assert collectives._scratch(4000, like).data_ptr() == grown.data_ptr()
     collectives.free_scratch_buffers()
     assert collectives._scratch_local.__dict__.get("buffers") is None
+
+
+@pytest.mark.parametrize("size, threads, batched, chunk_bytes, plan", [
+    # plan: (segments, window, send_first, receives_ahead)
+    (2, "realtime", False, 4 << 20, (8, 2, False, False)),    # 512 KiB segments, 2 in flight
+    (3, "realtime", False, 100 << 10, (1, 1, False, False)),  # small chunk: one message
+    (2, "normal", False, 4 << 20, (1, 1, True, False)),       # one message, pairwise send-first
+    (3, "normal", False, 10 << 20, (3, 3, True, True)),       # 4 MiB segments, receives ahead
+    (4, "realtime", True, 64 << 20, (1, 1, False, False)),    # NCCL: one message per chunk
+])
+def test_ring_plan(size, threads, batched, chunk_bytes, plan):
+    comm = types.SimpleNamespace(size=size, threads=threads, batched=batched)
+    got = collectives._ring_plan(comm, chunk_bytes // 4, 4)
+    assert tuple(got) == plan
+    assert 1 <= got.window <= got.segments  # unit u sends what unit u-segments received
 
 
 def test_unknown_algorithm_names_the_choices():
