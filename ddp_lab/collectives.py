@@ -112,14 +112,16 @@ _TAG_HD_AG = 400  # + level
 #   On 2 cores with 2-4 processes, one message per chunk up to 4 MiB was as
 #   fast as 1 MiB segments or faster, and 256 KiB segments were clearly
 #   slower (0.6-0.75x gloo's own all-reduce at 4-16 MiB with 512 KiB).
-# * realtime: hand-offs are immediate, so gloo's own choice pays off: small
-#   segments, two units in flight (_RING_WINDOW_REALTIME). Against 4 MiB
-#   segments on the same machine, 512 KiB took the ring from 0.77-0.91x of
-#   gloo's all-reduce to 1.1-1.3x (2 ranks, 4-16 MiB) and from 0.79-0.86x to
-#   0.89-0.92x (3 and 4 ranks, 16 MiB); 256 KiB was slower again with 3+.
+# * realtime: hand-offs are immediate, so smaller segments pay off, two
+#   units in flight (_RING_WINDOW_REALTIME), as gloo's own ring does. Against
+#   4 MiB segments on the same machine, 512 KiB took the ring from 0.77-0.91x
+#   of gloo's all-reduce to 1.1-1.3x (2 ranks, 4-16 MiB) and from 0.79-0.86x
+#   to 0.89-0.92x (3 and 4 ranks, 16 MiB); 768 KiB did as well at 2 ranks and
+#   better at 3 and 4 at 1-4 MiB (one launch of 15 rounds: 0.87-0.88 against
+#   0.74-0.85 at 3 ranks), and 256 KiB was slower again.
 # Chunks above the size are cut into near-equal segments of at most this
 # size. See _ring_plan.
-_RING_SEGMENT_BYTES = {"normal": 4 * 1024 * 1024, "realtime": 512 * 1024}
+_RING_SEGMENT_BYTES = {"normal": 4 * 1024 * 1024, "realtime": 768 * 1024}
 _RING_WINDOW_REALTIME = 2
 # Upper bound on the ring's receive scratch space on the host (see _ring).
 _RING_MAX_SCRATCH_BYTES = 256 * 1024 * 1024
@@ -395,7 +397,7 @@ def _ring_plan(comm: _Comm, chunk_numel: int, element_size: int) -> _RingPlan:
 
     * NCCL: one message per chunk, each launched with its receive; NCCL
       pipelines internally, and each extra message is a kernel launch.
-    * gloo, real-time threads: segments of at most 512 KiB, two units in
+    * gloo, real-time threads: segments of at most 768 KiB, two units in
       flight, each unit's receive posted before its send, as gloo's own ring
       does: with no scheduling delays, small messages are cheap.
     * gloo, normal threads: segments of at most 4 MiB. With 3+ ranks every

@@ -191,7 +191,7 @@ def test_host_scratch_is_reused_grown_and_freed():
 
 @pytest.mark.parametrize("size, threads, batched, chunk_bytes, plan", [
     # plan: (segments, window, send_first, receives_ahead)
-    (2, "realtime", False, 4 << 20, (8, 2, False, False)),    # 512 KiB segments, 2 in flight
+    (2, "realtime", False, 4 << 20, (6, 2, False, False)),    # 768 KiB segments, 2 in flight
     (3, "realtime", False, 100 << 10, (1, 1, False, False)),  # small chunk: one message
     (2, "normal", False, 4 << 20, (1, 1, True, False)),       # one message, pairwise send-first
     (3, "normal", False, 10 << 20, (3, 3, True, True)),       # 4 MiB segments, receives ahead
