@@ -222,7 +222,10 @@ class _Comm:
         # them through the host first).
         self.batched = device.type == "cuda"
         # How gloo's threads are scheduled ("realtime" or "normal",
-        # dist.comm_threads): it decides how the ring cuts its messages.
+        # dist.comm_threads): it decides how the ring cuts its messages. It is
+        # the default group's setting; a group made later with new_group has
+        # threads at normal priority but gets the same plan (correct either
+        # way, only the speed differs).
         self.threads = comm_threads_of_group()
 
     def exchange(
