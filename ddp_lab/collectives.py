@@ -114,9 +114,9 @@ _TAG_HD_AG = 400  # + level
 #   slower (0.6-0.75x gloo's own all-reduce at 4-16 MiB with 512 KiB).
 # * realtime: hand-offs are immediate, so smaller segments pay off, two
 #   units in flight (_RING_WINDOW_REALTIME), as gloo's own ring does. Against
-#   4 MiB segments on the same machine, 512 KiB took the ring from 0.77-0.91x
-#   of gloo's all-reduce to 1.1-1.3x (2 ranks, 4-16 MiB) and from 0.79-0.86x
-#   to 0.89-0.92x (3 and 4 ranks, 16 MiB); 768 KiB did as well at 2 ranks and
+#   4 MiB segments on the same machine, 512 KiB took the ring from 0.75-0.91x
+#   of gloo's all-reduce to 0.96-1.26x (2 ranks, 4-16 MiB) and from 0.77-0.86x
+#   to 0.91-0.92x (3 and 4 ranks, 16 MiB); 768 KiB did as well at 2 ranks and
 #   better at 3 and 4 at 1-4 MiB (one launch of 15 rounds: 0.87-0.88 against
 #   0.74-0.85 at 3 ranks), and 256 KiB was slower again.
 # Chunks above the size are cut into near-equal segments of at most this
@@ -400,6 +400,8 @@ def _ring_plan(comm: _Comm, chunk_numel: int, element_size: int) -> _RingPlan:
 
     * NCCL: one message per chunk, each launched with its receive; NCCL
       pipelines internally, and each extra message is a kernel launch.
+      Receives are not posted ahead: every rank's stream would then wait on
+      a receive whose matching send is queued behind it on the sender's.
     * gloo, real-time threads: segments of at most 768 KiB, two units in
       flight, each unit's receive posted before its send, as gloo's own ring
       does: with no scheduling delays, small messages are cheap.
