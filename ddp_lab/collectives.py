@@ -71,8 +71,9 @@ Shared rules:
 """
 from __future__ import annotations
 
+import collections
 import threading
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -120,7 +121,8 @@ _TAG_HD_AG = 400  # + level
 #   better at 3 and 4 at 1-4 MiB (one launch of 15 rounds: 0.87-0.88 against
 #   0.74-0.85 at 3 ranks), and 256 KiB was slower again.
 # Chunks above the size are cut into near-equal segments of at most this
-# size. See _ring_plan.
+# size. See _ring_plan. These knobs are read when a ring call on a buffer is
+# prepared (see _prepared); after changing them, free_scratch_buffers().
 _RING_SEGMENT_BYTES = {"normal": 4 * 1024 * 1024, "realtime": 768 * 1024}
 _RING_WINDOW_REALTIME = 2
 # Upper bound on the ring's receive scratch space on the host (see _ring).
@@ -140,7 +142,12 @@ _EARLY_RECV_MAX_BYTES = 1024 * 1024
 # made the ring 1.5x slower than gloo's own all-reduce at 64 MiB. The price
 # is memory: each thread that reduces keeps about the largest tensor it
 # reduced (twice that at naive's root), until free_scratch_buffers().
-_scratch_local = threading.local()
+# The same per-thread store keeps each group's _Comm and the last few
+# prepared ring calls (see _prepared).
+_per_thread = threading.local()
+# Prepared calls kept per thread: enough for the one flat gradient buffer, or
+# a few DDP buckets, reduced every step.
+_PREPARED_CALLS_KEPT = 4
 
 
 def _scratch(numel: int, like: torch.Tensor, purpose: str = "work") -> torch.Tensor:
@@ -152,7 +159,7 @@ def _scratch(numel: int, like: torch.Tensor, purpose: str = "work") -> torch.Ten
     """
     if like.device.type != "cpu":
         return like.new_empty(numel)
-    cache = _scratch_local.__dict__.setdefault("buffers", {})
+    cache = _per_thread.__dict__.setdefault("buffers", {})
     key = (purpose, like.dtype)
     buf = cache.get(key)
     if buf is None or buf.numel() < numel:
@@ -162,8 +169,10 @@ def _scratch(numel: int, like: torch.Tensor, purpose: str = "work") -> torch.Ten
 
 
 def free_scratch_buffers() -> None:
-    """Release the host scratch buffers this thread keeps between calls."""
-    _scratch_local.__dict__.pop("buffers", None)
+    """Release what this thread keeps between calls: host scratch buffers,
+    prepared calls (and with them the tensors they were prepared for) and
+    each group's _Comm."""
+    _per_thread.__dict__.clear()
 
 
 def _check_tensor(tensor: torch.Tensor) -> None:
@@ -204,7 +213,7 @@ class _Comm:
     that dist.isend/irecv expect.
     """
 
-    def __init__(self, group: dist.ProcessGroup | None, device: torch.device):
+    def __init__(self, group: dist.ProcessGroup | None, batched: bool):
         self.group = group
         self.size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -218,9 +227,9 @@ class _Comm:
             self.global_ranks = list(range(self.size))
         else:
             self.global_ranks = dist.get_process_group_ranks(group)
-        # Only CUDA tensors on NCCL get here with a CUDA device (gloo stages
-        # them through the host first).
-        self.batched = device.type == "cuda"
+        # True for CUDA tensors on NCCL only (gloo stages them through the
+        # host first): exchanges are then launched as batches.
+        self.batched = batched
         # How gloo's threads are scheduled ("realtime" or "normal",
         # dist.comm_threads): it decides how the ring cuts its messages. It is
         # the default group's setting; a group made later with new_group has
@@ -286,6 +295,23 @@ class _Comm:
         _wait(send_works)
 
 
+def _comm_of(group: dist.ProcessGroup | None, batched: bool) -> _Comm:
+    """This thread's _Comm for `group`, made on first use and kept.
+
+    Looking the group's size, rank and peers up again on every call costs
+    little on an idle machine, but where ranks share cores everything a rank
+    does before its first send delays its neighbours too (see _prepared).
+    """
+    pg = group if group is not None else dist.group.WORLD
+    comms = _per_thread.__dict__.setdefault("comms", {})
+    comm = comms.get((pg, batched))
+    if comm is None:
+        if len(comms) >= 8:  # groups destroyed and made again: drop the old ones
+            comms.clear()
+        comm = comms[(pg, batched)] = _Comm(group, batched)
+    return comm
+
+
 def _receives_first(flat: torch.Tensor, comm: _Comm) -> bool:
     """Whether a pairwise exchange on gloo posts all its receives before any send.
 
@@ -317,9 +343,9 @@ def _run_on_comm_device(
     send/recv only handle CPU tensors.
     """
     _check_tensor(tensor)
-    if dist.get_rank(group) < 0:
-        raise ValueError("this process is not a member of the given group")
-    if dist.get_world_size(group) == 1:
+    on_nccl = tensor.device.type == "cuda" and "nccl" in str(dist.get_backend(group)).lower()
+    comm = _comm_of(group, batched=on_nccl)
+    if comm.size == 1:
         return tensor
     # detach(): gradients are usually leaves that require grad; the reduction
     # itself is not part of any autograd graph.
@@ -328,15 +354,15 @@ def _run_on_comm_device(
         # Every rank knows the size is zero (sizes must agree for any
         # all-reduce), so nothing is sent at all.
         return tensor
-    if tensor.device.type == "cuda" and "nccl" in str(dist.get_backend(group)).lower():
-        algorithm(flat, _Comm(group, flat.device))
+    if on_nccl:
+        algorithm(flat, comm)
     elif tensor.device.type == "cpu":
         with at_comm_priority():  # gloo's threads must not outrank this one (dist.comm_threads)
-            algorithm(flat, _Comm(group, flat.device))
+            algorithm(flat, comm)
     else:
         host = _scratch(flat.numel(), torch.empty(0, dtype=flat.dtype), "staging").copy_(flat)
         with at_comm_priority():
-            algorithm(host, _Comm(group, host.device))
+            algorithm(host, comm)
         flat.copy_(host)
     return tensor
 
@@ -391,7 +417,7 @@ class _RingPlan(NamedTuple):
     segments: int  # per chunk (k); one unit = one segment sent and one received
     window: int  # units in flight: unit u is posted once unit u-window is finished (<= k)
     send_first: bool  # within a unit, post the send before the receive
-    receives_ahead: bool  # post (almost) every receive before the first send
+    receives_ahead: bool  # post (almost) every receive before the first send (implies send_first)
 
 
 def _ring_plan(comm: _Comm, chunk_numel: int, element_size: int) -> _RingPlan:
@@ -424,9 +450,25 @@ def _ring_plan(comm: _Comm, chunk_numel: int, element_size: int) -> _RingPlan:
     return _RingPlan(k, k, send_first=True, receives_ahead=True)
 
 
-def _ring(flat: torch.Tensor, comm: _Comm) -> None:
+class _RingCall(NamedTuple):
+    """One rank's messages for a ring all-reduce of one buffer (see _prepare_ring)."""
+
+    plan: _RingPlan
+    left: int  # group rank we receive from
+    right: int  # group rank we send to
+    # Per unit u (see _prepare_ring): the segment sent, the tensor received
+    # into (None where the segment is empty: nothing is posted, on either
+    # side), and for the reduce-scatter the (destination, received) pair to
+    # add.
+    sends: list[torch.Tensor | None]
+    recvs: list[torch.Tensor | None]
+    adds: list[tuple[torch.Tensor, torch.Tensor] | None]
+    rs_units: int  # units of the reduce-scatter; the all-gather's follow
+    slots: int  # scratch slots the reduce-scatter's receives cycle through
+
+
+def _prepare_ring(flat: torch.Tensor, comm: _Comm) -> _RingCall:
     n, rank = comm.size, comm.rank
-    right, left = (rank + 1) % n, (rank - 1) % n
     chunks = _chunk_bounds(flat.numel(), n)
     plan = _ring_plan(comm, chunks[1] - chunks[0], flat.element_size())
     k, window = plan.segments, plan.window
@@ -465,9 +507,6 @@ def _ring(flat: torch.Tensor, comm: _Comm) -> None:
         slots = window
     scratch = _scratch(slots * seg_numel, flat)
 
-    # Per unit: the segment to send, where the received segment goes, and
-    # for the reduce-scatter the (destination, scratch) pair to add. Built
-    # once: the loop below is on the critical path of every hop.
     sends, recvs, adds = [], [], []
     for u in range(units):
         s, j = divmod(u, k)
@@ -476,52 +515,57 @@ def _ring(flat: torch.Tensor, comm: _Comm) -> None:
             slot = (u % slots) * seg_numel
             incoming = scratch[slot: slot + rb - ra]
             adds.append((flat[ra:rb], incoming) if rb > ra else None)
-            recvs.append(incoming)
         else:
             t = s - (n - 1)
             (sa, sb), (ra, rb) = seg[(rank + 1 - t) % n][j], seg[(rank - t) % n][j]
             adds.append(None)
-            recvs.append(flat[ra:rb])
-        sends.append(flat[sa:sb])
+            incoming = flat[ra:rb]
+        recvs.append(incoming if rb > ra else None)
+        sends.append(flat[sa:sb] if sb > sa else None)
+    return _RingCall(plan, left=(rank - 1) % n, right=(rank + 1) % n, sends=sends,
+                     recvs=recvs, adds=adds, rs_units=rs_units, slots=slots)
+
+
+def _prepared(flat: torch.Tensor, comm: _Comm, prepare: Callable[[torch.Tensor, _Comm], Any]) -> Any:
+    """prepare(flat, comm), or what it returned when last called for this buffer.
+
+    Training reduces the same gradient buffers every step, and working out a
+    ring call's messages (segment bounds, a tensor view per message) is
+    Python work on the critical path: with 3-4 ranks sharing 2 cores, each
+    rank's delay before and between its sends holds up its neighbours too.
+    Keeping the prepared calls (with the group's _Comm, see _comm_of) took
+    the ring from 0.84-0.91x of gloo's all-reduce to 0.99-1.17x at 1-4 MiB
+    (3 and 4 ranks, interleaved rounds of one launch).
+
+    The key is the buffer's address, length, dtype and device, and the
+    group: the views kept hold the buffer's memory, so no other tensor can
+    take that address while its entry lives. The price is memory: the last
+    _PREPARED_CALLS_KEPT buffers a thread reduced stay allocated until they
+    drop out or free_scratch_buffers() is called.
+    """
+    calls = _per_thread.__dict__.setdefault("prepared", collections.OrderedDict())
+    key = (prepare, flat.data_ptr(), flat.numel(), flat.dtype, flat.device, comm)
+    call = calls.get(key)
+    if call is None:
+        call = calls[key] = prepare(flat, comm)
+        if len(calls) > _PREPARED_CALLS_KEPT:
+            calls.popitem(last=False)
+    else:
+        calls.move_to_end(key)
+    return call
+
+
+def _ring(flat: torch.Tensor, comm: _Comm) -> None:
+    call = _prepared(flat, comm, _prepare_ring)
+    plan, left, right = call.plan, call.left, call.right
+    k, window, slots, rs_units = plan.segments, plan.window, call.slots, call.rs_units
+    sends, recvs, adds = call.sends, call.recvs, call.adds
+    units = len(sends)
+    pg = comm.pg
     recv_works: list[dist.Work | None] = [None] * units
     send_works: list[dist.Work] = []
-
     # Every unit has its own tag: messages can only match the receive they
     # were meant for, whatever order the receives are posted in.
-    def post_recv(u: int) -> None:
-        recv_works[u] = comm.irecv(recvs[u], left, _TAG_RING + u)
-
-    def post_send(u: int) -> None:
-        work = comm.isend(sends[u], right, _TAG_RING + u)
-        if work is not None:
-            send_works.append(work)
-
-    def post(u: int) -> None:
-        if comm.batched:
-            recv_list, send_list = comm.exchange((recvs[u], left), (sends[u], right), _TAG_RING + u)
-            recv_works[u] = recv_list[0] if recv_list else None
-            send_works.extend(send_list)
-        elif plan.receives_ahead:
-            post_send(u)
-            # The scratch slot of unit u-k is free again: reuse it.
-            if u >= k and u - k + slots < rs_units:
-                post_recv(u - k + slots)
-        elif plan.send_first:
-            post_send(u)
-            post_recv(u)
-        else:
-            post_recv(u)
-            post_send(u)
-
-    def finish(u: int) -> None:
-        """Wait for unit u's receive; in the reduce-scatter, add it in."""
-        work = recv_works[u]
-        if work is not None:
-            work.wait()
-        if adds[u] is not None:
-            dest, incoming = adds[u]
-            dest.add_(incoming)
-
     if plan.receives_ahead:
         # Unit 0's data comes first, so its receive is posted last: posting
         # receives while data arrives contends with gloo's I/O thread, which
@@ -530,13 +574,40 @@ def _ring(flat: torch.Tensor, comm: _Comm) -> None:
         # own sends of that data completed, since the data that replaces it
         # has gone around the ring.
         for u in [*range(1, slots), *range(rs_units, units), 0]:
-            post_recv(u)
-    for u in range(units):
-        if u >= window:
-            finish(u - window)
-        post(u)
-    for u in range(max(0, units - window), units):
-        finish(u)
+            if recvs[u] is not None:
+                recv_works[u] = pg.recv([recvs[u]], left, _TAG_RING + u)
+
+    # Unit u is posted once unit u - window is finished. This loop is the
+    # path from one hop to the next (receive, add, forward), so it is kept
+    # flat: on an oversubscribed machine every extra call here slows the
+    # whole ring down.
+    for u in range(units + window):
+        if u >= window:  # finish unit u - window: wait for it, add it in
+            done = u - window
+            if recv_works[done] is not None:
+                recv_works[done].wait()
+            if adds[done] is not None:
+                adds[done][0].add_(adds[done][1])
+        if u >= units:
+            continue
+        recv, send, tag = recvs[u], sends[u], _TAG_RING + u
+        if comm.batched:
+            recv_list, send_list = comm.exchange(None if recv is None else (recv, left),
+                                                 None if send is None else (send, right), tag)
+            recv_works[u] = recv_list[0] if recv_list else None
+            send_works.extend(send_list)
+            continue
+        if send is not None and plan.send_first:
+            send_works.append(pg.send([send], right, tag))
+        if plan.receives_ahead:
+            # The scratch slot of unit u-k is free again: receive into it.
+            ahead = u - k + slots
+            if u >= k and ahead < rs_units and recvs[ahead] is not None:
+                recv_works[ahead] = pg.recv([recvs[ahead]], left, _TAG_RING + ahead)
+        elif recv is not None:
+            recv_works[u] = pg.recv([recv], left, tag)
+        if send is not None and not plan.send_first:
+            send_works.append(pg.send([send], right, tag))
     _wait(send_works)
 
 

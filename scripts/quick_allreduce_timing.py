@@ -6,7 +6,10 @@
 Each round times every algorithm once (a block of calls on the same buffer,
 slowest rank's time), in a rotating order, so all algorithms see the same
 machine conditions; that matters on a small or shared machine, where
-background load moves timings by tens of percent. Reported per size and
+background load moves timings by tens of percent. Each block starts with
+`--warmup` untimed calls: the first calls after a switch of algorithm can
+be slower than the rest (seen on the 2-core test machine at 4 MiB, where a
+block is only 2 calls), which would charge whichever algorithm comes second. Reported per size and
 algorithm: the median time over rounds, the bus bandwidth it implies
 (busbw = size / time * 2(n-1)/n, the per-link traffic of a bandwidth-optimal
 all-reduce, comparable across world sizes), and the median over rounds of
@@ -36,8 +39,10 @@ def parse_size(text: str) -> int:
     return int(text)
 
 
-def time_block(fn, t: torch.Tensor, iters: int) -> float:
-    """Seconds per call, for the slowest rank."""
+def time_block(fn, t: torch.Tensor, iters: int, warmup: int = 0) -> float:
+    """Seconds per call, for the slowest rank, after `warmup` untimed calls."""
+    for _ in range(warmup):
+        fn(t)
     dist.barrier()
     start = time.perf_counter()
     for _ in range(iters):
@@ -54,6 +59,7 @@ def main() -> None:
                         help=f"comma list of {', '.join(ALGORITHMS)}")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"])
+    parser.add_argument("--warmup", type=int, default=2, help="untimed calls before each timed block")
     parser.add_argument("--budget-bytes", type=float, default=8e6,
                         help="bytes per timed block: iterations = budget / size, clamped to [2, 20]")
     parser.add_argument("--comm-threads", default="auto", choices=COMM_THREADS,
@@ -70,7 +76,8 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     elem = torch.empty((), dtype=dtype).element_size()
     if rank == 0:
-        print(f"# world_size={n} dtype={args.dtype} rounds={args.rounds} comm_threads={env.comm_threads} "
+        print(f"# world_size={n} dtype={args.dtype} rounds={args.rounds} warmup={args.warmup} "
+              f"comm_threads={env.comm_threads} "
               "(median over rounds; "
               f"ratio = median of per-round busbw / builtin's)")
         print(f"{'size':>10} {'algo':>18} {'time_us':>10} {'busbw_GB/s':>11} {'vs_builtin':>10}")
@@ -84,7 +91,7 @@ def main() -> None:
         for r in range(args.rounds):
             shift = r % len(algos)
             for a in algos[shift:] + algos[:shift]:
-                times[a].append(time_block(fns[a], t, iters))
+                times[a].append(time_block(fns[a], t, iters, args.warmup))
         if rank == 0:
             factor = 2 * (n - 1) / n if n > 1 else 0.0
             for a in algos:

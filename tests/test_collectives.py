@@ -106,6 +106,7 @@ def _check_ring_segments(rank: int, world_size: int) -> list[str]:
             for case, (numel, dtype, seg_bytes, cap) in enumerate(configs):
                 collectives._RING_SEGMENT_BYTES = {"normal": seg_bytes, "realtime": seg_bytes}
                 collectives._RING_MAX_SCRATCH_BYTES = cap
+                collectives.free_scratch_buffers()  # the plan is read when a call is prepared
                 inputs = [_input(r, (numel,), dtype, 100 + case) for r in range(world_size)]
                 exact = sum(x.double() for x in inputs)
                 bound = world_size * UNIT_ROUNDOFF[dtype] * sum(x.double().abs() for x in inputs)
@@ -117,6 +118,29 @@ def _check_ring_segments(rank: int, world_size: int) -> list[str]:
     finally:
         (collectives._RING_SEGMENT_BYTES, collectives._RING_MAX_SCRATCH_BYTES,
          collectives.comm_threads_of_group) = saved
+        collectives.free_scratch_buffers()
+    return problems
+
+
+def _check_repeated_calls(rank: int, world_size: int) -> list[str]:
+    """The ring keeps what it worked out for a buffer (collectives._prepared):
+    the same buffer with new contents, views at other offsets of one storage,
+    and more buffers than are kept, in turn, must all still sum right."""
+    problems = []
+    base = torch.zeros(3 * 1021)
+    buffers = [base[:1021], base[1021:2042], base[2042:]]  # one storage, three addresses
+    buffers += [torch.zeros(1021) for _ in range(collectives._PREPARED_CALLS_KEPT)]
+    for call, index in enumerate([0, 0, 1, 0, 2, *range(3, len(buffers)), 0, 1]):
+        inputs = [_input(r, (1021,), torch.float64, 500 + call) for r in range(world_size)]
+        t = buffers[index]
+        t.copy_(inputs[rank])
+        collectives.ring_allreduce(t)
+        why = _compare(f"ring call {call} on buffer {index}", t, sum(inputs), torch.zeros(1021))
+        if why:
+            problems.append(why)
+    kept = collectives._per_thread.__dict__.get("prepared", {})
+    if world_size > 1 and len(kept) != collectives._PREPARED_CALLS_KEPT:
+        problems.append(f"{len(kept)} prepared calls kept, expected {collectives._PREPARED_CALLS_KEPT}")
     return problems
 
 
@@ -125,6 +149,7 @@ def _check_world(rank: int, world_size: int):
     ranks = list(range(world_size))
     problems, prints = _check_sum(rank, ranks, _cases(world_size))
     problems += _check_ring_segments(rank, world_size)
+    problems += _check_repeated_calls(rank, world_size)
     if world_size == 4:
         # new_group is collective: every rank creates every group.
         for members in ([1, 3], [0, 2, 3]):
@@ -134,6 +159,14 @@ def _check_world(rank: int, world_size: int):
                                   label=f"group {members}: ")
                 problems += p
                 prints += f
+            else:
+                for name in ("naive", "ring", "halving_doubling"):
+                    try:
+                        ALGORITHMS[name](torch.ones(3), group)
+                        problems.append(f"{name} on group {members} from rank {rank}: no error")
+                    except ValueError as e:
+                        if "not a member" not in str(e):
+                            problems.append(f"{name} on group {members} from rank {rank}: {e}")
     return problems, prints
 
 
@@ -186,7 +219,35 @@ def test_host_scratch_is_reused_grown_and_freed():
     assert grown.numel() == 5000
     assert collectives._scratch(4000, like).data_ptr() == grown.data_ptr()
     collectives.free_scratch_buffers()
-    assert collectives._scratch_local.__dict__.get("buffers") is None
+    assert collectives._per_thread.__dict__.get("buffers") is None
+
+
+def test_prepared_calls_are_kept_per_buffer_and_group_and_bounded():
+    collectives.free_scratch_buffers()
+    built = []
+
+    def prepare(flat, comm):
+        built.append((flat.data_ptr(), flat.numel(), comm))
+        return len(built)
+
+    comm, other_comm = object(), object()
+    a = torch.zeros(12)
+    first = collectives._prepared(a, comm, prepare)
+    assert collectives._prepared(a, comm, prepare) == first  # the same buffer: kept
+    assert collectives._prepared(a.view(3, 4).view(-1), comm, prepare) == first  # same memory
+    assert len(built) == 1
+    assert collectives._prepared(a[:6], comm, prepare) != first  # shorter
+    assert collectives._prepared(a[6:], comm, prepare) != first  # elsewhere
+    assert collectives._prepared(a.view(torch.int32).float(), comm, prepare) != first  # another tensor
+    assert collectives._prepared(a, other_comm, prepare) != first  # another group
+    assert len(built) == 5
+    # Least recently used first out: `a` was used before the others above.
+    for i in range(collectives._PREPARED_CALLS_KEPT):
+        collectives._prepared(torch.zeros(3 + i), comm, prepare)
+    assert len(collectives._per_thread.prepared) == collectives._PREPARED_CALLS_KEPT
+    assert collectives._prepared(a, comm, prepare) != first  # dropped, prepared again
+    collectives.free_scratch_buffers()
+    assert collectives._per_thread.__dict__ == {}
 
 
 @pytest.mark.parametrize("size, threads, batched, chunk_bytes, plan", [
