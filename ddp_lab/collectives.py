@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import weakref
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -214,15 +215,18 @@ class _Comm:
     """
 
     def __init__(self, group: dist.ProcessGroup | None, batched: bool):
-        self.group = group
         self.size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         if self.rank < 0:
             raise ValueError("this process is not a member of the given group")
-        # The ProcessGroup whose send/recv take group ranks (gloo path), and
+        # The group (None: the default one) and the ProcessGroup whose
+        # send/recv take group ranks (gloo path), held weakly: a _Comm is kept
+        # between calls (_comm_of) and must not keep a destroyed group (its
+        # threads, its sockets) alive until the interpreter exits.
         # global_ranks[r] = dist.get_global_rank(group, r) for the P2POps of
         # the NCCL path, looked up once.
-        self.pg = group if group is not None else dist.group.WORLD
+        self._group = None if group is None else weakref.ref(group)
+        self._pg = weakref.ref(group if group is not None else dist.group.WORLD)
         if group is None:
             self.global_ranks = list(range(self.size))
         else:
@@ -236,6 +240,15 @@ class _Comm:
         # threads at normal priority but gets the same plan (correct either
         # way, only the speed differs).
         self.threads = comm_threads_of_group()
+
+    @property
+    def group(self) -> dist.ProcessGroup | None:
+        return None if self._group is None else self._group()
+
+    @property
+    def pg(self) -> dist.ProcessGroup | None:
+        """The ProcessGroup, or None once it has been destroyed and freed."""
+        return self._pg()
 
     def exchange(
         self,
@@ -304,11 +317,12 @@ def _comm_of(group: dist.ProcessGroup | None, batched: bool) -> _Comm:
     """
     pg = group if group is not None else dist.group.WORLD
     comms = _per_thread.__dict__.setdefault("comms", {})
-    comm = comms.get((pg, batched))
-    if comm is None:
+    key = (id(pg), batched)
+    comm = comms.get(key)
+    if comm is None or comm.pg is not pg:  # none yet, or a destroyed group's
         if len(comms) >= 8:  # groups destroyed and made again: drop the old ones
             comms.clear()
-        comm = comms[(pg, batched)] = _Comm(group, batched)
+        comm = comms[key] = _Comm(group, batched)
     return comm
 
 
@@ -534,8 +548,9 @@ def _prepared(flat: torch.Tensor, comm: _Comm, prepare: Callable[[torch.Tensor, 
     Python work on the critical path: with 3-4 ranks sharing 2 cores, each
     rank's delay before and between its sends holds up its neighbours too.
     Keeping the prepared calls (with the group's _Comm, see _comm_of) took
-    the ring from 0.84-0.91x of gloo's all-reduce to 0.99-1.17x at 1-4 MiB
-    (3 and 4 ranks, interleaved rounds of one launch).
+    the ring from 0.87-1.00x of gloo's all-reduce to 0.97-1.13x at 1-2 MiB,
+    and from 0.77-0.88x to 0.85-0.96x at 4 MiB (3 and 4 ranks, old and new
+    code in the same interleaved rounds, three launches each).
 
     The key is the buffer's address, length, dtype and device, and the
     group: the views kept hold the buffer's memory, so no other tensor can

@@ -250,6 +250,31 @@ def test_prepared_calls_are_kept_per_buffer_and_group_and_bounded():
     assert collectives._per_thread.__dict__ == {}
 
 
+def test_comm_is_kept_per_group_and_does_not_outlive_it(tmp_path):
+    import gc
+
+    def init(name):
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / name}", rank=0, world_size=1)
+
+    collectives.free_scratch_buffers()
+    init("first")
+    try:
+        first = collectives._comm_of(None, batched=False)
+        assert collectives._comm_of(None, batched=False) is first
+        assert first.pg is dist.group.WORLD and (first.size, first.rank) == (1, 0)
+    finally:
+        dist.destroy_process_group()
+    gc.collect()
+    assert first.pg is None  # the kept _Comm did not keep the destroyed group alive
+    init("second")
+    try:
+        second = collectives._comm_of(None, batched=False)
+        assert second is not first and second.pg is dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+        collectives.free_scratch_buffers()
+
+
 @pytest.mark.parametrize("size, threads, batched, chunk_bytes, plan", [
     # plan: (segments, window, send_first, receives_ahead)
     (2, "realtime", False, 4 << 20, (6, 2, False, False)),    # 768 KiB segments, 2 in flight
