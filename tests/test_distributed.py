@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddp_lab import collectives, distributed
+from ddp_lab import distributed
+from ddp_lab.collectives import p2p, ring
 from ddp_lab.config import ConfigError
 from tests.conftest import NamedThread, may_use_realtime
 from tests.multiproc import run_in_processes
@@ -134,10 +135,10 @@ def _schedule(rank, world_size, requested):
 
     def ring_noting_priority(flat, comm):
         seen.append(os.sched_getscheduler(0))
-        collectives._ring(flat, comm)
+        ring._ring(flat, comm)
 
     u = torch.full((1 << 18,), float(rank + 1))
-    collectives._run_on_comm_device(u, None, ring_noting_priority)
+    p2p.run_on_comm_device(u, None, ring_noting_priority)
     assert u[0].item() == 3.0
     policies = sorted((distributed.thread_name(tid), os.sched_getscheduler(tid))
                       for tid in distributed.thread_ids() if tid != me)

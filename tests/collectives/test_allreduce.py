@@ -8,18 +8,18 @@ test asserts there are no problems and that all ranks hold identical results.
 from __future__ import annotations
 
 import hashlib
-import types
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from ddp_lab import collectives
+from ddp_lab.collectives import p2p, ring
 from ddp_lab.collectives import ALGORITHMS, SUPPORTED_DTYPES, get_algorithm
 from tests.multiproc import run_in_processes
 
 BIG = 1_000_003  # ~4 MB of float32, odd length; above the size where pairwise
-#                  exchanges switch to send-first (_EARLY_RECV_MAX_BYTES)
+#                  exchanges switch to send-first (pairwise.EARLY_RECV_MAX_BYTES)
 
 # Unit roundoff u of each dtype. Summing n values in any order, each addition
 # rounds once, so |result - exact| <= (n-1) * u * sum(|x_i|); the tests allow
@@ -93,8 +93,7 @@ def _check_ring_segments(rank: int, world_size: int) -> list[str]:
     """The ring with many segments per chunk, under both plans (gloo's threads
     at normal or real-time priority), and a scratch cap that forces slot reuse."""
     problems = []
-    saved = (collectives._RING_SEGMENT_BYTES, collectives._RING_MAX_SCRATCH_BYTES,
-             collectives.comm_threads_of_group)
+    saved = (ring.SEGMENT_BYTES, ring.MAX_SCRATCH_BYTES, p2p.comm_threads_of_group)
     try:
         # (elements, dtype, segment bytes, scratch cap bytes); a cap of 1 byte
         # gives the minimum number of scratch slots.
@@ -102,10 +101,10 @@ def _check_ring_segments(rank: int, world_size: int) -> list[str]:
                    (20_011, torch.bfloat16, 4096, 16 * 1024), (BIG, torch.float32, 512 * 1024, 1 << 20)]
         for threads in ("normal", "realtime"):
             # Only the ring's plan follows this; the threads' priority is untouched.
-            collectives.comm_threads_of_group = lambda threads=threads: threads
+            p2p.comm_threads_of_group = lambda threads=threads: threads
             for case, (numel, dtype, seg_bytes, cap) in enumerate(configs):
-                collectives._RING_SEGMENT_BYTES = {"normal": seg_bytes, "realtime": seg_bytes}
-                collectives._RING_MAX_SCRATCH_BYTES = cap
+                ring.SEGMENT_BYTES = {"normal": seg_bytes, "realtime": seg_bytes}
+                ring.MAX_SCRATCH_BYTES = cap
                 collectives.free_scratch_buffers()  # the plan is read when a call is prepared
                 inputs = [_input(r, (numel,), dtype, 100 + case) for r in range(world_size)]
                 exact = sum(x.double() for x in inputs)
@@ -116,20 +115,19 @@ def _check_ring_segments(rank: int, world_size: int) -> list[str]:
                 if why:
                     problems.append(why)
     finally:
-        (collectives._RING_SEGMENT_BYTES, collectives._RING_MAX_SCRATCH_BYTES,
-         collectives.comm_threads_of_group) = saved
+        ring.SEGMENT_BYTES, ring.MAX_SCRATCH_BYTES, p2p.comm_threads_of_group = saved
         collectives.free_scratch_buffers()
     return problems
 
 
 def _check_repeated_calls(rank: int, world_size: int) -> list[str]:
-    """The ring keeps what it worked out for a buffer (collectives._prepared):
+    """The ring keeps what it worked out for a buffer (p2p.prepared):
     the same buffer with new contents, views at other offsets of one storage,
     and more buffers than are kept, in turn, must all still sum right."""
     problems = []
     base = torch.zeros(3 * 1021)
     buffers = [base[:1021], base[1021:2042], base[2042:]]  # one storage, three addresses
-    buffers += [torch.zeros(1021) for _ in range(collectives._PREPARED_CALLS_KEPT)]
+    buffers += [torch.zeros(1021) for _ in range(p2p.PREPARED_CALLS_KEPT)]
     for call, index in enumerate([0, 0, 1, 0, 2, *range(3, len(buffers)), 0, 1]):
         inputs = [_input(r, (1021,), torch.float64, 500 + call) for r in range(world_size)]
         t = buffers[index]
@@ -138,9 +136,9 @@ def _check_repeated_calls(rank: int, world_size: int) -> list[str]:
         why = _compare(f"ring call {call} on buffer {index}", t, sum(inputs), torch.zeros(1021))
         if why:
             problems.append(why)
-    kept = collectives._per_thread.__dict__.get("prepared", {})
-    if world_size > 1 and len(kept) != collectives._PREPARED_CALLS_KEPT:
-        problems.append(f"{len(kept)} prepared calls kept, expected {collectives._PREPARED_CALLS_KEPT}")
+    kept = p2p.per_thread.__dict__.get("prepared", {})
+    if world_size > 1 and len(kept) != p2p.PREPARED_CALLS_KEPT:
+        problems.append(f"{len(kept)} prepared calls kept, expected {p2p.PREPARED_CALLS_KEPT}")
     return problems
 
 
@@ -207,87 +205,6 @@ def test_integer_and_bool_dtypes_are_rejected(name, dtype):
     assert str(dtype).replace("torch.", "") in message
     for ok in ("float32", "float64", "bfloat16", "float16"):
         assert ok in message
-
-
-def test_host_scratch_is_reused_grown_and_freed():
-    like = torch.empty(0, dtype=torch.float32)
-    first = collectives._scratch(1000, like)
-    assert collectives._scratch(10, like).data_ptr() == first.data_ptr()  # reused
-    assert collectives._scratch(10, like.double()).data_ptr() != first.data_ptr()  # per dtype
-    assert collectives._scratch(10, like, "staging").data_ptr() != first.data_ptr()  # per purpose
-    grown = collectives._scratch(5000, like)
-    assert grown.numel() == 5000
-    assert collectives._scratch(4000, like).data_ptr() == grown.data_ptr()
-    collectives.free_scratch_buffers()
-    assert collectives._per_thread.__dict__.get("buffers") is None
-
-
-def test_prepared_calls_are_kept_per_buffer_and_group_and_bounded():
-    collectives.free_scratch_buffers()
-    built = []
-
-    def prepare(flat, comm):
-        built.append((flat.data_ptr(), flat.numel(), comm))
-        return len(built)
-
-    comm, other_comm = object(), object()
-    a = torch.zeros(12)
-    first = collectives._prepared(a, comm, prepare)
-    assert collectives._prepared(a, comm, prepare) == first  # the same buffer: kept
-    assert collectives._prepared(a.view(3, 4).view(-1), comm, prepare) == first  # same memory
-    assert len(built) == 1
-    assert collectives._prepared(a[:6], comm, prepare) != first  # shorter
-    assert collectives._prepared(a[6:], comm, prepare) != first  # elsewhere
-    assert collectives._prepared(a.view(torch.int32).float(), comm, prepare) != first  # another tensor
-    assert collectives._prepared(a, other_comm, prepare) != first  # another group
-    assert len(built) == 5
-    # Least recently used first out: `a` was used before the others above.
-    for i in range(collectives._PREPARED_CALLS_KEPT):
-        collectives._prepared(torch.zeros(3 + i), comm, prepare)
-    assert len(collectives._per_thread.prepared) == collectives._PREPARED_CALLS_KEPT
-    assert collectives._prepared(a, comm, prepare) != first  # dropped, prepared again
-    collectives.free_scratch_buffers()
-    assert collectives._per_thread.__dict__ == {}
-
-
-def test_comm_is_kept_per_group_and_does_not_outlive_it(tmp_path):
-    import gc
-
-    def init(name):
-        dist.init_process_group("gloo", init_method=f"file://{tmp_path / name}", rank=0, world_size=1)
-
-    collectives.free_scratch_buffers()
-    init("first")
-    try:
-        first = collectives._comm_of(None, batched=False)
-        assert collectives._comm_of(None, batched=False) is first
-        assert first.pg is dist.group.WORLD and (first.size, first.rank) == (1, 0)
-    finally:
-        dist.destroy_process_group()
-    gc.collect()
-    assert first.pg is None  # the kept _Comm did not keep the destroyed group alive
-    init("second")
-    try:
-        second = collectives._comm_of(None, batched=False)
-        assert second is not first and second.pg is dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
-        collectives.free_scratch_buffers()
-
-
-@pytest.mark.parametrize("size, threads, batched, chunk_bytes, plan", [
-    # plan: (segments, window, send_first, receives_ahead)
-    (2, "realtime", False, 4 << 20, (6, 2, False, False)),    # 768 KiB segments, 2 in flight
-    (3, "realtime", False, 100 << 10, (1, 1, False, False)),  # small chunk: one message
-    (2, "normal", False, 4 << 20, (1, 1, True, False)),       # one message, pairwise send-first
-    (3, "normal", False, 10 << 20, (3, 3, True, True)),       # 4 MiB segments, receives ahead
-    (4, "realtime", True, 64 << 20, (1, 1, False, False)),    # NCCL: one message per chunk
-])
-def test_ring_plan(size, threads, batched, chunk_bytes, plan):
-    comm = types.SimpleNamespace(size=size, threads=threads, batched=batched)
-    got = collectives._ring_plan(comm, chunk_bytes // 4, 4)
-    assert tuple(got) == plan
-    assert 1 <= got.window <= got.segments  # unit u sends what unit u-segments received
 
 
 def test_unknown_algorithm_names_the_choices():

@@ -1,0 +1,74 @@
+"""What the hand-written all-reduces keep between calls (ddp_lab/collectives/p2p.py):
+host scratch buffers, prepared calls, and each group's Comm."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ddp_lab.collectives import p2p
+
+
+def test_host_scratch_is_reused_grown_and_freed():
+    like = torch.empty(0, dtype=torch.float32)
+    first = p2p.scratch(1000, like)
+    assert p2p.scratch(10, like).data_ptr() == first.data_ptr()  # reused
+    assert p2p.scratch(10, like.double()).data_ptr() != first.data_ptr()  # per dtype
+    assert p2p.scratch(10, like, "staging").data_ptr() != first.data_ptr()  # per purpose
+    grown = p2p.scratch(5000, like)
+    assert grown.numel() == 5000
+    assert p2p.scratch(4000, like).data_ptr() == grown.data_ptr()
+    p2p.free_scratch_buffers()
+    assert p2p.per_thread.__dict__.get("buffers") is None
+
+
+def test_prepared_calls_are_kept_per_buffer_and_group_and_bounded():
+    p2p.free_scratch_buffers()
+    built = []
+
+    def prepare(flat, comm):
+        built.append((flat.data_ptr(), flat.numel(), comm))
+        return len(built)
+
+    comm, other_comm = object(), object()
+    a = torch.zeros(12)
+    first = p2p.prepared(a, comm, prepare)
+    assert p2p.prepared(a, comm, prepare) == first  # the same buffer: kept
+    assert p2p.prepared(a.view(3, 4).view(-1), comm, prepare) == first  # same memory
+    assert len(built) == 1
+    assert p2p.prepared(a[:6], comm, prepare) != first  # shorter
+    assert p2p.prepared(a[6:], comm, prepare) != first  # elsewhere
+    assert p2p.prepared(a.view(torch.int32).float(), comm, prepare) != first  # another tensor
+    assert p2p.prepared(a, other_comm, prepare) != first  # another group
+    assert len(built) == 5
+    # Least recently used first out: `a` was used before the others above.
+    for i in range(p2p.PREPARED_CALLS_KEPT):
+        p2p.prepared(torch.zeros(3 + i), comm, prepare)
+    assert len(p2p.per_thread.prepared) == p2p.PREPARED_CALLS_KEPT
+    assert p2p.prepared(a, comm, prepare) != first  # dropped, prepared again
+    p2p.free_scratch_buffers()
+    assert p2p.per_thread.__dict__ == {}
+
+
+def test_comm_is_kept_per_group_and_does_not_outlive_it(tmp_path):
+    import gc
+
+    def init(name):
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / name}", rank=0, world_size=1)
+
+    p2p.free_scratch_buffers()
+    init("first")
+    try:
+        first = p2p.comm_of(None, batched=False)
+        assert p2p.comm_of(None, batched=False) is first
+        assert first.pg is dist.group.WORLD and (first.size, first.rank) == (1, 0)
+    finally:
+        dist.destroy_process_group()
+    gc.collect()
+    assert first.pg is None  # the kept Comm did not keep the destroyed group alive
+    init("second")
+    try:
+        second = p2p.comm_of(None, batched=False)
+        assert second is not first and second.pg is dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+        p2p.free_scratch_buffers()
