@@ -61,7 +61,12 @@ class LeNet(nn.Sequential):
         weight = F.pad(conv.weight, (0, 0, 0, 0, 0, 0, 0, extra))  # zero filters after the real ones
         bias = F.pad(conv.bias, (0, extra))
         x = F.conv2d(x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups)
-        x = pool(relu(x))[:, : conv.out_channels]
+        # Dropping the padded channels leaves a strided view (in NHWC, 20 of
+        # every 32 values); copied here, the copy is fused into pooling's
+        # kernel, where oneDNN would otherwise copy it for conv2's forward and
+        # again for its backward (0.5 ms of a 19.6 ms step), and conv2's
+        # backward ran 13% slower on the view (6.7 against 5.9 ms).
+        x = pool(relu(x))[:, : conv.out_channels].clone(memory_format=torch.preserve_format)
         for layer in rest:
             x = layer(x)
         return x

@@ -73,6 +73,22 @@ def test_padded_conv1_gives_the_same_logits_and_gradients(pad_to):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_padded_path_hands_conv2_a_dense_input_in_the_model_layout(channels_last):
+    """The padded channels are dropped by a copy, not left as a strided view
+    that oneDNN would copy again in conv2's forward and backward."""
+    net = lenet()
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    net = net.to(memory_format=fmt)
+    seen = []
+    conv2 = [m for m in net if isinstance(m, torch.nn.Conv2d)][1]
+    conv2.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    net.forward_padded(torch.randn(4, 1, 26, 26).to(memory_format=fmt))
+    (x,) = seen
+    assert x.shape == (4, 20, 12, 12)
+    assert x.is_contiguous(memory_format=fmt)
+
+
 def test_compiled_lenet_takes_the_padded_path_and_eager_does_not(monkeypatch):
     torch.manual_seed(0)
     net = lenet()
