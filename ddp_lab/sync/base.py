@@ -1,0 +1,166 @@
+"""What every gradient sync strategy shares: timing its communication, polling, averaging.
+
+Communication time (``comm_seconds``, ``comm_timing``):
+
+* ``after_backward`` (flat, per_param): the wall time of after_backward.
+* ``hook`` (ddp with algo != builtin): the time spent inside the hook. The
+  hooks run while backward is still computing other buckets' gradients, so
+  this is an upper bound of the communication cost the step actually sees.
+* ``unmeasured`` (ddp with algo=builtin, any compress): DDP's allreduce is
+  asynchronous; timing it would mean waiting for it inside the hook, which
+  removes the very overlap being measured. No figure is reported (null).
+* ``none``: a single process, nothing to communicate (0).
+
+On CUDA the time is taken with CUDA events around the work on the current
+stream (no extra synchronisation), read when ``comm_seconds`` is read. Only
+steps taken while ``measuring`` is true count; the trainer sets it for the
+steps its throughput window counts.
+
+``sync.poll`` -- how a CPU rank waits for the backend's own allreduce
+(algo=builtin): by asking whether it is done, yielding the CPU between
+questions (``os.sched_yield``), instead of sleeping until gloo wakes it. A
+rank that sleeps there is now and then woken milliseconds late: on the 2-core
+development VM a 0.5 MB gloo allreduce took a median 0.45 ms back to back,
+but a median 2.1 ms (3.9 ms or more one time in four) right after 20 ms of
+computing. Polling made 2 ranks of LeNet train 10% faster there with
+mode=flat (3 alternating runs each); with mode=ddp the difference was within
+the noise. (Most of that lateness was gloo's own threads waiting for a
+scheduler tick, which dist.comm_threads now removes where permitted; with
+it, polling still gave the shorter comm_ms in 2 of 3 pairs.) With mode=ddp
+it waits on the backward's last bucket only, so earlier buckets still
+overlap the backward. CUDA ranks never poll: NCCL's wait does not block the
+host.
+Our own algorithms always block: gloo's send/recv works cannot be asked.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddp_lab.collectives import ALGORITHMS
+from ddp_lab.distributed import DistEnv
+
+COMPRESS_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class GradSync:
+    """No communication at all: a single process, or the base of the others."""
+
+    comm_timing = "none"  # see the module docstring
+    # False where .grad must stay allocated between steps (flat: views into its buffer),
+    # so the trainer calls zero_grad(set_to_none=grads_set_to_none).
+    grads_set_to_none = True
+
+    def __init__(self, model: nn.Module, env: DistEnv):
+        self.model = model
+        self.module: nn.Module = model
+        self.env = env
+        self.measuring = True  # count communication time of the current step
+        self.wire_bytes = 0  # bytes ddp_lab itself handed to an allreduce (not DDP's builtin)
+        self._seconds = 0.0
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    @property
+    def comm_seconds(self) -> float:
+        """Time in gradient communication, summed over the measured steps."""
+        if self._events:
+            for start, end in self._events:
+                end.synchronize()
+                self._seconds += start.elapsed_time(end) / 1000
+            self._events.clear()
+        return self._seconds
+
+    def comm_figures(self, steps: int, seconds: float) -> tuple[float, float]:
+        """(ms of communication per step, its share of the step time) over `steps`
+        measured steps that took `seconds`; NaN where not measured."""
+        if self.comm_timing == "unmeasured" or steps == 0:
+            return math.nan, math.nan
+        comm = self.comm_seconds
+        return 1000 * comm / steps, (comm / seconds if seconds > 0 else math.nan)
+
+    @contextlib.contextmanager
+    def _timed(self):
+        """Add the enclosed communication to comm_seconds (when measuring)."""
+        if not self.measuring:
+            yield
+            return
+        if self.env.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self._events.append((start, end))
+        else:
+            t0 = time.perf_counter()
+            yield
+            self._seconds += time.perf_counter() - t0
+
+    def no_sync(self):
+        return contextlib.nullcontext()
+
+    def after_backward(self) -> None:
+        pass
+
+    def describe(self) -> str:
+        return "none"
+
+
+def wait_polling(done) -> None:
+    """Return once done() is true, yielding the CPU between checks but never sleeping."""
+    while not done():
+        os.sched_yield()
+
+
+def polling_allreduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """dist.all_reduce(SUM) that waits by polling (see sync.poll above)."""
+    if dist.get_world_size(group) > 1:
+        work = dist.all_reduce(tensor, group=group, async_op=True)
+        wait_polling(work.is_completed)
+        work.wait()  # raises what the allreduce raised, if anything
+    return tensor
+
+
+def polls(cfg, env: DistEnv) -> bool:
+    """Whether this rank waits for the builtin allreduce by polling (sync.poll)."""
+    return cfg.poll and cfg.algo == "builtin" and env.device.type == "cpu"
+
+
+def broadcast_from_rank0(model: nn.Module) -> None:
+    """Every rank starts from rank 0's parameters and buffers (DDP does this itself)."""
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(t.data, src=0)
+
+
+class AveragingSync(GradSync):
+    """A GradSync that averages 1-D buffers itself with the chosen algorithm."""
+
+    def __init__(self, model: nn.Module, env: DistEnv, cfg):
+        super().__init__(model, env)
+        self.cfg = cfg
+        self.allreduce = polling_allreduce if polls(cfg, env) else ALGORITHMS[cfg.algo]
+        self.wire_dtype = COMPRESS_DTYPES[cfg.compress]
+
+    def _average(self, flat: torch.Tensor) -> None:
+        """flat (1-D, contiguous) <- the mean of every rank's flat."""
+        n = self.env.world_size
+        if self.wire_dtype is None or flat.dtype == self.wire_dtype:
+            self.allreduce(flat)
+            flat.div_(n)
+            self.wire_bytes += flat.numel() * flat.element_size()
+        else:
+            # Divide first, as PyTorch's compress hooks do: the fp16 sum cannot overflow.
+            wire = flat.to(self.wire_dtype).div_(n)
+            self.allreduce(wire)
+            flat.copy_(wire)
+            self.wire_bytes += wire.numel() * wire.element_size()
+
+    def describe(self) -> str:
+        c = self.cfg.compress
+        return f"{self.cfg.mode}/{self.cfg.algo}" + ("" if c == "none" else f"+{c}")

@@ -1,0 +1,107 @@
+"""sync.mode=ddp: torch DistributedDataParallel, with our algorithms as its communication hook."""
+from __future__ import annotations
+
+import logging
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddp_lab.distributed import DistEnv
+from ddp_lab.sync.base import AveragingSync, polls, wait_polling
+
+# DDP's first bucket, kept small so that the first allreduce starts early.
+DDP_FIRST_BUCKET_BYTES = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 1024 * 1024)
+
+log = logging.getLogger("ddp_lab")
+
+
+class DDPSync(AveragingSync):
+    """torch DistributedDataParallel: bucketed allreduce overlapped with backward.
+
+    algo=builtin leaves the reduction to DDP (with compress, PyTorch's own
+    bf16/fp16 compress hook); any other algo runs in a communication hook on
+    each bucket, synchronously, and hands DDP a completed future.
+    """
+
+    def __init__(self, model: nn.Module, env: DistEnv, cfg):
+        super().__init__(model, env, cfg)
+        if _is_compiled(model) and cfg.bucket_cap_mb * 2**20 < DDP_FIRST_BUCKET_BYTES:
+            _compile_whole_graph_under_ddp(cfg.bucket_cap_mb)
+        self.module = DDP(
+            model,
+            device_ids=[env.device.index] if env.device.type == "cuda" else None,
+            bucket_cap_mb=cfg.bucket_cap_mb,
+            gradient_as_bucket_view=cfg.gradient_as_bucket_view,
+            static_graph=cfg.static_graph,
+        )
+        if cfg.algo == "builtin":
+            self.comm_timing = "unmeasured"
+            hook = None
+            if cfg.compress != "none":
+                torch_hook = {"bf16": default_hooks.bf16_compress_hook,
+                              "fp16": default_hooks.fp16_compress_hook}[cfg.compress]
+
+                def hook(state, bucket):  # counts bytes, never waits
+                    self.wire_bytes += bucket.buffer().numel() * 2
+                    return torch_hook(state, bucket)
+            if polls(cfg, env):
+                hook = polling_hook(hook or default_hooks.allreduce_hook)
+            if hook is not None:
+                self.module.register_comm_hook(None, hook)
+        else:
+            self.comm_timing = "hook"
+            self.module.register_comm_hook(None, self._hook)
+
+    def _hook(self, state, bucket):  # (no annotations: DDP checks them, and they are strings here)
+        buffer = bucket.buffer()
+        with self._timed():
+            self._average(buffer)
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result(buffer)
+        return fut
+
+    def no_sync(self):
+        return self.module.no_sync()
+
+
+def polling_hook(hook):
+    """A DDP comm hook that waits for the backward's last bucket by polling.
+
+    DDP waits for every bucket's future when the backward ends; the last
+    bucket is the one still in flight then, so polling it is where the wait is.
+    """
+    def polling(state, bucket):
+        fut = hook(state, bucket)
+        if bucket.is_last():
+            wait_polling(fut.done)
+        return fut
+    return polling
+
+
+def _is_compiled(model: nn.Module) -> bool:
+    # No torch.compile without torch._dynamo loaded: do not pay for importing it here.
+    dynamo = sys.modules.get("torch._dynamo")
+    return dynamo is not None and isinstance(model, dynamo.eval_frame.OptimizedModule)
+
+
+def _compile_whole_graph_under_ddp(bucket_cap_mb: float) -> None:
+    """Let a compiled model train under DDP buckets smaller than DDP's first one.
+
+    torch.compile cuts the model's graph at DDP's bucket boundaries, so that each
+    bucket's allreduce starts while the rest of the backward runs; that pass
+    (torch._dynamo.config.optimize_ddp) assumes no bucket is smaller than DDP's
+    first (1 MiB) and fails with "First bucket should be smaller/equal to other
+    buckets" when one is. Compiling the whole graph instead is correct; the
+    price is that every bucket's allreduce starts after the backward ends.
+    The setting is process-wide: one training run per process.
+    """
+    log.warning("sync.bucket_cap_mb=%s is below DDP's first bucket (%s MiB), which the "
+                "compiled model's bucket-wise graph splitting cannot handle: compiling the "
+                "whole graph, so allreduces start after the backward instead of during it. "
+                "For overlap, use sync.bucket_cap_mb>=%s or trainer.compile=false.",
+                bucket_cap_mb, DDP_FIRST_BUCKET_BYTES / 2**20, DDP_FIRST_BUCKET_BYTES / 2**20)
+    torch._dynamo.config.optimize_ddp = False

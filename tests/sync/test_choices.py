@@ -1,0 +1,72 @@
+"""Choosing a strategy: the config's checks, its presets, sync.mode=auto, one process."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddp_lab.config import ConfigError
+from ddp_lab.distributed import DistEnv
+from ddp_lab.models import lenet
+from ddp_lab.sync import ALGOS, MODES, GradSync, build_sync, resolve_mode, validate
+from tests.multiproc import run_in_processes
+from tests.sync import sync_cfg
+
+CPU = torch.device("cpu")
+CONF = Path(__file__).parents[2] / "conf"
+
+
+@pytest.mark.parametrize("key,value,choices", [
+    ("mode", "allgather", "auto, ddp, flat, per_param"),
+    ("algo", "tree", "builtin, naive, ring, halving_doubling"),
+    ("compress", "int8", "none, bf16, fp16"),
+])
+def test_bad_choice_names_the_valid_ones(key, value, choices):
+    with pytest.raises(ConfigError) as e:
+        validate(sync_cfg(**{key: value}))
+    assert str(e.value) == f"sync.{key}={value!r} is not one of {choices}"
+
+
+def test_every_combination_is_valid_and_bucket_sizes_are_checked():
+    for mode in MODES:
+        for algo in ALGOS:
+            for compress in ("none", "bf16", "fp16"):
+                validate(sync_cfg(mode, algo, compress))
+    validate(sync_cfg("flat", bucket_cap_mb=0))  # one buffer
+    with pytest.raises(ConfigError, match="must be > 0 with sync.mode=ddp"):
+        validate(sync_cfg("ddp", bucket_cap_mb=0))
+    with pytest.raises(ConfigError, match="must be >= 0"):
+        validate(sync_cfg("per_param", bucket_cap_mb=-1))
+
+
+@pytest.mark.parametrize("preset", ["auto", "ddp", "flat", "per_param"])
+def test_presets_compose_and_comment_every_key(compose_train, preset):
+    cfg = compose_train([f"sync={preset}", "sync.algo=ring"])
+    assert (cfg.sync.mode, cfg.sync.algo) == (preset, "ring")
+    validate(cfg.sync)
+    text = (CONF / "sync" / f"{preset}.yaml").read_text()
+    keys = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+    assert len(keys) == 7 and all("#" in ln for ln in keys)
+
+
+def test_single_process_has_nothing_to_communicate():
+    model = lenet()
+    sync = build_sync(sync_cfg("flat", "ring"), model, DistEnv(0, 1, 0, CPU, "none"))
+    assert type(sync) is GradSync and sync.module is model and sync.describe() == "none"
+    assert sync.comm_figures(10, 1.0) == (0.0, 0.0)
+    assert all(math.isnan(v) for v in sync.comm_figures(0, 0.0))
+
+
+def test_auto_mode_is_flat_on_cpu_and_ddp_on_gpus():
+    assert resolve_mode("auto", CPU) == "flat"
+    assert resolve_mode("auto", torch.device("cuda", 0)) == "ddp"
+    assert resolve_mode("per_param", CPU) == "per_param"  # an explicit mode is kept
+    assert run_in_processes(_build_auto, 2) == [("FlatSync", "flat/builtin", "auto")] * 2
+
+
+def _build_auto(rank: int, world_size: int):
+    cfg = sync_cfg("auto", bucket_cap_mb=25)
+    sync = build_sync(cfg, lenet(), DistEnv(rank, world_size, 0, CPU, "gloo"))
+    return type(sync).__name__, sync.describe(), cfg.mode  # the caller's cfg is left as it was

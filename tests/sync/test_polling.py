@@ -1,0 +1,42 @@
+"""sync.poll: CPU ranks wait for the builtin allreduce by polling, DDP on its last bucket only."""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from ddp_lab.distributed import DistEnv
+from ddp_lab.sync.base import polls
+from ddp_lab.sync.ddp import polling_hook
+from tests.sync import sync_cfg
+
+
+def test_polling_hook_waits_for_the_last_bucket_only():
+    class Bucket:
+        def __init__(self, last):
+            self.last = last
+
+        def is_last(self):
+            return self.last
+
+    futures = []
+
+    def hook(state, bucket):  # an allreduce that finishes 50 ms later, on another thread
+        fut = torch.futures.Future()
+        threading.Timer(0.05, fut.set_result, args=(bucket,)).start()
+        futures.append(fut)
+        return fut
+
+    polling = polling_hook(hook)
+    assert not polling(None, Bucket(last=False)).done()  # earlier buckets: back at once
+    assert polling(None, Bucket(last=True)).done()       # the last: back when it is done
+    futures[0].wait()
+
+
+def test_polling_is_for_the_builtin_allreduce_on_cpu_ranks():
+    gloo_cpu = DistEnv(0, 2, 0, torch.device("cpu"), "gloo")
+    nccl_gpu = DistEnv(0, 2, 0, torch.device("cuda", 0), "nccl")
+    assert polls(sync_cfg(), gloo_cpu)
+    assert not polls(sync_cfg(poll=False), gloo_cpu)
+    assert not polls(sync_cfg(algo="ring"), gloo_cpu)   # send/recv works cannot be polled
+    assert not polls(sync_cfg(), nccl_gpu)              # NCCL's wait does not block the host
