@@ -42,7 +42,10 @@ _TAG = 1000  # + unit index: each ring message has its own tag
 #   of gloo's all-reduce to 0.96-1.26x (2 ranks, 4-16 MiB) and from 0.77-0.86x
 #   to 0.91-0.92x (3 and 4 ranks, 16 MiB); 768 KiB did as well at 2 ranks and
 #   better at 3 and 4 at 1-4 MiB (one launch of 15 rounds: 0.87-0.88 against
-#   0.74-0.85 at 3 ranks), and 256 KiB was slower again.
+#   0.74-0.85 at 3 ranks), and 256 KiB was slower again. gloo's own ring
+#   cuts every chunk in two, however small; done here too, it was slower at
+#   4 ranks and 1-2 MiB (0.66-0.87x of gloo against 0.77-0.99x, two launches
+#   of 15 rounds): below a segment's size, a message saved beats overlap.
 # Chunks above the size are cut into near-equal segments of at most this
 # size. These knobs are read when a call on a buffer is prepared; after
 # changing them, free_scratch_buffers().
