@@ -20,5 +20,4 @@ def test_every_config_group_ships_its_yaml_files():
     assert "ddp_lab.conf.trainer" in groups
     for package in groups | {"ddp_lab.conf"}:
         assert package in SETUPTOOLS["packages"], f"add {package} to [tool.setuptools] packages"
-        assert "*.yaml" in SETUPTOOLS["package-data"].get(package, []), \
-            f'add "{package}" = ["*.yaml"] to [tool.setuptools.package-data]'
+    assert "*.yaml" in SETUPTOOLS["package-data"]["*"], 'keep "*" = ["*.yaml"] in [tool.setuptools.package-data]'

@@ -53,10 +53,10 @@ from ddp_lab.sync.ddp import DDPSync
 from ddp_lab.sync.flat import FlatSync
 from ddp_lab.sync.per_param import PerParamSync
 
-MODES = ("ddp", "flat", "per_param")
+STRATEGIES = {"ddp": DDPSync, "flat": FlatSync, "per_param": PerParamSync}
+MODES = tuple(STRATEGIES)  # ddp, flat, per_param
 ALGOS = tuple(ALGORITHMS)  # builtin, naive, ring, halving_doubling
 COMPRESS = tuple(COMPRESS_DTYPES)  # none, bf16, fp16
-STRATEGIES = {"ddp": DDPSync, "flat": FlatSync, "per_param": PerParamSync}
 
 
 def resolve_mode(mode: str, device: torch.device) -> str:
