@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ddp_lab.collectives.p2p import Comm, chunk_bounds, run_on_comm_device, scratch
+from ddp_lab.collectives.p2p import Comm, chunk_bounds, prepared, run_on_comm_device, scratch
 from ddp_lab.collectives.pairwise import Step, receives_first, run_steps
 
 _TAG_FOLD_IN = 201
@@ -24,6 +24,17 @@ _TAG_AG = 400  # + level
 
 
 def _halving_doubling(flat: torch.Tensor, comm: Comm) -> None:
+    # The steps for a buffer are worked out once and kept (p2p.prepared), as
+    # the ring's messages are: building them again on every call (the views,
+    # the scratch lookup) made a 4 KiB call at 2 ranks 166-168 us instead of
+    # 120-129 us, against gloo's 130.
+    steps, early = prepared(flat, comm, _prepare_halving_doubling)
+    run_steps(comm, steps, early)
+
+
+def _prepare_halving_doubling(flat: torch.Tensor, comm: Comm) -> tuple[list[Step], bool]:
+    """This rank's exchanges for one buffer, and whether their receives are
+    posted first (pairwise.receives_first)."""
     n, rank = comm.size, comm.rank
     p = 1 << (n.bit_length() - 1)  # largest power of two <= n
     rem = n - p
@@ -36,8 +47,7 @@ def _halving_doubling(flat: torch.Tensor, comm: Comm) -> None:
     if rank < 2 * rem and rank % 2 == 0:
         steps.append(Step(rank + 1, _TAG_FOLD_IN, send=flat, recv=None))
         steps.append(Step(rank + 1, _TAG_FOLD_OUT, send=None, recv=flat))
-        run_steps(comm, steps, early)
-        return
+        return steps, early
     # Chunk c of p covers bounds[c]:bounds[c+1]; after the reduce-scatter
     # new rank r owns the sum of chunk r.
     bounds = chunk_bounds(flat.numel(), p)
@@ -96,7 +106,7 @@ def _halving_doubling(flat: torch.Tensor, comm: Comm) -> None:
     # Fold-out: hand the result to the rank that sat out.
     if rank < 2 * rem:
         steps.append(Step(rank - 1, _TAG_FOLD_OUT, send=flat, recv=None))
-    run_steps(comm, steps, early)
+    return steps, early
 
 
 def halving_doubling_allreduce(

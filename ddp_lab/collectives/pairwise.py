@@ -15,8 +15,9 @@ import torch.distributed as dist
 
 from ddp_lab.collectives.p2p import Comm, wait_all
 
-# With 3+ ranks, exchanges on gloo post all their receives first for tensors
-# up to this size, and each send before its receive above it.
+# With gloo's threads at normal priority and 3+ ranks, exchanges post all
+# their receives first for tensors up to this size, and each send before its
+# receive above it.
 EARLY_RECV_MAX_BYTES = 1024 * 1024
 
 
@@ -35,13 +36,24 @@ class Step(NamedTuple):
 def receives_first(flat: torch.Tensor, comm: Comm) -> bool:
     """Whether a pairwise exchange on gloo posts all its receives before any send.
 
-    Measured on 2 cores (interleaved rounds against dist.all_reduce): with 4
-    ranks, receives first made halving-doubling 1.1-1.3x faster up to 1 MiB;
-    with 2 ranks it made every size slower, up to 3x at 16 KiB (0.6x of
-    gloo's own all-reduce instead of 1.0x). With only two processes, each
-    blocked on the other, a send that goes out at once beats one whose
-    receive was announced first: see run_steps for what each costs.
+    It depends on how gloo's threads are scheduled (dist.comm_threads), as
+    the ring's plan does, measured on 2 cores in interleaved rounds against
+    dist.all_reduce:
+
+    * real-time: always. A hand-off between threads is immediate, so a send
+      whose receive is already posted is the cheapest message whatever its
+      size. Halving-doubling at 2 ranks went from 0.57-0.69x of gloo's
+      all-reduce to 0.84-0.86x at 4-64 KiB, and from 0.87-0.90x to
+      0.98-1.13x at 1-4 MiB.
+    * normal: with 3+ ranks up to EARLY_RECV_MAX_BYTES. With 4 ranks,
+      receives first made halving-doubling 1.1-1.3x faster up to 1 MiB;
+      with 2 ranks it made every size slower, up to 3x at 16 KiB (0.6x of
+      gloo's own all-reduce instead of 1.0x): with only two processes, each
+      blocked on the other, a send that goes out at once beats one whose
+      receive was announced first (see run_steps for what each costs).
     """
+    if comm.threads == "realtime":
+        return True
     return comm.size > 2 and flat.numel() * flat.element_size() <= EARLY_RECV_MAX_BYTES
 
 
@@ -51,21 +63,24 @@ def run_steps(comm: Comm, steps: list[Step], receives_first: bool) -> None:
     On gloo's TCP transport a send whose receive is already posted on the
     other side goes out at once, from the sending thread; otherwise it
     announces itself and the payload follows when the receiver replies
-    "ready", written by gloo's I/O thread. Which is cheaper depends on size:
+    "ready", written by gloo's I/O thread. Which is cheaper depends on size
+    and on how gloo's threads are scheduled (see receives_first):
 
-    * receives_first=True (small tensors): every receive is posted before
-      anything is sent, so each step costs one message latency, not three.
-      Each receive then needs its own buffer, and data arriving early must
-      never overwrite something still to be sent (the callers guarantee it:
-      such data can only arrive after the peer got what it needed from us).
-    * receives_first=False (large tensors): each step posts its send, then its
-      receive. In a pairwise exchange the peer usually has not posted its
-      receive yet, so the payload is written by gloo's I/O thread, which
-      reads and writes the connection in one thread. Had the receive been
-      posted first, our thread would write the payload itself while the
-      peer's data arrives on the same connection, and gloo's I/O thread spins
-      on the connection's lock until the write is done (measured: ~60% more
-      CPU for a 4 MiB exchange, which an oversubscribed machine pays in time).
+    * receives_first=True: every receive is posted before anything is
+      sent, so each step costs one message latency, not three. Each receive
+      then needs its own buffer, and data arriving early must never
+      overwrite something still to be sent (the callers guarantee it: such
+      data can only arrive after the peer got what it needed from us).
+    * receives_first=False (large tensors, threads at normal priority): each
+      step posts its send, then its receive. In a pairwise exchange the peer
+      usually has not posted its receive yet, so the payload is written by
+      gloo's I/O thread, which reads and writes the connection in one
+      thread. Had the receive been posted first, our thread would write the
+      payload itself while the peer's data arrives on the same connection,
+      and gloo's I/O thread spins on the connection's lock until the write
+      is done (measured: ~60% more CPU for a 4 MiB exchange, which an
+      oversubscribed machine pays in time). With the threads at real-time
+      priority, receives first measured faster at every size all the same.
 
     On NCCL each step's send and receive are launched together as one batch.
     """

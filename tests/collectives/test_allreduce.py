@@ -19,7 +19,8 @@ from ddp_lab.collectives import ALGORITHMS, SUPPORTED_DTYPES, get_algorithm
 from tests.multiproc import run_in_processes
 
 BIG = 1_000_003  # ~4 MB of float32, odd length; above the size where pairwise
-#                  exchanges switch to send-first (pairwise.EARLY_RECV_MAX_BYTES)
+#                  exchanges switch to send-first at normal priority
+#                  (pairwise.EARLY_RECV_MAX_BYTES)
 
 # Unit roundoff u of each dtype. Summing n values in any order, each addition
 # rounds once, so |result - exact| <= (n-1) * u * sum(|x_i|); the tests allow
@@ -120,25 +121,56 @@ def _check_ring_segments(rank: int, world_size: int) -> list[str]:
     return problems
 
 
+def _check_pairwise_plans(rank: int, world_size: int) -> list[str]:
+    """Naive and halving-doubling under both receive orders (pairwise.receives_first
+    follows how gloo's threads are scheduled): receives first at every size
+    with real-time threads, send-first above EARLY_RECV_MAX_BYTES otherwise."""
+    problems = []
+    saved = p2p.comm_threads_of_group
+    try:
+        for threads in ("normal", "realtime"):
+            # Only the plans follow this; the threads' priority is untouched.
+            p2p.comm_threads_of_group = lambda threads=threads: threads
+            collectives.free_scratch_buffers()  # the plan is read when a call is prepared
+            for case, (numel, dtype) in enumerate([(7, torch.bfloat16), (1021, torch.float64),
+                                                   (BIG, torch.float32)]):
+                inputs = [_input(r, (numel,), dtype, 200 + case) for r in range(world_size)]
+                exact = sum(x.double() for x in inputs)
+                bound = world_size * UNIT_ROUNDOFF[dtype] * sum(x.double().abs() for x in inputs)
+                for name in ("naive", "halving_doubling"):
+                    t = inputs[rank].clone()
+                    why = _compare(f"{name} ({threads} threads) numel={numel} {dtype}",
+                                   ALGORITHMS[name](t), exact, bound)
+                    if why:
+                        problems.append(why)
+    finally:
+        p2p.comm_threads_of_group = saved
+        collectives.free_scratch_buffers()
+    return problems
+
+
 def _check_repeated_calls(rank: int, world_size: int) -> list[str]:
-    """The ring keeps what it worked out for a buffer (p2p.prepared):
-    the same buffer with new contents, views at other offsets of one storage,
-    and more buffers than are kept, in turn, must all still sum right."""
+    """The ring and halving-doubling keep what they worked out for a buffer
+    (p2p.prepared): the same buffer with new contents, views at other offsets
+    of one storage, and more buffers than are kept, in turn, must all still
+    sum right."""
     problems = []
     base = torch.zeros(3 * 1021)
     buffers = [base[:1021], base[1021:2042], base[2042:]]  # one storage, three addresses
     buffers += [torch.zeros(1021) for _ in range(p2p.PREPARED_CALLS_KEPT)]
-    for call, index in enumerate([0, 0, 1, 0, 2, *range(3, len(buffers)), 0, 1]):
-        inputs = [_input(r, (1021,), torch.float64, 500 + call) for r in range(world_size)]
-        t = buffers[index]
-        t.copy_(inputs[rank])
-        collectives.ring_allreduce(t)
-        why = _compare(f"ring call {call} on buffer {index}", t, sum(inputs), torch.zeros(1021))
-        if why:
-            problems.append(why)
-    kept = p2p.per_thread.__dict__.get("prepared", {})
-    if world_size > 1 and len(kept) != p2p.PREPARED_CALLS_KEPT:
-        problems.append(f"{len(kept)} prepared calls kept, expected {p2p.PREPARED_CALLS_KEPT}")
+    for name in ("ring", "halving_doubling"):
+        collectives.free_scratch_buffers()
+        for call, index in enumerate([0, 0, 1, 0, 2, *range(3, len(buffers)), 0, 1]):
+            inputs = [_input(r, (1021,), torch.float64, 500 + call) for r in range(world_size)]
+            t = buffers[index]
+            t.copy_(inputs[rank])
+            ALGORITHMS[name](t)
+            why = _compare(f"{name} call {call} on buffer {index}", t, sum(inputs), torch.zeros(1021))
+            if why:
+                problems.append(why)
+        kept = p2p.per_thread.__dict__.get("prepared", {})
+        if world_size > 1 and len(kept) != p2p.PREPARED_CALLS_KEPT:
+            problems.append(f"{name}: {len(kept)} prepared calls kept, expected {p2p.PREPARED_CALLS_KEPT}")
     return problems
 
 
@@ -147,6 +179,7 @@ def _check_world(rank: int, world_size: int):
     ranks = list(range(world_size))
     problems, prints = _check_sum(rank, ranks, _cases(world_size))
     problems += _check_ring_segments(rank, world_size)
+    problems += _check_pairwise_plans(rank, world_size)
     problems += _check_repeated_calls(rank, world_size)
     if world_size == 4:
         # new_group is collective: every rank creates every group.
