@@ -4,9 +4,15 @@
         scripts/quick_allreduce_timing.py --sizes 64K,1M,4M,16M --rounds 15
 
 Each round times every algorithm once (a block of calls on the same buffer,
-slowest rank's time), in a rotating order, so all algorithms see the same
+slowest rank's time), in a shuffled order, so all algorithms see the same
 machine conditions; that matters on a small or shared machine, where
-background load moves timings by tens of percent. Each block starts with
+background load moves timings by tens of percent. The order is shuffled
+afresh each round (the same on every rank) rather than rotated, since a
+rotation puts each algorithm behind the same neighbour in almost every
+round. On the 2-core development machine, two names for the same ring plan
+in one rotated launch came out at 0.86 and 1.02 of gloo (2 MiB, 3 ranks);
+shuffled, two such copies agreed within 0.05 at every size (2-16 MiB, 3 and
+4 ranks, four launches). Each block starts with
 `--warmup` untimed calls: the first calls after a switch of algorithm can
 be slower than the rest (seen on the 2-core test machine at 4 MiB, where a
 block is only 2 calls), which would charge whichever algorithm comes second. Reported per size and
@@ -21,6 +27,7 @@ For full sweeps with CSV output and plots, see ddp_lab.bench.collectives.
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
 
@@ -89,8 +96,9 @@ def main() -> None:
             fn(t)
         times = {a: [] for a in algos}
         for r in range(args.rounds):
-            shift = r % len(algos)
-            for a in algos[shift:] + algos[:shift]:
+            order = list(algos)
+            random.Random(r).shuffle(order)  # seeded: every rank runs the same order
+            for a in order:
                 times[a].append(time_block(fns[a], t, iters, args.warmup))
         if rank == 0:
             factor = 2 * (n - 1) / n if n > 1 else 0.0
