@@ -26,8 +26,8 @@ _TAG_AG = 400  # + level
 def _halving_doubling(flat: torch.Tensor, comm: Comm) -> None:
     # The steps for a buffer are worked out once and kept (p2p.prepared), as
     # the ring's messages are: building them again on every call (the views,
-    # the scratch lookup) made a 4 KiB call at 2 ranks 166-168 us instead of
-    # 120-129 us, against gloo's 130.
+    # the scratch lookup) made a 4 KiB call at 2 ranks 139-154 us instead of
+    # 119-126 us, against gloo's 127-134 (two launches, shuffled rounds).
     steps, early = prepared(flat, comm, _prepare_halving_doubling)
     run_steps(comm, steps, early)
 

@@ -42,9 +42,10 @@ def receives_first(flat: torch.Tensor, comm: Comm) -> bool:
 
     * real-time: always. A hand-off between threads is immediate, so a send
       whose receive is already posted is the cheapest message whatever its
-      size. Halving-doubling at 2 ranks went from 0.57-0.69x of gloo's
-      all-reduce to 0.84-0.86x at 4-64 KiB, and from 0.87-0.90x to
-      0.98-1.13x at 1-4 MiB.
+      size. This alone took halving-doubling at 2 ranks from 0.60-0.66x of
+      gloo's all-reduce to 0.77-0.89x at 4-64 KiB (1.00-1.08x with its
+      steps kept as well, see halving_doubling.py), and from 0.81-0.88x to
+      0.92-1.16x at 1-4 MiB (two launches, shuffled rounds).
     * normal: with 3+ ranks up to EARLY_RECV_MAX_BYTES. With 4 ranks,
       receives first made halving-doubling 1.1-1.3x faster up to 1 MiB;
       with 2 ranks it made every size slower, up to 3x at 16 KiB (0.6x of
