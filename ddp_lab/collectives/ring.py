@@ -176,7 +176,7 @@ def _ring(flat: torch.Tensor, comm: Comm) -> None:
     k, window, slots, rs_units = plan.segments, plan.window, call.slots, call.rs_units
     sends, recvs, adds = call.sends, call.recvs, call.adds
     units = len(sends)
-    pg = comm.pg
+    gloo = comm.gloo
     recv_works: list[dist.Work | None] = [None] * units
     send_works: list[dist.Work] = []
     # Every unit has its own tag: messages can only match the receive they
@@ -190,7 +190,7 @@ def _ring(flat: torch.Tensor, comm: Comm) -> None:
         # has gone around the ring.
         for u in [*range(1, slots), *range(rs_units, units), 0]:
             if recvs[u] is not None:
-                recv_works[u] = pg.recv([recvs[u]], left, _TAG + u)
+                recv_works[u] = gloo.recv([recvs[u]], left, _TAG + u)
 
     # Unit u is posted once unit u - window is finished. This loop is the
     # path from one hop to the next (receive, add, forward), so it is kept
@@ -213,16 +213,16 @@ def _ring(flat: torch.Tensor, comm: Comm) -> None:
             send_works.extend(send_list)
             continue
         if send is not None and plan.send_first:
-            send_works.append(pg.send([send], right, tag))
+            send_works.append(gloo.send([send], right, tag))
         if plan.receives_ahead:
             # The scratch slot of unit u-k is free again: receive into it.
             ahead = u - k + slots
             if u >= k and ahead < rs_units and recvs[ahead] is not None:
-                recv_works[ahead] = pg.recv([recvs[ahead]], left, _TAG + ahead)
+                recv_works[ahead] = gloo.recv([recvs[ahead]], left, _TAG + ahead)
         elif recv is not None:
-            recv_works[u] = pg.recv([recv], left, tag)
+            recv_works[u] = gloo.recv([recv], left, tag)
         if send is not None and not plan.send_first:
-            send_works.append(pg.send([send], right, tag))
+            send_works.append(gloo.send([send], right, tag))
     wait_all(send_works)
 
 

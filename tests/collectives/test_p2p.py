@@ -61,6 +61,9 @@ def test_comm_is_kept_per_group_and_does_not_outlive_it(tmp_path):
         first = p2p.comm_of(None, batched=False)
         assert p2p.comm_of(None, batched=False) is first
         assert first.pg is dist.group.WORLD and (first.size, first.rank) == (1, 0)
+        # Messages go to the gloo backend itself, not through the ProcessGroup.
+        assert first.gloo is dist.group.WORLD._get_backend(torch.device("cpu"))
+        assert type(first.gloo).__name__ == "ProcessGroupGloo"
     finally:
         dist.destroy_process_group()
     gc.collect()
@@ -72,3 +75,21 @@ def test_comm_is_kept_per_group_and_does_not_outlive_it(tmp_path):
     finally:
         dist.destroy_process_group()
         p2p.free_scratch_buffers()
+
+
+def test_comm_posts_on_the_process_group_where_no_backend_is_exposed():
+    """comm.gloo falls back to the ProcessGroup itself: a torch without
+    _get_backend, or a group with no CPU backend."""
+    import types
+    import weakref
+
+    class Group:  # stands in for a ProcessGroup; weakref-able like one
+        pass
+
+    class NoCpuBackend(Group):
+        def _get_backend(self, device):
+            raise RuntimeError(f"no backend for {device}")
+
+    for pg in (Group(), NoCpuBackend()):
+        comm = types.SimpleNamespace(_pg=weakref.ref(pg))
+        assert p2p.Comm.gloo.fget(comm) is pg
