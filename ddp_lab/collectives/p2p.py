@@ -104,9 +104,11 @@ class Comm:
     Peers are always *group* ranks: on gloo, messages are posted on the
     group's gloo backend itself (``comm.gloo.send([t], group_rank, tag)``,
     which is where ``dist.isend`` ends up), skipping ``dist.isend``'s own
-    argument handling and the ProcessGroup's dispatch to its backend (see
-    `gloo`). On NCCL, `exchange` translates them to the global ranks that
-    dist.P2POp expects.
+    argument handling (on the 2-core test machine an exchange of 16 floats
+    took 111 us instead of 157; at 1-8 MiB the difference was within the
+    noise) and the ProcessGroup's dispatch to its backend (see `gloo`). On
+    NCCL, `exchange` translates them to the global ranks that dist.P2POp
+    expects.
     """
 
     def __init__(self, group: dist.ProcessGroup | None, batched: bool):
