@@ -154,7 +154,7 @@ class Comm:
         ProcessGroup, which dispatches to it.
 
         Each message saves the dispatch: on the 2-core test machine posting
-        a receive took 6.3 instead of 7.5 us, and the ring ran 1.003-1.038x
+        a receive took 6.4 instead of 7.5 us, and the ring ran 1.003-1.038x
         as fast at 2-8 MiB with 3 and 4 ranks (median 1.02; a second copy of
         the old code, as control, 0.95-1.01x; three launches of shuffled
         rounds). Looked up on every use (0.15 us) rather than kept, like

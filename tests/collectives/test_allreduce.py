@@ -7,6 +7,7 @@ test asserts there are no problems and that all ranks hold identical results.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 
 import pytest
@@ -90,34 +91,52 @@ def _check_sum(rank, ranks, cases, group=None, label=""):
     return problems, prints
 
 
+@contextlib.contextmanager
+def _plans_for(threads: str):
+    """Make the algorithms plan as if gloo's threads were scheduled `threads`
+    ("normal" or "realtime"); the threads' priority itself is untouched.
+    Plans are read when a call is prepared, so what was kept is dropped on
+    the way in and out."""
+    saved = p2p.comm_threads_of_group
+    p2p.comm_threads_of_group = lambda: threads
+    collectives.free_scratch_buffers()
+    try:
+        yield
+    finally:
+        p2p.comm_threads_of_group = saved
+        collectives.free_scratch_buffers()
+
+
+def _sum_problem(what, fn, rank, world_size, numel, dtype, case) -> str | None:
+    """fn on this rank's input of `case`, against the exact sum: None if right."""
+    inputs = [_input(r, (numel,), dtype, case) for r in range(world_size)]
+    exact = sum(x.double() for x in inputs)
+    bound = world_size * UNIT_ROUNDOFF[dtype] * sum(x.double().abs() for x in inputs)
+    return _compare(what, fn(inputs[rank].clone()), exact, bound)
+
+
 def _check_ring_segments(rank: int, world_size: int) -> list[str]:
     """The ring with many segments per chunk, under both plans (gloo's threads
     at normal or real-time priority), and a scratch cap that forces slot reuse."""
     problems = []
-    saved = (ring.SEGMENT_BYTES, ring.MAX_SCRATCH_BYTES, p2p.comm_threads_of_group)
+    saved = (ring.SEGMENT_BYTES, ring.MAX_SCRATCH_BYTES)
+    # (elements, dtype, segment bytes, scratch cap bytes); a cap of 1 byte
+    # gives the minimum number of scratch slots.
+    configs = [(1021, torch.float64, 1024, 1 << 30), (1021, torch.float64, 1024, 1),
+               (20_011, torch.bfloat16, 4096, 16 * 1024), (BIG, torch.float32, 512 * 1024, 1 << 20)]
     try:
-        # (elements, dtype, segment bytes, scratch cap bytes); a cap of 1 byte
-        # gives the minimum number of scratch slots.
-        configs = [(1021, torch.float64, 1024, 1 << 30), (1021, torch.float64, 1024, 1),
-                   (20_011, torch.bfloat16, 4096, 16 * 1024), (BIG, torch.float32, 512 * 1024, 1 << 20)]
         for threads in ("normal", "realtime"):
-            # Only the ring's plan follows this; the threads' priority is untouched.
-            p2p.comm_threads_of_group = lambda threads=threads: threads
             for case, (numel, dtype, seg_bytes, cap) in enumerate(configs):
                 ring.SEGMENT_BYTES = {"normal": seg_bytes, "realtime": seg_bytes}
                 ring.MAX_SCRATCH_BYTES = cap
-                collectives.free_scratch_buffers()  # the plan is read when a call is prepared
-                inputs = [_input(r, (numel,), dtype, 100 + case) for r in range(world_size)]
-                exact = sum(x.double() for x in inputs)
-                bound = world_size * UNIT_ROUNDOFF[dtype] * sum(x.double().abs() for x in inputs)
-                t = inputs[rank].clone()
-                why = _compare(f"ring ({threads} threads) segments={seg_bytes}B cap={cap}B "
-                               f"numel={numel} {dtype}", collectives.ring_allreduce(t), exact, bound)
+                with _plans_for(threads):
+                    why = _sum_problem(f"ring ({threads} threads) segments={seg_bytes}B cap={cap}B "
+                                       f"numel={numel} {dtype}", collectives.ring_allreduce,
+                                       rank, world_size, numel, dtype, 100 + case)
                 if why:
                     problems.append(why)
     finally:
-        ring.SEGMENT_BYTES, ring.MAX_SCRATCH_BYTES, p2p.comm_threads_of_group = saved
-        collectives.free_scratch_buffers()
+        ring.SEGMENT_BYTES, ring.MAX_SCRATCH_BYTES = saved
     return problems
 
 
@@ -126,26 +145,15 @@ def _check_pairwise_plans(rank: int, world_size: int) -> list[str]:
     follows how gloo's threads are scheduled): receives first at every size
     with real-time threads, send-first above EARLY_RECV_MAX_BYTES otherwise."""
     problems = []
-    saved = p2p.comm_threads_of_group
-    try:
-        for threads in ("normal", "realtime"):
-            # Only the plans follow this; the threads' priority is untouched.
-            p2p.comm_threads_of_group = lambda threads=threads: threads
-            collectives.free_scratch_buffers()  # the plan is read when a call is prepared
+    for threads in ("normal", "realtime"):
+        with _plans_for(threads):
             for case, (numel, dtype) in enumerate([(7, torch.bfloat16), (1021, torch.float64),
                                                    (BIG, torch.float32)]):
-                inputs = [_input(r, (numel,), dtype, 200 + case) for r in range(world_size)]
-                exact = sum(x.double() for x in inputs)
-                bound = world_size * UNIT_ROUNDOFF[dtype] * sum(x.double().abs() for x in inputs)
                 for name in ("naive", "halving_doubling"):
-                    t = inputs[rank].clone()
-                    why = _compare(f"{name} ({threads} threads) numel={numel} {dtype}",
-                                   ALGORITHMS[name](t), exact, bound)
+                    why = _sum_problem(f"{name} ({threads} threads) numel={numel} {dtype}",
+                                       ALGORITHMS[name], rank, world_size, numel, dtype, 200 + case)
                     if why:
                         problems.append(why)
-    finally:
-        p2p.comm_threads_of_group = saved
-        collectives.free_scratch_buffers()
     return problems
 
 
