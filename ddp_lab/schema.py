@@ -22,8 +22,8 @@ class ModelConfig:
     in_channels: int = MISSING
     init: str = MISSING
     sync_bn: bool = MISSING
-    crop_unused_border: Optional[bool] = None  # LeNet only; None: the model has no such key
-    pad_channels_to: Optional[int] = None  # LeNet only, as above
+    crop_unused_border: Optional[bool] = None  # lenet_fast only; None: the model has no such key
+    pad_channels_to: Optional[int] = None  # lenet_fast only, as above
 
 
 @dataclass

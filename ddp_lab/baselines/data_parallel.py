@@ -24,7 +24,7 @@ from torch import nn
 
 from ddp_lab import config
 from ddp_lab.baselines import d2l
-from ddp_lab.models import resnet18
+from ddp_lab.models.resnet import resnet18
 
 
 def get_devices(num_devices: int) -> list[torch.device]:

@@ -9,7 +9,7 @@ import torch
 
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
-from ddp_lab.models import lenet
+from ddp_lab.models.lenet import lenet
 from ddp_lab.sync import ALGOS, MODES, GradSync, build_sync, resolve_mode, validate
 from tests.multiproc import run_in_processes
 from tests.sync import sync_cfg

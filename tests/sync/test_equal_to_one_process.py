@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from ddp_lab.distributed import DistEnv
-from ddp_lab.models import lenet, num_parameters
+from ddp_lab.models import num_parameters
+from ddp_lab.models.lenet import lenet
 from ddp_lab.sync import ALGOS, MODES, GradSync, build_sync
 from tests.conftest import failure, read_summary, run_module, tiny_overrides
 from tests.multiproc import run_in_processes

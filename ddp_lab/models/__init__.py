@@ -1,0 +1,13 @@
+"""The networks ddp_lab trains. Each is built from config: conf/model/<name>.yaml
+names its function with `_target_`, so a new model is a function plus a YAML file.
+
+    lenet.py       the d2l multi-GPU chapter's LeNet, as the chapter wrote it (model=lenet)
+    lenet_fast.py  the same function of the same weights, reshaped for less arithmetic
+                   and for torch.compile's CPU kernels (model=lenet_fast)
+    resnet.py      d2l's small-image ResNet-18 (model=resnet18)
+    build.py       building a model from its config; init, SyncBatchNorm; sizes
+"""
+from ddp_lab.models.build import (build_model, finish, gradient_bytes, load_model_config,
+                                  num_parameters)
+
+__all__ = ["build_model", "finish", "gradient_bytes", "load_model_config", "num_parameters"]
