@@ -1,0 +1,29 @@
+"""A cluster on one machine: emulated hosts with shaped links, for torchrun to launch on.
+
+    python -m ddp_lab.cluster up --hosts 4 --rate 1gbit        # hosts lab-0 .. lab-3
+    python -m ddp_lab.cluster status
+    python -m ddp_lab.cluster run --nproc-per-host 1 -- -m ddp_lab.train trainer.epochs=1
+    python -m ddp_lab.cluster exec lab-1 -- getent hosts lab-0
+    python -m ddp_lab.cluster down
+
+A test bed, not a launcher: each emulated host is a Linux network namespace
+with its own link into a bridge, both directions of the link shaped to a rate
+with a token bucket, its own hostname and /etc/hosts; `run` starts one
+ordinary torchrun agent per host there (c10d rendezvous at host 0). Needs root
+(CAP_NET_ADMIN and CAP_SYS_ADMIN). The hosts share this machine's CPU cores
+and memory: only the network is emulated.
+
+In Python (tests, benchmarks):
+
+    from ddp_lab.cluster import emulated, running
+    with emulated(2, "200mbit", "mylab") as cluster, \\
+            running(cluster, ["-m", "ddp_lab.train", "trainer.epochs=1"]) as job:
+        rc = job.wait()
+"""
+from ddp_lab.cluster.commands import ClusterError
+from ddp_lab.cluster.launch import Job, running, thread_share
+from ddp_lab.cluster.network import Cluster, Host, clusters, create, destroy, emulated, find
+from ddp_lab.cluster.shaping import format_rate, parse_rate
+
+__all__ = ["Cluster", "ClusterError", "Host", "Job", "clusters", "create", "destroy", "emulated",
+           "find", "format_rate", "parse_rate", "running", "thread_share"]

@@ -1,0 +1,226 @@
+"""torchrun across the emulated hosts: one agent per host, inside its namespace and hostname.
+
+Every agent joins one c10d rendezvous served by host 0's agent, under one
+rendezvous id, so all workers share TORCHELASTIC_RUN_ID and with it the run
+directory (ddp_lab.config). gloo binds to the host's eth0
+(GLOO_SOCKET_IFNAME), so its traffic crosses the shaped links, never loopback.
+
+Threads: the emulated hosts share this machine's cores. torchrun sets
+OMP_NUM_THREADS=1 only when it starts 2+ workers on its node, so 1 rank per
+host would run one thread per core in every rank, 2 hosts x 2 threads on 2
+cores: slower than 1 thread each, and the threads' differing summation
+order changes the weights. So each worker gets cores // workers threads (at
+least 1), unless OMP_NUM_THREADS is set already.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from ddp_lab.cluster.network import HOST_LINK, Cluster, Host
+
+# Runs inside `unshare --uts`: give this process the host's name, then become torchrun.
+SET_HOSTNAME = "import os,socket,sys; socket.sethostname(sys.argv[1]); os.execvp(sys.argv[2], sys.argv[2:])"
+TERM_GRACE_S = 30  # after SIGTERM, as torchrun waits for its workers, then SIGKILL
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def thread_share(workers: int, cores: int | None = None) -> int:
+    """Torch threads per worker so that `workers` processes fill the cores without oversubscribing."""
+    return max(1, (cores or usable_cores()) // workers)
+
+
+def in_host(host: Host, command: list[str]) -> list[str]:
+    """`command` run inside the host: its network namespace, /etc/hosts and hostname."""
+    return ["ip", "netns", "exec", host.netns, "unshare", "--uts", "--",
+            sys.executable, "-c", SET_HOSTNAME, host.name, *command]
+
+
+@dataclass
+class Agent:
+    host: Host
+    proc: subprocess.Popen
+    lines: list[str] = field(default_factory=list)  # stdout and stderr, prefixed, in order
+    readers: list[threading.Thread] = field(default_factory=list)
+    ended_at: float | None = None
+
+
+class Job:
+    """A torchrun job across the first `hosts` hosts of a cluster (all by default).
+
+    job = Job(cluster, ["-m", "ddp_lab.train", "trainer.epochs=1"]); job.start(); rc = job.wait()
+    Output lines go to `out` (stdout) and `err` (stderr) prefixed with the host's
+    name, and are kept in agent.lines; None for either keeps them only.
+    """
+
+    def __init__(self, cluster: Cluster, command: list[str], nproc_per_host: int = 1,
+                 max_restarts: int = 0, hosts: int | None = None, run_id: str | None = None,
+                 port: int | None = None, env: dict | None = None,
+                 out: TextIO | None = sys.stdout, err: TextIO | None = sys.stderr):
+        self.cluster, self.command = cluster, list(command)
+        self.hosts = cluster.hosts[:hosts] if hosts else list(cluster.hosts)
+        self.nproc_per_host, self.max_restarts = nproc_per_host, max_restarts
+        self.run_id = run_id or f"{cluster.name}-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+        self.port = port or random.randrange(20000, 32000)  # below Linux's ephemeral ports
+        self.extra_env, self.out, self.err = dict(env or {}), out, err
+        self.agents: list[Agent] = []
+        self._lock = threading.Lock()
+
+    def environment(self) -> tuple[dict, str]:
+        """The agents' environment, and one line saying how the cores are shared."""
+        env = {**os.environ, "GLOO_SOCKET_IFNAME": HOST_LINK, "NCCL_SOCKET_IFNAME": HOST_LINK,
+               "PYTHONUNBUFFERED": "1", **self.extra_env}
+        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            env.pop(key, None)
+        if self.max_restarts > 0:  # a fresh store per attempt (see ddp_lab.train)
+            env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+        workers, cores = len(self.hosts) * self.nproc_per_host, usable_cores()
+        shape = f"{len(self.hosts)} host(s) x {self.nproc_per_host} rank(s) share {cores} core(s)"
+        if "OMP_NUM_THREADS" in env:
+            note = f"{shape}: OMP_NUM_THREADS={env['OMP_NUM_THREADS']} per worker, as set"
+        else:
+            env["OMP_NUM_THREADS"] = str(thread_share(workers, cores))
+            note = (f"{shape}: OMP_NUM_THREADS={env['OMP_NUM_THREADS']} per worker, a fair share "
+                    "(set OMP_NUM_THREADS to choose)")
+        if workers > cores:
+            note += "; more workers than cores, so the hosts also compete for the CPU"
+        return env, note
+
+    def torchrun(self, index: int) -> list[str]:
+        return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(self.hosts)}",
+                f"--nproc-per-node={self.nproc_per_host}", f"--max-restarts={self.max_restarts}",
+                "--rdzv-backend=c10d", f"--rdzv-endpoint={self.hosts[0].name}:{self.port}",
+                f"--rdzv-id={self.run_id}", f"--rdzv-conf=is_host={index == 0}", *self.command]
+
+    def start(self) -> "Job":
+        env, note = self.environment()
+        self._say(f"ddp_lab.cluster: {note}; run id {self.run_id}")
+        for i, host in enumerate(self.hosts):
+            # Own session: a Ctrl-C at the terminal reaches the agents once, forwarded by us.
+            proc = subprocess.Popen(in_host(host, self.torchrun(i)), env=env, text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True, errors="replace")
+            agent = Agent(host, proc)
+            for stream, sink in ((proc.stdout, self.out), (proc.stderr, self.err)):
+                t = threading.Thread(target=self._relay, args=(agent, stream, sink), daemon=True)
+                t.start()
+                agent.readers.append(t)
+            self.agents.append(agent)
+        return self
+
+    def _relay(self, agent: Agent, stream, sink) -> None:
+        for line in stream:
+            text = f"[{agent.host.name}] {line}"
+            with self._lock:
+                agent.lines.append(text)
+                if sink is not None:
+                    sink.write(text)
+                    sink.flush()
+
+    def _say(self, line: str) -> None:
+        if self.err is not None:
+            self.err.write(line + "\n")
+            self.err.flush()
+
+    def signal(self, sig: int) -> None:
+        """Send `sig` to every agent still running (torchrun passes it on to its workers)."""
+        for a in self.agents:
+            if a.proc.poll() is None:
+                os.kill(a.proc.pid, sig)
+
+    def poll(self) -> list[int | None]:
+        now = time.monotonic()
+        for a in self.agents:
+            if a.ended_at is None and a.proc.poll() is not None:
+                a.ended_at = now
+        return [a.proc.returncode for a in self.agents]
+
+    def wait(self, timeout: float | None = None, grace_s: float = 60) -> int:
+        """Wait for every agent; the job's exit status (that of the first agent to fail, else 0).
+
+        Once an agent has failed, the others get `grace_s` to notice and end, then
+        SIGTERM, then SIGKILL: a host that lost its peers never keeps the job waiting.
+        On `timeout`, every agent is stopped the same way and TimeoutError raised.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while None in self.poll():
+            failed = [a.ended_at for a in self.agents if a.proc.returncode not in (None, 0)]
+            now = time.monotonic()
+            if failed and now > min(failed) + grace_s:
+                self._say(f"ddp_lab.cluster: a host failed {grace_s:g} s ago and the others still "
+                          "run: stopping them")
+                self.stop()
+            if deadline is not None and now > deadline:
+                self.stop()
+                raise TimeoutError(f"the job did not end within {timeout:g} s; its agents were stopped")
+            time.sleep(0.1)
+        for a in self.agents:
+            for t in a.readers:
+                t.join(timeout=5)
+        failed = sorted((a.ended_at, i) for i, a in enumerate(self.agents) if a.proc.returncode)
+        return self.agents[failed[0][1]].proc.returncode if failed else 0
+
+    def stop(self) -> None:
+        """SIGTERM every agent still running, SIGKILL what is left after TERM_GRACE_S."""
+        self.signal(signal.SIGTERM)
+        deadline = time.monotonic() + TERM_GRACE_S
+        while None in self.poll() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for i, a in enumerate(self.agents):
+            if a.proc.poll() is None:
+                # torchrun starts each worker in a session of its own: kill those too
+                for pid in [a.proc.pid, *self.worker_pids(i)]:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                a.proc.wait()
+        self.poll()
+
+    def worker_pids(self, host_index: int) -> list[int]:
+        """The processes the agent of one host has started (its workers and theirs)."""
+        found, todo = [], [self.agents[host_index].proc.pid]
+        while todo:
+            pid = todo.pop()
+            for task in _tasks(pid):
+                try:
+                    children = open(f"/proc/{pid}/task/{task}/children").read().split()
+                except OSError:
+                    continue
+                found += [int(c) for c in children]
+                todo += [int(c) for c in children]
+        return found
+
+    def output(self, host_index: int | None = None) -> str:
+        agents = self.agents if host_index is None else [self.agents[host_index]]
+        with self._lock:
+            return "".join(line for a in agents for line in a.lines)
+
+
+def _tasks(pid: int) -> list[str]:
+    try:
+        return os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+
+
+@contextlib.contextmanager
+def running(cluster: Cluster, command: list[str], **options):
+    """`with running(cluster, ["-m", "ddp_lab.train"]) as job: rc = job.wait()`: a job that
+    is stopped on the way out if still running (a failed test never leaves agents behind)."""
+    job = Job(cluster, command, **options)
+    try:
+        yield job.start()
+    finally:
+        if None in job.poll():
+            job.stop()
+

@@ -1,0 +1,75 @@
+"""Link rates: parsing them, and shaping a link to one with a token bucket (tc's tbf).
+
+tbf is the one shaper this relies on: it is in every distribution's kernel
+(sch_tbf), while netem, fq and sfq are not always built. A tbf on a link's
+sending side holds packets back until tokens, arriving at the rate, pay for
+them; `burst` bytes of tokens can pile up while the link is idle.
+
+The burst is kept to about 4 ms of the rate (at least 64 KiB, one whole
+segmentation-offload packet): larger bursts let short messages through faster
+than the rate, smaller ones cost throughput on a shared CPU, whose scheduler
+wakes the shaper late. `latency` bounds the queue behind the shaper: packets
+that would wait longer are dropped, as a switch with full buffers drops them.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+from ddp_lab.cluster.commands import ClusterError, tc
+
+QDISC = "tbf"
+QUEUE_LATENCY = "50ms"
+BURST_SECONDS = 0.004
+MIN_BURST_BYTES = 64 * 1024
+UNITS = {"bit": 1, "kbit": 10 ** 3, "mbit": 10 ** 6, "gbit": 10 ** 9, "tbit": 10 ** 12}
+RATE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(bit|kbit|mbit|gbit|tbit)\Z", re.IGNORECASE)
+
+
+def parse_rate(text: str) -> int:
+    """'1gbit' -> 1_000_000_000 bits per second (decimal units, as tc reads them)."""
+    m = RATE_RE.match(str(text).strip())
+    bits = round(float(m.group(1)) * UNITS[m.group(2).lower()]) if m else 0
+    if not m or bits < 8000:
+        raise ClusterError(f"--rate {text!r}: give bits per second with a unit, at least 8kbit, "
+                           "e.g. --rate 1gbit, --rate 200mbit or --rate 100mbit")
+    return bits
+
+
+def format_rate(bits: int) -> str:
+    """1_000_000_000 -> '1gbit', 200_000_000 -> '200mbit', 1_500_000 -> '1.5mbit'."""
+    for unit in ("tbit", "gbit", "mbit", "kbit"):
+        if bits >= UNITS[unit]:
+            return f"{bits / UNITS[unit]:g}{unit}"
+    return f"{bits}bit"
+
+
+def burst_bytes(bits: int) -> int:
+    return max(MIN_BURST_BYTES, int(bits / 8 * BURST_SECONDS))
+
+
+def shape(netns: str, device: str, bits: int) -> None:
+    """Limit what `device` in `netns` sends to `bits` per second."""
+    args = ("qdisc", "replace", "dev", device, "root", QDISC, "rate", f"{bits}bit",
+            "burst", str(burst_bytes(bits)), "latency", QUEUE_LATENCY)
+    try:
+        tc(*args, netns=netns)
+    except ClusterError as e:
+        if "qdisc kind is unknown" in str(e) or "Unknown qdisc" in str(e):
+            raise ClusterError(f"this kernel has no {QDISC} qdisc, which shapes the links: load it "
+                               f"with `modprobe sch_{QDISC}` (a kernel built with "
+                               f"CONFIG_NET_SCH_{QDISC.upper()})") from None
+        raise
+
+
+def shaped_rate(netns: str, device: str) -> int | None:
+    """The rate a tbf on `device` lets through, in bits per second; None if it has none."""
+    out = tc("-j", "qdisc", "show", "dev", device, netns=netns, check=False)
+    try:
+        qdiscs = json.loads(out or "[]")
+    except json.JSONDecodeError:
+        return None
+    for q in qdiscs:
+        if q.get("kind") == QDISC and q.get("root"):
+            return int(q["options"]["rate"]) * 8  # tc reports bytes per second
+    return None
