@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 
 import pytest
@@ -195,6 +196,10 @@ def test_run_end_to_end_on_synthetic_csvs(tmp_path):
     assert float(ring8["allreduce_s"]) == pytest.approx(cm.ring(8, 129068 * 4, ALPHA, BETA, GAMMA), rel=0.02)
     assert float(ring8["compute_s"]) == pytest.approx(5e-3)
     assert (tmp_path / "run" / "fit.csv").is_file() and (tmp_path / "run" / "fit_points.csv").is_file()
+    record = json.loads((tmp_path / "run" / "record.json").read_text())
+    assert record["inputs"] == [str(a), str(tmp_path / "b.csv")]
+    assert record["command"] is None  # called from Python: no command line to give
+    assert {"date", "machine", "git_commit", "torch", "cpu_model", "cores", "cpu_flags"} <= set(record)
     with pytest.raises(ConfigError, match="already holds predictions.csv from an earlier run"):
         cm.run(cfg, tmp_path / "run", log=lines.append)  # a rerun never overwrites them
 
@@ -212,6 +217,16 @@ def test_run_end_to_end_on_synthetic_csvs(tmp_path):
 def test_bad_config_is_refused_with_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
         cm.validate(_compose(overrides))
+
+
+def test_cli_records_its_command_line(tmp_path):
+    r = run_module("ddp_lab.costmodel", ["params=[ib_100g]", "compute_ms.lenet=2", "compute_ms.resnet18=60",
+                                         "plot=false", f"hydra.run.dir={tmp_path}"], nproc=0, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    record = json.loads((tmp_path / "record.json").read_text())
+    assert record["command"] == ("python -m ddp_lab.costmodel 'params=[ib_100g]' compute_ms.lenet=2 "
+                                 "compute_ms.resnet18=60 plot=false")
+    assert record["inputs"] == [] and record["torch"] == torch.__version__
 
 
 def test_cli_bad_input_exits_2_with_the_message(tmp_path):

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ddp_lab.bench import fresh_out_dir
+from ddp_lab.provenance import command_line, write_record
 
 COLUMNS = ["kind", "sync", "world_size", "global_batch", "per_rank_batch", "samples_per_sec",
            "samples_per_sec_per_rank", "efficiency", "comm_frac", "test_acc", "runs"]
@@ -215,8 +216,11 @@ def main(argv=None) -> list[dict]:
               for kind in args.kinds for sync in args.syncs for world in sorted(args.worlds)]
     rows = efficiency_rows(points)
     write_results(rows, out)
+    write_record(out, command_line("ddp_lab.bench.scaling", sys.argv[1:] if argv is None else argv),
+                 {"worlds": args.worlds, "kinds": args.kinds, "syncs": args.syncs})
     print(markdown_table(rows))
-    print(f"written: {out / 'scaling.csv'}, {out / 'scaling.md'}, {out / 'scaling.png'}")
+    print(f"written: {out / 'scaling.csv'}, {out / 'scaling.md'}, {out / 'scaling.png'}, "
+          f"{out / 'record.json'}")
     return rows
 
 

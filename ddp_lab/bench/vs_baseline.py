@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Callable
 
 from ddp_lab.bench import fresh_out_dir
+from ddp_lab.provenance import command_line, write_record
 
 # Per baseline: the trainer's model overrides that make it the same network.
 TRAINER_MODEL = {
@@ -360,6 +361,8 @@ def main(argv=None) -> int:
         failed = e
     (a.out / "results.json").write_text(json.dumps(
         {"args": args_record, "reference": reference, "results": results}, indent=2) + "\n")
+    write_record(a.out, command_line("ddp_lab.bench.vs_baseline", sys.argv[1:] if argv is None else argv),
+                 {"runs": len(results), "failed": failed is not None})
     if failed is not None:
         print(f"vs_baseline: {failed}", file=sys.stderr)
     rows = summarize(results, reference) if any(r["system"] == reference for r in results) else []

@@ -19,6 +19,7 @@ from ddp_lab.costmodel.fitting import Fit, Point, expand_inputs, fit, fit_mixed,
 from ddp_lab.costmodel.formulas import MODELS, Params, get_model
 from ddp_lab.costmodel.prediction import Prediction, measure_compute_s, predict, resolve_gradient
 from ddp_lab.costmodel.report import plot_fits, plot_predictions, print_fits, print_predictions, write_csv
+from ddp_lab.provenance import hydra_command, write_record
 
 
 def _as_list(value) -> list:
@@ -221,6 +222,8 @@ def run(cfg, run_dir: Path, log=print) -> dict:
     log(f"# wrote {run_dir / 'predictions.csv'}")
     if cfg.plot:
         log(f"# wrote {plot_predictions(preds, run_dir / 'predictions.png')}")
+    record = write_record(run_dir, hydra_command("ddp_lab.costmodel"), {"inputs": [str(p) for p in s["inputs"]]})
+    log(f"# wrote {record}")
     return {"fits": fits, "params": param_sets, "predictions": preds, "compute_s": compute_s}
 
 

@@ -166,3 +166,16 @@ def test_an_out_folder_with_an_earlier_run_is_refused_before_any_run(tmp_path):
     with pytest.raises(SystemExit, match="already holds an earlier run's files; choose another --out"):
         vb.main(["--out", str(tmp_path), "--epochs", "1", "--repeats", "1"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]  # untouched
+
+
+def test_a_run_leaves_its_record_beside_the_results(tmp_path, monkeypatch):
+    def fake_run(system, repeat, cmd, run_dir, timeout):  # no subprocess: the record is what is tested
+        return result(system, 9000 if system.startswith("trainer") else 2000, repeat=repeat)
+
+    monkeypatch.setattr(vb, "run_one", fake_run)
+    out = tmp_path / "out"
+    assert vb.main(["--out", str(out), "--epochs", "1", "--repeats", "2"]) == 0
+    record = json.loads((out / "record.json").read_text())
+    assert record["command"] == f"python -m ddp_lab.bench.vs_baseline --out {out} --epochs 1 --repeats 2"
+    assert record["runs"] == 4 and record["failed"] is False
+    assert {"date", "machine", "git_commit", "torch", "cpu_model", "cores", "cpu_flags"} <= set(record)
