@@ -1,0 +1,202 @@
+"""Model FLOPs utilisation (MFU): the share of the hardware's matmul peak that a run's
+training arithmetic reaches.
+
+    flops = train_flops_per_image(model, (1, 28, 28), torch.float32)  # once, before training
+    peak = peak_for_run(device, torch.float32, world_size, local_world_size, threads_per_rank)
+    mfu(flops, images_per_sec, peak)                                   # 0.0 .. 1.0
+
+The FLOPs are what torch's own counter (torch.utils.flop_counter) finds in one
+forward and backward pass of the model run eagerly: matmuls and convolutions,
+2 FLOPs per multiply-add; normalisation, activations, pooling, bias additions and
+the optimizer count nothing. The peak is not a data-sheet figure but measured: the
+FLOP rate of a large square matmul on the same cores (or GPU) in the same dtype,
+measured once per machine, thread count and dtype and cached on disk.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+DEFAULT_CACHE = Path("~/.cache/ddp_lab/peak_flops.json")
+# Matmul sizes that reach the kernels' full speed: on CPU one call takes ~0.1-1 s per core.
+DEFAULT_SIZE = {"cpu": 2048, "cuda": 8192}
+
+
+# ---------------------------------------------------------------- model FLOPs
+def train_flops_per_image(model: nn.Module, input_shape, dtype: torch.dtype = torch.float32,
+                          batch: int = 2) -> int:
+    """FLOPs of one training image's forward and backward pass, as torch counts them.
+
+    model: the bare model (a DDP wrapper or a torch.compile'd module is unwrapped).
+    input_shape: one image's shape, e.g. (1, 28, 28). Nothing is computed: the pass
+    runs on the meta device with stand-ins for the parameters, so the model, its
+    gradients and its BatchNorm statistics are left as they were.
+
+    Backward counts only the gradients autograd computes: for a layer, its weight's
+    and, unless the layer's input needs no gradient (the first layer's input is
+    the data), its input's; each as many FLOPs as the layer's forward. The model is
+    counted in eval mode, which changes no counted FLOPs (normalisation counts
+    none) and keeps a SyncBatchNorm from talking to other ranks. lenet_fast counts
+    its cropped sizes, the arithmetic its output needs; the zero channels it pads
+    to when compiled are not model FLOPs and are not counted.
+    """
+    model = getattr(model, "module", model)  # DistributedDataParallel
+    model = getattr(model, "_orig_mod", model)  # torch.compile
+    params = dict(model.named_parameters())
+    stand_ins = {name: _meta(t, dtype) for name, t in [*params.items(), *model.named_buffers()]}
+    leaves = [stand_ins[name] for name, p in params.items() if p.requires_grad]
+    for t in leaves:
+        t.requires_grad_(True)
+    x = torch.empty((batch, *input_shape), dtype=dtype, device="meta")
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    try:
+        with FlopCounterMode(display=False) as counter:
+            out = torch.func.functional_call(model, stand_ins, (x,))
+            torch.autograd.grad(out.float().sum(), leaves)
+    finally:
+        for m, training in modes.items():
+            m.training = training
+    return counter.get_total_flops() // batch
+
+
+def _meta(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty_like(t, device="meta", dtype=dtype if t.is_floating_point() else t.dtype)
+
+
+# ---------------------------------------------------------------- peak FLOPs
+def peak_flops(device, dtype: torch.dtype = torch.float32, threads: int | None = None,
+               size: int | None = None, repeats: int = 5,
+               cache_path: str | Path = DEFAULT_CACHE) -> float:
+    """Matmul FLOP/s of `threads` CPU threads (or of one GPU) in `dtype`, measured once.
+
+    The figure is the best of `repeats` timed (size x size) @ (size x size) matmuls
+    after a warm-up call, cached in `cache_path` under the machine (CPU model and
+    core count, or GPU name), the thread count and the dtype, with how it was
+    measured. A cached figure measured at another size is measured again. Callers
+    that start together (one per rank) take turns on a lock file: the first
+    measures alone, the others then read its figure.
+    """
+    device = torch.device(device)
+    threads = (threads or torch.get_num_threads()) if device.type == "cpu" else 0
+    size = size or DEFAULT_SIZE.get(device.type, 4096)
+    key = _cache_key(device, dtype, threads)
+    path = Path(cache_path).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cache = _read_cache(path)
+        entry = cache.get(key)
+        if entry is None or entry.get("size") != size:
+            entry = measure_matmul(device, dtype, threads, size, repeats)
+            cache[key] = entry
+            tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(cache, indent=2, sort_keys=True) + "\n")
+            os.replace(tmp, path)  # a reader never sees half a file
+    return entry["flops_per_sec"]
+
+
+def measure_matmul(device: torch.device, dtype: torch.dtype, threads: int, size: int,
+                   repeats: int) -> dict:
+    """Time `repeats` square matmuls; the cache entry: the best rate and how it was measured."""
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    out = torch.empty(size, size, device=device, dtype=dtype)
+    saved_threads = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(threads)
+    try:
+        torch.matmul(a, b, out=out)  # warm-up: thread pool, kernel choice, caches
+        seconds = [_timed_matmul(a, b, out) for _ in range(repeats)]
+    finally:
+        torch.set_num_threads(saved_threads)
+    flops = 2 * size ** 3
+    entry = {
+        "flops_per_sec": flops / min(seconds),
+        "median_flops_per_sec": flops / statistics.median(seconds),
+        "device": _device_name(device), "dtype": str(dtype).removeprefix("torch."),
+        "threads": threads, "size": size, "repeats": repeats,
+        "seconds": seconds,
+        "method": f"best of {repeats} torch.matmul of two {size}x{size} matrices after "
+                  f"one warm-up call, {2 * size ** 3:,} FLOPs each",
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    if device.type == "cpu":
+        entry["cores"] = os.cpu_count()
+    else:  # "high" or "medium" let float32 matmuls run in TF32 or bf16
+        entry["float32_matmul_precision"] = torch.get_float32_matmul_precision()
+    return entry
+
+
+def _timed_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> float:
+    if a.device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.matmul(a, b, out=out)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1000
+    t0 = time.perf_counter()
+    torch.matmul(a, b, out=out)
+    return time.perf_counter() - t0
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def _cache_key(device: torch.device, dtype: torch.dtype, threads: int) -> str:
+    dtype_name = str(dtype).removeprefix("torch.")
+    if device.type == "cpu":
+        return f"cpu|{_device_name(device)}|cores={os.cpu_count()}|threads={threads}|{dtype_name}"
+    return f"{device.type}|{_device_name(device)}|{dtype_name}"
+
+
+def _read_cache(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # none yet, or unreadable: measure again and write a fresh one
+
+
+def peak_for_run(device, dtype: torch.dtype, world_size: int, local_world_size: int,
+                 threads_per_rank: int, **kwargs) -> float:
+    """The peak of everything a run computes on, for mfu() against its global images/s.
+
+    CPU ranks: the matmul peak of the threads all ranks of a machine run (at most its
+    usable cores), measured in one process, times the machines. GPU ranks: one GPU's
+    peak times the ranks. kwargs go to peak_flops (size, cache_path, ...).
+    """
+    device = torch.device(device)
+    if device.type == "cpu":
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        threads = min(local_world_size * threads_per_rank, cores or 1)
+        return peak_flops(device, dtype, threads, **kwargs) * (world_size // local_world_size)
+    return peak_flops(device, dtype, **kwargs) * world_size
+
+
+# ---------------------------------------------------------------- MFU
+def mfu(flops_per_image: float, images_per_sec: float, peak: float) -> float:
+    """Model FLOPs per second over the peak: 1.0 would be the matmul peak's rate."""
+    if not (peak > 0 and math.isfinite(peak)):
+        raise ValueError(f"peak={peak!r}: the peak FLOP rate must be a positive finite number")
+    return flops_per_image * images_per_sec / peak
