@@ -117,3 +117,17 @@ def test_write_record(tmp_path):
     (tmp_path / "library").mkdir()
     called = json.loads(prov.write_record(tmp_path / "library", None).read_text())
     assert called["command"] is None and called["command_note"] == "called from Python, not from the command line"
+
+
+RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
+
+
+def test_every_result_folder_has_a_record_and_a_row_in_the_index():
+    index = (RESULTS / "README.md").read_text()
+    records = sorted(d for d in RESULTS.iterdir() if (d / prov.RECORD_NAME).is_file())
+    assert len(records) >= 29
+    for folder in records:
+        record = json.loads((folder / prov.RECORD_NAME).read_text())
+        keys = {"command", "date", "machine", "git_commit", "torch", "python", "cpu_model", "cores", "cpu_flags"}
+        assert keys <= set(record), (folder.name, keys - set(record))
+        assert f"]({folder.name}/)" in index, f"docs/results/README.md has no row for {folder.name}"
