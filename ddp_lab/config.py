@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 from omegaconf import OmegaConf
 
@@ -26,6 +27,11 @@ class ConfigError(ValueError):
     """A bad input from the user: printed as one clear line, exit status 2."""
 
 
+class RunFailed(RuntimeError):
+    """The run cannot go on (it diverged, the disk is full, a peer is gone):
+    printed as one clear line, exit status 1, every rank alike."""
+
+
 def run_id() -> str:
     """The name of this launch's run directory, identical on every rank."""
     explicit = os.environ.get("DDP_LAB_RUN_ID")
@@ -38,8 +44,22 @@ def run_id() -> str:
 
 
 def hydra_subdir_for_rank() -> str | None:
-    """Only rank 0 writes Hydra's .hydra/ folder (config, overrides) into the shared run dir."""
-    return ".hydra" if os.environ.get("RANK", "0") == "0" else None
+    """Where Hydra records this launch's config: `.hydra/`, written by rank 0 only.
+
+    A later launch into the same run directory (a resume, or one that is about
+    to be refused) must not replace the first launch's record, so it writes
+    into `.hydra/launch-<start time>/` instead.
+    """
+    if os.environ.get("RANK", "0") != "0":
+        return None
+    from hydra.core.hydra_config import HydraConfig  # set by Hydra before it resolves this
+    try:
+        out = Path(HydraConfig.get().runtime.output_dir)
+    except ValueError:  # not inside a Hydra job (compose API): nothing is written anyway
+        return ".hydra"
+    if (out / ".hydra" / "config.yaml").exists():
+        return f".hydra/launch-{_START_TIME}"
+    return ".hydra"
 
 
 OmegaConf.register_new_resolver("ddp_lab.run_id", run_id, replace=True)

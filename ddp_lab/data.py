@@ -1,4 +1,4 @@
-"""Data: find Fashion-MNIST, shard it over the ranks, hand out batches.
+"""Data: shard Fashion-MNIST (found by ddp_lab.fashion_mnist) over the ranks, hand out batches.
 
 `data.batch_size` is the GLOBAL batch, as in d2l: 256 over 2 ranks is 128 per
 rank. Two loaders yield the same batches for the same sampler:
@@ -14,11 +14,7 @@ Evaluation uses `eval_indices`, which never pads: every test image counts once.
 """
 from __future__ import annotations
 
-import gzip
-import hashlib
 import itertools
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -28,81 +24,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 from torchvision import datasets, transforms
 
 from ddp_lab.config import ConfigError
-
-DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
-RAW_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-             "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
-
-
-# ---------------------------------------------------------------- finding files
-def _has_raw(folder: Path, suffix: str) -> bool:
-    return all((folder / (f + suffix)).is_file() for f in RAW_FILES)
-
-
-def _gz_folder(src: Path) -> Path | None:
-    """Where the four gzipped IDX files are: src itself or torchvision's layout."""
-    for folder in (src, src / "FashionMNIST" / "raw"):
-        if _has_raw(folder, ".gz"):
-            return folder
-    return None
-
-
-def _decompress_into(gz_folder: Path, cache: Path) -> Path:
-    """torchvision reads decompressed IDX files from <root>/FashionMNIST/raw/.
-
-    The unpacked copy is keyed by the source folder and its files' sizes and
-    times, so another data.root (or a changed file) never reads a stale copy.
-    """
-    stamp = [str(gz_folder.resolve())]
-    for name in RAW_FILES:
-        st = (gz_folder / (name + ".gz")).stat()
-        stamp.append(f"{name}:{st.st_size}:{st.st_mtime_ns}")
-    cache_root = cache / ("fashion-mnist-" + hashlib.sha1("|".join(stamp).encode()).hexdigest()[:12])
-    raw = cache_root / "FashionMNIST" / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    for name in RAW_FILES:
-        target = raw / name
-        if target.is_file():
-            continue
-        # Several ranks may get here at once: each writes its own temp file
-        # and renames it into place, so no reader ever sees half a file.
-        tmp = raw / f".{name}.{os.getpid()}.tmp"
-        with gzip.open(gz_folder / (name + ".gz"), "rb") as src, open(tmp, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        os.replace(tmp, target)
-    return cache_root
-
-
-def locate_fashion_mnist(root: str | None, download: bool, cache_dir: str) -> Path:
-    """A root that torchvision's FashionMNIST reads, or a ConfigError saying how to get one.
-
-    Order: `data.root`; the Debian package's folder; torchvision's download
-    (data.download=true).
-    """
-    cache = Path(cache_dir).expanduser()
-    if root is not None:
-        src = Path(root).expanduser()
-        if _has_raw(src / "FashionMNIST" / "raw", ""):
-            return src
-        gz = _gz_folder(src)
-        if gz is not None:
-            return _decompress_into(gz, cache)
-        if download:
-            return src
-        raise ConfigError(
-            f"data.root={root}: no Fashion-MNIST files there (looked for {', '.join(RAW_FILES)} "
-            f"(.gz or not) in {src} and {src / 'FashionMNIST' / 'raw'}); point data.root at them, "
-            "or add data.download=true to fetch them with torchvision"
-        )
-    if _has_raw(DEBIAN_DIR, ".gz"):
-        return _decompress_into(DEBIAN_DIR, cache)
-    if download:
-        return cache / "fashion-mnist"
-    raise ConfigError(
-        f"Fashion-MNIST not found: data.root is not set and {DEBIAN_DIR} does not exist. "
-        "Either install it (`apt-get install dataset-fashion-mnist`), or pass "
-        "data.root=<folder with the four .gz files>, or add data.download=true"
-    )
+from ddp_lab.fashion_mnist import locate_fashion_mnist
 
 
 # ---------------------------------------------------------------- the splits

@@ -1,5 +1,7 @@
 """What a run reports: TensorBoard scalars, the console, summary.json.
 
+(What it measures is in ddp_lab.meter.)
+
 Only rank 0 writes TensorBoard events and summary.json; every other rank gets
 the same object with writing switched off, so callers need no `if rank == 0`.
 """
@@ -8,67 +10,12 @@ from __future__ import annotations
 import json
 import os
 import resource
-import time
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams
-
-
-class Clock:
-    """Wall time that includes all queued device work (CUDA runs asynchronously)."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def now(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
-
-class Throughput:
-    """Images per second over the steps after warm-up.
-
-    The first `warmup_steps` of a run are left out (allocator, autotuning,
-    torch.compile): the measured window opens when the last of them ends.
-    `pause()`/`resume()` keep evaluation out of the window.
-    """
-
-    def __init__(self, clock: Clock, warmup_steps: int):
-        self.clock, self.warmup = clock, warmup_steps
-        self.seen = 0  # steps finished, warm-up included
-        self.steps = 0  # steps inside the window
-        self.images = 0
-        self.seconds = 0.0
-        self._t0: float | None = None
-
-    def resume(self) -> None:
-        if self.seen >= self.warmup and self._t0 is None:
-            self._t0 = self.clock.now()
-
-    def step_done(self, images: int) -> None:
-        self.seen += 1
-        if self._t0 is not None:
-            self.images += images
-            self.steps += 1
-        elif self.seen == self.warmup:
-            self._t0 = self.clock.now()
-
-    def pause(self) -> None:
-        if self._t0 is not None:
-            self.seconds += self.clock.now() - self._t0
-            self._t0 = None
-
-    @property
-    def per_sec(self) -> float:
-        return self.images / self.seconds if self.seconds > 0 else float("nan")
-
-    @property
-    def step_ms(self) -> float:
-        return 1000 * self.seconds / self.steps if self.steps else float("nan")
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -96,9 +43,12 @@ def _flat_hparams(cfg, world_size: int, backend: str) -> dict:
 class RunLogger:
     """TensorBoard on rank 0, plus the console lines and summary.json."""
 
-    def __init__(self, run_dir: Path, is_main: bool):
+    def __init__(self, run_dir: Path, is_main: bool, purge_step: int | None = None):
         self.run_dir = Path(run_dir)
         self.is_main = is_main
+        # A resumed run continues the same event files' story: events an earlier
+        # attempt logged from this step on are hidden (not deleted) in TensorBoard.
+        self.purge_step = purge_step
         self._writer: SummaryWriter | None = None
         self._closed = False
 
@@ -107,7 +57,7 @@ class RunLogger:
         """Rank 0's event file (None elsewhere and once closed), opened at the first
         write: a run refused at start (a bad input) leaves no empty event file."""
         if self.is_main and not self._closed and self._writer is None:
-            self._writer = SummaryWriter(str(self.run_dir / "tb"))
+            self._writer = SummaryWriter(str(self.run_dir / "tb"), purge_step=self.purge_step)
         return self._writer
 
     def scalars(self, values: dict[str, float], step: int) -> None:
@@ -157,8 +107,11 @@ def write_json_atomic(path: Path, data: dict) -> None:
     """Write to a temp file, then rename: readers see the old file or the new, never half."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     clean = {k: _json_safe(v) for k, v in data.items()}
-    tmp.write_text(json.dumps(clean, indent=2, sort_keys=True, allow_nan=False) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(clean, indent=2, sort_keys=True, allow_nan=False) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # left only when the write failed (a full disk, say)
 
 
 def _rate(v: float) -> str:

@@ -1,4 +1,4 @@
-"""Finding Fashion-MNIST, sharding it over ranks, and the two loaders agreeing."""
+"""Sharding Fashion-MNIST over ranks, and the two loaders agreeing."""
 from pathlib import Path
 
 import pytest
@@ -6,8 +6,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from ddp_lab.config import ConfigError
-from ddp_lab.data import (build_loaders, eval_indices, fashion_mnist_splits,
-                          locate_fashion_mnist, per_rank_batch)
+from ddp_lab.data import build_loaders, eval_indices, fashion_mnist_splits, per_rank_batch
 
 
 def test_global_batch_is_split_over_ranks():
@@ -58,22 +57,6 @@ def test_gzipped_folder_is_read_through_torchvision(tiny_fmnist, tmp_path, compo
     # The tiny set marks class k with a bright bar at rows 2k+4 and 2k+5.
     k = int(train.labels[0])
     assert int(train.images[0, 0, 2 * k + 4, 10]) == 250
-
-
-def test_cache_is_keyed_by_source(tmp_path):
-    from tests.conftest import make_tiny_fashion_mnist
-    a = make_tiny_fashion_mnist(tmp_path / "a", seed=1)
-    b = make_tiny_fashion_mnist(tmp_path / "b", seed=2)
-    ra = locate_fashion_mnist(str(a), False, str(tmp_path / "cache"))
-    rb = locate_fashion_mnist(str(b), False, str(tmp_path / "cache"))
-    assert ra != rb
-
-
-def test_missing_data_names_the_path_and_both_fixes(tmp_path):
-    with pytest.raises(ConfigError) as e:
-        locate_fashion_mnist(str(tmp_path / "nowhere"), False, str(tmp_path))
-    msg = str(e.value)
-    assert "nowhere" in msg and "data.download=true" in msg and "data.root" in msg
 
 
 @pytest.mark.parametrize("world", [1, 2])

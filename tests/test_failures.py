@@ -8,23 +8,23 @@ import time
 import pytest
 
 from ddp_lab.config import ConfigError
-from ddp_lab.trainer import fault_from_env
+from ddp_lab.faults import Fault
 from tests.conftest import free_port, tiny_overrides
 
 
 def test_fault_spec_parses_and_fires_on_the_first_attempt_only(monkeypatch):
     monkeypatch.delenv("DDP_LAB_FAULT", raising=False)
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
-    assert fault_from_env() is None
+    assert Fault.from_env() is None
     monkeypatch.setenv("DDP_LAB_FAULT", "rank=1,step=5,kind=kill")
-    assert fault_from_env() == {"rank": 1, "step": 5, "kind": "kill"}
+    assert Fault.from_env() == Fault(rank=1, step=5, kind="kill")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    assert fault_from_env() is None  # the restarted attempt runs clean
+    assert Fault.from_env() is None  # the restarted attempt runs clean
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     for bad in ("rank=1,step=5", "rank=one,step=5,kind=raise", "rank=1,step=5,kind=explode"):
         monkeypatch.setenv("DDP_LAB_FAULT", bad)
         with pytest.raises(ConfigError, match="DDP_LAB_FAULT"):
-            fault_from_env()
+            Fault.from_env()
 
 
 def test_warns_when_restarts_would_share_the_rendezvous_store(monkeypatch, caplog):

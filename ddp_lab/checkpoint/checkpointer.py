@@ -1,0 +1,69 @@
+"""The trainer's one contact with checkpoints: save when due, resume at start.
+
+When a checkpoint is due: every `trainer.ckpt_every` optimizer steps, where
+`trainer.max_steps` stops mid-epoch (so the epoch can be finished later),
+and at every epoch's end (the trainer asks for that one itself).
+`trainer.keep_ckpts=0` writes none.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import NamedTuple
+
+from ddp_lab.checkpoint.choice import choose
+from ddp_lab.checkpoint.compat import config_hash, config_subset, validate
+from ddp_lab.checkpoint.files import DIRNAME, load, read_meta, save
+from ddp_lab.config import RunFailed
+from ddp_lab.distributed import DistEnv
+from ddp_lab.divergence import all_finite
+from ddp_lab.rundir import record_launch
+
+log = logging.getLogger("ddp_lab")
+
+
+class Resumed(NamedTuple):
+    path: Path
+    shared: dict  # rank 0's state: model, optimizer, schedule, scaler, position
+    own: dict  # this rank's: RNG states, the partial epoch's sums
+
+
+class Checkpointer:
+    def __init__(self, cfg, env: DistEnv, run_dir: Path):
+        t = cfg.trainer
+        self.every, self.keep, self.resume_setting = t.ckpt_every, t.keep_ckpts, t.resume
+        self.env, self.run_dir = env, Path(run_dir)
+        self.root = self.run_dir / DIRNAME
+        self.subset = config_subset(cfg)  # what must match to resume (see compat)
+
+    def due(self, step: int, done: bool, epoch_exhausted: bool) -> bool:
+        """After optimizer step `step`: every ckpt_every steps, and where max_steps stops
+        mid-epoch; never at an epoch's last step (the epoch-end save follows it)."""
+        if epoch_exhausted:
+            return False
+        return done or (self.every > 0 and step % self.every == 0)
+
+    def save(self, step: int, shared: dict | None, own: dict) -> Path | None:
+        """Every rank calls this at the same step; `shared` is rank 0's (None elsewhere)."""
+        if self.keep == 0:
+            return None
+        meta = None
+        if self.env.is_main:
+            if not all_finite(shared["model"]):  # the loss check should have stopped us first
+                raise RunFailed(f"refusing to write checkpoint step-{step}: the model holds "
+                                "non-finite weights")
+            meta = {"epoch": shared["epoch"], "batches_done": shared["batches_done"],
+                    "config_hash": config_hash(self.subset), "config": self.subset}
+        return save(self.root, step, self.env, own, shared, meta, self.keep)
+
+    def resume(self) -> Resumed | None:
+        """Load what this launch continues from (see choice), and record the launch."""
+        choice = choose(self.resume_setting, self.run_dir, self.env)
+        resumed = None
+        if choice.path is not None:
+            validate(choice.path, read_meta(choice.path), self.env.world_size, self.subset)
+            resumed = Resumed(choice.path, *load(choice.path, self.env.rank, self.env.device))
+        if self.env.is_main:
+            came_from = None if choice.owned or resumed is None else str(resumed.path)
+            record_launch(self.run_dir, choice.owners, came_from)
+        return resumed

@@ -1,0 +1,84 @@
+"""Does a checkpoint fit this run? The same training math (config) and world size.
+
+A checkpoint stores the part of the config that changes the training math,
+and its hash; resuming under other values would continue a different run,
+so it is refused with a message naming every differing key.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+
+from omegaconf import OmegaConf
+
+from ddp_lab.config import ConfigError
+
+# The parts of the config that change the training math. Left out on
+# purpose (NOT_HASHED): where the data lives and how it is read, how LeNet lays out its arithmetic and how a rank waits for the allreduce
+# (the same function either way); trainer.max_steps (stop early, continue
+# later), logging, resume and checkpoint settings, dist.*. A checkpoint whose
+# meta.json still holds such a key (written before it was left out) is
+# compared without it.
+HASHED_GROUPS = ("model", "data", "optim", "sync")
+NOT_HASHED = {
+    "model": ("crop_unused_border", "pad_channels_to"),
+    "data": ("root", "cache_dir", "download", "loader", "num_workers"),
+    "sync": ("poll",),
+}
+TRAINER_HASHED = ("epochs", "grad_accum", "amp")
+
+
+def config_subset(cfg) -> dict:
+    """The hashed part of `cfg` as plain values (it goes into meta.json as well)."""
+    c = OmegaConf.to_container(cfg, resolve=True)
+    sub = _without_unhashed({g: c[g] for g in HASHED_GROUPS})
+    sub["trainer"] = {k: c["trainer"][k] for k in TRAINER_HASHED}
+    sub["seed"] = c["seed"]
+    return sub
+
+
+def _without_unhashed(subset: dict) -> dict:
+    """`subset` with the NOT_HASHED keys of its groups dropped (a copy)."""
+    return {g: ({k: v for k, v in part.items() if k not in NOT_HASHED.get(g, ())}
+                if isinstance(part, dict) else part)
+            for g, part in subset.items()}
+
+
+def config_hash(subset: dict) -> str:
+    return hashlib.sha256(json.dumps(subset, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_diff(saved: dict, now: dict) -> list[str]:
+    """`key: <in checkpoint> -> <now>` for every hashed key that differs."""
+    a, b = _flatten(saved), _flatten(now)
+    missing = "(unset)"
+    return [f"{k}: {a.get(k, missing)!r} in the checkpoint vs {b.get(k, missing)!r} now"
+            for k in sorted(set(a) | set(b)) if a.get(k, missing) != b.get(k, missing)]
+
+
+def validate(step_dir, meta: dict, world_size: int, subset: dict) -> None:
+    """Refuse a checkpoint of another world size or another training config."""
+    problems, fixes = [], []
+    if meta["world_size"] != world_size:
+        problems.append(f"world size {meta['world_size']} in the checkpoint vs {world_size} now")
+        fixes.append(f"launch {meta['world_size']} processes in all (nnodes x nproc_per_node)")
+    saved = _without_unhashed(meta["config"])
+    if config_hash(saved) != config_hash(subset):
+        diff = config_diff(saved, subset)
+        problems.append("config hash differs (" + "; ".join(diff) + ")")
+        fixes.append("set those keys back to the checkpoint's values")
+    if problems:
+        raise ConfigError(
+            f"cannot resume from {step_dir}: " + ", and ".join(problems) + ". Either "
+            + " and ".join(fixes) + ", or start a new run directory (a new --rdzv_id or "
+            "hydra.run.dir, with trainer.resume=none)")

@@ -1,0 +1,133 @@
+"""What a rank measures while it trains: time, images per second, the epoch's sums.
+
+* Clock: wall time that includes queued GPU work.
+* Throughput: images per second over the steps after warm-up, with
+  evaluation and checkpoints paused out of the window.
+* Meter: one per Trainer; holds the above, the epoch's running sums
+  (loss x images, correct, images) and the time spent waiting for data, and
+  turns an epoch into the metrics TensorBoard gets.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from ddp_lab.distributed import DistEnv, all_reduce_sum
+
+
+class Clock:
+    """Wall time that includes all queued device work (CUDA runs asynchronously)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+
+class Throughput:
+    """Images per second over the steps after warm-up.
+
+    The first `warmup_steps` of a run are left out (allocator, autotuning,
+    torch.compile): the measured window opens when the last of them ends.
+    `pause()`/`resume()` keep evaluation out of the window.
+    """
+
+    def __init__(self, clock: Clock, warmup_steps: int):
+        self.clock, self.warmup = clock, warmup_steps
+        self.seen = 0  # steps finished, warm-up included
+        self.steps = 0  # steps inside the window
+        self.images = 0
+        self.seconds = 0.0
+        self._t0: float | None = None
+
+    def resume(self) -> None:
+        if self.seen >= self.warmup and self._t0 is None:
+            self._t0 = self.clock.now()
+
+    def step_done(self, images: int) -> None:
+        self.seen += 1
+        if self._t0 is not None:
+            self.images += images
+            self.steps += 1
+        elif self.seen == self.warmup:
+            self._t0 = self.clock.now()
+
+    def pause(self) -> None:
+        if self._t0 is not None:
+            self.seconds += self.clock.now() - self._t0
+            self._t0 = None
+
+    @property
+    def per_sec(self) -> float:
+        return self.images / self.seconds if self.seconds > 0 else float("nan")
+
+    @property
+    def step_ms(self) -> float:
+        return 1000 * self.seconds / self.steps if self.steps else float("nan")
+
+
+class Meter:
+    """A rank's running measurements; end_epoch() turns them into an epoch's metrics."""
+
+    def __init__(self, env: DistEnv, warmup_steps: int):
+        self.env = env
+        self.clock = Clock(env.device)
+        self.throughput = Throughput(self.clock, warmup_steps)
+        self.sums = torch.zeros(3, dtype=torch.float64, device=env.device)  # loss*n, correct, n
+        self.epoch_seconds: list[float] = []
+        self.data_seconds = 0.0
+        self._epoch_start = (0.0, 0, 0.0)  # (clock, images, window seconds) at the epoch's start
+
+    @property
+    def measuring(self) -> bool:
+        """Whether the current step counts (it is past warm-up)."""
+        return self.throughput.seen >= self.throughput.warmup
+
+    def start_epoch(self) -> None:
+        tp = self.throughput
+        self._epoch_start = (self.clock.now(), tp.images, tp.seconds)
+        tp.resume()
+
+    @torch.no_grad()
+    def add_batch(self, loss: torch.Tensor, out: torch.Tensor, y: torch.Tensor) -> None:
+        self.sums[0] += loss.detach() * len(y)
+        self.sums[1] += (out.argmax(1) == y).sum()
+        self.sums[2] += len(y)
+
+    def step_done(self, images_on_this_rank: int) -> None:
+        self.throughput.step_done(images_on_this_rank * self.env.world_size)
+
+    def end_epoch(self, lr: float, sync) -> dict:
+        """The epoch's metrics over all ranks (one allreduce); resets the sums.
+
+        With them, perf/comm_ms per step and perf/comm_frac of the step from the
+        gradient sync, over the throughput window so far (like perf/step_ms);
+        absent where not measured (see ddp_lab.sync)."""
+        self.throughput.pause()
+        start, images0, seconds0 = self._epoch_start
+        seconds = self.clock.now() - start
+        self.epoch_seconds.append(seconds)
+        all_reduce_sum(self.sums, self.env)
+        loss_sum, correct, n = self.sums.tolist()
+        self.sums.zero_()
+        tp = self.throughput
+        window = tp.seconds - seconds0
+        rate = (tp.images - images0) / window if window > 0 else float("nan")
+        comm_ms, comm_frac = sync.comm_figures(tp.steps, tp.seconds)
+        comm = {} if math.isnan(comm_ms) else {"perf/comm_ms": comm_ms, "perf/comm_frac": comm_frac}
+        return {
+            "loss/train": loss_sum / max(n, 1),
+            "acc/train": correct / max(n, 1),
+            "perf/samples_per_sec": rate,
+            "perf/samples_per_sec_per_rank": rate / self.env.world_size,
+            "perf/step_ms": tp.step_ms,
+            "perf/data_ms": 1000 * self.data_seconds / max(tp.seen, 1),
+            "perf/epoch_s": seconds,
+            "lr": lr,
+            **comm,
+        }

@@ -1,0 +1,44 @@
+"""The optimizer and its learning-rate schedule, built from the optim config group."""
+from __future__ import annotations
+
+import math
+
+import torch
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+
+from ddp_lab.config import ConfigError
+from ddp_lab.divergence import check_learning_rate
+
+
+def build_optimizer(cfg, params):
+    """The optimizer `cfg` (the optim group) names; the schedule keys are ddp_lab's own."""
+    check_learning_rate(cfg.lr)
+    args = {k: v for k, v in cfg.items() if k not in ("schedule", "warmup_epochs")}
+    try:
+        return instantiate(args, params=params)
+    except InstantiationException as e:
+        # torch.optim checks its own arguments ("Invalid learning rate: -1.0"): pass that on
+        if isinstance(e.__cause__, ValueError):
+            raise ConfigError(f"optim: {cfg._target_} refused these settings: {e.__cause__} "
+                              "(fix the optim.* value it names)") from None
+        raise
+
+
+def build_schedule(optimizer, cfg, steps_per_epoch: int, total_steps: int):
+    """Per-step learning-rate multiplier: linear warm-up, then constant or cosine decay."""
+    if cfg.schedule not in ("constant", "cosine"):
+        raise ConfigError(f"optim.schedule={cfg.schedule!r} is not one of constant, cosine")
+    if cfg.warmup_epochs < 0:
+        raise ConfigError(f"optim.warmup_epochs={cfg.warmup_epochs} must be >= 0 (0: no warm-up)")
+    warmup = int(cfg.warmup_epochs * steps_per_epoch)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if cfg.schedule == "constant":
+            return 1.0
+        progress = (step - warmup) / max(1, total_steps - warmup)
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

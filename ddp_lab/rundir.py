@@ -1,0 +1,167 @@
+"""The run directory: is it usable, what does it already hold, and whose is it.
+
+Every rank of a launch writes into one run directory (ddp_lab.config names
+it). Nothing a user saved there may ever be written over, so before training:
+
+* `check_usable` (run by Hydra, through `RunDirCheck`, before Hydra itself
+  creates the directory or writes into it) turns a read-only mount, a path
+  under a file, or a directory that cannot be created into one line.
+* `earlier_results` lists what an earlier run left there (model.pt,
+  summary.json, TensorBoard events, checkpoints).
+* `launches.json` records every launch that wrote into the directory: the
+  torchrun agents (host, boot, process id) and SLURM job behind it. A
+  torchrun restart (the same agents) or a requeued SLURM job (the same job
+  id) finds itself there and carries on with its own files; any other
+  launch is a stranger, and may only continue the run from a checkpoint
+  of the same config (ddp_lab.checkpoint.choice decides).
+
+Why not TORCHELASTIC_RESTART_COUNT alone: an attempt that was refused (it
+found an earlier run) is restarted by torchrun too, and must be refused
+again rather than take the restart count as leave to write; and a SLURM
+requeue starts new agents whose count begins at 0.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+from omegaconf import OmegaConf
+
+from ddp_lab.config import ConfigError
+from ddp_lab.metrics import write_json_atomic
+
+LAUNCHES = "launches.json"
+
+
+# ---------------------------------------------------------------- usable at all
+def _why_unusable(path: Path) -> str | None:
+    """Why files cannot be written in `path` (creating it if needed), or None."""
+    for parent in [path, *path.parents]:
+        if parent.exists():
+            if not parent.is_dir():
+                return f"{parent} is a file, not a directory"
+            break
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        if e.errno == errno.EROFS:
+            return "it is on a read-only filesystem"
+        if e.errno in (errno.EACCES, errno.EPERM):
+            return "permission denied"
+        if e.errno == errno.ENOSPC:
+            return "no space left on the device"
+        return e.strerror or str(e)
+    return None
+
+
+def check_usable(path: Path, key: str = "hydra.run.dir") -> None:
+    """ConfigError naming `path` and the fix if no run can write there."""
+    why = _why_unusable(Path(path))
+    if why is not None:
+        raise ConfigError(f"run directory {path} is not usable: {why}. Choose another "
+                          f"with {key}=<writable directory>")
+
+
+class RunDirCheck(Callback):
+    """Hydra callback (conf/train.yaml: hydra.callbacks): the run directory is
+    checked before Hydra creates it and writes its .hydra/ record, which would
+    otherwise fail with a raw traceback. Each rank checks for itself: a bad
+    directory is bad for all of them, and no process group exists yet."""
+
+    def on_run_start(self, config, **kwargs) -> None:
+        self._check(OmegaConf.select(config, "hydra.run.dir"), "hydra.run.dir")
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        self._check(OmegaConf.select(config, "hydra.sweep.dir"), "hydra.sweep.dir")
+
+    @staticmethod
+    def _check(path, key: str) -> None:
+        try:
+            check_usable(Path(str(path)).absolute(), key)
+        except ConfigError as e:
+            print(f"ddp_lab: error: {e}", file=sys.stderr, flush=True)
+            sys.exit(2)
+
+
+# ---------------------------------------------------------------- what it holds
+def earlier_results(run_dir: Path) -> list[str]:
+    """What an earlier run left in `run_dir`, in words ([] when nothing)."""
+    run_dir = Path(run_dir)
+    held = [name for name in ("model.pt", "summary.json") if (run_dir / name).exists()]
+    tb = run_dir / "tb"
+    if tb.is_dir() and any(p.name.startswith("events.") for p in tb.rglob("*")):
+        held.append("TensorBoard events in tb/")
+    ckpts = run_dir / "checkpoints"
+    if ckpts.is_dir():
+        steps = sorted(int(p.name[5:]) for p in ckpts.iterdir()
+                       if p.name.startswith("step-") and p.name[5:].isdigit())
+        if steps:
+            held.append(f"checkpoints up to step-{steps[-1]}")
+    return held
+
+
+# ---------------------------------------------------------------- whose it is
+def _process_start(pid: int) -> str:
+    """When process `pid` started (clock ticks since boot): a pid is reused, this pair is not."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return "?"
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
+    except OSError:
+        return "?"
+
+
+def launch_identity() -> list[str]:
+    """Who this process belongs to: its torchrun agent (the parent process, the
+    same for every restart of its workers), or itself without torchrun, and
+    the SLURM job (the same when SLURM requeues it)."""
+    host = socket.gethostname()
+    under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
+    pid = os.getppid() if under_torchrun else os.getpid()
+    ids = [f"{'agent' if under_torchrun else 'process'}:{host}/{_boot_id()}/{pid}/{_process_start(pid)}"]
+    if os.environ.get("SLURM_JOB_ID"):
+        ids.append(f"slurm:{os.environ['SLURM_JOB_ID']}")
+    return ids
+
+
+def read_launches(run_dir: Path) -> list[dict]:
+    try:
+        return json.loads((Path(run_dir) / LAUNCHES).read_text())["launches"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def owned_by(run_dir: Path, identities: list[str]) -> bool:
+    """Whether a launch with any of these identities already wrote into `run_dir`."""
+    mine = set(identities)
+    return any(mine & set(launch.get("owners", [])) for launch in read_launches(run_dir))
+
+
+def record_launch(run_dir: Path, identities: list[str], resumed_from: str | None) -> None:
+    """Add this launch to launches.json (rank 0), or its new agents to its entry."""
+    run_dir = Path(run_dir)
+    launches = read_launches(run_dir)
+    mine = set(identities)
+    for launch in launches:
+        if mine & set(launch.get("owners", [])):
+            launch["owners"] = sorted(mine | set(launch["owners"]))
+            break
+    else:
+        launches.append({"started_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+                         "owners": sorted(mine), "resumed_from": resumed_from})
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / LAUNCHES, {"launches": launches})

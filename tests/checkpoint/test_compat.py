@@ -1,0 +1,51 @@
+"""Whether a checkpoint fits this run: the config hash, the keys it leaves out, the world size."""
+import pytest
+
+from ddp_lab import checkpoint
+from ddp_lab.config import ConfigError
+
+
+def test_config_hash_ignores_settings_that_do_not_change_training(compose_train):
+    base = checkpoint.config_subset(compose_train())
+    same = checkpoint.config_subset(compose_train([
+        "trainer.max_steps=3", "trainer.log_every=7", "trainer.resume=auto",
+        "trainer.ckpt_every=5", "trainer.keep_ckpts=9", "data.root=/elsewhere",
+        "data.num_workers=3", "dist.timeout_s=5", "trainer.progress=false",
+        "model.crop_unused_border=false", "model.pad_channels_to=0", "sync.poll=false"]))
+    assert checkpoint.config_hash(base) == checkpoint.config_hash(same)
+    for change in ("optim.lr=0.05", "seed=1", "trainer.epochs=3", "trainer.grad_accum=2",
+                   "data.batch_size=128", "model=resnet18", "sync.bucket_cap_mb=1"):
+        other = checkpoint.config_subset(compose_train([change]))
+        assert checkpoint.config_hash(other) != checkpoint.config_hash(base), change
+
+
+def test_validate_names_world_size_and_differing_keys(compose_train):
+    saved = checkpoint.config_subset(compose_train())
+    meta = {"world_size": 2, "config_hash": checkpoint.config_hash(saved), "config": saved}
+    checkpoint.validate("ck", meta, 2, saved)  # same: no error
+
+    with pytest.raises(ConfigError) as e:
+        checkpoint.validate("ck", meta, 4, saved)
+    assert "world size 2 in the checkpoint vs 4 now" in str(e.value)
+    assert "launch 2 processes" in str(e.value) and "new run directory" in str(e.value)
+    assert "config" not in str(e.value).split("Either")[0]
+
+    now = checkpoint.config_subset(compose_train(["optim.lr=0.05", "seed=3"]))
+    with pytest.raises(ConfigError) as e:
+        checkpoint.validate("ck", meta, 2, now)
+    msg = str(e.value)
+    assert "config hash differs" in msg
+    assert "optim.lr: 0.2 in the checkpoint vs 0.05 now" in msg
+    assert "seed: 0 in the checkpoint vs 3 now" in msg
+    assert "world size" not in msg
+
+
+def test_a_checkpoint_that_hashed_a_key_now_left_out_still_resumes(compose_train):
+    now = checkpoint.config_subset(compose_train())
+    older = {g: dict(v) if isinstance(v, dict) else v for g, v in now.items()}
+    older["model"]["crop_unused_border"] = False  # hashed when that checkpoint was written
+    meta = {"world_size": 2, "config_hash": checkpoint.config_hash(older), "config": older}
+    checkpoint.validate("ck", meta, 2, now)  # no error
+    older["optim"]["lr"] = 0.05  # a key that still counts still refuses
+    with pytest.raises(ConfigError, match="optim.lr: 0.05 in the checkpoint vs 0.2 now"):
+        checkpoint.validate("ck", meta, 2, now)

@@ -1,0 +1,83 @@
+"""The run directory: unusable ones refused in one line, earlier results found, launches known."""
+import json
+import os
+import subprocess
+
+import pytest
+
+from ddp_lab import rundir
+from ddp_lab.config import ConfigError
+from tests.conftest import run_module, tiny_overrides
+
+
+def test_a_path_under_a_file_is_refused_naming_the_file(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ConfigError) as e:
+        rundir.check_usable(tmp_path / "afile" / "runs" / "r1")
+    assert str(e.value) == (f"run directory {tmp_path}/afile/runs/r1 is not usable: "
+                            f"{tmp_path}/afile is a file, not a directory. Choose another "
+                            "with hydra.run.dir=<writable directory>")
+    with pytest.raises(ConfigError, match="afile is a file, not a directory"):
+        rundir.check_usable(tmp_path / "afile")
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A read-only filesystem (a tmpfs mounted ro): root may write anywhere else."""
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mnt)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a read-only tmpfs here (needs root)")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_a_read_only_filesystem_is_refused(read_only_dir):
+    with pytest.raises(ConfigError, match=f"run directory {read_only_dir}/run is not usable: "
+                                          "it is on a read-only filesystem"):
+        rundir.check_usable(read_only_dir / "run")
+
+
+def test_earlier_results_name_what_is_there(tmp_path):
+    assert rundir.earlier_results(tmp_path / "none") == []
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / "rank0.log").write_text("a log is not a result")
+    assert rundir.earlier_results(tmp_path) == []
+    (tmp_path / "summary.json").write_text("{}")
+    (tmp_path / "tb").mkdir()
+    (tmp_path / "tb" / "events.out.tfevents.1.x").write_bytes(b"")
+    (tmp_path / "checkpoints" / "step-12").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step-7").mkdir()
+    assert rundir.earlier_results(tmp_path) == [
+        "summary.json", "TensorBoard events in tb/", "checkpoints up to step-12"]
+
+
+def test_launches_are_recorded_and_recognised(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    me = rundir.launch_identity()
+    assert me[0].startswith("agent:") and f"/{os.getppid()}/" in me[0] and me[1] == "slurm:4242"
+    assert not rundir.owned_by(tmp_path, me)
+    rundir.record_launch(tmp_path, me, resumed_from=None)
+    assert rundir.owned_by(tmp_path, me)
+    assert rundir.owned_by(tmp_path, ["slurm:4242"])  # the same job, requeued: new agents
+    assert not rundir.owned_by(tmp_path, ["slurm:1", "agent:other/0/1/2"])
+    rundir.record_launch(tmp_path, ["slurm:4242", "agent:new/1/2/3"], resumed_from=None)
+    rundir.record_launch(tmp_path, ["agent:stranger/1/2/3"], resumed_from="ck/step-5")
+    launches = json.loads((tmp_path / "launches.json").read_text())["launches"]
+    assert [sorted(x["owners"]) for x in launches] == [
+        sorted([*me, "agent:new/1/2/3"]), ["agent:stranger/1/2/3"]]
+    assert [x["resumed_from"] for x in launches] == [None, "ck/step-5"]
+
+
+@pytest.mark.slow
+def test_the_entry_point_refuses_an_unusable_run_dir_in_one_line(tiny_fmnist, tmp_path):
+    (tmp_path / "afile").write_text("x")
+    args = tiny_overrides(tiny_fmnist, tmp_path / "afile" / "run")
+    proc = run_module("ddp_lab.train", args, nproc=0, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-2000:]
+    assert [ln for ln in out.splitlines() if ln.strip()] == [
+        f"ddp_lab: error: run directory {tmp_path}/afile/run is not usable: {tmp_path}/afile "
+        "is a file, not a directory. Choose another with hydra.run.dir=<writable directory>"]
