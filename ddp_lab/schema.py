@@ -109,3 +109,15 @@ class TrainConfig:
 
 def register() -> None:
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+
+
+def check_trainer(t) -> None:
+    """The trainer's counts must be in range (the schema only checks their types)."""
+    from ddp_lab.config import ConfigError
+
+    for key in ("epochs", "log_every", "grad_accum"):
+        if t[key] < 1:
+            raise ConfigError(f"trainer.{key}={t[key]} must be >= 1")
+    for key in ("ckpt_every", "keep_ckpts", "max_steps", "warmup_steps", "eval_every", "threads"):
+        if t[key] < 0:
+            raise ConfigError(f"trainer.{key}={t[key]} must be >= 0")

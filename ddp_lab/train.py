@@ -25,7 +25,7 @@ from hydra.types import RunMode
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ddp_lab import config, distributed, schema
-from ddp_lab.config import ConfigError
+from ddp_lab.config import ConfigError, RunFailed
 from ddp_lab.trainer import Trainer
 
 log = logging.getLogger("ddp_lab")
@@ -96,11 +96,12 @@ def main(cfg) -> dict:
         if env.is_main:
             print(f"TensorBoard logs: {run_dir / 'tb'}  (open with: tensorboard --logdir {run_dir.parent})")
         return summary
-    except ConfigError as e:
-        # A bad input: one clear line on stderr and exit status 2, on every rank.
+    except (ConfigError, RunFailed) as e:
+        # A bad input (exit 2) or a run that cannot go on (exit 1): one clear line on
+        # stderr and in the rank's log, on every rank, and no traceback.
         log.error("%s", e)
-        print(f"ddp_lab: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        print(f"ddp_lab: error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2 if isinstance(e, ConfigError) else 1)
     except Terminated:
         log.warning("stopped by SIGTERM")
         raise
