@@ -66,14 +66,14 @@ class Job:
 
     def __init__(self, cluster: Cluster, command: list[str], nproc_per_host: int = 1,
                  max_restarts: int = 0, hosts: int | None = None, run_id: str | None = None,
-                 port: int | None = None, env: dict | None = None,
+                 port: int | None = None, env: dict | None = None, cwd: str | None = None,
                  out: TextIO | None = sys.stdout, err: TextIO | None = sys.stderr):
         self.cluster, self.command = cluster, list(command)
         self.hosts = cluster.hosts[:hosts] if hosts else list(cluster.hosts)
         self.nproc_per_host, self.max_restarts = nproc_per_host, max_restarts
         self.run_id = run_id or f"{cluster.name}-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
         self.port = port or random.randrange(20000, 32000)  # below Linux's ephemeral ports
-        self.extra_env, self.out, self.err = dict(env or {}), out, err
+        self.extra_env, self.cwd, self.out, self.err = dict(env or {}), cwd, out, err
         self.agents: list[Agent] = []
         self._lock = threading.Lock()
 
@@ -108,7 +108,7 @@ class Job:
         self._say(f"ddp_lab.cluster: {note}; run id {self.run_id}")
         for i, host in enumerate(self.hosts):
             # Own session: a Ctrl-C at the terminal reaches the agents once, forwarded by us.
-            proc = subprocess.Popen(in_host(host, self.torchrun(i)), env=env, text=True,
+            proc = subprocess.Popen(in_host(host, self.torchrun(i)), env=env, cwd=self.cwd, text=True,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True, errors="replace")
             agent = Agent(host, proc)

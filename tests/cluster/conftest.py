@@ -1,0 +1,45 @@
+"""Emulated clusters for the tests: skipped, with the reason, where namespaces cannot be made.
+
+Every cluster a test makes has a name no user would pick (pt + 8 random hex
+digits) and is removed by a fixture's teardown, which pytest runs also when
+the test fails.
+"""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from ddp_lab.cluster import ClusterError, destroy, emulated
+from ddp_lab.cluster.commands import require_privileges, require_tools
+
+RATE = "200mbit"
+
+
+def namespaces_or_skip() -> None:
+    try:
+        require_tools()
+        require_privileges()
+    except ClusterError as e:
+        pytest.skip(f"cannot make network namespaces here: {e}")
+
+
+def unique_name() -> str:
+    return f"pt{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def cluster_name():
+    """A fresh cluster name; whatever was made under it is removed after the test."""
+    namespaces_or_skip()
+    name = unique_name()
+    yield name
+    destroy(name)
+
+
+@pytest.fixture(scope="session")
+def two_hosts():
+    """Two hosts, links shaped to RATE both ways, shared by the tests that only use them."""
+    namespaces_or_skip()
+    with emulated(2, RATE, unique_name()) as cluster:
+        yield cluster

@@ -1,0 +1,109 @@
+"""up makes what it says, down removes all of it (also after an interrupted up), refusals leave nothing."""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ddp_lab.cluster import ClusterError, create, find, names, network, shaping
+from ddp_lab.cluster.commands import ip
+
+
+def cli(*args, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ddp_lab.cluster", *args], capture_output=True,
+                          text=True, **kw)
+
+
+def machine_state() -> tuple:
+    """What the machine's own network and the namespace folders hold."""
+    listing = sorted(os.listdir(names.RUN_NETNS)) if names.RUN_NETNS.is_dir() else []
+    etc = sorted(os.listdir(names.ETC_NETNS)) if names.ETC_NETNS.is_dir() else []
+    return ip("-br", "link"), ip("-4", "route", "show", "table", "all"), listing, etc
+
+
+def parts_of(name: str) -> list[str]:
+    return names.namespaces().get(name, []) + [str(f) for f in names.netns_folders(name)]
+
+
+def test_up_status_down_leave_the_machine_as_it_was(cluster_name):
+    before = machine_state()
+    proc = cli("up", "--hosts", "3", "--rate", "100mbit", "--name", cluster_name)
+    assert proc.returncode == 0, proc.stderr
+    assert f"cluster {cluster_name}: 3 host(s), links 100mbit each way" in proc.stdout
+    status = cli("status").stdout
+    for i in range(3):
+        assert f"{cluster_name}-{i} " in status
+    c = find(cluster_name)
+    assert c.complete and [h.name for h in c.hosts] == [f"{cluster_name}-{i}" for i in range(3)]
+    assert c.rate_bits == 100 * 10 ** 6
+    assert machine_state()[:2] == before[:2]  # no link, no route added to the machine's network
+    again = cli("up", "--hosts", "2", "--rate", "1gbit", "--name", cluster_name)
+    assert again.returncode == 2 and f"down --name {cluster_name}" in again.stderr
+
+    down = cli("down", "--name", cluster_name)
+    assert down.returncode == 0 and f"removed namespace ddplab-{cluster_name}-sw" in down.stdout
+    assert machine_state() == before
+    assert find(cluster_name) is None
+
+
+def test_down_after_up_was_killed_half_way(cluster_name):
+    before = machine_state()
+    up = subprocess.Popen([sys.executable, "-m", "ddp_lab.cluster", "up", "--hosts", "40",
+                           "--rate", "1gbit", "--name", cluster_name],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    third = names.RUN_NETNS / names.host_netns(cluster_name, 2)
+    deadline = time.monotonic() + 30
+    while not third.exists() and up.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    up.send_signal(signal.SIGKILL)
+    up.wait()
+    left = find(cluster_name)
+    assert left is not None and not left.complete  # 40 hosts take far longer than 3
+    run = cli("run", "--name", cluster_name, "--", "-c", "pass")
+    assert run.returncode == 2 and "incomplete" in run.stderr
+    assert cli("down", "--name", cluster_name).returncode == 0
+    assert parts_of(cluster_name) == [] and machine_state() == before
+
+
+def test_down_removes_parts_left_in_any_state(cluster_name):
+    ip("netns", "add", names.switch_netns(cluster_name))
+    ip("netns", "add", names.host_netns(cluster_name, 0))
+    (names.ETC_NETNS / names.host_netns(cluster_name, 1)).mkdir(parents=True)
+    (names.RUN_NETNS / names.host_netns(cluster_name, 2)).touch()  # an add killed before its mount
+    sleeper = subprocess.Popen(["ip", "netns", "exec", names.host_netns(cluster_name, 0), "sleep", "600"])
+    removed = network.destroy(cluster_name)
+    assert sleeper.wait(timeout=10) != 0  # a process left inside is stopped
+    assert any(r.startswith("processes") for r in removed)
+    assert parts_of(cluster_name) == []
+
+
+def test_refused_without_capabilities_and_nothing_is_made(cluster_name):
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is needed to drop capabilities")
+    proc = subprocess.run(["setpriv", "--bounding-set=-net_admin,-sys_admin", sys.executable, "-m",
+                           "ddp_lab.cluster", "up", "--hosts", "2", "--rate", "1gbit", "--name",
+                           cluster_name], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "CAP_NET_ADMIN and CAP_SYS_ADMIN" in proc.stderr
+    assert "run as root" in proc.stderr
+    assert parts_of(cluster_name) == []
+
+
+def test_a_missing_qdisc_is_named_and_nothing_is_left(cluster_name, monkeypatch):
+    monkeypatch.setattr(shaping, "QDISC", "nosuchqdisc")
+    with pytest.raises(ClusterError, match="no nosuchqdisc qdisc.*modprobe sch_nosuchqdisc"):
+        create(cluster_name, 2, "1gbit")
+    assert parts_of(cluster_name) == []
+
+
+def test_bad_names_and_host_counts_are_refused_before_anything_is_made(cluster_name):
+    for args, says in ((["--name", "Lab-1"], "--name"), (["--name", "x" * 16], "--name"),
+                       (["--hosts", "0"], "--hosts 0"), (["--rate", "1gb"], "--rate")):
+        full = {"--hosts": "2", "--rate": "1gbit", "--name": cluster_name}
+        full.update(dict(zip(args[::2], args[1::2])))
+        proc = cli("up", *[x for kv in full.items() for x in kv])
+        assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+    assert parts_of(cluster_name) == []

@@ -1,0 +1,62 @@
+"""Rates parse as tc reads them, both directions of every link are shaped, and the shaping is real."""
+import json
+import textwrap
+
+import pytest
+
+from ddp_lab.cluster import ClusterError, format_rate, names, parse_rate, running, shaping
+from tests.cluster.conftest import RATE
+
+# One 8 MiB all-reduce between the two hosts, timed after a small warm-up call.
+ALLREDUCE = textwrap.dedent("""
+    import json, os, sys, time
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    dist.all_reduce(torch.ones(16))
+    x = torch.full((2 * 2**20,), float(dist.get_rank() + 1))
+    t0 = time.perf_counter()
+    dist.all_reduce(x)
+    seconds = time.perf_counter() - t0
+    if dist.get_rank() == 0:
+        json.dump({"seconds": seconds, "value": x[0].item(), "all_equal": bool((x == x[0]).all())},
+                  open(sys.argv[1], "w"))
+    dist.destroy_process_group()
+""")
+
+
+def test_rates_parse_in_decimal_units_and_print_back():
+    assert parse_rate("1gbit") == 10 ** 9
+    assert parse_rate("200Mbit") == 200 * 10 ** 6
+    assert parse_rate("1.5mbit") == 1_500_000
+    assert [format_rate(b) for b in (10 ** 9, 2 * 10 ** 8, 1_500_000)] == ["1gbit", "200mbit", "1.5mbit"]
+    for bad in ("1gb", "fast", "100", "-1mbit", "1kbit"):
+        with pytest.raises(ClusterError, match="--rate"):
+            parse_rate(bad)
+
+
+def test_burst_is_a_few_ms_of_the_rate_and_at_least_one_offload_packet():
+    assert shaping.burst_bytes(10 ** 9) == 500_000          # 4 ms at 125 MB/s
+    assert shaping.burst_bytes(10 ** 6) == 64 * 1024
+
+
+def test_both_directions_of_every_link_are_shaped(two_hosts):
+    bits = parse_rate(RATE)
+    for i, host in enumerate(two_hosts.hosts):
+        assert shaping.shaped_rate(host.netns, "eth0") == bits                       # it sends
+        assert shaping.shaped_rate(names.switch_netns(two_hosts.name), f"v{i}") == bits  # it receives
+
+
+def test_an_allreduce_takes_at_least_its_bytes_over_the_rate(two_hosts, tmp_path):
+    script, result = tmp_path / "allreduce.py", tmp_path / "result.json"
+    script.write_text(ALLREDUCE)
+    with running(two_hosts, [str(script), str(result)], out=None, err=None) as job:
+        rc = job.wait(timeout=120)
+    assert rc == 0, job.output()[-3000:]
+    r = json.loads(result.read_text())
+    assert r["value"] == 3.0 and r["all_equal"]
+    # 2 ranks: each sends its 8 MiB (half to reduce, half to share) over its own link,
+    # of which one burst may pass at once; on loopback this takes a few ms
+    nbytes = 8 * 2 ** 20
+    floor = (nbytes - shaping.burst_bytes(parse_rate(RATE))) / (parse_rate(RATE) / 8)
+    assert r["seconds"] >= floor, f"{r['seconds']:.3f} s < {floor:.3f} s: the links are not shaped"
+    print(f"8 MiB all-reduce at {RATE}: {r['seconds']:.3f} s (floor {floor:.3f} s)")
