@@ -29,6 +29,7 @@ from torch.utils.flop_counter import FlopCounterMode
 DEFAULT_CACHE = Path("~/.cache/ddp_lab/peak_flops.json")
 # Matmul sizes that reach the kernels' full speed: on CPU one call takes ~0.1-1 s per core.
 DEFAULT_SIZE = {"cpu": 2048, "cuda": 8192}
+WARMUP_S = 2.0  # untimed matmuls before the timed ones (at least one)
 
 
 # ---------------------------------------------------------------- model FLOPs
@@ -75,12 +76,12 @@ def _meta(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 # ---------------------------------------------------------------- peak FLOPs
 def peak_flops(device, dtype: torch.dtype = torch.float32, threads: int | None = None,
-               size: int | None = None, repeats: int = 5,
+               size: int | None = None, repeats: int = 10,
                cache_path: str | Path = DEFAULT_CACHE) -> float:
     """Matmul FLOP/s of `threads` CPU threads (or of one GPU) in `dtype`, measured once.
 
     The figure is the best of `repeats` timed (size x size) @ (size x size) matmuls
-    after a warm-up call, cached in `cache_path` under the machine (CPU model and
+    after WARMUP_S of warm-up calls, cached in `cache_path` under the machine (CPU model and
     core count, or GPU name), the thread count and the dtype, with how it was
     measured. A cached figure measured at another size is measured again. Callers
     that start together (one per rank) take turns on a lock file: the first
@@ -115,7 +116,12 @@ def measure_matmul(device: torch.device, dtype: torch.dtype, threads: int, size:
     if device.type == "cpu":
         torch.set_num_threads(threads)
     try:
-        torch.matmul(a, b, out=out)  # warm-up: thread pool, kernel choice, caches
+        # Warm-up: thread pool, kernel choice, caches. On the 2-core Zen 1 the first
+        # 2-thread calls after a 1-thread measurement ran up to 1.5x slower for ~1.3 s.
+        warm_until = time.perf_counter() + WARMUP_S
+        _timed_matmul(a, b, out)
+        while time.perf_counter() < warm_until:
+            _timed_matmul(a, b, out)
         seconds = [_timed_matmul(a, b, out) for _ in range(repeats)]
     finally:
         torch.set_num_threads(saved_threads)
@@ -127,7 +133,7 @@ def measure_matmul(device: torch.device, dtype: torch.dtype, threads: int, size:
         "threads": threads, "size": size, "repeats": repeats,
         "seconds": seconds,
         "method": f"best of {repeats} torch.matmul of two {size}x{size} matrices after "
-                  f"one warm-up call, {2 * size ** 3:,} FLOPs each",
+                  f"{WARMUP_S:g} s of warm-up calls, {2 * size ** 3:,} FLOPs each",
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

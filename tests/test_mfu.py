@@ -94,7 +94,7 @@ def test_peak_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
     assert "threads=1" in key and key.endswith("|float32")
     assert entry["flops_per_sec"] == peak and entry["size"] == 64 and entry["threads"] == 1
     assert entry["flops_per_sec"] == pytest.approx(2 * 64 ** 3 / min(entry["seconds"]))
-    assert "best of 2 torch.matmul of two 64x64 matrices" in entry["method"]
+    assert "best of 2 torch.matmul of two 64x64 matrices after 2 s of warm-up" in entry["method"]
 
     def no_measuring(*args):
         raise AssertionError("measured again instead of reading the cache")
