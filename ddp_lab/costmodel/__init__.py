@@ -1,7 +1,7 @@
 """Alpha-beta-gamma cost model of allreduce: fit it to measurements, predict at scale.
 
     # fit to benchmark runs (any world sizes), predict 8..4096 ranks for LeNet and ResNet-18
-    python -m ddp_lab.costmodel 'inputs=[docs/results/collectives_2p.csv,docs/results/collectives_4p.csv]'
+    python -m ddp_lab.costmodel 'inputs=[docs/results/2026-11-25_zen5-2c_collectives-*]'
     # nominal interconnects instead of (or beside) the fit
     python -m ddp_lab.costmodel 'params=[ib_100g,eth_25g]' 'compute_ms={lenet: 2, resnet18: 60}'
 
