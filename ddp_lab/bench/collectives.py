@@ -64,6 +64,7 @@ from torch.distributed.elastic.multiprocessing.errors import get_error_handler, 
 
 from ddp_lab.config import CONFIG_PATH, ConfigError
 from ddp_lab.distributed import DistEnv, resolve_backend, setup, teardown
+from ddp_lab.provenance import hydra_command, write_record
 
 CSV_COLUMNS = ["algo", "size_bytes", "count", "dtype", "world_size",
                "time_us", "algbw_gbps", "busbw_gbps", "wrong"]
@@ -395,6 +396,9 @@ def run(cfg: DictConfig, run_dir: Path) -> list[dict]:
                 total_wrong = sum(r["wrong"] for r in rows)
                 print(f"# wrong elements in total: {total_wrong} {'OK' if total_wrong == 0 else 'FAILED'}")
             print(f"# wrote {csv_path}")
+            write_record(run_dir, hydra_command("ddp_lab.bench.collectives"),
+                         {"world_size": env.world_size, "backend": backend,
+                          "device": str(env.device), "comm_threads": env.comm_threads})
             if cfg.plot:
                 from ddp_lab.bench.plots import plot_collectives
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import json
 
 import pytest
 import torch
@@ -115,6 +116,11 @@ def test_torchrun_sweep_two_processes(tmp_path):
         assert float(row["busbw_gbps"]) == pytest.approx(alg * 2 * (2 - 1) / 2, rel=1e-3)
     assert (run_dir / "collectives.png").stat().st_size > 0
     assert any((run_dir / "tb").iterdir())
+    record = json.loads((run_dir / "record.json").read_text())
+    assert record["command"] == ("torchrun --nproc_per_node=2 -m ddp_lab.bench.collectives min_bytes=1024 "
+                                 "max_bytes=65536 factor=4 warmup=1 iters=3 min_iters=1")
+    assert (record["world_size"], record["backend"], record["torch"]) == (2, "gloo", torch.__version__)
+    assert {"date", "machine", "git_commit", "cpu_model", "cores", "cpu_flags", "comm_threads"} <= set(record)
     # a second sweep into the same directory stops, every rank, and keeps the first one's CSV
     before = (run_dir / "collectives.csv").read_bytes()
     r = run_module("ddp_lab.bench.collectives", ["max_bytes=4096", f"hydra.run.dir={run_dir}"],
