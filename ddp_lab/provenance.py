@@ -37,8 +37,8 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 # The x86 extensions that decide which kernels oneDNN, inductor and ATen pick
 # (bf16 autocast is only on by default where avx512_bf16 or AMX run it natively).
@@ -117,7 +117,7 @@ def git_state(package_dir: Path = PACKAGE_DIR) -> tuple[str | None, bool | None,
     def git(*args: str) -> str | None:
         try:
             out = subprocess.run(["git", "-C", str(package_dir), *args], capture_output=True,
-                                 text=True, timeout=20)
+                                 text=True, timeout=20, check=False)
         except (OSError, subprocess.TimeoutExpired):
             return None
         return out.stdout if out.returncode == 0 else None

@@ -72,7 +72,7 @@ def test_machine_facts_here():
     assert facts["cores"] >= 1 and 1 <= facts["cores_usable"] <= facts["cores"]
     assert facts["machine"].endswith(f"-{facts['cores']}c") or f"-{facts['cores']}c-" in facts["machine"]
     assert facts["date"].endswith("Z") and facts["date"][:2] == "20"
-    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
                           cwd=Path(prov.__file__).parent).stdout.strip()
     assert facts["git_commit"] == head and len(head) == 40  # the tests run from a checkout
     assert isinstance(facts["git_dirty"], bool)
