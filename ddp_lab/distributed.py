@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import datetime
 import logging
 import os
 import sys
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ddp_lab import rendezvous
 from ddp_lab.config import ConfigError
 
 log = logging.getLogger(__name__)
@@ -102,14 +102,11 @@ def setup(backend: str = "auto", device: str = "auto", timeout_s: float = 300,
                               "launch one torchrun per backend")
         return DistEnv(rank, world_size, local_rank, dev, chosen, comm_threads_of_group())
     before = thread_ids()
-    dist.init_process_group(
-        backend=chosen,
-        timeout=datetime.timedelta(seconds=timeout_s),
-        # NCCL binds the communicator to this rank's GPU up front.
-        device_id=dev if chosen == "nccl" else None,
-    )
-    if chosen == "gloo":
-        dist.barrier()  # every gloo thread has started and run once
+    # Through a store prefix of this attempt's own (see ddp_lab.rendezvous), so that a
+    # torchrun restart never reads a failed attempt's keys. NCCL binds the communicator
+    # to this rank's GPU up front.
+    rendezvous.init_process_group(chosen, rank, world_size, timeout_s,
+                                  device_id=dev if chosen == "nccl" else None)
     got = schedule_comm_threads(comm_threads, chosen, dev, thread_ids() - before)
     return DistEnv(rank, world_size, local_rank, dev, chosen, got)
 

@@ -14,7 +14,6 @@ Every rank runs this file. Output goes to outputs/<run id>/ (see ddp_lab.config)
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 from pathlib import Path
@@ -61,19 +60,6 @@ def stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def warn_if_restarts_share_the_store() -> None:
-    """torchrun's c10d rendezvous lends its TCP store to the workers, and a failed
-    attempt's keys stay in it: after a restart, ranks can read their peers' old
-    addresses and fail to connect ("Gloo connectFullMesh failed ... Connection
-    refused", pytorch/pytorch#135712). TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in
-    torchrun's environment gives every attempt a fresh store."""
-    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
-    if restarts > 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        log.warning("torchrun --max-restarts=%d with the shared rendezvous store: a restart may "
-                    "fail to reconnect; export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 before "
-                    "torchrun to avoid it", restarts)
-
-
 # @record under @hydra.main: Hydra turns a task's exception into a printed line and
 # exit(1), so only here does torchrun's error file get the real traceback.
 @hydra.main(version_base="1.3", config_path=config.CONFIG_PATH, config_name="train")
@@ -87,8 +73,6 @@ def main(cfg) -> dict:
         env = distributed.setup(cfg.dist.backend, cfg.dist.device, cfg.dist.timeout_s,
                                 cfg.dist.comm_threads)
         quiet_other_ranks(env.rank)
-        if env.is_main:
-            warn_if_restarts_share_the_store()
         log.info("rank %d/%d on %s (%s, %s comm threads), run dir %s", env.rank, env.world_size,
                  env.device, env.backend, env.comm_threads, run_dir)
         trainer = Trainer(cfg, env, run_dir)

@@ -100,6 +100,8 @@ class Trainer:
                              purge_step=self.step + 1 if self.resumed else None)
         if self.resumed is not None:
             self.log.print(f"resumed from {self.resumed.path} (step {self.step}, {self._position()})")
+        if not self._already_complete():
+            self.checkpointer.record_launch()  # from here on, this launch writes into run_dir
 
     def autocast(self):
         if self.amp == "off":
@@ -110,6 +112,8 @@ class Trainer:
     # ------------------------------------------------------------ the loop
     def fit(self) -> dict:
         if self._already_complete():
+            self.log.print(f"{self.run_dir} holds a complete run (step {self.step} of "
+                           f"{self.total_steps}): nothing left to do, nothing written")
             return json.loads((self.run_dir / "summary.json").read_text())
         self.log.config(self.cfg)
         # (batches_done > 0 when done: resumed from the save that max_steps made mid-epoch)
@@ -244,11 +248,7 @@ class Trainer:
 
     def _already_complete(self) -> bool:
         """Resumed where the run had already ended and written its results: write nothing."""
-        if self.resumed is None or not self.done or not is_complete(self.run_dir):
-            return False
-        self.log.print(f"{self.run_dir} holds a complete run (step {self.step} of "
-                       f"{self.total_steps}): nothing left to do, nothing written")
-        return True
+        return self.resumed is not None and self.done and is_complete(self.run_dir)
 
     def evaluate(self) -> tuple[int, int]:
         """Exact test accuracy over all ranks (ddp_lab.evaluation)."""

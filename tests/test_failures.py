@@ -1,5 +1,4 @@
 """No hangs: one rank failing ends the whole torchrun job, non-zero, within dist.timeout_s."""
-import logging
 import os
 import subprocess
 import sys
@@ -25,19 +24,6 @@ def test_fault_spec_parses_and_fires_on_the_first_attempt_only(monkeypatch):
         monkeypatch.setenv("DDP_LAB_FAULT", bad)
         with pytest.raises(ConfigError, match="DDP_LAB_FAULT"):
             Fault.from_env()
-
-
-def test_warns_when_restarts_would_share_the_rendezvous_store(monkeypatch, caplog):
-    from ddp_lab.train import warn_if_restarts_share_the_store
-    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "2")
-    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
-    with caplog.at_level(logging.WARNING, logger="ddp_lab"):
-        warn_if_restarts_share_the_store()
-    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in caplog.text
-    caplog.clear()
-    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")  # torchrun ran with the variable
-    warn_if_restarts_share_the_store()
-    assert caplog.text == ""
 
 
 @pytest.mark.slow

@@ -81,3 +81,75 @@ def test_the_entry_point_refuses_an_unusable_run_dir_in_one_line(tiny_fmnist, tm
     assert [ln for ln in out.splitlines() if ln.strip()] == [
         f"ddp_lab: error: run directory {tmp_path}/afile/run is not usable: {tmp_path}/afile "
         "is a file, not a directory. Choose another with hydra.run.dir=<writable directory>"]
+
+
+# ---------------------------------------------------------------- through the entry point
+def _snapshot(run_dir):
+    """Every file under run_dir and its bytes (launches.json and logs aside: they only grow)."""
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*"))
+            if p.is_file() and not p.name.endswith(".log")}
+
+
+@pytest.fixture(scope="module")
+def finished_without_checkpoints(tiny_fmnist, tmp_path_factory):
+    """A finished one-process run that kept no checkpoints (trainer.keep_ckpts=0)."""
+    run = tmp_path_factory.mktemp("finished") / "run"
+    proc = run_module("ddp_lab.train", tiny_overrides(tiny_fmnist, run) + [
+        "trainer.keep_ckpts=0", "trainer.epochs=1"], nproc=0)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run
+
+
+def _errors(text):
+    return [ln for ln in text.splitlines() if ln.startswith("ddp_lab: error:")]
+
+
+@pytest.mark.slow
+def test_resume_auto_never_overwrites_a_finished_run(finished_without_checkpoints, tiny_fmnist):
+    run = finished_without_checkpoints
+    before = _snapshot(run)
+    proc = run_module("ddp_lab.train", tiny_overrides(tiny_fmnist, run) + [
+        "trainer.resume=auto", "optim.lr=0.05"], nproc=0)
+    assert proc.returncode == 2
+    assert _errors(proc.stderr) == [
+        f"ddp_lab: error: trainer.resume=auto: {run} already holds an earlier run (model.pt, "
+        "summary.json, TensorBoard events in tb/) but no intact checkpoint to continue from, and "
+        "will not overwrite it; start afresh in another directory (hydra.run.dir=... or a new "
+        "--rdzv_id)"]
+    assert "Traceback" not in proc.stdout + proc.stderr
+    after = _snapshot(run)
+    # Hydra recorded the refused launch beside the first one's record, not over it
+    assert {k for k in after if k not in before} == {
+        f".hydra/{k.split('/', 1)[1]}" for k in after if k.startswith(".hydra/launch-")}
+    assert {k: v for k, v in after.items() if k in before} == before
+
+
+@pytest.mark.slow
+def test_a_refused_launch_stays_refused_when_torchrun_restarts_it(finished_without_checkpoints,
+                                                                   tiny_fmnist):
+    run = finished_without_checkpoints
+    before = _snapshot(run)
+    proc = run_module("ddp_lab.train", tiny_overrides(tiny_fmnist, run), nproc=2,
+                      torchrun_args=["--max-restarts=1"])
+    assert proc.returncode != 0
+    errors = _errors(proc.stderr)
+    assert len(errors) == 4, proc.stderr[-3000:]  # 2 ranks x 2 attempts, every one refused
+    assert all("which a new run there would overwrite" in e for e in errors)
+    after = _snapshot(run)
+    assert {k: v for k, v in after.items() if k in before} == before
+    assert not any(k.startswith("tb/") for k in after if k not in before)
+
+
+@pytest.mark.slow
+def test_a_complete_run_resumed_writes_nothing(tiny_fmnist, tmp_path):
+    run = tmp_path / "run"
+    args = tiny_overrides(tiny_fmnist, run) + ["trainer.epochs=1"]
+    assert run_module("ddp_lab.train", args, nproc=0).returncode == 0
+    before = _snapshot(run)
+    launches = (run / "launches.json").read_text()
+    proc = run_module("ddp_lab.train", args + ["trainer.resume=auto"], nproc=0)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"{run} holds a complete run (step 8 of 8): nothing left to do, nothing written" in proc.stdout
+    after = _snapshot(run)
+    assert {k: v for k, v in after.items() if not k.startswith(".hydra/launch-")} == before
+    assert (run / "launches.json").read_text() == launches

@@ -35,6 +35,7 @@ class Checkpointer:
         self.env, self.run_dir = env, Path(run_dir)
         self.root = self.run_dir / DIRNAME
         self.subset = config_subset(cfg)  # what must match to resume (see compat)
+        self.choice = None  # what resume() chose
 
     def due(self, step: int, done: bool, epoch_exhausted: bool) -> bool:
         """After optimizer step `step`: every ckpt_every steps, and where max_steps stops
@@ -57,13 +58,15 @@ class Checkpointer:
         return save(self.root, step, self.env, own, shared, meta, self.keep)
 
     def resume(self) -> Resumed | None:
-        """Load what this launch continues from (see choice), and record the launch."""
-        choice = choose(self.resume_setting, self.run_dir, self.env)
-        resumed = None
-        if choice.path is not None:
-            validate(choice.path, read_meta(choice.path), self.env.world_size, self.subset)
-            resumed = Resumed(choice.path, *load(choice.path, self.env.rank, self.env.device))
+        """Load what this launch continues from (see choice), or None: from scratch."""
+        self.choice = choose(self.resume_setting, self.run_dir, self.env)
+        if self.choice.path is None:
+            return None
+        validate(self.choice.path, read_meta(self.choice.path), self.env.world_size, self.subset)
+        return Resumed(self.choice.path, *load(self.choice.path, self.env.rank, self.env.device))
+
+    def record_launch(self) -> None:
+        """Note in launches.json that this launch writes here (rank 0; after resume())."""
         if self.env.is_main:
-            came_from = None if choice.owned or resumed is None else str(resumed.path)
-            record_launch(self.run_dir, choice.owners, came_from)
-        return resumed
+            path, owned = self.choice.path, self.choice.owned
+            record_launch(self.run_dir, self.choice.owners, None if owned or path is None else str(path))

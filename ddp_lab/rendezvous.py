@@ -1,0 +1,135 @@
+"""Each attempt of a launch joins through a store prefix of its own.
+
+Why: torchrun's c10d rendezvous lends its TCP store to the workers
+(TORCHELASTIC_USE_AGENT_STORE=True), and that store outlives the workers:
+after a restart (`--max-restarts`) it still holds the failed attempt's keys,
+among them the addresses gloo's ranks published to connect to each other.
+A restarted rank could read a dead peer's address and hang in
+init_process_group, or fail with "Connection refused" (measured: 4 of 8
+restarts after a SIGKILL went wrong; pytorch/pytorch#135712). torch keys
+each attempt by TORCHELASTIC_RESTART_COUNT, but that count is each agent's
+own: a healthy node's agent restarts its workers without counting it.
+
+So rank 0 of every attempt names it with a fresh token, and the other ranks
+make sure they hold *this* attempt's token, not a dead one's, before any
+process-group key is written or read:
+
+    rank 0:  set ddp_lab/attempt = T; for every rank r, wait for
+             T/hello/r (a nonce, fresh per process) and echo it as T/welcome/r
+    rank r:  read ddp_lab/attempt, write its nonce as hello, wait a moment
+             for its own nonce to come back as welcome; if it does not (T was
+             a dead attempt's), read ddp_lab/attempt again
+
+Only rank 0 of the live attempt can echo a nonce that was made in this
+attempt, so no rank ever proceeds on a stale token. The process group is
+then built on the store under the prefix T: nothing of another attempt is
+in sight. All of it is bounded by dist.timeout_s; past it the rank exits
+with one line saying what it waited for (see Deadline).
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import sys
+import threading
+import time
+import uuid
+
+import torch.distributed as dist
+
+log = logging.getLogger("ddp_lab")
+
+ATTEMPT_KEY = "ddp_lab/attempt"
+POLL_S = 0.5  # how long a rank waits for its welcome before it looks for a newer attempt
+
+
+class Deadline:
+    """Exit this process with one line if the block is still running after `seconds`.
+
+    A rank blocked inside C++ (a store wait, gloo connecting) cannot be
+    interrupted by an exception, so the timer ends the process itself:
+    torchrun then sees it fail and stops or restarts the others. `what` says
+    what the rank is waiting for and may be updated as it goes.
+    """
+
+    def __init__(self, seconds: float, rank: int, what: str):
+        self.seconds, self.rank, self.what = seconds, rank, what
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def _expire(self) -> None:
+        line = (f"ddp_lab: error: rank {self.rank} waited {self.seconds:g} s (dist.timeout_s) "
+                f"for {self.what}; giving up")
+        if logging.getLogger().handlers:  # the rank's log file, where Hydra set one up
+            log.error(line)
+        print(line, file=sys.stderr, flush=True)
+        os._exit(1)
+
+    def __enter__(self) -> Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._timer.cancel()
+
+
+def agent_store(timeout_s: float) -> dist.Store:
+    """The store at MASTER_ADDR:MASTER_PORT: torchrun's own where it lends one,
+    else hosted by rank 0 (as init_method env:// would)."""
+    lent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                         is_master=rank == 0 and not lent,
+                         timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+
+
+def _open_attempt(store: dist.Store, world_size: int, deadline: Deadline) -> str:
+    """Rank 0: a fresh token, and every other rank welcomed into it."""
+    token = uuid.uuid4().hex[:12]
+    store.set(ATTEMPT_KEY, token)
+    waiting = set(range(1, world_size))
+    while waiting:
+        deadline.what = (f"rank(s) {', '.join(map(str, sorted(waiting)))} to join this attempt "
+                         "(not started, or stuck before joining)")
+        for r in sorted(waiting):
+            if store.check([f"{token}/hello/{r}"]):
+                store.set(f"{token}/welcome/{r}", store.get(f"{token}/hello/{r}"))
+                waiting.discard(r)
+        if waiting:
+            time.sleep(0.05)
+    return token
+
+
+def _join_attempt(store: dist.Store, rank: int, deadline: Deadline) -> str:
+    """Rank r > 0: the token of the attempt whose rank 0 echoes our nonce."""
+    nonce = uuid.uuid4().hex.encode()
+    deadline.what = "rank 0 to open this attempt (not started, or stuck before joining)"
+    while True:
+        token = store.get(ATTEMPT_KEY).decode()  # waits until a first attempt exists
+        store.set(f"{token}/hello/{rank}", nonce)
+        until = time.monotonic() + POLL_S
+        while time.monotonic() < until:
+            key = f"{token}/welcome/{rank}"
+            if store.check([key]) and store.get(key) == nonce:
+                return token
+            time.sleep(0.02)
+
+
+def init_process_group(backend: str, rank: int, world_size: int, timeout_s: float,
+                       device_id=None) -> str:
+    """dist.init_process_group on this attempt's own prefix of the store, all of it
+    within timeout_s; returns the attempt's token."""
+    with Deadline(timeout_s, rank, "the rendezvous store at MASTER_ADDR:MASTER_PORT") as deadline:
+        store = agent_store(timeout_s)
+        if rank == 0:
+            token = _open_attempt(store, world_size, deadline)
+        else:
+            token = _join_attempt(store, rank, deadline)
+        deadline.what = "the other ranks to connect (the process group's own handshake)"
+        dist.init_process_group(backend, store=dist.PrefixStore(f"ddp_lab/{token}", store),
+                                rank=rank, world_size=world_size, device_id=device_id,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        if backend == "gloo":
+            dist.barrier()  # every gloo thread has started and run once
+    return token
