@@ -33,7 +33,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ex = sub.add_parser("exec", help="run a command inside one host: exec HOST -- <command>")
     ex.add_argument("host", help="a host name, e.g. lab-0")
     ex.add_argument("command", nargs=argparse.REMAINDER)
-    for s in (up, down, run, ex):
+    link = sub.add_parser("link", help="pull a host's cable (down) or plug it back (up)")
+    link.add_argument("host", help="a host name, e.g. lab-1")
+    link.add_argument("state", choices=["down", "up"])
+    for s in (up, down, run, ex, link):
         s.add_argument("--name", default=names.DEFAULT_NAME,
                        help=f"cluster name (default {names.DEFAULT_NAME})")
     args = p.parse_args(argv)
@@ -99,6 +102,9 @@ def main(argv=None) -> int:
             show(network.clusters())
         elif args.action == "run":
             return run_job(args)
+        elif args.action == "link":
+            host = network.set_link(ready_cluster(args.name), args.host, args.state == "up")
+            print(f"{host.name}: link {args.state}")
         else:
             host = next((h for h in ready_cluster(args.name).hosts if h.name == args.host), None)
             if host is None:

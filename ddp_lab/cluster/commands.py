@@ -60,3 +60,12 @@ def ip(*args: str, netns: str | None = None, check: bool = True) -> str:
 
 def tc(*args: str, netns: str | None = None, check: bool = True) -> str:
     return run("tc", *(("-n", netns) if netns else ()), *args, check=check)
+
+
+def alive(pid: int) -> bool:
+    """Whether a process runs (a zombie, ended but not yet reaped by its parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except (OSError, IndexError):
+        return False

@@ -25,11 +25,13 @@ import time
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from ddp_lab.cluster.network import HOST_LINK, Cluster, Host
+from ddp_lab.cluster.commands import alive
+from ddp_lab.cluster.network import HOST_LINK, Cluster, Host, links_down
 
 # Runs inside `unshare --uts`: give this process the host's name, then become torchrun.
 SET_HOSTNAME = "import os,socket,sys; socket.sethostname(sys.argv[1]); os.execvp(sys.argv[2], sys.argv[2:])"
 TERM_GRACE_S = 30  # after SIGTERM, as torchrun waits for its workers, then SIGKILL
+IDLE_S = 5  # an agent without workers after another host failed: stopped after this
 
 
 def usable_cores() -> int:
@@ -54,6 +56,7 @@ class Agent:
     lines: list[str] = field(default_factory=list)  # stdout and stderr, prefixed, in order
     readers: list[threading.Thread] = field(default_factory=list)
     ended_at: float | None = None
+    idle_since: float | None = None  # when its last worker ended, while it still runs
 
 
 class Job:
@@ -75,6 +78,7 @@ class Job:
         self.port = port or random.randrange(20000, 32000)  # below Linux's ephemeral ports
         self.extra_env, self.cwd, self.out, self.err = dict(env or {}), cwd, out, err
         self.agents: list[Agent] = []
+        self.notes: list[str] = []  # what the job itself said (threads, failures), in order
         self._lock = threading.Lock()
 
     def environment(self) -> tuple[dict, str]:
@@ -103,7 +107,7 @@ class Job:
                 "--rdzv-backend=c10d", f"--rdzv-endpoint={self.hosts[0].name}:{self.port}",
                 f"--rdzv-id={self.run_id}", f"--rdzv-conf=is_host={index == 0}", *self.command]
 
-    def start(self) -> "Job":
+    def start(self) -> Job:
         env, note = self.environment()
         self._say(f"ddp_lab.cluster: {note}; run id {self.run_id}")
         for i, host in enumerate(self.hosts):
@@ -129,6 +133,7 @@ class Job:
                     sink.flush()
 
     def _say(self, line: str) -> None:
+        self.notes.append(line + "\n")
         if self.err is not None:
             self.err.write(line + "\n")
             self.err.flush()
@@ -149,18 +154,23 @@ class Job:
     def wait(self, timeout: float | None = None, grace_s: float = 60) -> int:
         """Wait for every agent; the job's exit status (that of the first agent to fail, else 0).
 
-        Once an agent has failed, the others get `grace_s` to notice and end, then
-        SIGTERM, then SIGKILL: a host that lost its peers never keeps the job waiting.
-        On `timeout`, every agent is stopped the same way and TimeoutError raised.
+        Once an agent has failed, the job cannot go on (every agent's rendezvous
+        needs all N hosts), so no host may keep it waiting: an agent whose workers
+        have all ended is stopped after IDLE_S (it may be stuck trying to reach a
+        host it lost), one whose workers still run gets `grace_s` for them to
+        notice and report the failure. On `timeout`, every agent is stopped and
+        TimeoutError raised. A failed job names the hosts whose link is down.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while None in self.poll():
-            failed = [a.ended_at for a in self.agents if a.proc.returncode not in (None, 0)]
             now = time.monotonic()
-            if failed and now > min(failed) + grace_s:
-                self._say(f"ddp_lab.cluster: a host failed {grace_s:g} s ago and the others still "
-                          "run: stopping them")
-                self.stop()
+            failed = [a.ended_at for a in self.agents if a.proc.returncode not in (None, 0)]
+            if failed:
+                self._stop_the_stuck(now)
+                if now > min(failed) + grace_s and None in self.poll():
+                    self._say(f"ddp_lab.cluster: a host failed {grace_s:g} s ago and the others "
+                              "still run: stopping them")
+                    self.stop()
             if deadline is not None and now > deadline:
                 self.stop()
                 raise TimeoutError(f"the job did not end within {timeout:g} s; its agents were stopped")
@@ -169,15 +179,36 @@ class Job:
             for t in a.readers:
                 t.join(timeout=5)
         failed = sorted((a.ended_at, i) for i, a in enumerate(self.agents) if a.proc.returncode)
+        if failed:
+            for name in links_down(self.cluster):
+                self._say(f"ddp_lab.cluster: the link of {name} is down")
         return self.agents[failed[0][1]].proc.returncode if failed else 0
 
-    def stop(self) -> None:
-        """SIGTERM every agent still running, SIGKILL what is left after TERM_GRACE_S."""
-        self.signal(signal.SIGTERM)
-        deadline = time.monotonic() + TERM_GRACE_S
-        while None in self.poll() and time.monotonic() < deadline:
-            time.sleep(0.1)
+    def _stop_the_stuck(self, now: float) -> None:
+        stuck = []
         for i, a in enumerate(self.agents):
+            if a.proc.returncode is not None or self.worker_pids(i):
+                a.idle_since = None
+            elif a.idle_since is None:
+                a.idle_since = now
+            elif now - a.idle_since > IDLE_S:
+                stuck.append(i)
+        if stuck:
+            hosts = ", ".join(self.agents[i].host.name for i in stuck)
+            self._say(f"ddp_lab.cluster: {hosts}: workers ended after another host failed, but the "
+                      "agent still waits (on a host it cannot reach?): stopping it")
+            self.stop(stuck, term_grace_s=IDLE_S)
+
+    def stop(self, indices: list[int] | None = None, term_grace_s: float = TERM_GRACE_S) -> None:
+        """SIGTERM the agents (all by default) still running, SIGKILL what is left after term_grace_s."""
+        chosen = [(i, self.agents[i]) for i in (range(len(self.agents)) if indices is None else indices)]
+        for _, a in chosen:
+            if a.proc.poll() is None:
+                os.kill(a.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + term_grace_s
+        while any(a.proc.poll() is None for _, a in chosen) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for i, a in chosen:
             if a.proc.poll() is None:
                 # torchrun starts each worker in a session of its own: kill those too
                 for pid in [a.proc.pid, *self.worker_pids(i)]:
@@ -187,28 +218,32 @@ class Job:
         self.poll()
 
     def worker_pids(self, host_index: int) -> list[int]:
-        """The processes the agent of one host has started (its workers and theirs)."""
+        """The live processes the agent of one host has started (its workers and theirs)."""
         found, todo = [], [self.agents[host_index].proc.pid]
         while todo:
             pid = todo.pop()
-            for task in _tasks(pid):
+            for task in _listdir(f"/proc/{pid}/task"):
                 try:
-                    children = open(f"/proc/{pid}/task/{task}/children").read().split()
+                    with open(f"/proc/{pid}/task/{task}/children") as f:
+                        children = [int(c) for c in f.read().split()]
                 except OSError:
                     continue
-                found += [int(c) for c in children]
-                todo += [int(c) for c in children]
+                # a worker the agent has not reaped yet is a zombie: gone, though still listed
+                found += [c for c in children if alive(c)]
+                todo += children
         return found
 
     def output(self, host_index: int | None = None) -> str:
+        """One host's output, or (None) every host's and then what the job itself said."""
         agents = self.agents if host_index is None else [self.agents[host_index]]
         with self._lock:
-            return "".join(line for a in agents for line in a.lines)
+            text = "".join(line for a in agents for line in a.lines)
+        return text + "".join(self.notes) if host_index is None else text
 
 
-def _tasks(pid: int) -> list[str]:
+def _listdir(path: str) -> list[str]:
     try:
-        return os.listdir(f"/proc/{pid}/task")
+        return os.listdir(path)
     except OSError:
         return []
 
@@ -223,4 +258,3 @@ def running(cluster: Cluster, command: list[str], **options):
     finally:
         if None in job.poll():
             job.stop()
-

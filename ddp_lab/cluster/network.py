@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from ddp_lab.cluster import names, shaping
-from ddp_lab.cluster.commands import ClusterError, ip, require_privileges, require_tools
+from ddp_lab.cluster.commands import ClusterError, alive, ip, require_privileges, require_tools
 
 SUBNETS = [ipaddress.ip_network(f"10.213.{x}.0/24") for x in range(256)]
 BRIDGE = "br0"
@@ -155,17 +155,9 @@ def _stop_processes(netns: str) -> list[int]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        while time.monotonic() < deadline and any(alive(p) for p in pids):
             time.sleep(0.1)
     return pids
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
 
 
 def destroy(cluster: str) -> list[str]:
@@ -182,6 +174,27 @@ def destroy(cluster: str) -> list[str]:
         removed.append(f"namespace {netns} (and its links)")
     removed += [f"folder {f}" for f in names.remove_hosts_files(cluster)]
     return removed
+
+
+def set_link(cluster: Cluster, host_name: str, up: bool) -> Host:
+    """Pull (up=False) or plug back a host's cable: its port on the switch goes down or up."""
+    for i, host in enumerate(cluster.hosts):
+        if host.name == host_name:
+            ip("link", "set", f"v{i}", "up" if up else "down", netns=names.switch_netns(cluster.name))
+            return host
+    raise ClusterError(f"cluster {cluster.name} has no host {host_name!r}; see "
+                       "python -m ddp_lab.cluster status")
+
+
+def links_down(cluster: Cluster) -> list[str]:
+    """Names of the hosts whose port on the switch is down."""
+    down = []
+    for i, host in enumerate(cluster.hosts):
+        out = ip("-j", "link", "show", f"v{i}", netns=names.switch_netns(cluster.name), check=False)
+        links = json.loads(out or "[]")
+        if links and "UP" not in links[0].get("flags", []):
+            down.append(host.name)
+    return down
 
 
 @contextlib.contextmanager

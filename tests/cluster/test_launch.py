@@ -10,6 +10,7 @@ import torch
 
 from ddp_lab.cluster import running, thread_share
 from ddp_lab.cluster.commands import ip
+from ddp_lab.cluster.network import set_link
 from tests.conftest import read_summary, run_module, tiny_overrides
 
 pytestmark = pytest.mark.slow
@@ -26,6 +27,20 @@ WAIT_OR_FAIL = textwrap.dedent("""
     dist.barrier()
     time.sleep(600)
 """)
+
+
+# Workers all-reduce until a peer is lost; the process group gives up after 10 s.
+ALLREDUCE_FOREVER = textwrap.dedent("""
+    import datetime
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=10))
+    x = torch.ones(1000)
+    dist.all_reduce(x)
+    print("ready", flush=True)
+    while True:
+        dist.all_reduce(x)
+""")
+TIMEOUT_S = 10
 
 
 def same_weights(a, b) -> None:
@@ -96,7 +111,7 @@ def test_sigint_reaches_every_agent_and_nothing_is_left(two_hosts, tmp_path):
             assert line, "the job ended before its workers were ready"
             ready += line.endswith("] ready\n")
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
+        proc.communicate(timeout=60)
     finally:
         proc.kill()
     assert proc.returncode != 0
@@ -113,3 +128,29 @@ def test_a_failing_host_fails_the_job(two_hosts, tmp_path):
     assert "exitcode  : 3" in job.output(1), job.output()[-3000:]
     for host in two_hosts.hosts:
         assert ip("netns", "pids", host.netns).split() == []
+
+
+def test_a_host_whose_link_goes_down_ends_the_job(two_hosts, tmp_path):
+    script = tmp_path / "forever.py"
+    script.write_text(ALLREDUCE_FOREVER)
+    lost = two_hosts.hosts[1]
+    try:
+        with running(two_hosts, [str(script)], out=None, err=None) as job:
+            while job.output().count("] ready\n") < 2 and None in job.poll():
+                time.sleep(0.05)
+            set_link(two_hosts, lost.name, up=False)
+            pulled = time.monotonic()
+            rc = job.wait(timeout=120)
+            ended = time.monotonic() - pulled
+    finally:
+        set_link(two_hosts, lost.name, up=True)
+    err = job.output()
+    assert rc != 0
+    # every rank gives up after the process group's timeout; the cut-off host's agent, which
+    # cannot reach the rendezvous on host 0, is stopped a few seconds after its workers end
+    assert ended < TIMEOUT_S + 30, f"{ended:.1f} s"
+    assert err.count("Timed out waiting") >= 2, err[-3000:]
+    assert f"the link of {lost.name} is down" in err
+    for host in two_hosts.hosts:
+        assert ip("netns", "pids", host.netns).split() == []
+    print(f"job ended {ended:.1f} s after the link went down")
