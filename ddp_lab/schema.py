@@ -64,7 +64,7 @@ class SyncConfig:
     gradient_as_bucket_view: bool = MISSING
     static_graph: bool = MISSING
     compress: str = MISSING
-    poll: bool = MISSING
+    poll: str = MISSING  # auto | true | false
 
 
 @dataclass

@@ -23,7 +23,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ddp_lab import config, distributed, schema
+from ddp_lab import config, distributed, schema, tuning
 from ddp_lab.config import ConfigError, RunFailed
 from ddp_lab.trainer import Trainer
 
@@ -70,8 +70,7 @@ def main(cfg) -> dict:
     trainer = None
     stop_on_sigterm()
     try:
-        env = distributed.setup(cfg.dist.backend, cfg.dist.device, cfg.dist.timeout_s,
-                                cfg.dist.comm_threads)
+        env = tuning.start(cfg.dist, cfg.sync.poll)
         quiet_other_ranks(env.rank)
         log.info("rank %d/%d on %s (%s, %s comm threads), run dir %s", env.rank, env.world_size,
                  env.device, env.backend, env.comm_threads, run_dir)

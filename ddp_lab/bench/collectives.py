@@ -4,6 +4,11 @@
     torchrun --standalone --nproc_per_node=2 -m ddp_lab.bench.collectives \
         min_bytes=1024 max_bytes=1048576 factor=4 'algos=[builtin,ring]' dtype=bfloat16
     python -m ddp_lab.bench.collectives          # a world of one (busbw is 0 there)
+    torchrun --standalone --nproc_per_node=3 -m ddp_lab.bench.collectives mode=interleaved
+
+mode=interleaved times the algorithms against builtin in shuffled rounds
+instead of sweeping them one after another: see collectives_interleaved.py.
+What follows is mode=sweep, the default.
 
 For every message size from `min_bytes` to `max_bytes` (multiplying by `factor`,
 like nccl-tests' -b/-e/-f) and every algorithm in `algos` (names of
@@ -50,11 +55,10 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-import ddp_lab.config  # noqa: F401  (registers the ${ddp_lab.run_id:} resolver)
 import hydra
 import torch
 import torch.distributed as dist
@@ -62,8 +66,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import get_error_handler, record
 
+import ddp_lab.config  # noqa: F401  (registers the ${ddp_lab.run_id:} resolver)
+from ddp_lab import tuning
+from ddp_lab.bench import collectives_interleaved as interleaved
 from ddp_lab.config import CONFIG_PATH, ConfigError
-from ddp_lab.distributed import DistEnv, resolve_backend, setup, teardown
+from ddp_lab.distributed import DistEnv, resolve_backend, teardown
 from ddp_lab.provenance import hydra_command, write_record
 
 CSV_COLUMNS = ["algo", "size_bytes", "count", "dtype", "world_size",
@@ -109,6 +116,7 @@ def message_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
 # --------------------------------------------------------------- validation
 @dataclass(frozen=True)
 class Plan:
+    mode: str  # sweep | interleaved
     sizes: list[int]
     algos: list[str]
     dtype_name: str
@@ -172,7 +180,12 @@ def validate(cfg: DictConfig, known_algos: list[str] | None = None) -> Plan:
             raise ConfigError(f"algos: unknown algorithm {a!r}; choose from {', '.join(known)}, "
                               f"e.g. 'algos=[builtin,ring]'")
     algos = list(dict.fromkeys(algos))  # drop repeats, keep order
-    return Plan(message_sizes(min_b, max_b, int(factor)), algos, dtype_name, DTYPES[dtype_name], elem)
+    if cfg.mode == "interleaved":  # ratios to builtin: it always runs
+        return Plan("interleaved", interleaved.sizes_of(cfg, elem), list(dict.fromkeys(["builtin", *algos])),
+                    dtype_name, DTYPES[dtype_name], elem)
+    if cfg.mode != "sweep":
+        raise ConfigError(f"mode={cfg.mode!r} is not one of sweep, interleaved")
+    return Plan("sweep", message_sizes(min_b, max_b, int(factor)), algos, dtype_name, DTYPES[dtype_name], elem)
 
 
 # ------------------------------------------------------------ correctness
@@ -191,6 +204,20 @@ def _pattern_int(count: int, rank: int, world_size: int, dtype_name: str,
     k = pattern_bound(dtype_name, world_size)
     i = torch.arange(count, dtype=torch.int64, device=device)
     return torch.remainder(i + 7919 * rank, 2 * k + 1) - k
+
+
+def count_wrong(fn: Callable, size: int, env: DistEnv, cfg: DictConfig, plan: Plan) -> int:
+    """One call of fn on the check pattern: the elements, over all ranks, that
+    differ from the exact sum (-1 with check=false)."""
+    buf = torch.empty(size // plan.elem_size, dtype=plan.dtype, device=env.device)
+    fill_pattern(buf, env.rank, env.world_size, plan.dtype_name)
+    fn(buf)
+    if not cfg.check:
+        return -1
+    want = expected_sum(buf.numel(), env.world_size, plan.dtype_name, env.device)
+    wrong = torch.tensor([int((buf != want).sum().item())], dtype=torch.float64, device=env.device)
+    dist.all_reduce(wrong)
+    return int(wrong.item())
 
 
 def expected_sum(count: int, world_size: int, dtype_name: str, device: torch.device) -> torch.Tensor:
@@ -325,16 +352,16 @@ def _init_world_of_one(backend: str, env: DistEnv) -> None:
                                 device_id=env.device if env.device.type == "cuda" else None)
 
 
-def _refuse_an_earlier_sweep(run_dir: Path, env: DistEnv) -> None:
+def _refuse_an_earlier_sweep(run_dir: Path, env: DistEnv, name: str = "collectives.csv") -> None:
     """Never overwrite the results of an earlier sweep (a reused hydra.run.dir).
 
     Rank 0's view decides, on every rank, so that all of them stop together.
     """
-    taken = torch.tensor([int(env.is_main and (run_dir / "collectives.csv").exists())],
+    taken = torch.tensor([int(env.is_main and (run_dir / name).exists())],
                          device=env.device)
     dist.all_reduce(taken)
     if taken.item():
-        raise ConfigError(f"hydra.run.dir={run_dir} already holds collectives.csv from an earlier "
+        raise ConfigError(f"hydra.run.dir={run_dir} already holds {name} from an earlier "
                           "sweep; choose another hydra.run.dir (or leave it out: a new folder "
                           "per launch)")
 
@@ -342,15 +369,20 @@ def _refuse_an_earlier_sweep(run_dir: Path, env: DistEnv) -> None:
 def run(cfg: DictConfig, run_dir: Path) -> list[dict]:
     """The sweep; returns the rows (on every rank), writes the outputs on rank 0."""
     plan = validate(cfg)  # before any collective, identical on every rank
-    from ddp_lab.collectives import get_algorithm
-
-    fns = {a: get_algorithm(a) for a in plan.algos}
-    env = setup(cfg.dist.backend, cfg.dist.device, cfg.dist.timeout_s, cfg.dist.comm_threads)
+    env = tuning.start(cfg.dist)
+    # Each as this machine runs it: the tuned ones with its plan, hand-written
+    # ones at the priority gloo's threads have (see ddp_lab.tuning).
+    fns = {a: tuning.allreduce(a, env) for a in plan.algos}
     rows: list[dict] = []
     writer = None
     try:
         if not env.distributed:
             _init_world_of_one(cfg.dist.backend, env)
+        if plan.mode == "interleaved":
+            _refuse_an_earlier_sweep(run_dir, env, "interleaved.csv")
+            run_dir.mkdir(parents=True, exist_ok=True)
+            return interleaved.run(cfg, plan, env, fns, run_dir,
+                                   lambda algo, fn, size: count_wrong(fn, size, env, cfg, plan))
         _refuse_an_earlier_sweep(run_dir, env)
         backend = dist.get_backend()
         sweep = _Sweep(env, cfg, plan)

@@ -1,28 +1,39 @@
 """All-reduce (SUM, in place) written with point-to-point messages.
 
-Each function has the signature ``fn(tensor, group=None) -> tensor``: it sums
-``tensor`` across the ranks of ``group`` (the default group when None),
-overwrites it with the result on every rank and returns the same object, so
-they can stand in for ``dist.all_reduce(tensor, group=group)``.
+Start with the textbook versions, written to be read: each is a short
+function on dist.isend/dist.irecv with nothing kept between calls.
 
-Cost model for n ranks and an N-byte message: alpha is the per-message
-latency, beta the time per byte on a link, gamma the time per byte to add.
+* ``ring_textbook_allreduce`` (ring_textbook.py): reduce-scatter then
+  all-gather around a ring. 2(n-1)*alpha + 2(n-1)/n*N*beta +
+  (n-1)/n*N*gamma: bandwidth-optimal, for large messages.
+* ``halving_doubling_textbook_allreduce`` (halving_doubling_textbook.py):
+  Rabenseifner's recursive halving then doubling, with a fold-in step when
+  n is not a power of two. 2*log2(n)*alpha plus the ring's bandwidth term:
+  for small and medium messages.
 
-* ``naive_allreduce`` (naive.py): everyone sends to group rank 0, which adds
-  and sends the sum back. 2(n-1)*(alpha + N*beta) + (n-1)*N*gamma at the root.
-* ``ring_allreduce`` (ring.py): reduce-scatter then all-gather around a ring,
-  pipelined in segments. 2(n-1)*alpha + 2(n-1)/n*N*beta + (n-1)/n*N*gamma:
-  bandwidth-optimal, for large messages.
-* ``halving_doubling_allreduce`` (halving_doubling.py): Rabenseifner's
-  recursive halving then doubling, with a fold-in step when n is not a power
-  of two. 2*log2(n)*alpha plus the ring's bandwidth term: for small and
-  medium messages.
-* ``builtin_allreduce``: ``dist.all_reduce``, the reference the others are
-  checked and timed against.
+(n ranks, an N-byte message: alpha is the per-message latency, beta the
+time per byte on a link, gamma the time per byte to add.)
 
-What they share lives in p2p.py (a rank's view of its group, input checks,
-host staging, what a thread keeps between calls) and pairwise.py (sequences
-of two-rank exchanges, for naive and halving-doubling).
+Then the same algorithms tuned for speed on gloo, each trick kept with what
+it measured and where: ``ring_allreduce`` (ring.py: segments pipelined, the
+messages of a call worked out once per buffer and kept) and
+``halving_doubling_allreduce`` (halving_doubling.py), plus
+``naive_allreduce`` (naive.py: everyone sends to group rank 0, which adds
+and sends the sum back; 2(n-1)*(alpha + N*beta) + (n-1)*N*gamma at the
+root). Their shared machinery is in p2p.py (a rank's view of its group, host
+staging, what a thread keeps between calls) and pairwise.py (sequences of
+two-rank exchanges). How they cut and order their messages depends on the
+machine, which they are told by argument: a TunedPlan (p2p.py), decided at
+start-up by ddp_lab.tuning; without one they plan for gloo's threads at
+normal priority. ``builtin_allreduce`` is ``dist.all_reduce``, the
+reference all of them are checked and timed against.
+
+Every one has the signature ``fn(tensor, group=None) -> tensor`` (the tuned
+ones take ``plan=`` as well): it sums ``tensor`` across the ranks of
+``group`` (the default group when None), overwrites it with the result on
+every rank and returns the same object, so they can stand in for
+``dist.all_reduce(tensor, group=group)``. ``get_algorithm(name, plan)``
+looks one up by name, with the plan bound.
 
 Shared rules:
 
@@ -37,43 +48,56 @@ Shared rules:
   storage); otherwise ValueError. The hand-written ones raise ValueError in
   a process outside ``group``.
 * Ranks are group ranks (``dist.get_rank(group)``), so subgroups work.
-* Every rank computes the same chunk boundaries, so the two sides of a
-  message always agree on its size; empty pieces are skipped on both sides
-  (never a zero-length message that the peer does not expect).
-* Tags keep messages apart: one tag per phase (naive), per phase and level
-  (halving-doubling) or per message (ring), and between a pair of ranks
-  messages are posted in the same order on both sides, so no receive can
-  match a message meant for another phase or step (gloo matches by peer and
-  tag, in posting order; NCCL ignores tags and relies on the order alone).
+* Every rank computes the same chunk boundaries (basics.chunk_bounds), so
+  the two sides of a message always agree on its size. The tuned versions
+  skip empty pieces on both sides; the textbook ones send them.
+* Messages between a pair of ranks are posted in the same order on both
+  sides, so no receive can match a message meant for another step (gloo
+  matches by peer and tag, in posting order; NCCL by order alone). The
+  tuned versions also give each phase, level or message its own tag.
 * On gloo, a CUDA tensor is copied to the host, reduced there (gloo's
   point-to-point is CPU only) and copied back. On NCCL, CUDA tensors are
-  used directly and every exchange is posted with ``dist.batch_isend_irecv``
-  so that a rank's send and receive of a step are launched together (NCCL
-  would otherwise deadlock a ring of blocking sends).
-* Host scratch buffers and the ring's prepared messages are kept between
-  calls, per thread; ``free_scratch_buffers()`` releases them.
+  used directly and a rank's send and receive of a step are launched
+  together (``dist.batch_isend_irecv``: NCCL would otherwise deadlock a ring
+  of blocking sends).
+* The tuned versions keep host scratch buffers and the ring's prepared
+  messages between calls, per thread; ``free_scratch_buffers()`` releases
+  them.
+* With gloo's threads at real-time priority (dist.comm_threads), call them
+  inside ``ddp_lab.tuning.at_comm_priority``: they post gloo's messages from
+  the calling thread (ddp_lab.tuning.allreduce does this for you).
 """
 from __future__ import annotations
 
-from typing import Callable
+import functools
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
+from ddp_lab.collectives.basics import SUPPORTED_DTYPES, check_tensor
 from ddp_lab.collectives.halving_doubling import halving_doubling_allreduce
+from ddp_lab.collectives.halving_doubling_textbook import (
+    halving_doubling_textbook_allreduce,
+)
 from ddp_lab.collectives.naive import naive_allreduce
-from ddp_lab.collectives.p2p import SUPPORTED_DTYPES, check_tensor, free_scratch_buffers
+from ddp_lab.collectives.p2p import TunedPlan, free_scratch_buffers
 from ddp_lab.collectives.ring import ring_allreduce
+from ddp_lab.collectives.ring_textbook import ring_textbook_allreduce
 
 __all__ = [
     "ALGORITHMS",
     "SUPPORTED_DTYPES",
+    "TUNED",
+    "TunedPlan",
     "builtin_allreduce",
     "free_scratch_buffers",
     "get_algorithm",
     "halving_doubling_allreduce",
+    "halving_doubling_textbook_allreduce",
     "naive_allreduce",
     "ring_allreduce",
+    "ring_textbook_allreduce",
 ]
 
 
@@ -90,15 +114,23 @@ ALGORITHMS: dict[str, Callable[..., torch.Tensor]] = {
     "naive": naive_allreduce,
     "ring": ring_allreduce,
     "halving_doubling": halving_doubling_allreduce,
+    "ring_textbook": ring_textbook_allreduce,
+    "halving_doubling_textbook": halving_doubling_textbook_allreduce,
 }
+# The ones that take a TunedPlan (plan=...).
+TUNED = ("naive", "ring", "halving_doubling")
 
 
-def get_algorithm(name: str) -> Callable[..., torch.Tensor]:
-    """Look an all-reduce up by name; ValueError lists the valid names."""
+def get_algorithm(name: str, plan: TunedPlan | None = None) -> Callable[..., torch.Tensor]:
+    """Look an all-reduce up by name, as `fn(tensor, group=None)`, with `plan`
+    bound where it takes one; ValueError lists the valid names."""
     try:
-        return ALGORITHMS[name]
+        fn = ALGORITHMS[name]
     except (KeyError, TypeError):
         raise ValueError(
             f"unknown all-reduce algorithm {name!r}; choose one of: "
             + ", ".join(ALGORITHMS)
         ) from None
+    if plan is not None and name in TUNED:
+        return functools.partial(fn, plan=plan)
+    return fn

@@ -8,13 +8,22 @@ and medium messages. When n is not a power of two, the first 2*(n-p) ranks
 (p the largest power of two <= n) fold in pairwise first and the idle rank
 of each pair gets the result at the end, which costs two more full-message
 steps (alpha + N*beta each) and one more addition.
+halving_doubling_textbook.py is the same algorithm without the tuning.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from ddp_lab.collectives.p2p import Comm, chunk_bounds, prepared, run_on_comm_device, scratch
+from ddp_lab.collectives.basics import chunk_bounds
+from ddp_lab.collectives.p2p import (
+    DEFAULT_PLAN,
+    Comm,
+    TunedPlan,
+    prepared,
+    run_on_comm_device,
+    scratch,
+)
 from ddp_lab.collectives.pairwise import Step, receives_first, run_steps
 
 _TAG_FOLD_IN = 201
@@ -23,16 +32,16 @@ _TAG_RS = 300  # + level (< 64)
 _TAG_AG = 400  # + level
 
 
-def _halving_doubling(flat: torch.Tensor, comm: Comm) -> None:
+def _halving_doubling(flat: torch.Tensor, comm: Comm, plan: TunedPlan) -> None:
     # The steps for a buffer are worked out once and kept (p2p.prepared), as
     # the ring's messages are: building them again on every call (the views,
     # the scratch lookup) made a 4 KiB call at 2 ranks 139-154 us instead of
     # 119-126 us, against gloo's 127-134 (two launches, shuffled rounds).
-    steps, early = prepared(flat, comm, _prepare_halving_doubling)
+    steps, early = prepared(flat, comm, plan, _prepare_halving_doubling)
     run_steps(comm, steps, early)
 
 
-def _prepare_halving_doubling(flat: torch.Tensor, comm: Comm) -> tuple[list[Step], bool]:
+def _prepare_halving_doubling(flat: torch.Tensor, comm: Comm, plan: TunedPlan) -> tuple[list[Step], bool]:
     """This rank's exchanges for one buffer, and whether their receives are
     posted first (pairwise.receives_first)."""
     n, rank = comm.size, comm.rank
@@ -43,7 +52,7 @@ def _prepare_halving_doubling(flat: torch.Tensor, comm: Comm) -> tuple[list[Step
     # Fold-in: among the first 2*rem ranks, each even rank hands its data to
     # the odd rank above it and sits out until the result comes back; the p
     # ranks left are renumbered 0..p-1 and run the power-of-two algorithm.
-    early = receives_first(flat, comm)
+    early = receives_first(flat, comm, plan)
     if rank < 2 * rem and rank % 2 == 0:
         steps.append(Step(rank + 1, _TAG_FOLD_IN, send=flat, recv=None))
         steps.append(Step(rank + 1, _TAG_FOLD_OUT, send=None, recv=flat))
@@ -110,7 +119,7 @@ def _prepare_halving_doubling(flat: torch.Tensor, comm: Comm) -> tuple[list[Step
 
 
 def halving_doubling_allreduce(
-    tensor: torch.Tensor, group: dist.ProcessGroup | None = None
+    tensor: torch.Tensor, group: dist.ProcessGroup | None = None, plan: TunedPlan = DEFAULT_PLAN
 ) -> torch.Tensor:
     """Rabenseifner: recursive-halving reduce-scatter + recursive-doubling all-gather."""
-    return run_on_comm_device(tensor, group, _halving_doubling)
+    return run_on_comm_device(tensor, group, plan, _halving_doubling)

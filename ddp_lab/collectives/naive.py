@@ -9,21 +9,28 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ddp_lab.collectives.p2p import Comm, run_on_comm_device, scratch, wait_all
+from ddp_lab.collectives.p2p import (
+    DEFAULT_PLAN,
+    Comm,
+    TunedPlan,
+    run_on_comm_device,
+    scratch,
+    wait_all,
+)
 from ddp_lab.collectives.pairwise import Step, receives_first, run_steps
 
 _TAG_GATHER = 101
 _TAG_BCAST = 102
 
 
-def _naive(flat: torch.Tensor, comm: Comm) -> None:
+def _naive(flat: torch.Tensor, comm: Comm, plan: TunedPlan) -> None:
     n, rank = comm.size, comm.rank
     if rank != 0:
         # Receiving the result into `flat` while it is being sent is safe:
         # the root only replies once it has received everything.
         run_steps(comm, [Step(0, _TAG_GATHER, send=flat, recv=None),
                          Step(0, _TAG_BCAST, send=None, recv=flat)],
-                  receives_first=receives_first(flat, comm))
+                  receives_first=receives_first(flat, comm, plan))
         return
     # Root: two scratch buffers (one if there is a single sender), so the
     # message from rank i+1 is arriving while the one from rank i is added.
@@ -44,6 +51,7 @@ def _naive(flat: torch.Tensor, comm: Comm) -> None:
     wait_all(sends)
 
 
-def naive_allreduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+def naive_allreduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None,
+                    plan: TunedPlan = DEFAULT_PLAN) -> torch.Tensor:
     """Gather to group rank 0, add there, send the sum back to everyone."""
-    return run_on_comm_device(tensor, group, _naive)
+    return run_on_comm_device(tensor, group, plan, _naive)

@@ -1,26 +1,50 @@
-"""What every hand-written all-reduce shares: a rank's view of its group
-(Comm), the checks on its input, where the data travels from, and what a
-thread keeps between calls (scratch buffers, each group's Comm, prepared
-calls).
+"""What the tuned all-reduces share: what they are told about the machine
+(TunedPlan), a rank's view of its group (Comm), where the data travels from,
+and what a thread keeps between calls (scratch buffers, each group's Comm,
+prepared calls).
 
-An algorithm is a function `algorithm(flat, comm)` that reduces the 1-D
-contiguous tensor `flat` in place; run_on_comm_device() wraps it into the
-public `fn(tensor, group=None) -> tensor`.
+A tuned algorithm is a function `algorithm(flat, comm, plan)` that reduces
+the 1-D contiguous tensor `flat` in place; run_on_comm_device() wraps it into
+the public `fn(tensor, group=None, plan=TunedPlan()) -> tensor`.
 """
 from __future__ import annotations
 
 import collections
 import threading
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ddp_lab.distributed import at_comm_priority, comm_threads_of_group
+from ddp_lab.collectives.basics import check_tensor, group_rank, stages_through_host
 
-SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _CPU = torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class TunedPlan:
+    """What the tuned all-reduces are told about the machine they run on.
+
+    ddp_lab.tuning decides it once at start-up and the caller hands it in
+    (`get_algorithm(name, plan)`); tests pass their own. NCCL ignores it.
+    """
+
+    # Whether gloo's threads run at real-time priority (dist.comm_threads). It
+    # sets what a message costs, and so how the ring cuts its chunks
+    # (ring.ring_plan) and the order in which pairwise exchanges post their
+    # messages (pairwise.receives_first). The caller then runs each call with
+    # its own thread at the same priority (ddp_lab.tuning.at_comm_priority).
+    realtime_threads: bool = False
+    # The ring's segment size in bytes; None: by realtime_threads (ring.SEGMENT_BYTES).
+    segment_bytes: int | None = None
+    # Upper bound on the ring's receive scratch space on the host (see ring._prepare_ring).
+    max_scratch_bytes: int = 256 * 1024 * 1024
+
+
+DEFAULT_PLAN = TunedPlan()  # gloo's threads at normal priority
 
 
 # ------------------------------------------------ kept between calls, per thread
@@ -65,8 +89,10 @@ def free_scratch_buffers() -> None:
     per_thread.__dict__.clear()
 
 
-def prepared(flat: torch.Tensor, comm: "Comm", prepare: Callable[[torch.Tensor, "Comm"], Any]) -> Any:
-    """prepare(flat, comm), or what it returned when last called for this buffer.
+def prepared(flat: torch.Tensor, comm: Comm, plan: TunedPlan,
+             prepare: Callable[[torch.Tensor, Comm, TunedPlan], Any]) -> Any:
+    """prepare(flat, comm, plan), or what it returned when last called for this
+    buffer, group and plan.
 
     Training reduces the same gradient buffers every step, and working out a
     ring call's messages (segment bounds, a tensor view per message) is
@@ -77,17 +103,17 @@ def prepared(flat: torch.Tensor, comm: "Comm", prepare: Callable[[torch.Tensor, 
     and from 0.77-0.88x to 0.85-0.96x at 4 MiB (3 and 4 ranks, old and new
     code in the same interleaved rounds, three launches each).
 
-    The key is the buffer's address, length, dtype and device, and the
-    group: the views kept hold the buffer's memory, so no other tensor can
-    take that address while its entry lives. The price is memory: the last
+    The key is the buffer's address, length, dtype and device, the group
+    and the plan: the views kept hold the buffer's memory, so no other
+    tensor can take that address while its entry lives. The price is memory: the last
     PREPARED_CALLS_KEPT buffers a thread reduced stay allocated until they
     drop out or free_scratch_buffers() is called.
     """
     calls = per_thread.__dict__.setdefault("prepared", collections.OrderedDict())
-    key = (prepare, flat.data_ptr(), flat.numel(), flat.dtype, flat.device, comm)
+    key = (prepare, flat.data_ptr(), flat.numel(), flat.dtype, flat.device, comm, plan)
     call = calls.get(key)
     if call is None:
-        call = calls[key] = prepare(flat, comm)
+        call = calls[key] = prepare(flat, comm, plan)
         if len(calls) > PREPARED_CALLS_KEPT:
             calls.popitem(last=False)
     else:
@@ -113,9 +139,7 @@ class Comm:
 
     def __init__(self, group: dist.ProcessGroup | None, batched: bool):
         self.size = dist.get_world_size(group)
-        self.rank = dist.get_rank(group)
-        if self.rank < 0:
-            raise ValueError("this process is not a member of the given group")
+        self.rank = group_rank(group)
         # The group (None: the default one) and the ProcessGroup whose
         # send/recv take group ranks (gloo path), held weakly: a Comm is kept
         # between calls (comm_of) and must not keep a destroyed group (its
@@ -131,12 +155,6 @@ class Comm:
         # True for CUDA tensors on NCCL only (gloo stages them through the
         # host first): exchanges are then launched as batches.
         self.batched = batched
-        # How gloo's threads are scheduled ("realtime" or "normal",
-        # dist.comm_threads): it decides how the ring cuts its messages. It is
-        # the default group's setting; a group made later with new_group has
-        # threads at normal priority but gets the same plan (correct either
-        # way, only the speed differs).
-        self.threads = comm_threads_of_group()
 
     @property
     def group(self) -> dist.ProcessGroup | None:
@@ -248,56 +266,25 @@ def wait_all(works: list[dist.Work]) -> None:
         w.wait()
 
 
-# ------------------------------------------------------ input and where it runs
-
-
-def check_tensor(tensor: torch.Tensor) -> None:
-    """Reject inputs the algorithms would get silently wrong."""
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.dtype not in SUPPORTED_DTYPES:
-        names = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
-        raise TypeError(
-            f"all-reduce of a {str(tensor.dtype).replace('torch.', '')} tensor is not "
-            f"supported; supported dtypes: {names}"
-        )
-    if not tensor.is_contiguous():
-        raise ValueError(
-            f"tensor of shape {tuple(tensor.shape)} with strides {tuple(tensor.stride())} "
-            "is not contiguous; call .contiguous() first (and copy the result back "
-            "into the original if you need it there)"
-        )
-
-
-def chunk_bounds(numel: int, parts: int) -> list[int]:
-    """Boundaries of `parts` near-equal pieces of range(numel): parts+1 ints.
-
-    The first numel % parts pieces get one extra element; when numel < parts
-    the trailing pieces are empty. Every rank computes the same list, so the
-    two sides of a message always agree on its size.
-    """
-    base, extra = divmod(numel, parts)
-    bounds = [0]
-    for i in range(parts):
-        bounds.append(bounds[-1] + base + (1 if i < extra else 0))
-    return bounds
+# ------------------------------------------------------------ where it runs
 
 
 def run_on_comm_device(
     tensor: torch.Tensor,
     group: dist.ProcessGroup | None,
-    algorithm: Callable[[torch.Tensor, Comm], None],
+    plan: TunedPlan,
+    algorithm: Callable[[torch.Tensor, Comm, TunedPlan], None],
 ) -> torch.Tensor:
     """Validate, pick where the data travels from, run `algorithm`, copy back.
 
-    `algorithm(flat, comm)` reduces the 1-D contiguous tensor `flat` in place.
-    A CUDA tensor goes straight to the algorithm when the group's backend is
-    NCCL; otherwise (gloo) it is staged through a host copy, because gloo's
-    send/recv only handle CPU tensors.
+    `algorithm(flat, comm, plan)` reduces the 1-D contiguous tensor `flat` in
+    place. A CUDA tensor goes straight to the algorithm when the group's
+    backend is NCCL; otherwise (gloo) it is staged through a host copy,
+    because gloo's send/recv only handle CPU tensors.
     """
     check_tensor(tensor)
-    on_nccl = tensor.device.type == "cuda" and "nccl" in str(dist.get_backend(group)).lower()
-    comm = comm_of(group, batched=on_nccl)
+    staged = stages_through_host(tensor, group)
+    comm = comm_of(group, batched=tensor.device.type == "cuda" and not staged)
     if comm.size == 1:
         return tensor
     # detach(): gradients are usually leaves that require grad; the reduction
@@ -307,14 +294,10 @@ def run_on_comm_device(
         # Every rank knows the size is zero (sizes must agree for any
         # all-reduce), so nothing is sent at all.
         return tensor
-    if on_nccl:
-        algorithm(flat, comm)
-    elif tensor.device.type == "cpu":
-        with at_comm_priority():  # gloo's threads must not outrank this one (dist.comm_threads)
-            algorithm(flat, comm)
-    else:
+    if staged:
         host = scratch(flat.numel(), torch.empty(0, dtype=flat.dtype), "staging").copy_(flat)
-        with at_comm_priority():
-            algorithm(host, comm)
+        algorithm(host, comm, plan)
         flat.copy_(host)
+    else:
+        algorithm(flat, comm, plan)
     return tensor

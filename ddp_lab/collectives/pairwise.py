@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from ddp_lab.collectives.p2p import Comm, wait_all
+from ddp_lab.collectives.p2p import Comm, TunedPlan, wait_all
 
 # With gloo's threads at normal priority and 3+ ranks, exchanges post all
 # their receives first for tensors up to this size, and each send before its
@@ -33,11 +33,11 @@ class Step(NamedTuple):
     add_into: torch.Tensor | None = None
 
 
-def receives_first(flat: torch.Tensor, comm: Comm) -> bool:
+def receives_first(flat: torch.Tensor, comm: Comm, plan: TunedPlan) -> bool:
     """Whether a pairwise exchange on gloo posts all its receives before any send.
 
-    It depends on how gloo's threads are scheduled (dist.comm_threads), as
-    the ring's plan does, measured on 2 cores in interleaved rounds against
+    It depends on how gloo's threads are scheduled (plan.realtime_threads),
+    as the ring's plan does, measured on 2 cores in interleaved rounds against
     dist.all_reduce:
 
     * real-time: always. A hand-off between threads is immediate, so a send
@@ -53,7 +53,7 @@ def receives_first(flat: torch.Tensor, comm: Comm) -> bool:
       blocked on the other, a send that goes out at once beats one whose
       receive was announced first (see run_steps for what each costs).
     """
-    if comm.threads == "realtime":
+    if plan.realtime_threads:
         return True
     return comm.size > 2 and flat.numel() * flat.element_size() <= EARLY_RECV_MAX_BYTES
 

@@ -10,9 +10,10 @@ it is the algorithm for large messages.
 Chunks are further cut into segments so that receiving one segment, adding
 another and forwarding a third overlap; how small, and how many are in
 flight, depends on what a message costs, which on gloo depends on how its
-threads are scheduled (ring_plan). What a call on a buffer sends and
-receives is worked out once and kept (p2p.prepared): training reduces the
-same buffers every step.
+threads are scheduled (ring_plan, from the TunedPlan the caller hands in).
+What a call on a buffer sends and receives is worked out once and kept
+(p2p.prepared): training reduces the same buffers every step.
+ring_textbook.py is the same algorithm without any of this.
 """
 from __future__ import annotations
 
@@ -21,14 +22,21 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
+from ddp_lab.collectives.basics import chunk_bounds
 from ddp_lab.collectives.p2p import (
-    Comm, chunk_bounds, prepared, run_on_comm_device, scratch, wait_all,
+    DEFAULT_PLAN,
+    Comm,
+    TunedPlan,
+    prepared,
+    run_on_comm_device,
+    scratch,
+    wait_all,
 )
 
 _TAG = 1000  # + unit index: each ring message has its own tag
 
 # Segment size on the host (gloo/TCP), by how gloo's threads are scheduled
-# (dist.comm_threads), because that sets what a message costs. Smaller
+# (TunedPlan.realtime_threads), because that sets what a message costs. Smaller
 # segments overlap transfer, addition and forwarding better and stay in cache
 # between arriving and being added, but every message has a fixed cost:
 # thread wake-ups and lock hand-offs on both sides, and Python.
@@ -47,12 +55,9 @@ _TAG = 1000  # + unit index: each ring message has its own tag
 #   4 ranks and 1-2 MiB (0.66-0.87x of gloo against 0.77-0.99x, two launches
 #   of 15 rounds): below a segment's size, a message saved beats overlap.
 # Chunks above the size are cut into near-equal segments of at most this
-# size. These knobs are read when a call on a buffer is prepared; after
-# changing them, free_scratch_buffers().
+# size (TunedPlan.segment_bytes overrides it).
 SEGMENT_BYTES = {"normal": 4 * 1024 * 1024, "realtime": 768 * 1024}
 WINDOW_REALTIME = 2
-# Upper bound on the receive scratch space on the host (see _prepare_ring).
-MAX_SCRATCH_BYTES = 256 * 1024 * 1024
 
 
 class RingPlan(NamedTuple):
@@ -64,7 +69,7 @@ class RingPlan(NamedTuple):
     receives_ahead: bool  # post (almost) every receive before the first send (implies send_first)
 
 
-def ring_plan(comm: Comm, chunk_numel: int, element_size: int) -> RingPlan:
+def ring_plan(comm: Comm, plan: TunedPlan, chunk_numel: int, element_size: int) -> RingPlan:
     """Segments and pacing for this call, from where the data is and how the
     threads that move it are scheduled (measured on 2 cores, 2-4 processes).
 
@@ -85,9 +90,9 @@ def ring_plan(comm: Comm, chunk_numel: int, element_size: int) -> RingPlan:
     """
     if comm.batched:
         return RingPlan(segments=1, window=1, send_first=False, receives_ahead=False)
-    seg_bytes = SEGMENT_BYTES[comm.threads]
+    seg_bytes = plan.segment_bytes or SEGMENT_BYTES["realtime" if plan.realtime_threads else "normal"]
     k = max(1, -(-chunk_numel * element_size // seg_bytes))
-    if comm.threads == "realtime":
+    if plan.realtime_threads:
         return RingPlan(k, min(k, WINDOW_REALTIME), send_first=False, receives_ahead=False)
     if comm.size == 2:
         return RingPlan(k, k, send_first=True, receives_ahead=False)
@@ -111,10 +116,10 @@ class _RingCall(NamedTuple):
     slots: int  # scratch slots the reduce-scatter's receives cycle through
 
 
-def _prepare_ring(flat: torch.Tensor, comm: Comm) -> _RingCall:
+def _prepare_ring(flat: torch.Tensor, comm: Comm, tuned: TunedPlan) -> _RingCall:
     n, rank = comm.size, comm.rank
     chunks = chunk_bounds(flat.numel(), n)
-    plan = ring_plan(comm, chunks[1] - chunks[0], flat.element_size())
+    plan = ring_plan(comm, tuned, chunks[1] - chunks[0], flat.element_size())
     k, window = plan.segments, plan.window
     # seg[c][j] = (start, stop) of segment j of chunk c. Every chunk gets the
     # same number of segments (some possibly empty), so both neighbours agree
@@ -140,10 +145,10 @@ def _prepare_ring(flat: torch.Tensor, comm: Comm) -> _RingCall:
     rs_units = (n - 1) * k
     if plan.receives_ahead:
         # Each receive posted ahead needs its own scratch slot, unless that
-        # takes more than MAX_SCRATCH_BYTES; then slots are reused, and the
-        # receive for a slot is posted once the previous unit in it has been
-        # added.
-        cap = max(1, MAX_SCRATCH_BYTES // max(1, seg_numel * flat.element_size()))
+        # takes more than tuned.max_scratch_bytes; then slots are reused, and
+        # the receive for a slot is posted once the previous unit in it has
+        # been added.
+        cap = max(1, tuned.max_scratch_bytes // max(1, seg_numel * flat.element_size()))
         slots = min(rs_units, max(2 * k, cap))
     else:
         # Unit u's slot was last used by unit u-window, finished before u is
@@ -170,8 +175,8 @@ def _prepare_ring(flat: torch.Tensor, comm: Comm) -> _RingCall:
                      recvs=recvs, adds=adds, rs_units=rs_units, slots=slots)
 
 
-def _ring(flat: torch.Tensor, comm: Comm) -> None:
-    call = prepared(flat, comm, _prepare_ring)
+def _ring(flat: torch.Tensor, comm: Comm, tuned: TunedPlan) -> None:
+    call = prepared(flat, comm, tuned, _prepare_ring)
     plan, left, right = call.plan, call.left, call.right
     k, window, slots, rs_units = plan.segments, plan.window, call.slots, call.rs_units
     sends, recvs, adds = call.sends, call.recvs, call.adds
@@ -226,6 +231,7 @@ def _ring(flat: torch.Tensor, comm: Comm) -> None:
     wait_all(send_works)
 
 
-def ring_allreduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """Ring reduce-scatter + all-gather, pipelined in segments."""
-    return run_on_comm_device(tensor, group, _ring)
+def ring_allreduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None,
+                   plan: TunedPlan = DEFAULT_PLAN) -> torch.Tensor:
+    """Ring reduce-scatter + all-gather, pipelined in segments as `plan` says."""
+    return run_on_comm_device(tensor, group, plan, _ring)

@@ -24,7 +24,9 @@ default: flat on CPU ranks, ddp on GPU ranks; see resolve_mode), one file each:
 
 ``sync.algo`` -- *how* a buffer is all-reduced: ``builtin``
 (``dist.all_reduce``: gloo or NCCL) or one of ddp_lab.collectives' point-to-
-point algorithms (``naive``, ``ring``, ``halving_doubling``).
+point algorithms: ``ring_textbook`` and ``halving_doubling_textbook`` as the
+textbook writes them, ``ring`` and ``halving_doubling`` tuned for speed,
+``naive``.
 
 ``sync.compress`` -- ``none``, or ``bf16`` / ``fp16``: the buffer is cast to
 the 16-bit type and divided by the world size, that is all-reduced (half the
@@ -34,15 +36,17 @@ PyTorch's own ``bf16_compress_hook`` / ``fp16_compress_hook``.
 Every mode averages: the result is the mean of the ranks' gradients, so that N
 ranks on N slices of a batch take the step one process takes on the batch.
 
-``sync.poll`` (how a CPU rank waits for the builtin allreduce) and the
-communication time each strategy reports are explained in base.py, which all
-three strategies build on.
+``sync.poll`` (how a CPU rank waits for the builtin allreduce, decided at
+start-up by ddp_lab.tuning and read from ``env.poll``) and the communication
+time each strategy reports are explained in base.py, which all three
+strategies build on.
 """
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from ddp_lab.collectives import ALGORITHMS
@@ -55,7 +59,7 @@ from ddp_lab.sync.per_param import PerParamSync
 
 STRATEGIES = {"ddp": DDPSync, "flat": FlatSync, "per_param": PerParamSync}
 MODES = tuple(STRATEGIES)  # ddp, flat, per_param
-ALGOS = tuple(ALGORITHMS)  # builtin, naive, ring, halving_doubling
+ALGOS = tuple(ALGORITHMS)  # builtin, naive, ring, halving_doubling, ring_textbook, halving_doubling_textbook
 COMPRESS = tuple(COMPRESS_DTYPES)  # none, bf16, fp16
 
 
@@ -75,6 +79,9 @@ def resolve_mode(mode: str, device: torch.device) -> str:
 
 def validate(cfg) -> None:
     """Reject unknown choices before any process group traffic (identically on every rank)."""
+    if isinstance(cfg, DictConfig) and OmegaConf.is_missing(cfg, "mode"):
+        raise ConfigError("sync=base only holds the keys the presets share and sets no sync.mode: "
+                          "use sync=auto, ddp, flat or per_param")
     for key, value, choices in (("sync.mode", cfg.mode, ("auto", *MODES)), ("sync.algo", cfg.algo, ALGOS),
                                 ("sync.compress", cfg.compress, COMPRESS)):
         if value not in choices:

@@ -16,34 +16,24 @@ stream (no extra synchronisation), read when ``comm_seconds`` is read. Only
 steps taken while ``measuring`` is true count; the trainer sets it for the
 steps its throughput window counts.
 
-``sync.poll`` -- how a CPU rank waits for the backend's own allreduce
-(algo=builtin): by asking whether it is done, yielding the CPU between
-questions (``os.sched_yield``), instead of sleeping until gloo wakes it. A
-rank that sleeps there is now and then woken milliseconds late: on the 2-core
-development VM a 0.5 MB gloo allreduce took a median 0.45 ms back to back,
-but a median 2.1 ms (3.9 ms or more one time in four) right after 20 ms of
-computing. Polling made 2 ranks of LeNet train 10% faster there with
-mode=flat (3 alternating runs each); with mode=ddp the difference was within
-the noise. (Most of that lateness was gloo's own threads waiting for a
-scheduler tick, which dist.comm_threads now removes where permitted; with
-it, polling still gave the shorter comm_ms in 2 of 3 pairs.) With mode=ddp
-it waits on the backward's last bucket only, so earlier buckets still
-overlap the backward. CUDA ranks never poll: NCCL's wait does not block the
-host.
-Our own algorithms always block: gloo's send/recv works cannot be asked.
+``sync.poll`` -- whether a CPU rank waits for the backend's own allreduce
+(algo=builtin) by polling rather than sleeping: decided at start-up with the
+rest of the machine tuning (ddp_lab.tuning, which says why) and handed in as
+``env.poll``. With mode=ddp it waits on the backward's last bucket only, so
+earlier buckets still overlap the backward. Our own algorithms always block:
+gloo's send/recv works cannot be asked whether they are done.
 """
 from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_lab.collectives import ALGORITHMS
+from ddp_lab import tuning
 from ddp_lab.distributed import DistEnv
 
 COMPRESS_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -111,24 +101,9 @@ class GradSync:
         return "none"
 
 
-def wait_polling(done) -> None:
-    """Return once done() is true, yielding the CPU between checks but never sleeping."""
-    while not done():
-        os.sched_yield()
-
-
-def polling_allreduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
-    """dist.all_reduce(SUM) that waits by polling (see sync.poll above)."""
-    if dist.get_world_size(group) > 1:
-        work = dist.all_reduce(tensor, group=group, async_op=True)
-        wait_polling(work.is_completed)
-        work.wait()  # raises what the allreduce raised, if anything
-    return tensor
-
-
 def polls(cfg, env: DistEnv) -> bool:
-    """Whether this rank waits for the builtin allreduce by polling (sync.poll)."""
-    return cfg.poll and cfg.algo == "builtin" and env.device.type == "cpu"
+    """Whether this rank waits for the builtin allreduce by polling (sync.poll, see ddp_lab.tuning)."""
+    return env.poll and cfg.algo == "builtin"
 
 
 def broadcast_from_rank0(model: nn.Module) -> None:
@@ -144,7 +119,7 @@ class AveragingSync(GradSync):
     def __init__(self, model: nn.Module, env: DistEnv, cfg):
         super().__init__(model, env)
         self.cfg = cfg
-        self.allreduce = polling_allreduce if polls(cfg, env) else ALGORITHMS[cfg.algo]
+        self.allreduce = tuning.allreduce(cfg.algo, env)  # as this machine runs it
         self.wire_dtype = COMPRESS_DTYPES[cfg.compress]
 
     def _average(self, flat: torch.Tensor) -> None:

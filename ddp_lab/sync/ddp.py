@@ -11,7 +11,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_lab.distributed import DistEnv
-from ddp_lab.sync.base import AveragingSync, polls, wait_polling
+from ddp_lab.sync.base import AveragingSync, polls
+from ddp_lab.tuning import wait_polling
 
 # DDP's first bucket, kept small so that the first allreduce starts early.
 DDP_FIRST_BUCKET_BYTES = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 1024 * 1024)

@@ -9,6 +9,7 @@ import torch
 from hydra import compose, initialize_config_module
 
 from ddp_lab.bench import collectives as bench
+from ddp_lab.bench import collectives_interleaved as interleaved
 from ddp_lab.config import ConfigError
 from tests.conftest import run_module
 
@@ -79,6 +80,55 @@ def test_defaults_are_valid():
 def test_bad_input_names_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
         bench.validate(_cfg(overrides))
+
+
+def test_interleaved_mode_reads_its_sizes_and_always_times_builtin():
+    plan = bench.validate(_cfg(["mode=interleaved", "algos=[ring,ring_textbook]",
+                                "interleaved.sizes=[4096,64K,1M,1.5M]"]))
+    assert plan.mode == "interleaved"
+    assert plan.sizes == [4096, 65536, 1 << 20, 3 << 19]
+    assert plan.algos == ["builtin", "ring", "ring_textbook"]
+    assert bench.validate(_cfg(["mode=interleaved"])).sizes == [64 << 10, 1 << 20, 4 << 20, 16 << 20]
+
+
+@pytest.mark.parametrize("text, size", [("4096", 4096), (4096, 4096), ("64K", 65536), ("1MiB", 1 << 20),
+                                        ("2mb", 2 << 20), ("1G", 1 << 30)])
+def test_parse_size(text, size):
+    assert interleaved.parse_size(text) == size
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["mode=interleaved", "interleaved.sizes=[64Q]"], "interleaved.sizes: '64Q' is not a size in bytes"),
+    (["mode=interleaved", "interleaved.sizes=[]"], "interleaved.sizes is empty"),
+    (["mode=interleaved", "interleaved.sizes=[6]"], "6 bytes is not a positive multiple of the 4-byte"),
+    (["mode=interleaved", "interleaved.rounds=0"], "interleaved.rounds=0 must be an integer >= 1"),
+    (["mode=both"], "mode='both' is not one of sweep, interleaved"),
+])
+def test_bad_interleaved_input_names_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        bench.validate(_cfg(overrides))
+
+
+@pytest.mark.slow
+def test_torchrun_interleaved_two_processes(tmp_path):
+    algos = ["builtin", "ring", "ring_textbook", "halving_doubling_textbook"]
+    r = run_module("ddp_lab.bench.collectives",
+                   ["mode=interleaved", "interleaved.sizes=[4K,512K]", "interleaved.rounds=3",
+                    "algos=[ring,ring_textbook,halving_doubling_textbook]",
+                    f"hydra.run.dir={tmp_path}"], nproc=2, timeout=180)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.stdout.count("machine tuning: gloo's threads at") == 1  # one line, from rank 0
+    with open(tmp_path / "interleaved.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(row["algo"], int(row["size_bytes"])) for row in rows] == [
+        (a, s) for s in (4096, 524288) for a in algos]
+    for row in rows:
+        assert int(row["wrong"]) == 0 and int(row["rounds"]) == 3 and int(row["world_size"]) == 2
+        assert float(row["time_us"]) > 0 and float(row["vs_builtin"]) > 0
+        calls = 20 if row["size_bytes"] == "4096" else 8000000 // 524288  # 15
+        assert int(row["calls_per_block"]) == calls
+    assert {float(row["vs_builtin"]) for row in rows if row["algo"] == "builtin"} == {1.0}
+    assert not (tmp_path / "collectives.csv").exists()
 
 
 def test_bad_input_single_process_exits_2(tmp_path):

@@ -7,7 +7,6 @@ test asserts there are no problems and that all ranks hold identical results.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 
 import pytest
@@ -15,8 +14,13 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab import collectives
-from ddp_lab.collectives import p2p, ring
-from ddp_lab.collectives import ALGORITHMS, SUPPORTED_DTYPES, get_algorithm
+from ddp_lab.collectives import (
+    ALGORITHMS,
+    SUPPORTED_DTYPES,
+    TunedPlan,
+    get_algorithm,
+    p2p,
+)
 from tests.multiproc import run_in_processes
 
 BIG = 1_000_003  # ~4 MB of float32, odd length; above the size where pairwise
@@ -91,22 +95,6 @@ def _check_sum(rank, ranks, cases, group=None, label=""):
     return problems, prints
 
 
-@contextlib.contextmanager
-def _plans_for(threads: str):
-    """Make the algorithms plan as if gloo's threads were scheduled `threads`
-    ("normal" or "realtime"); the threads' priority itself is untouched.
-    Plans are read when a call is prepared, so what was kept is dropped on
-    the way in and out."""
-    saved = p2p.comm_threads_of_group
-    p2p.comm_threads_of_group = lambda: threads
-    collectives.free_scratch_buffers()
-    try:
-        yield
-    finally:
-        p2p.comm_threads_of_group = saved
-        collectives.free_scratch_buffers()
-
-
 def _sum_problem(what, fn, rank, world_size, numel, dtype, case) -> str | None:
     """fn on this rank's input of `case`, against the exact sum: None if right."""
     inputs = [_input(r, (numel,), dtype, case) for r in range(world_size)]
@@ -116,44 +104,37 @@ def _sum_problem(what, fn, rank, world_size, numel, dtype, case) -> str | None:
 
 
 def _check_ring_segments(rank: int, world_size: int) -> list[str]:
-    """The ring with many segments per chunk, under both plans (gloo's threads
-    at normal or real-time priority), and a scratch cap that forces slot reuse."""
+    """The ring with many segments per chunk, under the plans for gloo's
+    threads at normal and at real-time priority, handed in by argument, and a
+    scratch cap that forces slot reuse."""
     problems = []
-    saved = (ring.SEGMENT_BYTES, ring.MAX_SCRATCH_BYTES)
     # (elements, dtype, segment bytes, scratch cap bytes); a cap of 1 byte
     # gives the minimum number of scratch slots.
     configs = [(1021, torch.float64, 1024, 1 << 30), (1021, torch.float64, 1024, 1),
                (20_011, torch.bfloat16, 4096, 16 * 1024), (BIG, torch.float32, 512 * 1024, 1 << 20)]
-    try:
-        for threads in ("normal", "realtime"):
-            for case, (numel, dtype, seg_bytes, cap) in enumerate(configs):
-                ring.SEGMENT_BYTES = {"normal": seg_bytes, "realtime": seg_bytes}
-                ring.MAX_SCRATCH_BYTES = cap
-                with _plans_for(threads):
-                    why = _sum_problem(f"ring ({threads} threads) segments={seg_bytes}B cap={cap}B "
-                                       f"numel={numel} {dtype}", collectives.ring_allreduce,
-                                       rank, world_size, numel, dtype, 100 + case)
-                if why:
-                    problems.append(why)
-    finally:
-        ring.SEGMENT_BYTES, ring.MAX_SCRATCH_BYTES = saved
+    for realtime in (False, True):
+        for case, (numel, dtype, seg_bytes, cap) in enumerate(configs):
+            plan = TunedPlan(realtime_threads=realtime, segment_bytes=seg_bytes, max_scratch_bytes=cap)
+            why = _sum_problem(f"ring {plan} numel={numel} {dtype}",
+                               get_algorithm("ring", plan), rank, world_size, numel, dtype, 100 + case)
+            if why:
+                problems.append(why)
     return problems
 
 
 def _check_pairwise_plans(rank: int, world_size: int) -> list[str]:
     """Naive and halving-doubling under both receive orders (pairwise.receives_first
-    follows how gloo's threads are scheduled): receives first at every size
-    with real-time threads, send-first above EARLY_RECV_MAX_BYTES otherwise."""
+    follows the plan): receives first at every size with real-time threads,
+    send-first above EARLY_RECV_MAX_BYTES otherwise."""
     problems = []
-    for threads in ("normal", "realtime"):
-        with _plans_for(threads):
-            for case, (numel, dtype) in enumerate([(7, torch.bfloat16), (1021, torch.float64),
-                                                   (BIG, torch.float32)]):
-                for name in ("naive", "halving_doubling"):
-                    why = _sum_problem(f"{name} ({threads} threads) numel={numel} {dtype}",
-                                       ALGORITHMS[name], rank, world_size, numel, dtype, 200 + case)
-                    if why:
-                        problems.append(why)
+    for plan in (TunedPlan(realtime_threads=False), TunedPlan(realtime_threads=True)):
+        for case, (numel, dtype) in enumerate([(7, torch.bfloat16), (1021, torch.float64),
+                                               (BIG, torch.float32)]):
+            for name in ("naive", "halving_doubling"):
+                why = _sum_problem(f"{name} {plan} numel={numel} {dtype}",
+                                   get_algorithm(name, plan), rank, world_size, numel, dtype, 200 + case)
+                if why:
+                    problems.append(why)
     return problems
 
 
@@ -179,6 +160,18 @@ def _check_repeated_calls(rank: int, world_size: int) -> list[str]:
         kept = p2p.per_thread.__dict__.get("prepared", {})
         if world_size > 1 and len(kept) != p2p.PREPARED_CALLS_KEPT:
             problems.append(f"{name}: {len(kept)} prepared calls kept, expected {p2p.PREPARED_CALLS_KEPT}")
+        # Another plan on the same buffer is prepared anew, not taken from the one kept.
+        collectives.free_scratch_buffers()
+        for plan in (TunedPlan(), TunedPlan(realtime_threads=True), TunedPlan()):
+            inputs = [_input(r, (1021,), torch.float64, 600) for r in range(world_size)]
+            buffers[0].copy_(inputs[rank])
+            get_algorithm(name, plan)(buffers[0])
+            why = _compare(f"{name} {plan}", buffers[0], sum(inputs), torch.zeros(1021))
+            if why:
+                problems.append(why)
+        kept = p2p.per_thread.__dict__.get("prepared", {})
+        if world_size > 1 and sorted(key[-1].realtime_threads for key in kept) != [False, True]:
+            problems.append(f"{name}: prepared calls kept for {[key[-1] for key in kept]}")
     return problems
 
 
@@ -199,7 +192,7 @@ def _check_world(rank: int, world_size: int):
                 problems += p
                 prints += f
             else:
-                for name in ("naive", "ring", "halving_doubling"):
+                for name in [n for n in ALGORITHMS if n != "builtin"]:
                     try:
                         ALGORITHMS[name](torch.ones(3), group)
                         problems.append(f"{name} on group {members} from rank {rank}: no error")
@@ -253,9 +246,20 @@ def test_unknown_algorithm_names_the_choices():
         get_algorithm("nope")
     message = str(info.value)
     assert "'nope'" in message
-    for name in ("builtin", "naive", "ring", "halving_doubling"):
+    for name in ("builtin", "naive", "ring", "halving_doubling", "ring_textbook", "halving_doubling_textbook"):
         assert name in message
-    assert set(ALGORITHMS) == {"builtin", "naive", "ring", "halving_doubling"}
+    assert set(ALGORITHMS) == {"builtin", "naive", "ring", "halving_doubling", "ring_textbook",
+                               "halving_doubling_textbook"}
+
+
+def test_a_plan_is_bound_to_the_tuned_algorithms_only():
+    plan = TunedPlan(realtime_threads=True)
+    for name in collectives.TUNED:
+        fn = get_algorithm(name, plan)
+        assert fn.func is ALGORITHMS[name] and fn.keywords == {"plan": plan}
+    for name in ("builtin", "ring_textbook", "halving_doubling_textbook"):
+        assert get_algorithm(name, plan) is ALGORITHMS[name]
+    assert get_algorithm("ring") is ALGORITHMS["ring"]  # no plan: the default one (normal threads)
 
 
 def _cuda_on_gloo(rank: int, world_size: int):

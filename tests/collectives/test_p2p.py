@@ -21,30 +21,32 @@ def test_host_scratch_is_reused_grown_and_freed():
     assert p2p.per_thread.__dict__.get("buffers") is None
 
 
-def test_prepared_calls_are_kept_per_buffer_and_group_and_bounded():
+def test_prepared_calls_are_kept_per_buffer_group_and_plan_and_bounded():
     p2p.free_scratch_buffers()
     built = []
 
-    def prepare(flat, comm):
-        built.append((flat.data_ptr(), flat.numel(), comm))
+    def prepare(flat, comm, plan):
+        built.append((flat.data_ptr(), flat.numel(), comm, plan))
         return len(built)
 
     comm, other_comm = object(), object()
+    plan = p2p.TunedPlan()
     a = torch.zeros(12)
-    first = p2p.prepared(a, comm, prepare)
-    assert p2p.prepared(a, comm, prepare) == first  # the same buffer: kept
-    assert p2p.prepared(a.view(3, 4).view(-1), comm, prepare) == first  # same memory
+    first = p2p.prepared(a, comm, plan, prepare)
+    assert p2p.prepared(a, comm, p2p.TunedPlan(), prepare) == first  # the same buffer and plan: kept
+    assert p2p.prepared(a.view(3, 4).view(-1), comm, plan, prepare) == first  # same memory
     assert len(built) == 1
-    assert p2p.prepared(a[:6], comm, prepare) != first  # shorter
-    assert p2p.prepared(a[6:], comm, prepare) != first  # elsewhere
-    assert p2p.prepared(a.view(torch.int32).float(), comm, prepare) != first  # another tensor
-    assert p2p.prepared(a, other_comm, prepare) != first  # another group
-    assert len(built) == 5
-    # Least recently used first out: `a` was used before the others above.
+    assert p2p.prepared(a[:6], comm, plan, prepare) != first  # shorter
+    assert p2p.prepared(a[6:], comm, plan, prepare) != first  # elsewhere
+    assert p2p.prepared(a.view(torch.int32).float(), comm, plan, prepare) != first  # another tensor
+    assert p2p.prepared(a, other_comm, plan, prepare) != first  # another group
+    assert p2p.prepared(a, comm, p2p.TunedPlan(realtime_threads=True), prepare) != first  # another plan
+    assert len(built) == 6 and built[-1][3] == p2p.TunedPlan(realtime_threads=True)
+    # Least recently used first out: `a` with `plan` was used before the others above.
     for i in range(p2p.PREPARED_CALLS_KEPT):
-        p2p.prepared(torch.zeros(3 + i), comm, prepare)
+        p2p.prepared(torch.zeros(3 + i), comm, plan, prepare)
     assert len(p2p.per_thread.prepared) == p2p.PREPARED_CALLS_KEPT
-    assert p2p.prepared(a, comm, prepare) != first  # dropped, prepared again
+    assert p2p.prepared(a, comm, plan, prepare) != first  # dropped, prepared again
     p2p.free_scratch_buffers()
     assert p2p.per_thread.__dict__ == {}
 

@@ -20,7 +20,7 @@ CONF = Path(__file__).parents[2] / "conf"
 
 @pytest.mark.parametrize("key,value,choices", [
     ("mode", "allgather", "auto, ddp, flat, per_param"),
-    ("algo", "tree", "builtin, naive, ring, halving_doubling"),
+    ("algo", "tree", "builtin, naive, ring, halving_doubling, ring_textbook, halving_doubling_textbook"),
     ("compress", "int8", "none, bf16, fp16"),
 ])
 def test_bad_choice_names_the_valid_ones(key, value, choices):
@@ -41,14 +41,48 @@ def test_every_combination_is_valid_and_bucket_sizes_are_checked():
         validate(sync_cfg("per_param", bucket_cap_mb=-1))
 
 
-@pytest.mark.parametrize("preset", ["auto", "ddp", "flat", "per_param"])
-def test_presets_compose_and_comment_every_key(compose_train, preset):
+def _keys(name: str) -> dict[str, str]:
+    """A sync config file's own keys and their lines (its defaults list left out)."""
+    lines = (CONF / "sync" / f"{name}.yaml").read_text().splitlines()
+    return {ln.split(":")[0]: ln for ln in lines
+            if ln and not ln.startswith(("#", " ", "defaults:"))}
+
+
+# What each preset states on top of base.yaml.
+PRESETS = {"auto": {"mode": "auto"}, "ddp": {"mode": "ddp"},
+           "flat": {"mode": "flat", "bucket_cap_mb": 0}, "per_param": {"mode": "per_param"}}
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_presets_inherit_base_and_state_only_what_differs(compose_train, preset):
     cfg = compose_train([f"sync={preset}", "sync.algo=ring"])
     assert (cfg.sync.mode, cfg.sync.algo) == (preset, "ring")
     validate(cfg.sync)
-    text = (CONF / "sync" / f"{preset}.yaml").read_text()
-    keys = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
-    assert len(keys) == 7 and all("#" in ln for ln in keys)
+    assert (CONF / "sync" / f"{preset}.yaml").read_text().count("  - base\n  - _self_\n") == 1
+    own = _keys(preset)
+    assert set(own) == set(PRESETS[preset]) and all("#" in ln for ln in own.values())
+    base = compose_train(["sync=auto"]).sync
+    for key, value in cfg.sync.items():
+        want = PRESETS[preset].get(key, "ring" if key == "algo" else base[key])
+        assert value == want, (preset, key)
+
+
+def test_base_holds_every_key_with_a_true_choice_list():
+    base = _keys("base")
+    assert list(base) == ["mode", "algo", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph",
+                          "compress", "poll"]
+    assert all("#" in ln for ln in base.values())
+    comment = {key: ln.split("#", 1)[1] for key, ln in base.items()}
+    assert all(m in comment["mode"] for m in ("auto", *MODES))
+    listed = [w.split("(")[0].strip() for w in comment["algo"].split(" | ")]
+    assert listed == list(ALGOS)
+    assert comment["compress"].strip().startswith("none | bf16 | fp16")
+    assert comment["poll"].strip().startswith("auto | true | false")
+
+
+def test_base_alone_is_not_a_preset(compose_train):
+    with pytest.raises(ConfigError, match="sync=base only holds the keys the presets share"):
+        validate(compose_train(["sync=base"]).sync)
 
 
 def test_single_process_has_nothing_to_communicate():

@@ -59,10 +59,10 @@ def _cases(world_size: int) -> list[tuple]:
         # The trainer's zero_grad(set_to_none=True) must not break flat's views.
         ("flat/builtin set_to_none", sync_cfg("flat"), 1, {"set_to_none": True}),
         ("flat/ring not measuring", sync_cfg("flat", "ring"), 1, {"measuring": False}),
-        # Waiting by sleeping instead of polling (sync.poll=false): same results.
-        ("ddp/builtin no poll", sync_cfg(poll=False), 1, {}),
-        ("flat/builtin no poll", sync_cfg("flat", poll=False), 1, {}),
-        ("per_param/builtin no poll", sync_cfg("per_param", poll=False), 1, {}),
+        # Waiting by polling instead of sleeping (env.poll, from sync.poll): same results.
+        ("ddp/builtin polling", sync_cfg(), 1, {"poll": True}),
+        ("flat/builtin polling", sync_cfg("flat"), 1, {"poll": True}),
+        ("per_param/builtin polling", sync_cfg("per_param"), 1, {"poll": True}),
     ]
     for name, cfg in (("ddp/builtin", sync_cfg()), ("ddp/ring", sync_cfg("ddp", "ring")),
                       ("flat/builtin", sync_cfg("flat")), ("flat/halving_doubling", sync_cfg("flat", "halving_doubling")),
@@ -109,9 +109,9 @@ def _fmt(x, channels_last):
 
 
 def _run_cases(rank: int, world_size: int) -> dict:
-    env = DistEnv(rank, world_size, 0, CPU, "gloo")
     refs, finals, out = {}, {}, {}
     for name, cfg, micro, opts in _cases(world_size):
+        env = DistEnv(rank, world_size, 0, CPU, "gloo", poll=opts.get("poll", False))
         x, y = _global_batches(micro)
         cl = opts.get("channels_last", False)
         if micro not in refs:  # one process, the whole global batch (micro-batches joined)
@@ -211,7 +211,7 @@ def test_flat_grads_stay_views_of_the_buffer(results):
         assert ranks[0]["flat/builtin set_to_none"]["ref_diff"] < 1e-5
 
 
-E2E = ["ddp/builtin", "flat/ring", "ddp/halving_doubling", "per_param/naive"]
+E2E = ["ddp/builtin", "flat/ring", "ddp/halving_doubling", "per_param/naive", "flat/ring_textbook"]
 
 
 @pytest.mark.slow

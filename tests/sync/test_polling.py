@@ -1,4 +1,5 @@
-"""sync.poll: CPU ranks wait for the builtin allreduce by polling, DDP on its last bucket only."""
+"""sync.poll: ranks wait for the builtin allreduce by polling where env.poll (ddp_lab.tuning
+decides it), DDP on its last bucket only."""
 from __future__ import annotations
 
 import threading
@@ -33,10 +34,10 @@ def test_polling_hook_waits_for_the_last_bucket_only():
     futures[0].wait()
 
 
-def test_polling_is_for_the_builtin_allreduce_on_cpu_ranks():
-    gloo_cpu = DistEnv(0, 2, 0, torch.device("cpu"), "gloo")
-    nccl_gpu = DistEnv(0, 2, 0, torch.device("cuda", 0), "nccl")
-    assert polls(sync_cfg(), gloo_cpu)
-    assert not polls(sync_cfg(poll=False), gloo_cpu)
-    assert not polls(sync_cfg(algo="ring"), gloo_cpu)   # send/recv works cannot be polled
-    assert not polls(sync_cfg(), nccl_gpu)              # NCCL's wait does not block the host
+def test_polling_is_for_the_builtin_allreduce_where_the_tuning_says_so():
+    def gloo_cpu(poll):
+        return DistEnv(0, 2, 0, torch.device("cpu"), "gloo", poll=poll)
+
+    assert polls(sync_cfg(), gloo_cpu(True))
+    assert not polls(sync_cfg(), gloo_cpu(False))
+    assert not polls(sync_cfg(algo="ring"), gloo_cpu(True))   # send/recv works cannot be polled

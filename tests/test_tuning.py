@@ -1,0 +1,215 @@
+"""Machine tuning (ddp_lab/tuning.py): the rule that decides dist.comm_threads and
+sync.poll, how it is applied to gloo's threads, and what the rest of the code is handed."""
+import os
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from ddp_lab import collectives, tuning
+from ddp_lab.collectives import TunedPlan
+from ddp_lab.config import ConfigError
+from ddp_lab.distributed import DistEnv
+from tests.conftest import NamedThread, may_use_realtime
+from tests.multiproc import run_in_processes
+
+CPU = torch.device("cpu")
+linux_only = pytest.mark.skipif(not os.path.isdir("/proc/thread-self"), reason="thread names come from Linux /proc")
+needs_realtime = pytest.mark.skipif(not may_use_realtime(), reason="this process may not use SCHED_FIFO")
+
+
+@pytest.fixture
+def threads():
+    made = []
+    yield lambda name, delay_s=0.0: made.append(NamedThread(name, delay_s)) or made[-1]
+    for t in made:
+        t.close()
+
+
+@pytest.mark.parametrize("comm_threads, poll, backend, device, ranks, cores, threads_got, polls, why", [
+    # auto: on where the ranks fill every core, off where cores are to spare
+    ("auto", "auto", "gloo", "cpu", 2, 2, "realtime", True, "2 local ranks fill the 2 cores"),
+    ("auto", "auto", "gloo", "cpu", 3, 2, "realtime", True, "3 local ranks fill the 2 cores"),
+    ("auto", "auto", "gloo", "cpu", 2, 64, "normal", False, "2 local ranks leave 62 of 64 cores free"),
+    # asked for: whatever the cores
+    ("realtime", "false", "gloo", "cpu", 2, 64, "realtime", False, "dist.comm_threads=realtime sync.poll=false"),
+    ("normal", "true", "gloo", "cpu", 4, 2, "normal", True, "4 local ranks fill"),
+    ("auto", True, "gloo", "cpu", 1, 64, "normal", True, "sync.poll=true"),    # YAML's true is a bool
+    ("auto", "False", "gloo", "cpu", 2, 2, "realtime", False, "sync.poll=false"),  # as OmegaConf passes it
+    # nothing to tune off gloo on CPU: CUDA ranks wait on the GPU, not on a busy CPU
+    ("auto", "auto", "nccl", "cuda", 8, 8, "normal", False, "nccl on cuda: nothing to tune"),
+    ("auto", "true", "gloo", "cuda", 2, 2, "normal", False, "gloo on cuda: nothing to tune"),
+])
+def test_the_decision_rule(comm_threads, poll, backend, device, ranks, cores, threads_got, polls, why):
+    got = tuning.decide(comm_threads, poll, backend=backend, device_type=device, local_ranks=ranks, cores=cores)
+    assert (got.comm_threads, got.poll) == (threads_got, polls)
+    assert why in got.why
+
+
+@pytest.mark.parametrize("comm_threads, poll, backend, message", [
+    ("fast", "auto", "gloo", "dist.comm_threads='fast' is not one of auto, realtime, normal"),
+    ("auto", "sometimes", "gloo", "sync.poll='sometimes' is not one of auto, true, false"),
+    ("realtime", "auto", "nccl", "dist.comm_threads=realtime schedules gloo's threads, but this run uses nccl"),
+])
+def test_bad_values_name_the_choices(comm_threads, poll, backend, message):
+    with pytest.raises(ConfigError, match=message):
+        tuning.decide(comm_threads, poll, backend=backend, device_type="cpu", local_ranks=2, cores=2)
+
+
+def test_start_checks_before_joining_and_tunes_nothing_alone(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    cfg = SimpleNamespace(backend="auto", device="cpu", timeout_s=60, comm_threads="fast")
+    with pytest.raises(ConfigError, match="dist.comm_threads='fast'"):
+        tuning.start(cfg)
+    cfg.comm_threads = "realtime"
+    env = tuning.start(cfg, poll="true")  # one process: no group, no gloo threads
+    assert (env.backend, env.comm_threads, env.poll) == ("none", "normal", False)
+
+
+def test_usable_cores_is_the_affinity_mask():
+    assert tuning.usable_cores() == len(os.sched_getaffinity(0))
+
+
+WANT_REALTIME = tuning.Decision("realtime", False, "3 local ranks fill the 2 cores")
+
+
+@linux_only
+def test_without_permission_auto_warns_and_realtime_fails(threads, monkeypatch):
+    loop = threads("gloo_tcp_loop")
+    loop.named.wait()
+
+    def refuse(*args):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    got, why, refused = tuning.apply(WANT_REALTIME, "auto", {loop.tid})
+    assert (got, refused) == ("normal", True)
+    assert "could not give gloo's threads real-time priority" in why
+    assert "dist.comm_threads=normal silences this" in why
+    with pytest.raises(ConfigError, match=r"CAP_SYS_NICE \(docker run --cap-add=SYS_NICE\)"):
+        tuning.apply(WANT_REALTIME, "realtime", {loop.tid})
+
+
+@linux_only
+def test_no_gloo_thread_found_is_reported(threads):
+    other = threads("writer")
+    other.named.wait()
+    with pytest.raises(ConfigError, match="found no gloo threads"):
+        tuning.apply(WANT_REALTIME, "realtime", {other.tid})
+
+
+@linux_only
+def test_normal_leaves_the_threads_alone(threads):
+    loop = threads("gloo_tcp_loop")
+    loop.named.wait()
+    assert tuning.apply(WANT_REALTIME._replace(comm_threads="normal"), "auto", {loop.tid})[:2] == (
+        "normal", WANT_REALTIME.why)
+    assert os.sched_getscheduler(loop.tid) == os.SCHED_OTHER
+
+
+@linux_only
+@needs_realtime
+def test_a_sweeps_next_job_reports_what_the_threads_have(threads):
+    loop = threads("gloo_tcp_loop")
+    loop.named.wait()
+    assert tuning.apply(WANT_REALTIME, "auto", {loop.tid})[0] == "realtime"
+    # The next job of a sweep: no new threads; what it asks for changes nothing.
+    got, why, _ = tuning.apply(WANT_REALTIME._replace(comm_threads="normal"), "normal", None)
+    assert got == "realtime" and "as the first job of this sweep left them" in why
+    os.sched_setscheduler(loop.tid, os.SCHED_OTHER, os.sched_param(0))
+    assert tuning.apply(WANT_REALTIME, "auto", None)[0] == "normal"
+
+
+@linux_only
+def test_gloo_threads_waits_for_the_names_and_keeps_only_gloos(threads):
+    late = threads("pt_gloo_runloop", delay_s=0.2)
+    loop = threads("gloo_tcp_loop")
+    other = threads("writer")
+    for t in (loop, other):
+        t.named.wait()
+    found = tuning.gloo_threads({late.tid, loop.tid, other.tid}, wait_s=0.1)
+    # `other` keeps a non-gloo name, so the wait runs out before `late` is named...
+    assert found == [loop.tid]
+    # ...while with time to spare every gloo thread is found.
+    assert sorted(tuning.gloo_threads({late.tid, loop.tid, other.tid}, wait_s=5)) == sorted(
+        [late.tid, loop.tid])
+
+
+@linux_only
+@needs_realtime
+def test_set_fifo_is_all_or_nothing(threads, monkeypatch):
+    first, second = threads("gloo_a"), threads("gloo_b")
+    real = os.sched_setscheduler
+
+    def refuse_the_second(tid, policy, param):
+        if tid == second.tid and policy == os.SCHED_FIFO:
+            raise PermissionError(1, "Operation not permitted")
+        return real(tid, policy, param)
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse_the_second)
+    with pytest.raises(PermissionError):
+        tuning.set_fifo([first.tid, second.tid], 1)
+    assert os.sched_getscheduler(first.tid) == os.SCHED_OTHER  # put back
+    assert os.sched_getscheduler(second.tid) == os.SCHED_OTHER
+
+
+@needs_realtime
+def test_at_comm_priority_follows_what_it_is_told():
+    with tuning.at_comm_priority(False):
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    with tuning.at_comm_priority(True):
+        assert os.sched_getscheduler(0) == os.SCHED_FIFO
+        with tuning.at_comm_priority(True):  # nested: no change, and no early restore
+            pass
+        assert os.sched_getscheduler(0) == os.SCHED_FIFO
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    with pytest.raises(RuntimeError, match="inside"), tuning.at_comm_priority(True):
+        raise RuntimeError("inside")
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # restored on the way out of an error
+
+
+def test_allreduce_hands_each_algorithm_what_this_rank_decided():
+    def env(comm_threads="normal", poll=False):
+        return DistEnv(0, 2, 0, CPU, "gloo", comm_threads=comm_threads, poll=poll)
+
+    assert tuning.allreduce("builtin", env(poll=True)) is tuning.polling_allreduce
+    assert tuning.allreduce("builtin", env("realtime")) is collectives.builtin_allreduce
+    assert tuning.allreduce("ring", env()).keywords == {"plan": TunedPlan(realtime_threads=False)}
+    assert tuning.allreduce("ring_textbook", env(poll=True)) is collectives.ring_textbook_allreduce
+    # real-time threads: the plan says so, and each call runs at their priority
+    fast = tuning.allreduce("halving_doubling", env("realtime"))
+    assert fast.__wrapped__.keywords == {"plan": TunedPlan(realtime_threads=True)}
+    assert tuning.allreduce("ring_textbook", env("realtime")).__wrapped__ is collectives.ring_textbook_allreduce
+    assert tuning.plan_for(env("realtime")) == TunedPlan(realtime_threads=True)
+
+
+def _tune_and_reduce(rank, world_size, wanted):
+    me = threading.get_native_id()
+    # The harness has already built the group: every other thread is its.
+    got, _, refused = tuning.apply(wanted, "auto", tuning.thread_ids() - {me})
+    env = DistEnv(rank, world_size, 0, CPU, "gloo", comm_threads=got)
+    sums = {}
+    for name in collectives.ALGORITHMS:  # each as this rank runs it, at its threads' priority
+        t = torch.full((1 << 18,), float(rank + 1))
+        tuning.allreduce(name, env)(t)
+        sums[name] = t[0].item()
+    policies = sorted((tuning.thread_name(tid), os.sched_getscheduler(tid))
+                      for tid in tuning.thread_ids() if tid != me)
+    return got, refused, policies, os.sched_getscheduler(me), sums
+
+
+@linux_only
+def test_a_real_group_gets_realtime_gloo_threads_where_permitted():
+    permitted = may_use_realtime()
+    for want in ("realtime", "normal"):
+        wanted = tuning.Decision(want, False, "test")
+        for got, refused, policies, main_policy, sums in run_in_processes(_tune_and_reduce, 2, wanted):
+            assert set(sums.values()) == {3.0}  # every algorithm still sums right
+            assert main_policy == os.SCHED_OTHER  # the calling thread is given back its priority
+            names = [name for name, _ in policies]
+            assert "gloo_tcp_loop" in names and "pt_gloo_runloop" in names
+            fifo = want == "realtime" and permitted
+            assert (got, refused) == ("realtime" if fifo else "normal", want == "realtime" and not permitted)
+            expected = os.SCHED_FIFO if fifo else os.SCHED_OTHER
+            assert all(policy == expected for _, policy in policies), policies
