@@ -24,6 +24,7 @@ import math
 import torch
 import torch.distributed as dist
 
+from ddp_lab import stall
 from ddp_lab.config import ConfigError, RunFailed
 from ddp_lab.distributed import DistEnv
 
@@ -56,7 +57,8 @@ class LossWatch:
         """Raise RunFailed on every rank if any rank has seen a non-finite loss."""
         first = self.first_bad.clone()
         if self.env.distributed:
-            dist.all_reduce(first, op=dist.ReduceOp.MIN)
+            with stall.collective("loss check"):
+                dist.all_reduce(first, op=dist.ReduceOp.MIN)
         step = first.item()
         if math.isinf(step):
             return

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddp_lab import stall
 from ddp_lab.distributed import DistEnv, all_reduce_sum
 
 
@@ -20,8 +21,9 @@ def evaluate(model: nn.Module, loader, env: DistEnv,
              autocast=contextlib.nullcontext) -> tuple[int, int]:
     """(correct, total) over the whole test set, the same on every rank."""
     if env.distributed:  # BatchNorm statistics drift apart per rank: use rank 0's
-        for b in model.buffers():
-            dist.broadcast(b, src=0)
+        with stall.collective("evaluation buffers"):
+            for b in model.buffers():
+                dist.broadcast(b, src=0)
     was_training = model.training
     model.eval()
     counts = torch.zeros(2, dtype=torch.int64, device=env.device)
@@ -30,7 +32,8 @@ def evaluate(model: nn.Module, loader, env: DistEnv,
             out = model(x)
         counts[0] += (out.argmax(1) == y).sum()
         counts[1] += len(y)
-    all_reduce_sum(counts, env)
+    with stall.collective("evaluation counts"):
+        all_reduce_sum(counts, env)
     model.train(was_training)
     correct, total = counts.tolist()
     return correct, total

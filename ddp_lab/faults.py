@@ -8,7 +8,13 @@ torchrun restart (--max-restarts) then runs clean. Kinds:
 
 * raise: an exception, as a bug would.
 * kill: SIGKILL, as the OOM killer would (no traceback, no cleanup).
+* hang: the rank stops for good, as on a stuck kernel or a dead NFS mount.
+* slow=F: from that step on, its forward and backward take F times as long.
+* mismatch: it skips that step's gradient sync: a desync.
 * nan: from that step on, this rank's loss is NaN, as a diverging run's is.
+
+(hang, slow and mismatch act from step `step` itself; raise, kill and hang
+right after it.)
 
 The trainer asks `Fault.from_env()` once; without DDP_LAB_FAULT it gets
 None and nothing here runs.
@@ -18,20 +24,23 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
+import time
 from dataclasses import dataclass
 
 import torch
 
 from ddp_lab.config import ConfigError
 
-KINDS = ("raise", "kill", "nan")
+KINDS = ("raise", "kill", "hang", "slow=F", "mismatch", "nan")
 
 
-@dataclass(frozen=True)
+@dataclass
 class Fault:
     rank: int
     step: int
     kind: str
+    slept_s: float = 0.0  # kind=slow: the sleep added to the last step's compute
 
     @staticmethod
     def from_env() -> Fault | None:
@@ -44,9 +53,14 @@ class Fault:
             fault = Fault(int(parts["rank"]), int(parts["step"]), parts["kind"])
         except (KeyError, ValueError):
             raise ConfigError(f"DDP_LAB_FAULT={spec!r}: {usage}") from None
-        if fault.kind not in KINDS:
-            raise ConfigError(f"DDP_LAB_FAULT={spec!r}: kind must be one of {', '.join(KINDS)}")
+        known = fault.kind in KINDS or (fault.kind.startswith("slow=") and _factor(fault.kind))
+        if not known:
+            raise ConfigError(f"DDP_LAB_FAULT={spec!r}: kind must be one of {', '.join(KINDS)} "
+                              "(F: a number above 1)")
         return fault
+
+    def _here(self, rank: int, step: int) -> bool:
+        return rank == self.rank and step >= self.step
 
     def after_step(self, rank: int, step: int) -> None:
         """Fire, if this is the rank and the step (raise and kill)."""
@@ -60,9 +74,37 @@ class Fault:
             os.kill(os.getpid(), signal.SIGKILL)
         if self.kind == "raise":
             raise RuntimeError(f"DDP_LAB_FAULT: rank {rank} fails after step {step}")
+        if self.kind == "hang":
+            print(f"DDP_LAB_FAULT: rank {rank} hangs after step {step}", file=sys.stderr, flush=True)
+            threading.Event().wait()  # forever; a signal (torchrun's SIGTERM) still ends it
+
+    def slow_down(self, rank: int, step: int, last_compute_s: float) -> None:
+        """kind=slow=F, at a step's start: sleep (F-1) times the last step's own compute
+        (without the sleep added to it), so that this step computes F times as long."""
+        if self.kind.startswith("slow=") and self._here(rank, step):
+            own = max(0.0, last_compute_s - self.slept_s)
+            self.slept_s = (_factor(self.kind) - 1) * own
+            time.sleep(self.slept_s)
+
+    def skips_sync(self, rank: int, step: int) -> bool:
+        """kind=mismatch: the chosen rank leaves out the gradient sync of that one step."""
+        if self.kind == "mismatch" and rank == self.rank and step == self.step:
+            print(f"DDP_LAB_FAULT: rank {rank} skips the gradient sync of step {step}",
+                  file=sys.stderr, flush=True)
+            return True
+        return False
 
     def loss(self, loss: torch.Tensor, rank: int, step: int) -> torch.Tensor:
         """The loss of step `step` (1-based: the step being taken), NaN once kind=nan fires."""
-        if self.kind == "nan" and rank == self.rank and step >= self.step:
+        if self.kind == "nan" and self._here(rank, step):
             return loss * float("nan")
         return loss
+
+
+def _factor(kind: str) -> float | None:
+    """F of kind=slow=F, or None if it is not a number above 1."""
+    try:
+        f = float(kind.split("=", 1)[1])
+    except ValueError:
+        return None
+    return f if f > 1 else None

@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from ddp_lab import stall
 from ddp_lab.distributed import DistEnv, all_reduce_sum
 
 
@@ -112,7 +113,8 @@ class Meter:
         start, images0, seconds0 = self._epoch_start
         seconds = self.clock.now() - start
         self.epoch_seconds.append(seconds)
-        all_reduce_sum(self.sums, self.env)
+        with stall.collective("epoch metrics"):
+            all_reduce_sum(self.sums, self.env)
         loss_sum, correct, n = self.sums.tolist()
         self.sums.zero_()
         tp = self.throughput

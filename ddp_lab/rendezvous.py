@@ -41,6 +41,8 @@ import torch.distributed as dist
 log = logging.getLogger("ddp_lab")
 
 ATTEMPT_KEY = "ddp_lab/attempt"
+_attempt_store: dist.Store | None = None  # this process's, once init_process_group made it
+GROUP_GRACE_S = 15  # the process group's timeout is dist.timeout_s plus this
 POLL_S = 0.5  # how long a rank waits for its welcome before it looks for a newer attempt
 
 
@@ -127,9 +129,20 @@ def init_process_group(backend: str, rank: int, world_size: int, timeout_s: floa
         else:
             token = _join_attempt(store, rank, deadline)
         deadline.what = "the other ranks to connect (the process group's own handshake)"
-        dist.init_process_group(backend, store=dist.PrefixStore(f"ddp_lab/{token}", store),
-                                rank=rank, world_size=world_size, device_id=device_id,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        prefixed = dist.PrefixStore(f"ddp_lab/{token}", store)
+        # The group's own timeout comes a little after dist.timeout_s, so that the stall
+        # inspector (ddp_lab.stall), which names the missing ranks, speaks first.
+        dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world_size,
+                                device_id=device_id,
+                                timeout=datetime.timedelta(seconds=timeout_s + GROUP_GRACE_S))
         if backend == "gloo":
             dist.barrier()  # every gloo thread has started and run once
+    global _attempt_store
+    _attempt_store = prefixed
     return token
+
+
+def attempt_store() -> dist.Store | None:
+    """This attempt's store (under its own prefix), for the stall inspector; None
+    before init_process_group, or without one."""
+    return _attempt_store

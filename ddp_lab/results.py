@@ -16,7 +16,35 @@ import torch
 from ddp_lab.checkpoint.files import nbytes, write_error
 from ddp_lab.config import RunFailed
 from ddp_lab.divergence import all_finite
-from ddp_lab.metrics import write_json_atomic
+from ddp_lab.metrics import peak_memory_mb, write_json_atomic
+
+
+def run_summary(trainer) -> dict:
+    """What summary.json holds: results, speed over the post-warm-up window (null where
+    not measured), and the settings that tell runs apart. A collective (stragglers)."""
+    cfg, env, last = trainer.cfg, trainer.env, trainer.last
+    tp, sync = trainer.meter.throughput, trainer.sync
+    rate = tp.per_sec
+    comm_ms, comm_frac = sync.comm_figures(tp.steps, tp.seconds)
+    seconds = trainer.meter.epoch_seconds
+    return {
+        "test_acc": last["acc/test"], "test_correct": last["test_correct"],
+        "test_total": last["test_total"], "train_loss": last["loss/train"],
+        "train_acc": last["acc/train"], "samples_per_sec": rate,
+        "samples_per_sec_per_rank": rate / env.world_size,
+        "sec_per_epoch": sum(seconds) / len(seconds), "step_ms": tp.step_ms,
+        "data_ms": 1000 * trainer.meter.data_seconds / max(tp.seen, 1),
+        "epochs": trainer.epoch, "steps": trainer.step, "world_size": env.world_size,
+        "backend": env.backend if env.distributed else "none",
+        "comm_threads": env.comm_threads, "device": env.device.type,
+        "model": cfg.model.name, "sync": sync.describe(),
+        "global_batch": cfg.data.batch_size, "amp": trainer.amp, "seed": cfg.seed,
+        "threads": torch.get_num_threads(), "compile": trainer.compiled,
+        "measured_steps": tp.steps, "comm_timing": sync.comm_timing,
+        "comm_ms_per_step": comm_ms, "comm_frac": comm_frac,
+        "peak_mem_mb": peak_memory_mb(env.device),  # rank 0's process (ranks are alike)
+        "straggler": trainer.step_timer.straggler(cfg.trainer.straggler_threshold),
+    }
 
 
 def write_results(run_dir: Path, model_state: dict, summary: dict) -> None:

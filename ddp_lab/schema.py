@@ -86,6 +86,7 @@ class TrainerConfig:
     ckpt_every: int = MISSING
     keep_ckpts: int = MISSING
     resume: str = MISSING
+    straggler_threshold: float = 1.2
 
 
 @dataclass
@@ -93,6 +94,7 @@ class DistConfig:
     backend: str = MISSING
     device: str = MISSING
     timeout_s: float = MISSING
+    stall_warn_s: float = 60.0
     comm_threads: str = "auto"  # auto | realtime | normal
 
 

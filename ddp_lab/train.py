@@ -14,6 +14,7 @@ Every rank runs this file. Output goes to outputs/<run id>/ (see ddp_lab.config)
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ddp_lab import config, distributed, schema, tuning
+from ddp_lab import config, distributed, rendezvous, schema, stall, tuning
 from ddp_lab.config import ConfigError, RunFailed
 from ddp_lab.trainer import Trainer
 
@@ -44,17 +45,22 @@ class Terminated(SystemExit):
     """Raised by the SIGTERM handler; exits with status 143 (128 + SIGTERM)."""
 
 
-def stop_on_sigterm() -> None:
+def stop_on_sigterm(run_dir: Path) -> None:
     """torchrun sends SIGTERM to every worker when one of them fails (SIGKILL
     follows 30 s later), and so do SLURM and Kubernetes before killing a job.
     Stop at once rather than finish the step: raise, so the `finally` below
     closes the logs and the process group; nothing is saved (the newest
     checkpoint is the resume point). A rank blocked inside a collective sees
     the exception only once the collective returns, which it does when a peer
-    dies or after dist.timeout_s.
+    dies or after dist.timeout_s. First it writes every thread's Python stack
+    to <run dir>/stacks/rank<N>.txt: where a stuck rank was stuck.
     """
     def handler(signum, frame):
         signal.signal(signum, signal.SIG_DFL)  # a second SIGTERM kills outright
+        rank = int(os.environ.get("RANK", "0"))
+        stacks = stall.dump_stacks(run_dir, rank)
+        stall.report_stop(rank, "SIGTERM (torchrun stops every rank when one fails)"
+                          + (f"; stacks in {stacks}" if stacks else ""), None)
         raise Terminated(128 + signum)
 
     signal.signal(signal.SIGTERM, handler)
@@ -66,12 +72,16 @@ def stop_on_sigterm() -> None:
 @record
 def main(cfg) -> dict:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    env = None
-    trainer = None
-    stop_on_sigterm()
+    env = trainer = inspector = None
+    stop_on_sigterm(run_dir)
     try:
         env = tuning.start(cfg.dist, cfg.sync.poll)
         quiet_other_ranks(env.rank)
+        stall.log_fatal_signals()
+        if env.distributed and rendezvous.attempt_store() is not None:
+            inspector = stall.StallInspector(rendezvous.attempt_store(), env.rank,
+                                             env.world_size, run_dir, cfg.dist.stall_warn_s,
+                                             cfg.dist.timeout_s).start()
         log.info("rank %d/%d on %s (%s, %s comm threads), run dir %s", env.rank, env.world_size,
                  env.device, env.backend, env.comm_threads, run_dir)
         trainer = Trainer(cfg, env, run_dir)
@@ -85,10 +95,13 @@ def main(cfg) -> dict:
         log.error("%s", e)
         print(f"ddp_lab: error: {e}", file=sys.stderr, flush=True)
         sys.exit(2 if isinstance(e, ConfigError) else 1)
-    except Terminated:
-        log.warning("stopped by SIGTERM")
+    except Exception as e:  # anything else: say where and why in one line, then the traceback
+        stall.report_stop(env.rank if env else 0, f"{type(e).__name__}: "
+                          f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}", inspector)
         raise
     finally:
+        if inspector is not None:
+            inspector.close()
         if trainer is not None:
             trainer.close()
         distributed.teardown(keep_for_next_job=HydraConfig.get().mode == RunMode.MULTIRUN)

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from ddp_lab import schema
+from ddp_lab import schema, stall
 from ddp_lab.checkpoint import Checkpointer, rng_state, set_rng_state
 from ddp_lab.config import ConfigError
 from ddp_lab.data import build_loaders
@@ -29,11 +30,12 @@ from ddp_lab.evaluation import evaluate
 from ddp_lab.fast_path import resolve_amp, resolve_compile
 from ddp_lab.faults import Fault
 from ddp_lab.meter import Meter
-from ddp_lab.metrics import RunLogger, epoch_line, final_line, peak_memory_mb
+from ddp_lab.metrics import RunLogger, epoch_line, final_line
 from ddp_lab.models import build_model
 from ddp_lab.optim import build_optimizer, build_schedule
 from ddp_lab.profiling import StepProfiler
-from ddp_lab.results import is_complete, write_results
+from ddp_lab.results import is_complete, run_summary, write_results
+from ddp_lab.stragglers import StepTimer
 from ddp_lab.sync import build_sync
 
 log = logging.getLogger("ddp_lab")
@@ -85,6 +87,7 @@ class Trainer:
         self.loss_fn = nn.CrossEntropyLoss()
 
         self.meter = Meter(env, t.warmup_steps)
+        self.step_timer = StepTimer(self.model, env)  # compute and sync wait: stragglers
         self.loss_watch = LossWatch(env, t.log_every, cfg.optim.lr, self.amp)
         self.fault = Fault.from_env()
         self.profiler = StepProfiler(t.profile, t.profile_wait, t.profile_active, self.run_dir,
@@ -159,27 +162,45 @@ class Trainer:
 
     def _run_batch(self, micro: list) -> None:
         """One optimizer step over k micro-batches; only the last one communicates."""
+        step, rank = self.step + 1, self.env.rank
+        stall.at_step(step)
+        self.step_timer.start_step()
+        sync = self.fault is None or not self.fault.skips_sync(rank, step)
+        if self.fault is not None:
+            self.fault.slow_down(rank, step, self.step_timer.last_compute)
         for i, (x, y) in enumerate(micro):
-            with (contextlib.nullcontext() if i == len(micro) - 1 else self.sync.no_sync()):
+            last = i == len(micro) - 1 and sync
+            with (self._gradient_sync(in_backward=True) if last else self.sync.no_sync()):
                 with self.autocast():
                     out = self.forward(x)
                 loss = self.loss_fn(out.float(), y)
                 if self.fault is not None:
-                    loss = self.fault.loss(loss, self.env.rank, self.step + 1)
+                    loss = self.fault.loss(loss, rank, step)
                 self.scaler.scale(loss / len(micro)).backward()
             self.meter.add_batch(loss, out, y)
         self.last_loss = loss.detach()
-        self.sync.after_backward()
+        if sync:
+            with self._gradient_sync(in_backward=False):
+                self.sync.after_backward()
+        self.step_timer.synced()
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=self.sync.grads_set_to_none)
         self.scheduler.step()
 
+    def _gradient_sync(self, in_backward: bool):
+        """Marks where the gradients travel for the stall inspector: in the last
+        backward under DDP (its allreduces overlap it), else in after_backward."""
+        if in_backward == isinstance(self.forward, DistributedDataParallel):
+            return stall.collective("gradient sync")
+        return contextlib.nullcontext()
+
     def _after_step(self) -> None:
         self.loss_watch.observe(self.last_loss, self.step)  # stops every rank if it diverged
         if self.step % self.cfg.trainer.log_every == 0:
             self.log.scalars({"loss/train_step": self.last_loss.item(),
-                              "lr": self.scheduler.get_last_lr()[0]}, self.step)
+                              "lr": self.scheduler.get_last_lr()[0],
+                              **self.step_timer.report()}, self.step)
         if self.checkpointer.due(self.step, self.done, self._epoch_exhausted()):
             self._save_checkpoint()
         if self.fault is not None:
@@ -257,32 +278,12 @@ class Trainer:
 
     # ------------------------------------------------------------ the end
     def finish(self) -> dict:
-        cfg, env, last, tp = self.cfg, self.env, self.last, self.meter.throughput
+        """summary.json and model.pt (rank 0), the closing line; every rank returns the summary."""
         self.loss_watch.check()
-        rate = tp.per_sec
-        # over the same post-warm-up window as samples_per_sec; null where not measured
-        comm_ms, comm_frac = self.sync.comm_figures(tp.steps, tp.seconds)
-        seconds = self.meter.epoch_seconds
-        summary = {
-            "test_acc": last["acc/test"], "test_correct": last["test_correct"],
-            "test_total": last["test_total"], "train_loss": last["loss/train"],
-            "train_acc": last["acc/train"], "samples_per_sec": rate,
-            "samples_per_sec_per_rank": rate / env.world_size,
-            "sec_per_epoch": sum(seconds) / len(seconds), "step_ms": tp.step_ms,
-            "data_ms": 1000 * self.meter.data_seconds / max(tp.seen, 1),
-            "epochs": self.epoch, "steps": self.step, "world_size": env.world_size,
-            "backend": env.backend if env.distributed else "none",
-            "comm_threads": env.comm_threads, "device": env.device.type,
-            "model": cfg.model.name, "sync": self.sync.describe(),
-            "global_batch": cfg.data.batch_size, "amp": self.amp, "seed": cfg.seed,
-            "threads": torch.get_num_threads(), "compile": self.compiled,
-            "measured_steps": tp.steps, "comm_timing": self.sync.comm_timing,
-            "comm_ms_per_step": comm_ms, "comm_frac": comm_frac,
-            "peak_mem_mb": peak_memory_mb(env.device),  # rank 0's process (ranks are alike)
-        }
-        self.log.hparams(cfg, env.world_size, summary["backend"],
+        summary = run_summary(self)
+        self.log.hparams(self.cfg, self.env.world_size, summary["backend"],
                          {k: summary[k] for k in ("test_acc", "train_loss", "samples_per_sec")})
-        if env.is_main:
+        if self.env.is_main:
             write_results(self.run_dir, self.model.state_dict(), summary)
         self.log.print(final_line(summary))
         return summary

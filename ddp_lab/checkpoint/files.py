@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ddp_lab import stall
 from ddp_lab.config import ConfigError, RunFailed
 from ddp_lab.distributed import DistEnv
 
@@ -111,12 +112,13 @@ def write_error(what: str, folder: Path, needed: int, e: BaseException) -> str:
     return f"could not write {what} in {folder}: {type(e).__name__}: {e}"
 
 
-def _agree(env: DistEnv, error: str | None) -> None:
+def _agree(env: DistEnv, error: str | None, what: str) -> None:
     """A barrier that carries failures: every rank raises the first rank's error, if any."""
     errors = [error]
     if env.distributed:
         errors = [None] * env.world_size
-        dist.all_gather_object(errors, error)
+        with stall.collective(what):
+            dist.all_gather_object(errors, error)
     failed = [(r, e) for r, e in enumerate(errors) if e is not None]
     if failed:
         rank, message = failed[0]
@@ -142,7 +144,7 @@ def save(root: Path, step: int, env: DistEnv, own: dict, shared: dict | None,
             tmp.mkdir()
         except OSError as e:
             error = write_error(what, root, nbytes(shared), e)
-    _agree(env, error)  # the empty temp dir exists before any rank writes into it
+    _agree(env, error, what)  # the empty temp dir exists before any rank writes into it
     try:
         if not tmp.is_dir():
             error = (f"rank {env.rank} cannot see {tmp}, which rank 0 just created: the run "
@@ -154,7 +156,7 @@ def save(root: Path, step: int, env: DistEnv, own: dict, shared: dict | None,
     except (OSError, RuntimeError) as e:  # torch.save reports a short write as RuntimeError
         error = write_error(what, root, nbytes(shared) + nbytes(own), e)
     try:
-        _agree(env, error)  # every rank's file is on disk: rank 0 may seal and publish
+        _agree(env, error, what)  # every rank's file is on disk: rank 0 may seal and publish
         if env.is_main:
             try:
                 _seal(tmp, step, env.world_size, meta)
@@ -162,7 +164,7 @@ def save(root: Path, step: int, env: DistEnv, own: dict, shared: dict | None,
                 _fsync_dir(root)
             except OSError as e:
                 error = write_error(what, root, 4096, e)
-        _agree(env, error)
+        _agree(env, error, what)
     except RunFailed:
         if env.is_main:
             shutil.rmtree(tmp, ignore_errors=True)  # give the space back; nothing reads it

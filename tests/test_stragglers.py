@@ -1,0 +1,60 @@
+"""Stragglers: compute and sync wait per rank, the skew, and the run's straggler named."""
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from ddp_lab.distributed import DistEnv
+from ddp_lab.stragglers import StepTimer, skew
+
+ALONE = DistEnv(0, 1, 0, torch.device("cpu"), "none")
+
+
+def test_skew_is_the_slowest_over_the_median_of_the_others():
+    assert skew([10.0]) == (0, 1.0)
+    assert skew([10.0, 20.0]) == (1, 2.0)
+    assert skew([10.0, 10.0, 30.0, 12.0]) == (2, 3.0)
+    assert skew([10.0, 20.0, 20.0]) == (1, 20.0 / 15.0)
+    assert skew([10.0, 10.0, 10.0]) == (0, 1.0)
+
+
+def test_compute_ends_when_the_last_gradient_is_ready():
+    model = nn.Linear(8, 4)
+    timer = StepTimer(model, ALONE)
+    for _ in range(3):
+        timer.start_step()
+        time.sleep(0.02)  # "forward"
+        model(torch.randn(2, 8)).sum().backward()
+        time.sleep(0.01)  # "waiting for the sync"
+        timer.synced()
+    (compute, wait), = timer.gather(timer.run)
+    assert 20 <= compute < 40 and 10 <= wait < 25
+    report = timer.report()
+    assert set(report) == {"perf/compute_ms/rank0", "perf/sync_wait_ms/rank0", "perf/straggler_skew"}
+    assert report["perf/straggler_skew"] == 1.0
+    assert timer.window.tolist() == [0.0, 0.0, 0.0]  # reported: the window starts again
+    assert timer.straggler(1.2) is None  # alone, nobody is slower than the others
+
+
+@pytest.mark.slow
+def test_a_slow_rank_is_named_in_the_summary_and_in_tensorboard(tiny_fmnist, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tests.conftest import read_summary, run_module, tiny_overrides
+    run = tmp_path / "run"
+    proc = run_module("ddp_lab.train", tiny_overrides(tiny_fmnist, run), nproc=2,
+                      env={"DDP_LAB_FAULT": "rank=1,step=1,kind=slow=3"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    straggler = read_summary(run)["straggler"]
+    assert straggler["rank"] == 1 and straggler["slowdown"] > 1.5, straggler
+    assert "straggler: rank 1 computed" in (run / "rank0.log").read_text()
+    events = EventAccumulator(str(run / "tb")).Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"perf/compute_ms/rank0", "perf/compute_ms/rank1", "perf/sync_wait_ms/rank0",
+            "perf/sync_wait_ms/rank1", "perf/straggler_skew"} <= tags
+    compute = {r: [e.value for e in events.Scalars(f"perf/compute_ms/rank{r}")] for r in (0, 1)}
+    wait = {r: [e.value for e in events.Scalars(f"perf/sync_wait_ms/rank{r}")] for r in (0, 1)}
+    # rank 1 computes longer; rank 0 waits for it at the sync
+    assert sum(compute[1]) > 1.5 * sum(compute[0])
+    assert sum(wait[0]) > sum(wait[1])
