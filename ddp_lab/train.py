@@ -78,7 +78,7 @@ def main(cfg) -> dict:
         env = tuning.start(cfg.dist, cfg.sync.poll)
         quiet_other_ranks(env.rank)
         stall.log_fatal_signals()
-        if env.distributed and rendezvous.attempt_store() is not None:
+        if env.distributed and rendezvous.attempt_store() is not None and cfg.dist.stall_warn_s > 0:
             inspector = stall.StallInspector(rendezvous.attempt_store(), env.rank,
                                              env.world_size, run_dir, cfg.dist.stall_warn_s,
                                              cfg.dist.timeout_s).start()
