@@ -26,6 +26,8 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from ddp_lab.provenance import cpu_facts
+
 DEFAULT_CACHE = Path("~/.cache/ddp_lab/peak_flops.json")
 # Matmul sizes that reach the kernels' full speed: on CPU one call takes ~0.1-1 s per core.
 DEFAULT_SIZE = {"cpu": 2048, "cuda": 8192}
@@ -160,14 +162,7 @@ def _timed_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> float:
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    import platform
-    return platform.processor() or platform.machine() or "cpu"
+    return cpu_facts()["cpu_model"] or "cpu"
 
 
 def _cache_key(device: torch.device, dtype: torch.dtype, threads: int) -> str:
