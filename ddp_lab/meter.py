@@ -5,16 +5,19 @@
   evaluation and checkpoints paused out of the window.
 * Meter: one per Trainer; holds the above, the epoch's running sums
   (loss x images, correct, images) and the time spent waiting for data, and
-  turns an epoch into the metrics TensorBoard gets.
+  turns an epoch into the metrics TensorBoard gets, MFU among them (the
+  model's FLOPs per image times images/s over the cores' measured peak,
+  ddp_lab.mfu).
 """
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import torch
 
-from ddp_lab import stall
+from ddp_lab import mfu, stall
 from ddp_lab.distributed import DistEnv, all_reduce_sum
 
 
@@ -72,17 +75,37 @@ class Throughput:
         return 1000 * self.seconds / self.steps if self.steps else float("nan")
 
 
+def flops_and_peak(model, image_shape: tuple, amp: str, env: DistEnv) -> tuple[float, float]:
+    """The model's training FLOPs per image, and the measured matmul peak of the cores
+    (or GPUs) the run uses, in the dtype it computes in (ddp_lab.mfu; the peak is cached)."""
+    dtype = torch.bfloat16 if amp == "bf16" else torch.float32
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return (mfu.train_flops_per_image(model, image_shape, dtype),
+            mfu.peak_for_run(env.device, dtype, env.world_size, local, torch.get_num_threads()))
+
+
+def _mfu(flops_per_image: float, images_per_sec: float, peak: float) -> float:
+    ok = peak > 0 and flops_per_image > 0 and math.isfinite(images_per_sec)
+    return flops_per_image * images_per_sec / peak if ok else float("nan")
+
+
 class Meter:
     """A rank's running measurements; end_epoch() turns them into an epoch's metrics."""
 
-    def __init__(self, env: DistEnv, warmup_steps: int):
+    def __init__(self, env: DistEnv, warmup_steps: int, flops_per_image: float = 0.0,
+                 peak_flops: float = 0.0):
         self.env = env
+        self.flops_per_image, self.peak_flops = flops_per_image, peak_flops
         self.clock = Clock(env.device)
         self.throughput = Throughput(self.clock, warmup_steps)
         self.sums = torch.zeros(3, dtype=torch.float64, device=env.device)  # loss*n, correct, n
         self.epoch_seconds: list[float] = []
         self.data_seconds = 0.0
         self._epoch_start = (0.0, 0, 0.0)  # (clock, images, window seconds) at the epoch's start
+
+    def mfu(self, images_per_sec: float) -> float:
+        """Model FLOPs utilisation at that global rate (NaN where unknown)."""
+        return _mfu(self.flops_per_image, images_per_sec, self.peak_flops)
 
     @property
     def measuring(self) -> bool:
@@ -131,5 +154,6 @@ class Meter:
             "perf/data_ms": 1000 * self.data_seconds / max(tp.seen, 1),
             "perf/epoch_s": seconds,
             "lr": lr,
+            "perf/mfu": self.mfu(rate),
             **comm,
         }

@@ -127,5 +127,7 @@ def epoch_line(epoch: int, epochs: int, m: dict) -> str:
 
 def final_line(s: dict) -> str:
     """d2l's closing line, e.g. `test acc 0.85, 4.1 sec/epoch, 14,200 img/s on 2 x cpu (gloo)`."""
-    return (f"test acc {s['test_acc']:.2f}, {s['sec_per_epoch']:.1f} sec/epoch, "
+    line = (f"test acc {s['test_acc']:.2f}, {s['sec_per_epoch']:.1f} sec/epoch, "
             f"{_rate(s['samples_per_sec'])} img/s on {s['world_size']} x {s['device']} ({s['backend']})")
+    mfu = s.get("mfu")
+    return line if mfu is None or mfu != mfu else line + f", MFU {100 * mfu:.1f}%"

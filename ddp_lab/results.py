@@ -44,6 +44,8 @@ def run_summary(trainer) -> dict:
         "comm_ms_per_step": comm_ms, "comm_frac": comm_frac,
         "peak_mem_mb": peak_memory_mb(env.device),  # rank 0's process (ranks are alike)
         "straggler": trainer.step_timer.straggler(cfg.trainer.straggler_threshold),
+        "mfu": trainer.meter.mfu(rate), "peak_flops": trainer.meter.peak_flops,
+        "flops_per_image": trainer.meter.flops_per_image,
     }
 
 

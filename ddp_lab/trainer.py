@@ -29,7 +29,7 @@ from ddp_lab.divergence import LossWatch
 from ddp_lab.evaluation import evaluate
 from ddp_lab.fast_path import resolve_amp, resolve_compile
 from ddp_lab.faults import Fault
-from ddp_lab.meter import Meter
+from ddp_lab.meter import Meter, flops_and_peak
 from ddp_lab.metrics import RunLogger, epoch_line, final_line
 from ddp_lab.models import build_model
 from ddp_lab.optim import build_optimizer, build_schedule
@@ -86,7 +86,8 @@ class Trainer:
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp == "fp16")
         self.loss_fn = nn.CrossEntropyLoss()
 
-        self.meter = Meter(env, t.warmup_steps)
+        image = tuple(cfg.data.image_shape) if cfg.data.name == "synthetic" else (1, 28, 28)
+        self.meter = Meter(env, t.warmup_steps, *flops_and_peak(self.model, image, self.amp, env))
         self.step_timer = StepTimer(self.model, env)  # compute and sync wait: stragglers
         self.loss_watch = LossWatch(env, t.log_every, cfg.optim.lr, self.amp)
         self.fault = Fault.from_env()

@@ -10,7 +10,8 @@ from tests.conftest import failure, may_use_realtime, read_summary, run_module, 
 pytestmark = pytest.mark.slow
 
 SCALARS = ["loss/train", "acc/train", "acc/test", "perf/samples_per_sec",
-           "perf/samples_per_sec_per_rank", "perf/step_ms", "perf/data_ms", "perf/epoch_s", "lr"]
+           "perf/samples_per_sec_per_rank", "perf/step_ms", "perf/data_ms", "perf/epoch_s", "lr",
+           "perf/mfu", "perf/compute_ms/rank0", "perf/sync_wait_ms/rank1", "perf/straggler_skew"]
 SUMMARY_KEYS = ["test_acc", "test_correct", "test_total", "train_loss", "samples_per_sec",
                 "samples_per_sec_per_rank", "sec_per_epoch", "epochs", "steps", "world_size",
                 "backend", "comm_threads", "device", "model", "sync"]
@@ -40,6 +41,11 @@ def test_summary_holds_the_run(two_rank_run):
     assert s["samples_per_sec"] == pytest.approx(2 * s["samples_per_sec_per_rank"])
     assert s["samples_per_sec"] > 0
     assert s["test_acc"] > 0.5  # the tiny set is easy: it must have learned something
+    # MFU: LeNet's FLOPs per image (torch's counter) x images/s over the measured peak
+    assert s["flops_per_image"] > 0 and s["peak_flops"] > 0
+    assert 0 < s["mfu"] < 1
+    assert s["mfu"] == pytest.approx(s["flops_per_image"] * s["samples_per_sec"] / s["peak_flops"])
+    assert s["straggler"] is None or s["straggler"]["rank"] in (0, 1)
 
 
 def test_tensorboard_tags_read_back(two_rank_run):
