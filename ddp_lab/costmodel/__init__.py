@@ -2,12 +2,16 @@
 
     # fit to benchmark runs (any world sizes), predict 8..4096 ranks for LeNet and ResNet-18
     python -m ddp_lab.costmodel 'inputs=[docs/results/2026-11-25_zen5-2c_collectives-*]'
+    # fit to 2-3 ranks, check the prediction of every point measured at 4 and 8 (validation.csv),
+    # and set 1/beta beside the links' rate (see ddp_lab.costmodel.validation)
+    python -m ddp_lab.costmodel 'inputs=[h2/collectives.csv,h3/collectives.csv]' \
+        'validate=[h4/collectives.csv,h8/collectives.csv]' link_rate=1gbit
     # nominal interconnects instead of (or beside) the fit
     python -m ddp_lab.costmodel 'params=[ib_100g,eth_25g]' 'compute_ms={lenet: 2, resnet18: 60}'
 
 Configuration: conf/costmodel.yaml (Hydra, like every ddp_lab entry point).
 Output: outputs/costmodel/<run id>/ with fit.csv, fit_points.csv, fit.png,
-predictions.csv, predictions.png.
+predictions.csv, predictions.png (and validation.csv with validate=[...]).
 
 The model (Thakur, Rabenseifner & Gropp, "Optimization of Collective
 Communication Operations in MPICH", IJHPCA 2005) prices an allreduce of N bytes

@@ -19,6 +19,7 @@ from ddp_lab.costmodel.fitting import Fit, Point, expand_inputs, fit, fit_mixed,
 from ddp_lab.costmodel.formulas import MODELS, Params, get_model
 from ddp_lab.costmodel.prediction import Prediction, measure_compute_s, predict, resolve_gradient
 from ddp_lab.costmodel.report import plot_fits, plot_predictions, print_fits, print_predictions, write_csv
+from ddp_lab.costmodel.validation import print_beta_against_link, validate_held_out
 from ddp_lab.provenance import hydra_command, write_record
 
 
@@ -95,9 +96,19 @@ def validate(cfg) -> dict:
         v = cfg.compute[key]
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError(f"compute.{key}={v!r} must be an integer >= 1")
+    held_out = expand_inputs(_as_list(cfg.get("validate")))
+    if held_out and "fitted" not in params:
+        raise ConfigError("validate=[...] checks the fitted constants: add fitted to params")
+    link_bits = None
+    if cfg.get("link_rate") is not None:
+        from ddp_lab.cluster import ClusterError, parse_rate  # tc's units: 1gbit, 100mbit, ...
+        try:
+            link_bits = parse_rate(str(cfg.link_rate))
+        except ClusterError as e:
+            raise ConfigError(str(e).replace("--rate", "link_rate")) from None
     return {"params": params, "inputs": inputs, "gamma": _gamma_setting(cfg), "algos": algos,
             "world_sizes": [int(w) for w in worlds], "gradients": grads, "compute_ms": compute_ms,
-            "cores": cores}
+            "cores": cores, "validate": held_out, "link_bits": link_bits}
 
 
 def run(cfg, run_dir: Path, log=print) -> dict:
@@ -156,6 +167,10 @@ def run(cfg, run_dir: Path, log=print) -> dict:
                 f"{shared[0].beta * 1e9:>11.4f} {1e-9 / shared[0].beta if shared[0].beta else math.inf:>9.3f} "
                 f"{shared[0].gamma * 1e9:>11.4f} {med:>11.1%} {max(abs(e) for e in shared[1]):>9.1%}"
                 "   (one set for naive+ring+halving_doubling; used for unmeasured algorithms)")
+        if s["link_bits"]:
+            print_beta_against_link(fits, s["link_bits"], log)
+        if s["validate"]:
+            validate_held_out(fits, s["validate"], run_dir, log)
         fitted = {}
         for algo in s["algos"]:
             if algo in fits:
@@ -222,7 +237,8 @@ def run(cfg, run_dir: Path, log=print) -> dict:
     log(f"# wrote {run_dir / 'predictions.csv'}")
     if cfg.plot:
         log(f"# wrote {plot_predictions(preds, run_dir / 'predictions.png')}")
-    record = write_record(run_dir, hydra_command("ddp_lab.costmodel"), {"inputs": [str(p) for p in s["inputs"]]})
+    record = write_record(run_dir, hydra_command("ddp_lab.costmodel"), {"inputs": [str(p) for p in s["inputs"]],
+                          "validate": [str(p) for p in s["validate"]], "link_rate": cfg.get("link_rate")})
     log(f"# wrote {record}")
     return {"fits": fits, "params": param_sets, "predictions": preds, "compute_s": compute_s}
 
