@@ -29,9 +29,15 @@ from torch.utils.flop_counter import FlopCounterMode
 from ddp_lab.provenance import cpu_facts
 
 DEFAULT_CACHE = Path("~/.cache/ddp_lab/peak_flops.json")
-# Matmul sizes that reach the kernels' full speed: on CPU one call takes ~0.1-1 s per core.
-DEFAULT_SIZE = {"cpu": 2048, "cuda": 8192}
+# The matmul size, unless given: grown by doubling from MIN_SIZE until one call takes
+# LONG_CALL_S, at most MAX_SIZE (full kernel speed: float32 on one Zen 1 core takes
+# 0.5 s at 2048). A dtype the cores emulate (bf16 without avx512_bf16 or AMX) stops at
+# a smaller size and takes seconds to measure rather than many minutes.
+MIN_SIZE = 256
+MAX_SIZE = {"cpu": 2048, "cuda": 8192}
+LONG_CALL_S = 0.1
 WARMUP_S = 2.0  # untimed matmuls before the timed ones (at least one)
+TIMED_S = 5.0   # the timed calls stop after this long, at 3 calls or more
 
 
 # ---------------------------------------------------------------- model FLOPs
@@ -82,16 +88,16 @@ def peak_flops(device, dtype: torch.dtype = torch.float32, threads: int | None =
                cache_path: str | Path = DEFAULT_CACHE) -> float:
     """Matmul FLOP/s of `threads` CPU threads (or of one GPU) in `dtype`, measured once.
 
-    The figure is the best of `repeats` timed (size x size) @ (size x size) matmuls
-    after WARMUP_S of warm-up calls, cached in `cache_path` under the machine (CPU model and
-    core count, or GPU name), the thread count and the dtype, with how it was
-    measured. A cached figure measured at another size is measured again. Callers
-    that start together (one per rank) take turns on a lock file: the first
-    measures alone, the others then read its figure.
+    The figure is the best of up to `repeats` timed (size x size) @ (size x size)
+    matmuls after WARMUP_S of warm-up calls (size: see MAX_SIZE; tests pass a tiny
+    one), cached in `cache_path` under the machine (CPU model and core count, or
+    GPU name), the thread count and the dtype, with how it was measured. A figure
+    cached for another `size` is measured again. Callers that start together (one
+    per rank) take turns on a lock file: the first measures alone, the others then
+    read its figure.
     """
     device = torch.device(device)
     threads = (threads or torch.get_num_threads()) if device.type == "cpu" else 0
-    size = size or DEFAULT_SIZE.get(device.type, 4096)
     key = _cache_key(device, dtype, threads)
     path = Path(cache_path).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -99,7 +105,7 @@ def peak_flops(device, dtype: torch.dtype = torch.float32, threads: int | None =
         fcntl.flock(lock, fcntl.LOCK_EX)
         cache = _read_cache(path)
         entry = cache.get(key)
-        if entry is None or entry.get("size") != size:
+        if entry is None or entry.get("requested_size") != size:
             entry = measure_matmul(device, dtype, threads, size, repeats)
             cache[key] = entry
             tmp = path.with_name(path.name + f".tmp{os.getpid()}")
@@ -108,34 +114,38 @@ def peak_flops(device, dtype: torch.dtype = torch.float32, threads: int | None =
     return entry["flops_per_sec"]
 
 
-def measure_matmul(device: torch.device, dtype: torch.dtype, threads: int, size: int,
-                   repeats: int) -> dict:
-    """Time `repeats` square matmuls; the cache entry: the best rate and how it was measured."""
-    a = torch.randn(size, size, device=device).to(dtype)
-    b = torch.randn(size, size, device=device).to(dtype)
-    out = torch.empty(size, size, device=device, dtype=dtype)
+def measure_matmul(device: torch.device, dtype: torch.dtype, threads: int,
+                   size: int | None = None, repeats: int = 10) -> dict:
+    """Time square matmuls; the cache entry: the best rate and how it was measured."""
     saved_threads = torch.get_num_threads()
     if device.type == "cpu":
         torch.set_num_threads(threads)
     try:
+        chosen = size or _grown_size(device, dtype)
+        a, b, out = _operands(chosen, device, dtype)
         # Warm-up: thread pool, kernel choice, caches. On the 2-core Zen 1 the first
         # 2-thread calls after a 1-thread measurement ran up to 1.5x slower for ~1.3 s.
         warm_until = time.perf_counter() + WARMUP_S
         _timed_matmul(a, b, out)
         while time.perf_counter() < warm_until:
             _timed_matmul(a, b, out)
-        seconds = [_timed_matmul(a, b, out) for _ in range(repeats)]
+        seconds: list[float] = []
+        stop = time.perf_counter() + TIMED_S
+        while len(seconds) < repeats and (len(seconds) < 3 or time.perf_counter() < stop):
+            seconds.append(_timed_matmul(a, b, out))
     finally:
         torch.set_num_threads(saved_threads)
-    flops = 2 * size ** 3
+    flops = 2 * chosen ** 3
+    how_big = "given" if size else (f"doubled from {MIN_SIZE} until a call took "
+                                    f"{LONG_CALL_S:g} s, at most {MAX_SIZE.get(device.type, 4096)}")
     entry = {
         "flops_per_sec": flops / min(seconds),
         "median_flops_per_sec": flops / statistics.median(seconds),
         "device": _device_name(device), "dtype": str(dtype).removeprefix("torch."),
-        "threads": threads, "size": size, "repeats": repeats,
+        "threads": threads, "size": chosen, "requested_size": size, "repeats": len(seconds),
         "seconds": seconds,
-        "method": f"best of {repeats} torch.matmul of two {size}x{size} matrices after "
-                  f"{WARMUP_S:g} s of warm-up calls, {2 * size ** 3:,} FLOPs each",
+        "method": f"best of {len(seconds)} torch.matmul of two {chosen}x{chosen} matrices after "
+                  f"{WARMUP_S:g} s of warm-up calls, {flops:,} FLOPs each; size {how_big}",
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -144,6 +154,22 @@ def measure_matmul(device: torch.device, dtype: torch.dtype, threads: int, size:
     else:  # "high" or "medium" let float32 matmuls run in TF32 or bf16
         entry["float32_matmul_precision"] = torch.get_float32_matmul_precision()
     return entry
+
+
+def _grown_size(device: torch.device, dtype: torch.dtype) -> int:
+    size, largest = MIN_SIZE, MAX_SIZE.get(device.type, 4096)
+    while size < largest:
+        operands = _operands(size, device, dtype)
+        if min(_timed_matmul(*operands) for _ in range(2)) >= LONG_CALL_S:
+            break
+        size *= 2
+    return size
+
+
+def _operands(size: int, device: torch.device, dtype: torch.dtype) -> tuple:
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    return a, b, torch.empty(size, size, device=device, dtype=dtype)
 
 
 def _timed_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> float:

@@ -114,6 +114,21 @@ def test_peak_measures_again_at_another_size_and_keeps_the_threads(tmp_path):
     assert torch.get_num_threads() == threads  # the caller's thread count is restored
 
 
+def test_automatic_size_grows_until_a_call_takes_long_enough(monkeypatch):
+    cpu = torch.device("cpu")
+    # a pretend matmul whose time grows as size^3: 0.1 s at 1024
+    monkeypatch.setattr(mfu_module, "_timed_matmul", lambda a, b, out: 0.1 * (a.shape[0] / 1024) ** 3)
+    monkeypatch.setattr(mfu_module, "WARMUP_S", 0.0)
+    entry = mfu_module.measure_matmul(cpu, torch.float32, 1, repeats=4)
+    assert entry["size"] == 1024 and entry["requested_size"] is None and entry["repeats"] == 4
+    assert entry["flops_per_sec"] == pytest.approx(2 * 1024 ** 3 / 0.1)
+    assert "size doubled from 256 until a call took 0.1 s, at most 2048" in entry["method"]
+    monkeypatch.setattr(mfu_module, "_timed_matmul", lambda a, b, out: 1e-4)  # fast at every size
+    assert mfu_module.measure_matmul(cpu, torch.float32, 1, repeats=4)["size"] == 2048
+    monkeypatch.setattr(mfu_module, "TIMED_S", 0.0)  # out of time: 3 timed calls all the same
+    assert mfu_module.measure_matmul(cpu, torch.float32, 1, size=64, repeats=10)["repeats"] == 3
+
+
 def test_run_peak_counts_the_cores_the_ranks_use(monkeypatch):
     asked = []
     monkeypatch.setattr(mfu_module, "peak_flops",
