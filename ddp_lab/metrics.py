@@ -31,7 +31,7 @@ def peak_memory_mb(device: torch.device) -> float:
 
 def _flat_hparams(cfg, world_size: int, backend: str) -> dict:
     """The knobs that tell runs of a sweep apart, as TensorBoard HParams wants them."""
-    c = OmegaConf.to_container(cfg, resolve=True)
+    c = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     out = {"world_size": world_size, "backend": backend, "seed": c["seed"]}
     for group in ("model", "data", "optim", "sync", "trainer"):
         for k, v in c.get(group, {}).items():

@@ -27,8 +27,6 @@ def build_optimizer(cfg, params):
 
 def build_schedule(optimizer, cfg, steps_per_epoch: int, total_steps: int):
     """Per-step learning-rate multiplier: linear warm-up, then constant or cosine decay."""
-    if cfg.schedule not in ("constant", "cosine"):
-        raise ConfigError(f"optim.schedule={cfg.schedule!r} is not one of constant, cosine")
     if cfg.warmup_epochs < 0:
         raise ConfigError(f"optim.warmup_epochs={cfg.warmup_epochs} must be >= 0 (0: no warm-up)")
     warmup = int(cfg.warmup_epochs * steps_per_epoch)

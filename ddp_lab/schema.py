@@ -1,14 +1,49 @@
 """Typed schema of the training config.
 
 The values and their comments live in conf/*.yaml; this file only gives each
-key a type, so Hydra itself rejects unknown keys and wrong types at start
-(`trainer.epochs=ten` -> "Value 'ten' of type 'str' could not be converted to
-Integer"). MISSING means "the YAML must set it".
+key a type, so Hydra itself rejects unknown keys, wrong types and values off
+a key's list when it composes the config (`trainer.epochs=ten` -> "Value
+'ten' of type 'str' could not be converted to Integer"; `trainer.amp=bf61` ->
+"Invalid value 'bf61', expected one of [auto, bf16, fp16, off]"). MISSING
+means "the YAML must set it".
+
+A key with a fixed list of values is a `Choice`: a str Enum, so the code
+compares it with plain strings ("bf16") and prints it as one. Two tri-state
+keys stay plain strings checked where they are used (trainer.compile,
+sync.poll: auto | true | false), because YAML reads `true` as a boolean.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import List, Optional
+
+
+class Choice(str, Enum):
+    """A config value from a fixed list, equal to (and printed as) its name."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+def choices(name: str, values: str) -> type[Choice]:
+    return Choice(name, [(v, v) for v in values.split()])
+
+
+Init = choices("Init", "default d2l")
+DataName = choices("DataName", "fashion_mnist synthetic")
+Loader = choices("Loader", "device dataloader")
+Schedule = choices("Schedule", "constant cosine")
+SyncMode = choices("SyncMode", "auto ddp flat per_param")
+Algo = choices("Algo", "builtin naive ring halving_doubling ring_textbook halving_doubling_textbook")
+Compress = choices("Compress", "none bf16 fp16")
+Amp = choices("Amp", "auto bf16 fp16 off")
+Backend = choices("Backend", "auto gloo nccl")
+Device = choices("Device", "auto cpu cuda")
+CommThreads = choices("CommThreads", "auto realtime normal")
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -20,7 +55,7 @@ class ModelConfig:
     name: str = MISSING
     num_classes: int = MISSING
     in_channels: int = MISSING
-    init: str = MISSING
+    init: Init = MISSING
     sync_bn: bool = MISSING
     crop_unused_border: Optional[bool] = None  # lenet_fast only; None: the model has no such key
     pad_channels_to: Optional[int] = None  # lenet_fast only, as above
@@ -28,9 +63,9 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    name: str = MISSING
+    name: DataName = MISSING
     batch_size: int = MISSING
-    loader: str = MISSING
+    loader: Loader = MISSING
     num_workers: int = MISSING
     normalize: bool = MISSING
     mean: float = MISSING
@@ -52,18 +87,18 @@ class OptimConfig:
     momentum: float = MISSING
     weight_decay: float = MISSING
     nesterov: bool = MISSING
-    schedule: str = MISSING
+    schedule: Schedule = MISSING
     warmup_epochs: float = MISSING
 
 
 @dataclass
 class SyncConfig:
-    mode: str = MISSING
-    algo: str = MISSING
+    mode: SyncMode = MISSING
+    algo: Algo = MISSING
     bucket_cap_mb: float = MISSING
     gradient_as_bucket_view: bool = MISSING
     static_graph: bool = MISSING
-    compress: str = MISSING
+    compress: Compress = MISSING
     poll: str = MISSING  # auto | true | false
 
 
@@ -74,7 +109,7 @@ class TrainerConfig:
     log_every: int = MISSING
     warmup_steps: int = MISSING
     eval_every: int = MISSING
-    amp: str = MISSING
+    amp: Amp = MISSING
     channels_last: bool = MISSING
     compile: str = MISSING  # auto | true | false
     threads: int = MISSING
@@ -91,11 +126,11 @@ class TrainerConfig:
 
 @dataclass
 class DistConfig:
-    backend: str = MISSING
-    device: str = MISSING
+    backend: Backend = MISSING
+    device: Device = MISSING
     timeout_s: float = MISSING
     stall_warn_s: float = 60.0
-    comm_threads: str = "auto"  # auto | realtime | normal
+    comm_threads: CommThreads = CommThreads.auto
 
 
 @dataclass

@@ -16,6 +16,43 @@ def test_every_model_and_data_config_composes(compose_train, model, params, data
     assert num_parameters(build_model(cfg.model)) == params
 
 
+@pytest.mark.parametrize("override,choices", [
+    ("trainer.amp=bf61", "[auto, bf16, fp16, off]"),
+    ("model.init=bogus", "[default, d2l]"),
+    ("data.loader=magic", "[device, dataloader]"),
+    ("data.name=mnist", "[fashion_mnist, synthetic]"),
+    ("sync.mode=allgather", "[auto, ddp, flat, per_param]"),
+    ("sync.algo=tree", "[builtin, naive, ring, halving_doubling, ring_textbook, "
+                       "halving_doubling_textbook]"),
+    ("sync.compress=int8", "[none, bf16, fp16]"),
+    ("optim.schedule=step", "[constant, cosine]"),
+    ("dist.backend=mpi", "[auto, gloo, nccl]"),
+    ("dist.device=tpu", "[auto, cpu, cuda]"),
+    ("dist.comm_threads=fast", "[auto, realtime, normal]"),
+])
+def test_a_value_off_its_list_is_refused_when_the_config_is_composed(compose_train, override, choices):
+    key, value = override.split("=")
+    with pytest.raises(ConfigCompositionException) as e:
+        compose_train([override])
+    assert f"Invalid value '{value}', expected one of {choices}" in str(e.value.__cause__)
+
+
+def test_the_schema_lists_what_the_code_has():
+    from ddp_lab import schema
+    from ddp_lab.collectives import ALGORITHMS
+    from ddp_lab.sync import COMPRESS, MODES
+    assert [a.value for a in schema.Algo] == list(ALGORITHMS)
+    assert [m.value for m in schema.SyncMode] == ["auto", *MODES]
+    assert [c.value for c in schema.Compress] == list(COMPRESS)
+
+
+def test_a_choice_reads_as_its_string(compose_train):
+    cfg = compose_train(["trainer.amp=bf16"])
+    amp = cfg.trainer.amp
+    assert amp == "bf16" and f"{amp}" == "bf16" and str(amp) == "bf16"
+    assert {"bf16": 1}[amp] == 1
+
+
 def test_defaults(compose_train):
     cfg = compose_train()
     assert (cfg.model.name, cfg.data.name, cfg.sync.mode, cfg.sync.algo) == (

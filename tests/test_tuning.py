@@ -48,7 +48,6 @@ def test_the_decision_rule(comm_threads, poll, backend, device, ranks, cores, th
 
 
 @pytest.mark.parametrize("comm_threads, poll, backend, message", [
-    ("fast", "auto", "gloo", "dist.comm_threads='fast' is not one of auto, realtime, normal"),
     ("auto", "sometimes", "gloo", "sync.poll='sometimes' is not one of auto, true, false"),
     ("realtime", "auto", "nccl", "dist.comm_threads=realtime schedules gloo's threads, but this run uses nccl"),
 ])
@@ -59,10 +58,9 @@ def test_bad_values_name_the_choices(comm_threads, poll, backend, message):
 
 def test_start_checks_before_joining_and_tunes_nothing_alone(monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
-    cfg = SimpleNamespace(backend="auto", device="cpu", timeout_s=60, comm_threads="fast")
-    with pytest.raises(ConfigError, match="dist.comm_threads='fast'"):
-        tuning.start(cfg)
-    cfg.comm_threads = "realtime"
+    cfg = SimpleNamespace(backend="auto", device="cpu", timeout_s=60, comm_threads="realtime")
+    with pytest.raises(ConfigError, match="sync.poll='sometimes'"):
+        tuning.start(cfg, poll="sometimes")
     env = tuning.start(cfg, poll="true")  # one process: no group, no gloo threads
     assert (env.backend, env.comm_threads, env.poll) == ("none", "normal", False)
 

@@ -30,7 +30,7 @@ TRAINER_HASHED = ("epochs", "grad_accum", "amp")
 
 def config_subset(cfg) -> dict:
     """The hashed part of `cfg` as plain values (it goes into meta.json as well)."""
-    c = OmegaConf.to_container(cfg, resolve=True)
+    c = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     sub = _without_unhashed({g: c[g] for g in HASHED_GROUPS})
     sub["trainer"] = {k: c["trainer"][k] for k in TRAINER_HASHED}
     sub["seed"] = c["seed"]

@@ -82,10 +82,6 @@ def validate(cfg) -> None:
     if isinstance(cfg, DictConfig) and OmegaConf.is_missing(cfg, "mode"):
         raise ConfigError("sync=base only holds the keys the presets share and sets no sync.mode: "
                           "use sync=auto, ddp, flat or per_param")
-    for key, value, choices in (("sync.mode", cfg.mode, ("auto", *MODES)), ("sync.algo", cfg.algo, ALGOS),
-                                ("sync.compress", cfg.compress, COMPRESS)):
-        if value not in choices:
-            raise ConfigError(f"{key}={value!r} is not one of {', '.join(choices)}")
     if cfg.mode in ("ddp", "auto") and cfg.bucket_cap_mb <= 0:
         raise ConfigError(f"sync.bucket_cap_mb={cfg.bucket_cap_mb} must be > 0 with "
                           f"sync.mode={cfg.mode}")

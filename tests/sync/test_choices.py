@@ -18,17 +18,6 @@ CPU = torch.device("cpu")
 CONF = Path(__file__).parents[2] / "conf"
 
 
-@pytest.mark.parametrize("key,value,choices", [
-    ("mode", "allgather", "auto, ddp, flat, per_param"),
-    ("algo", "tree", "builtin, naive, ring, halving_doubling, ring_textbook, halving_doubling_textbook"),
-    ("compress", "int8", "none, bf16, fp16"),
-])
-def test_bad_choice_names_the_valid_ones(key, value, choices):
-    with pytest.raises(ConfigError) as e:
-        validate(sync_cfg(**{key: value}))
-    assert str(e.value) == f"sync.{key}={value!r} is not one of {choices}"
-
-
 def test_every_combination_is_valid_and_bucket_sizes_are_checked():
     for mode in MODES:
         for algo in ALGOS:
