@@ -20,10 +20,24 @@ it. Results (the median of `--repeats` runs per point) go to `--out`
 (default outputs/bench/scaling/<time>/): scaling.csv, scaling.md, scaling.png.
 On a machine with C cores, more than C ranks oversubscribe the CPU: such
 points measure contention, not scaling.
+
+Across emulated hosts (ddp_lab.cluster, needs root):
+
+    python -m ddp_lab.bench.scaling --hosts 1,2,4 --rate 100mbit --syncs flat/builtin \
+        --kinds weak --fit outputs/costmodel/<run>/fit.csv
+
+--hosts replaces --worlds: each point runs N emulated hosts of one rank each,
+on a cluster made for the benchmark with every link shaped to --rate (both
+ways) and removed at the end. The hosts still share this machine's cores.
+--fit (a cost model run's fit.csv) adds the predicted step time beside the
+measured one: the 1-rank step's compute, scaled by the per-rank batch and by
+max(1, ranks x threads / cores) where ranks share the cores, plus the
+all-reduce priced by ddp_lab.costmodel.step_time.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import os
@@ -38,7 +52,8 @@ from ddp_lab.bench import fresh_out_dir
 from ddp_lab.provenance import command_line, write_record
 
 COLUMNS = ["kind", "sync", "world_size", "global_batch", "per_rank_batch", "samples_per_sec",
-           "samples_per_sec_per_rank", "efficiency", "comm_frac", "test_acc", "runs"]
+           "samples_per_sec_per_rank", "efficiency", "comm_frac", "test_acc", "runs",
+           "step_ms", "predicted_step_ms"]
 
 
 @dataclass
@@ -51,13 +66,16 @@ class Point:
     comm_frac: float | None
     test_acc: float
     runs: int
+    step_ms: float | None = None  # median over repeats
+    model: str = ""
+    described_sync: str = ""  # as summary.json says it, e.g. flat/builtin+bf16
 
     @property
     def per_rank_batch(self) -> int:
         return self.global_batch // self.world_size
 
 
-def efficiency_rows(points: list[Point]) -> list[dict]:
+def efficiency_rows(points: list[Point], fit=None, threads: int = 1) -> list[dict]:
     """One row per point, with efficiency against the 1-rank point of the same kind and sync."""
     base = {(p.kind, p.sync): p.samples_per_sec for p in points if p.world_size == 1}
     rows = []
@@ -70,8 +88,22 @@ def efficiency_rows(points: list[Point]) -> list[dict]:
             "samples_per_sec_per_rank": p.samples_per_sec / p.world_size,
             "efficiency": p.samples_per_sec / (p.world_size * one) if one else None,
             "comm_frac": p.comm_frac, "test_acc": p.test_acc, "runs": p.runs,
+            "step_ms": p.step_ms, "predicted_step_ms": predicted(p, points, fit, threads),
         })
     return rows
+
+
+def predicted(p: Point, points: list[Point], fit, threads: int) -> float | None:
+    """The cost model's step time for a point, from the 1-rank point's compute (see the docstring)."""
+    one = next((o for o in points if (o.kind, o.sync, o.world_size) == (p.kind, p.sync, 1)), None)
+    if fit is None or one is None or one.step_ms is None:
+        return None
+    from ddp_lab.costmodel.fitting import contention
+    from ddp_lab.costmodel.step_time import predicted_step_ms
+
+    compute = one.step_ms * p.per_rank_batch / one.per_rank_batch
+    compute *= contention(p.world_size * threads, os.cpu_count())
+    return predicted_step_ms(fit, p.described_sync, p.model, p.world_size, compute)
 
 
 def _fmt(v, spec: str) -> str:
@@ -79,14 +111,15 @@ def _fmt(v, spec: str) -> str:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    lines = ["| kind | sync | ranks | global batch | batch/rank | images/s | images/s/rank | efficiency | comm share | test acc |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| kind | sync | ranks | global batch | batch/rank | images/s | images/s/rank | efficiency | "
+             "comm share | test acc | step ms | predicted ms |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['kind']} | {r['sync']} | {r['world_size']} | {r['global_batch']} | "
             f"{r['per_rank_batch']} | {_fmt(r['samples_per_sec'], ',.0f')} | "
             f"{_fmt(r['samples_per_sec_per_rank'], ',.0f')} | {_fmt(r['efficiency'], '.0%')} | "
-            f"{_fmt(r['comm_frac'], '.0%')} | {_fmt(r['test_acc'], '.3f')} |")
+            f"{_fmt(r['comm_frac'], '.0%')} | {_fmt(r['test_acc'], '.3f')} | "
+            f"{_fmt(r['step_ms'], '.1f')} | {_fmt(r['predicted_step_ms'], '.1f')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -132,8 +165,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_trainer(world: int, overrides: list[str], run_dir: Path, timeout: float) -> dict:
-    """One torchrun launch of the trainer; its summary.json."""
+def run_trainer(world: int, overrides: list[str], run_dir: Path, timeout: float, cluster=None) -> dict:
+    """One torchrun launch of the trainer (on `world` hosts of `cluster`, if given); its summary.json."""
+    if cluster is not None:
+        from ddp_lab.cluster import running
+
+        command = ["-m", "ddp_lab.train", *overrides, f"hydra.run.dir={run_dir}", "trainer.progress=false"]
+        with running(cluster, command, hosts=world, out=None, err=None) as job:
+            rc = job.wait(timeout=timeout)
+        if rc != 0:
+            raise RuntimeError(f"run on {world} host(s) failed (exit {rc}):\n{job.output()[-3000:]}")
+        return json.loads((run_dir / "summary.json").read_text())
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={world}",
            "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{_free_port()}",
            "-m", "ddp_lab.train", *overrides, f"hydra.run.dir={run_dir}", "trainer.progress=false"]
@@ -145,7 +187,7 @@ def run_trainer(world: int, overrides: list[str], run_dir: Path, timeout: float)
     return json.loads((run_dir / "summary.json").read_text())
 
 
-def measure(kind: str, sync: str, world: int, args, out: Path) -> Point:
+def measure(kind: str, sync: str, world: int, args, out: Path, cluster=None) -> Point:
     mode, algo = sync.split("/")
     batch = args.per_rank_batch * world if kind == "weak" else args.global_batch
     overrides = [f"sync.mode={mode}", f"sync.algo={algo}", f"data.batch_size={batch}",
@@ -154,20 +196,27 @@ def measure(kind: str, sync: str, world: int, args, out: Path) -> Point:
     summaries = []
     for r in range(args.repeats):
         run_dir = out / "runs" / f"{kind}-{mode}-{algo}-{world}r-{r}"
-        summaries.append(run_trainer(world, overrides, run_dir, args.timeout))
+        summaries.append(run_trainer(world, overrides, run_dir, args.timeout, cluster))
         print(f"  {kind:6s} {sync:24s} {world} rank(s)  run {r + 1}/{args.repeats}: "
               f"{summaries[-1]['samples_per_sec']:,.0f} img/s", flush=True)
     comm = [s.get("comm_frac") for s in summaries if s.get("comm_frac") is not None]
     return Point(kind, sync, world, batch,
                  statistics.median(s["samples_per_sec"] for s in summaries),
                  statistics.median(comm) if comm else None,
-                 statistics.median(s["test_acc"] for s in summaries), len(summaries))
+                 statistics.median(s["test_acc"] for s in summaries), len(summaries),
+                 statistics.median(s["step_ms"] for s in summaries), summaries[0]["model"],
+                 summaries[0]["sync"])
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worlds", default="1,2", help="comma-separated world sizes (default 1,2)")
+    p.add_argument("--hosts", default=None, help="instead of --worlds: numbers of emulated hosts "
+                   "of one rank each, e.g. 1,2,4 (needs --rate and root)")
+    p.add_argument("--rate", default=None, help="with --hosts: every link's rate, e.g. 100mbit, 1gbit")
+    p.add_argument("--fit", type=Path, default=None,
+                   help="a cost model run's fit.csv: adds the predicted step time")
     p.add_argument("--syncs", default="ddp/builtin", help="comma-separated mode/algo pairs")
     p.add_argument("--kinds", default="weak,strong", help="weak, strong or both")
     p.add_argument("--per-rank-batch", type=int, default=128, help="weak scaling's batch per rank")
@@ -182,6 +231,15 @@ def parse_args(argv=None):
     p.add_argument("--out", type=Path, default=None, help="output folder")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every run (after --)")
     args = p.parse_args(argv)
+    if (args.hosts is None) != (args.rate is None):
+        p.error("--hosts and --rate go together, e.g. --hosts 1,2,4 --rate 100mbit")
+    if args.rate is not None:
+        from ddp_lab.cluster import ClusterError, parse_rate
+        try:
+            parse_rate(args.rate)
+        except ClusterError as e:
+            p.error(str(e))
+        args.worlds = args.hosts
     try:
         args.worlds = [int(w) for w in args.worlds.split(",")]
     except ValueError:
@@ -211,13 +269,24 @@ def parse_args(argv=None):
 
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
+    fit = None
+    if args.fit is not None:
+        from ddp_lab.costmodel.step_time import load_fit
+        fit = load_fit(args.fit)
     out = fresh_out_dir(args.out, "outputs/bench/scaling")
-    points = [measure(kind, sync, world, args, out)
-              for kind in args.kinds for sync in args.syncs for world in sorted(args.worlds)]
-    rows = efficiency_rows(points)
+    with contextlib.ExitStack() as stack:
+        cluster = None
+        if args.rate is not None:
+            from ddp_lab.cluster import emulated
+            cluster = stack.enter_context(emulated(max(args.worlds), args.rate, f"scaling{os.getpid()}"))
+        points = [measure(kind, sync, world, args, out, cluster)
+                  for kind in args.kinds for sync in args.syncs for world in sorted(args.worlds)]
+    rows = efficiency_rows(points, fit, args.threads)
     write_results(rows, out)
     write_record(out, command_line("ddp_lab.bench.scaling", sys.argv[1:] if argv is None else argv),
-                 {"worlds": args.worlds, "kinds": args.kinds, "syncs": args.syncs})
+                 {"worlds": args.worlds, "kinds": args.kinds, "syncs": args.syncs,
+                  "emulated_hosts": args.hosts is not None, "link_rate": args.rate,
+                  "fit": str(args.fit) if args.fit else None})
     print(markdown_table(rows))
     print(f"written: {out / 'scaling.csv'}, {out / 'scaling.md'}, {out / 'scaling.png'}, "
           f"{out / 'record.json'}")
