@@ -69,9 +69,11 @@ def per_rank_batch(global_batch: int, world_size: int) -> int:
         raise ConfigError(f"data.batch_size={global_batch} must be a positive global batch size")
     if global_batch % world_size:
         lo = global_batch // world_size * world_size or world_size
+        sizes = [n for n in range(1, 17) if global_batch % n == 0]
         raise ConfigError(
             f"data.batch_size={global_batch} is the GLOBAL batch and must divide evenly over "
-            f"{world_size} ranks; use a multiple of {world_size} (e.g. {lo} or {lo + world_size})"
+            f"{world_size} ranks; use a multiple of {world_size} (e.g. {lo} or {lo + world_size}), "
+            f"or a world size that divides it ({', '.join(map(str, sizes))}, ...)"
         )
     return global_batch // world_size
 

@@ -6,6 +6,7 @@ are described in conf/trainer/default.yaml.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -22,6 +23,14 @@ def cpu_has_fast_bf16() -> bool:
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def autocast(amp: str, device: torch.device):
+    """The context the forward pass runs in: autocast to bf16 or fp16, or nothing."""
+    if amp == "off":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if amp == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)
 
 
 def resolve_amp(amp: str, device: torch.device) -> str:

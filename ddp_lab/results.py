@@ -35,6 +35,7 @@ def run_summary(trainer) -> dict:
         "sec_per_epoch": sum(seconds) / len(seconds), "step_ms": tp.step_ms,
         "data_ms": 1000 * trainer.meter.data_seconds / max(tp.seen, 1),
         "epochs": trainer.epoch, "steps": trainer.step, "world_size": env.world_size,
+        "world_sizes": trainer.world_sizes,
         "backend": env.backend if env.distributed else "none",
         "comm_threads": env.comm_threads, "device": env.device.type,
         "model": cfg.model.name, "sync": sync.describe(),

@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -27,7 +28,7 @@ from ddp_lab.data import build_loaders
 from ddp_lab.distributed import DistEnv
 from ddp_lab.divergence import LossWatch
 from ddp_lab.evaluation import evaluate
-from ddp_lab.fast_path import resolve_amp, resolve_compile
+from ddp_lab.fast_path import autocast, resolve_amp, resolve_compile
 from ddp_lab.faults import Fault
 from ddp_lab.meter import Meter, flops_and_peak
 from ddp_lab.metrics import RunLogger, epoch_line, final_line
@@ -49,6 +50,7 @@ class Trainer:
         if t.threads > 0:
             torch.set_num_threads(t.threads)
         self.amp = resolve_amp(t.amp, env.device)
+        self.autocast = partial(autocast, self.amp, env.device)  # a context for the forward pass
         self.memory_format = torch.channels_last if t.channels_last else torch.contiguous_format
         self.train_loader, self.test_loader = build_loaders(
             cfg.data, env.rank, env.world_size, env.device, cfg.seed, t.channels_last)
@@ -95,6 +97,7 @@ class Trainer:
                                      env.rank, env.device.type == "cuda")
         self.step = self.epoch = self.batches_done = 0  # batches: of the current epoch
         self.last: dict[str, float] = {}  # the newest metrics, for summary.json
+        self.world_sizes = [[0, env.world_size]]  # [step, ranks] at every change
         self.checkpointer = Checkpointer(cfg, env, self.run_dir)
         self.resumed = self.checkpointer.resume()  # last: it overwrites state (and RNG) built above
         if self.resumed is not None:
@@ -103,15 +106,9 @@ class Trainer:
         self.log = RunLogger(self.run_dir, env.is_main,
                              purge_step=self.step + 1 if self.resumed else None)
         if self.resumed is not None:
-            self.log.print(f"resumed from {self.resumed.path} (step {self.step}, {self._position()})")
+            self.log.print(self.resumed.describe(self.step, self._position(), env.world_size))
         if not self._already_complete():
             self.checkpointer.record_launch()  # from here on, this launch writes into run_dir
-
-    def autocast(self):
-        if self.amp == "off":
-            return contextlib.nullcontext()
-        dtype = torch.bfloat16 if self.amp == "bf16" else torch.float16
-        return torch.autocast(self.env.device.type, dtype=dtype)
 
     # ------------------------------------------------------------ the loop
     def fit(self) -> dict:
@@ -120,6 +117,7 @@ class Trainer:
                            f"{self.total_steps}): nothing left to do, nothing written")
             return json.loads((self.run_dir / "summary.json").read_text())
         self.log.config(self.cfg)
+        self.log.scalars({"dist/world_size": self.env.world_size}, self.step)
         # (batches_done > 0 when done: resumed from the save that max_steps made mid-epoch)
         while self.epoch < self.cfg.trainer.epochs and (not self.done or self.batches_done > 0):
             self._end_epoch(self._run_epoch(self.epoch))
@@ -235,6 +233,7 @@ class Trainer:
                 "step": self.step, "epoch": self.epoch, "batches_done": self.batches_done,
                 "sampler_seed": self.cfg.seed, "world_size": self.env.world_size,
                 "total_steps": self.total_steps, "last": dict(self.last),
+                "world_sizes": self.world_sizes,
                 "epoch_seconds": list(self.meter.epoch_seconds)}
 
     def load_state_dict(self, shared: dict, own: dict) -> None:
@@ -246,6 +245,9 @@ class Trainer:
         self.batches_done = shared["batches_done"]
         self.last, self.meter.epoch_seconds = dict(shared["last"]), list(shared["epoch_seconds"])
         self.meter.sums.copy_(own["sums"])  # a resumed epoch's metrics go on
+        self.world_sizes = [list(w) for w in shared.get("world_sizes", [[0, shared["world_size"]]])]
+        if self.world_sizes[-1][1] != self.env.world_size:
+            self.world_sizes.append([self.step, self.env.world_size])
         if shared["total_steps"] != self.total_steps and self.cfg.optim.schedule == "cosine":
             log.warning("the cosine schedule was planned over %d steps, now over %d "
                         "(trainer.max_steps changed): the learning rate curve changes from here",

@@ -114,7 +114,7 @@ def test_sigkilled_rank_restarts_and_ends_bit_identical(reference, killed):
 
 
 @pytest.mark.slow
-def test_refuses_checkpoint_of_other_world_size_and_config(killed, tiny_fmnist, tmp_path):
+def test_refuses_a_checkpoint_of_another_config(killed, tiny_fmnist, tmp_path):
     run_dir, _ = killed
     step = run_dir / "checkpoints" / "step-3"
     proc = run_module("ddp_lab.train", tiny_overrides(tiny_fmnist, tmp_path / "run") + CKPT + [
@@ -123,7 +123,7 @@ def test_refuses_checkpoint_of_other_world_size_and_config(killed, tiny_fmnist, 
     errors = [line for line in proc.stderr.splitlines() if line.startswith("ddp_lab: error:")]
     assert len(errors) == 1
     assert f"cannot resume from {step}" in errors[0]
-    assert "world size 2 in the checkpoint vs 1 now" in errors[0]
+    assert "world size" not in errors[0]  # another world size alone is fine (test_reshard.py)
     assert "optim.lr: 0.2 in the checkpoint vs 0.05 now" in errors[0]
     assert "start a new run directory" in errors[0]
     assert "Traceback" not in proc.stderr

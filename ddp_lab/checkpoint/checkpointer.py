@@ -8,12 +8,14 @@ and at every epoch's end (the trainer asks for that one itself).
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
 from ddp_lab.checkpoint.choice import choose
 from ddp_lab.checkpoint.compat import config_hash, config_subset, validate
 from ddp_lab.checkpoint.files import DIRNAME, load, read_meta, save
+from ddp_lab.checkpoint.reshard import load_own
 from ddp_lab.config import RunFailed
 from ddp_lab.distributed import DistEnv
 from ddp_lab.divergence import all_finite
@@ -26,6 +28,13 @@ class Resumed(NamedTuple):
     path: Path
     shared: dict  # rank 0's state: model, optimizer, schedule, scaler, position
     own: dict  # this rank's: RNG states, the partial epoch's sums
+    world_size: int  # of the run that wrote it (see reshard.py for another one now)
+
+    def describe(self, step: int, position: str, world_size: int) -> str:
+        line = f"resumed from {self.path} (step {step}, {position})"
+        if world_size != self.world_size:
+            line += f" on {world_size} ranks, written by {self.world_size}"
+        return line
 
 
 class Checkpointer:
@@ -35,6 +44,7 @@ class Checkpointer:
         self.env, self.run_dir = env, Path(run_dir)
         self.root = self.run_dir / DIRNAME
         self.subset = config_subset(cfg)  # what must match to resume (see compat)
+        self.seed = cfg.seed
         self.choice = None  # what resume() chose
 
     def due(self, step: int, done: bool, epoch_exhausted: bool) -> bool:
@@ -60,10 +70,14 @@ class Checkpointer:
     def resume(self) -> Resumed | None:
         """Load what this launch continues from (see choice), or None: from scratch."""
         self.choice = choose(self.resume_setting, self.run_dir, self.env)
-        if self.choice.path is None:
+        path, env = self.choice.path, self.env
+        if path is None:
             return None
-        validate(self.choice.path, read_meta(self.choice.path), self.env.world_size, self.subset)
-        return Resumed(self.choice.path, *load(self.choice.path, self.env.rank, self.env.device))
+        meta = read_meta(path)
+        validate(path, meta, self.subset)
+        own = partial(load_own, rank=env.rank, world_size=env.world_size,
+                      saved_world_size=meta["world_size"], seed=self.seed, step=meta["step"])
+        return Resumed(path, *load(path, env.rank, env.device, own), meta["world_size"])
 
     def record_launch(self) -> None:
         """Note in launches.json that this launch writes here (rank 0; after resume())."""

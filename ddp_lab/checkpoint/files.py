@@ -260,14 +260,16 @@ def read_meta(step_dir: Path) -> dict:
     return json.loads((Path(step_dir) / META).read_text())
 
 
-def load(step_dir: Path, rank: int, device: torch.device) -> tuple[dict, dict]:
-    """(shared state, this rank's own state), tensors of the shared state on `device`."""
+def load(step_dir: Path, rank: int, device: torch.device, own=None) -> tuple[dict, dict]:
+    """(shared state, this rank's own state), tensors of the shared state on `device`.
+    `own(step_dir)` reads this rank's part (default: its own file; see reshard.py)."""
     step_dir = Path(step_dir)
     try:
         shared = torch.load(step_dir / STATE, map_location=device, weights_only=True)
-        own = torch.load(step_dir / rank_file(rank), map_location="cpu", weights_only=True)
+        mine = own(step_dir) if own else torch.load(step_dir / rank_file(rank),
+                                                    map_location="cpu", weights_only=True)
     except FileNotFoundError as e:
         raise ConfigError(
             f"checkpoint {step_dir} is not readable on rank {rank} ({e.filename} missing): "
             "the run directory must be on a filesystem that every node shares") from e
-    return shared, own
+    return shared, mine

@@ -1,0 +1,75 @@
+"""Resuming at another world size: a checkpoint of N ranks continues on M.
+
+What carries over, and what is guaranteed:
+
+* The model, optimizer, LR schedule and grad scaler are rank 0's state.pt:
+  data parallelism keeps them identical on every rank, so they fit any M.
+* The global batch stays `data.batch_size` (hashed with the config); each
+  rank takes global / M, and a batch that does not divide over M ranks is
+  refused before anything is loaded (ddp_lab.data.per_rank_batch names the
+  batches and world sizes that would divide).
+* The place in the data: DistributedSampler deals one seeded permutation of
+  the epoch round-robin over the ranks, so after s optimizer steps of
+  B = global batch x grad_accum images the ranks have trained on exactly the
+  permutation's first s x B positions, whatever the world size. Resumed at
+  step s on M ranks, each rank skips its first s x grad_accum batches: the
+  remaining positions are trained on once, none twice. (As in every
+  DistributedSampler epoch, the epoch's last batch is padded with up to M-1
+  repeats of the permutation's first samples; that padding depends on M.)
+* Per-rank state is reconciled, not refused: the partial epoch's running
+  sums (loss x images, correct, images) of all N ranks are added and given
+  to rank 0 (the epoch's metrics are their sum anyway); a rank that existed
+  before gets back its RNG states, a new one starts from a generator seeded
+  by (seed, step, rank). At the same world size every rank loads its own
+  file, and the resumed run stays bit-identical.
+
+Why not torch.distributed.checkpoint (DCP): DCP saves each rank's shard of
+every tensor with a global plan and reshards on load, which is what sharded
+training (FSDP, tensor parallelism) needs. In data parallelism nothing is
+sharded: rank 0's one file is the whole state, and the only per-rank state
+is a few bytes of RNG and sums, reconciled above. Our own format keeps what
+DCP does not give: each file's checksum in meta.json and one atomic rename
+per checkpoint. Sharded models would switch the state to DCP.
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+
+from ddp_lab.checkpoint.files import rank_file
+
+
+def load_own(step_dir: Path, rank: int, world_size: int, saved_world_size: int,
+             seed: int, step: int) -> dict:
+    """This rank's own state ({"rng", "sums"}) for a run of `world_size` ranks."""
+    def read(r: int) -> dict:
+        return torch.load(Path(step_dir) / rank_file(r), map_location="cpu", weights_only=True)
+
+    if world_size == saved_world_size:
+        return read(rank)
+    sums = torch.zeros(3, dtype=torch.float64)
+    if rank == 0:
+        for r in range(saved_world_size):
+            sums += read(r)["sums"]
+    if rank < saved_world_size:
+        rng = read(rank)["rng"]
+    else:
+        rng = fresh_rng_state(seed, step, rank)
+    return {"rng": rng, "sums": sums}
+
+
+def fresh_rng_state(seed: int, step: int, rank: int) -> dict:
+    """RNG states for a rank the checkpoint did not have, the same on every resume."""
+    from ddp_lab.checkpoint.rng import rng_state
+
+    derived = (seed * 1_000_003 + step * 1_009 + rank) & 0x7FFF_FFFF
+    random.seed(derived)
+    torch.manual_seed(derived)
+    try:
+        import numpy as np
+        np.random.seed(derived)
+    except ImportError:
+        pass
+    return rng_state(torch.device("cpu"))
