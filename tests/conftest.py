@@ -58,6 +58,26 @@ def tiny_fmnist(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
+def mount_tmpfs(tmp_path):
+    """mount_tmpfs(options) -> a fresh folder with a tmpfs mounted there (e.g. "ro,size=1m"),
+    unmounted after the test; the test is skipped where mounting is not allowed (not root)."""
+    mounted = []
+
+    def mount(options: str) -> Path:
+        mnt = tmp_path / f"tmpfs{len(mounted)}"
+        mnt.mkdir()
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)],
+                          capture_output=True).returncode != 0:
+            pytest.skip("cannot mount a tmpfs here (needs root)")
+        mounted.append(mnt)
+        return mnt
+
+    yield mount
+    for mnt in mounted:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.fixture
 def compose_train():
     """compose_train(overrides) -> the training config, as `python -m ddp_lab.train` would get it."""
     def _compose(overrides=()):

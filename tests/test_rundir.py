@@ -1,7 +1,6 @@
 """The run directory: unusable ones refused in one line, earlier results found, launches known."""
 import json
 import os
-import subprocess
 
 import pytest
 
@@ -22,15 +21,9 @@ def test_a_path_under_a_file_is_refused_naming_the_file(tmp_path):
 
 
 @pytest.fixture
-def read_only_dir(tmp_path):
-    """A read-only filesystem (a tmpfs mounted ro): root may write anywhere else."""
-    mnt = tmp_path / "ro"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mnt)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a read-only tmpfs here (needs root)")
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=True)
+def read_only_dir(mount_tmpfs):
+    """A read-only filesystem: root may write anywhere else."""
+    return mount_tmpfs("ro,size=1m")
 
 
 def test_a_read_only_filesystem_is_refused(read_only_dir):

@@ -1,6 +1,4 @@
 """A disk that fills up mid-run, for real: a small tmpfs as the run directory (needs root)."""
-import subprocess
-
 import pytest
 
 from ddp_lab import checkpoint
@@ -8,15 +6,9 @@ from tests.conftest import run_module, tiny_overrides
 
 
 @pytest.fixture
-def small_disk(tmp_path):
-    """A 2 MiB tmpfs: room for LeNet's first checkpoint (about 1 MiB) and the logs, not two."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (needs root)")
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=True)
+def small_disk(mount_tmpfs):
+    """A 2 MiB disk: room for LeNet's first checkpoint (about 1 MiB) and the logs, not two."""
+    return mount_tmpfs("size=2m")
 
 
 @pytest.mark.slow
