@@ -1,0 +1,131 @@
+"""How a job fails: the time from each injected fault to the last rank's exit, and what it says.
+
+    python -m ddp_lab.bench.faults                        # every kind, 2 ranks
+    python -m ddp_lab.bench.faults --kinds hang,kill --timeout-s 30 --out DIR
+
+Each kind of DDP_LAB_FAULT (ddp_lab.faults) is injected into rank 1 of a
+short 2-rank run on synthetic data; the clock starts at the fault's own line
+on stderr (or, for kind=nan, at the start of the step it poisons) and stops
+when torchrun has exited. The table gives the seconds, the exit status and
+the first line each rank said (`ddp_lab: ...`). With --out, the raw lines
+and the table go to DIR with a record.json (ddp_lab.provenance).
+
+Also: with --overhead, the per-call cost of the stall inspector's marks
+(`stall.collective`) and of publishing a place to a TCP store.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+KINDS = ("raise", "kill", "hang", "mismatch", "nan")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_fault(kind: str, run_dir: Path, timeout_s: float, step: int = 5) -> dict:
+    """One 2-rank run with DDP_LAB_FAULT=rank=1,step=<step>,kind=<kind>; its timings."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+           "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{free_port()}",
+           "-m", "ddp_lab.train", "data=synthetic", "data.num_train=4096", "data.num_test=256",
+           "data.batch_size=64", "trainer.epochs=1", "trainer.progress=false",
+           f"dist.timeout_s={timeout_s}", f"dist.stall_warn_s={max(1.0, timeout_s / 4)}",
+           f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "DDP_LAB_FAULT": f"rank=1,step={step},kind={kind}"}
+    lines: list[tuple[float, str]] = []
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    reader = threading.Thread(target=lambda: [lines.append((time.monotonic(), ln.rstrip()))
+                                              for ln in proc.stdout], daemon=True)
+    reader.start()
+    rc = proc.wait(timeout=timeout_s * 4 + 300)
+    end = time.monotonic()
+    reader.join(5)
+    marker = "DDP_LAB_FAULT" if kind != "nan" else f"step {step}"
+    fault_at = next((t for t, ln in lines if marker in ln and "ddp_lab:" not in ln), None)
+    if kind == "nan":  # no line of its own: the step before it ends with a checkpoint-free log
+        fault_at = next((t for t, ln in lines if "training diverged" in ln), None)
+    said = [ln for _, ln in lines if ln.startswith("ddp_lab:")]
+    return {"kind": kind, "exit_status": rc, "total_s": round(end - start, 1),
+            "fault_to_exit_s": None if fault_at is None else round(end - fault_at, 1),
+            "said": said[:4], "lines": [ln for _, ln in lines]}
+
+
+def overhead(repeats: int = 7) -> dict:
+    """Median per-call seconds of a collective() mark, and of one store.set of a place."""
+    import torch.distributed as dist
+
+    from ddp_lab import stall
+
+    def per_call(fn, n):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - t0) / n
+
+    def mark():
+        with stall.collective("gradient sync"):
+            pass
+
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, 1, is_master=True,  # noqa: F841  (kept alive)
+                           timeout=datetime.timedelta(seconds=10))
+    client = dist.TCPStore("127.0.0.1", port, 1, is_master=False,
+                           timeout=datetime.timedelta(seconds=10))
+    place = json.dumps(stall.HERE.as_dict())
+    marks = [per_call(mark, 100_000) for _ in range(repeats)]
+    sets = [per_call(lambda: client.set("place/0", place), 2_000) for _ in range(repeats)]
+    return {"collective_mark_s": statistics.median(marks), "store_set_s": statistics.median(sets),
+            "repeats": repeats}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ddp_lab.bench.faults", description=__doc__.split("\n")[0])
+    p.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)}")
+    p.add_argument("--timeout-s", type=float, default=20, help="dist.timeout_s of the runs")
+    p.add_argument("--out", type=Path, default=None, help="a new folder for the results and record.json")
+    p.add_argument("--overhead", action="store_true", help="also time the stall inspector's marks")
+    args = p.parse_args(argv)
+    kinds = [k for k in args.kinds.split(",") if k]
+    bad = [k for k in kinds if k not in KINDS]
+    if bad:
+        p.error(f"--kinds: {', '.join(bad)} not among {', '.join(KINDS)}")
+    if args.out is not None and args.out.exists():
+        p.error(f"--out {args.out} exists: give a new folder (results are never overwritten)")
+    work = args.out or Path(f"outputs/bench-faults-{time.strftime('%Y%m%d-%H%M%S')}")
+    results = [run_fault(k, work / f"run-{k}", args.timeout_s) for k in kinds]
+    print(f"| kind | exit | fault to last exit (s) | first line said (dist.timeout_s={args.timeout_s:g}) |")
+    print("|---|---|---|---|")
+    for r in results:
+        first = r["said"][0][:110] if r["said"] else ""
+        print(f"| {r['kind']} | {r['exit_status']} | {r['fault_to_exit_s']} | {first} |")
+    extra = {"results": [{k: v for k, v in r.items() if k != "lines"} for r in results]}
+    if args.overhead:
+        extra["overhead"] = o = overhead()
+        print(f"stall.collective() mark: {o['collective_mark_s'] * 1e6:.1f} us; "
+              f"publishing a place (TCPStore.set): {o['store_set_s'] * 1e6:.1f} us (medians)")
+    if args.out is not None:
+        from ddp_lab.provenance import command_line, write_record
+        for r in results:
+            (work / f"{r['kind']}.log").write_text("\n".join(r["lines"]) + "\n")
+        (work / "results.json").write_text(json.dumps(extra, indent=2) + "\n")
+        write_record(work, command_line("ddp_lab.bench.faults", argv or sys.argv[1:]), extra)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
