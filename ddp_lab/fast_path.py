@@ -43,6 +43,16 @@ def resolve_amp(amp: str, device: torch.device) -> str:
     return amp
 
 
+def amp_reason(setting: str, resolved: str, device: torch.device) -> str:
+    """The one log line saying what trainer.amp came to, and why."""
+    if setting != "auto":
+        return f"trainer.amp={setting}"
+    where = "this GPU" if device.type == "cuda" else "this CPU"
+    has = "runs bf16 natively" if resolved == "bf16" else "has no native bf16"
+    detail = "" if device.type == "cuda" else " (avx512_bf16 or AMX)"
+    return f"trainer.amp=auto: {resolved}, {where} {has}{detail}"
+
+
 # torch.compile's first step builds kernels: ~16 s for LeNet on the 2-core
 # development machine with an empty inductor cache, a few seconds from the
 # cache. After that every image costs ~15% less on CPU, so what compiling

@@ -28,7 +28,7 @@ from ddp_lab.data import build_loaders
 from ddp_lab.distributed import DistEnv
 from ddp_lab.divergence import LossWatch
 from ddp_lab.evaluation import evaluate
-from ddp_lab.fast_path import autocast, resolve_amp, resolve_compile
+from ddp_lab.fast_path import amp_reason, autocast, resolve_amp, resolve_compile
 from ddp_lab.faults import Fault
 from ddp_lab.meter import Meter, flops_and_peak
 from ddp_lab.metrics import RunLogger, epoch_line, final_line
@@ -50,6 +50,7 @@ class Trainer:
         if t.threads > 0:
             torch.set_num_threads(t.threads)
         self.amp = resolve_amp(t.amp, env.device)
+        log.info(amp_reason(t.amp, self.amp, env.device))
         self.autocast = partial(autocast, self.amp, env.device)  # a context for the forward pass
         self.memory_format = torch.channels_last if t.channels_last else torch.contiguous_format
         self.train_loader, self.test_loader = build_loaders(

@@ -118,3 +118,12 @@ def test_compile_trains(compose_train, tiny_fmnist, tmp_path):
     assert isinstance(trainer.forward, torch._dynamo.eval_frame.OptimizedModule)
     assert summary["compile"] is True
     assert_learned(summary, before, after)
+
+
+def test_the_amp_decision_is_said_in_one_line():
+    from ddp_lab.fast_path import amp_reason
+    assert amp_reason("auto", "off", CPU) == ("trainer.amp=auto: off, this CPU has no native bf16 "
+                                              "(avx512_bf16 or AMX)")
+    assert amp_reason("auto", "bf16", CPU) == ("trainer.amp=auto: bf16, this CPU runs bf16 "
+                                               "natively (avx512_bf16 or AMX)")
+    assert amp_reason("bf16", "bf16", CPU) == "trainer.amp=bf16"
