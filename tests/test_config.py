@@ -6,7 +6,7 @@ from omegaconf.errors import ValidationError
 from ddp_lab.models import build_model, num_parameters
 
 
-@pytest.mark.parametrize("model,params", [("lenet", 129_068), ("resnet18", 11_172_810)])
+@pytest.mark.parametrize("model,params", [("lenet", 129_068), ("lenet_fast", 129_068), ("resnet18", 11_172_810)])
 @pytest.mark.parametrize("data", ["fashion_mnist", "synthetic"])
 def test_every_model_and_data_config_composes(compose_train, model, params, data):
     cfg = compose_train([f"model={model}", f"data={data}"])
@@ -56,7 +56,7 @@ def test_a_choice_reads_as_its_string(compose_train):
 def test_defaults(compose_train):
     cfg = compose_train()
     assert (cfg.model.name, cfg.data.name, cfg.sync.mode, cfg.sync.algo) == (
-        "lenet", "fashion_mnist", "auto", "builtin")
+        "lenet_fast", "fashion_mnist", "auto", "builtin")
     assert cfg.trainer.epochs == 10
     assert cfg.dist.backend == "auto"
     assert cfg.optim._target_ == "torch.optim.SGD"
