@@ -7,7 +7,12 @@ names its function with `_target_`, so a new model is a function plus a YAML fil
     resnet.py      d2l's small-image ResNet-18 (model=resnet18)
     build.py       building a model from its config; init, SyncBatchNorm; sizes
 """
-from ddp_lab.models.build import (build_model, finish, gradient_bytes, load_model_config,
-                                  num_parameters)
+from ddp_lab.models.build import (
+    build_model,
+    finish,
+    gradient_bytes,
+    load_model_config,
+    num_parameters,
+)
 
 __all__ = ["build_model", "finish", "gradient_bytes", "load_model_config", "num_parameters"]

@@ -59,6 +59,7 @@ def build_model(cfg) -> nn.Module:
 def load_model_config(name: str):
     """The shipped conf/model/<name>.yaml, for tools that need a model outside a run."""
     from importlib.resources import files
+
     from omegaconf import OmegaConf
 
     path = files("ddp_lab.conf") / "model" / f"{name}.yaml"
