@@ -114,6 +114,12 @@ def test_peak_measures_again_at_another_size_and_keeps_the_threads(tmp_path):
     assert torch.get_num_threads() == threads  # the caller's thread count is restored
 
 
+def test_default_cache_is_looked_up_at_the_call(tmp_path, monkeypatch):
+    monkeypatch.setattr(mfu_module, "DEFAULT_CACHE", tmp_path / "elsewhere.json")
+    peak_flops("cpu", torch.float32, threads=1, size=32, repeats=1)
+    assert "threads=1" in next(iter(json.loads((tmp_path / "elsewhere.json").read_text())))
+
+
 def test_automatic_size_grows_until_a_call_takes_long_enough(monkeypatch):
     cpu = torch.device("cpu")
     # a pretend matmul whose time grows as size^3: 0.1 s at 1024
