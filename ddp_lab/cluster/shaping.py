@@ -5,15 +5,18 @@ tbf is the one shaper this relies on: it is in every distribution's kernel
 sending side holds packets back until tokens, arriving at the rate, pay for
 them; `burst` bytes of tokens can pile up while the link is idle.
 
-The burst is kept small, about 128 us of the rate and at least 16 KiB, as a
-real port sends no faster than its line rate: a burst of milliseconds would let
-a small model's gradient (LeNet's 516 KB is 4 ms at 1 Gbit/s) through at memory
-speed after every compute phase, and the link would not show. Measured on 2
-cores, one TCP stream between two hosts at 1gbit: 117.7 MB/s with a 16 KiB
-burst, 119.4 with 64 KiB (TCP's payload limit: 119.6), 103.9 with 3 KiB; at
-100mbit every burst from 3 KiB reached the limit (11.96 MB/s). `latency` bounds
-the queue behind the shaper: packets that would wait longer are dropped, as a
-switch with full buffers drops them.
+The burst is about 1 ms of the rate (at least 16 KiB): a real port sends no
+faster than its line rate, so the larger the burst, the more of a message
+passes at memory speed after an idle gap (a 4 ms burst would carry most of
+LeNet's 516 KB gradient at 1 Gbit/s), but every burst's worth of tokens costs
+the shaper a timer wake-up, and on a few shared cores those wake-ups are what
+limits. Measured on 2 cores, gloo's all-reduce of 4 MiB over 4 hosts at 1gbit:
+53.9 MB/s bus bandwidth with a 16 KiB burst, 116.3 with 128 KiB (1 ms), 119.7
+with 500 KiB (TCP's payload limit on a 125 MB/s link is 119.6). `latency`
+bounds the queue behind the shaper: packets that would wait longer are
+dropped, as a switch with full buffers drops them (a 1 ms queue lost
+throughput to drops: 27.7-77.8 MB/s at 1-16 MiB, 2 hosts, 16 KiB burst,
+against 74.0-90.5 with 50 ms).
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from ddp_lab.cluster.commands import ClusterError, tc
 
 QDISC = "tbf"
 QUEUE_LATENCY = "50ms"
-BURST_SECONDS = 128e-6
+BURST_SECONDS = 1e-3
 MIN_BURST_BYTES = 16 * 1024
 UNITS = {"bit": 1, "kbit": 10 ** 3, "mbit": 10 ** 6, "gbit": 10 ** 9, "tbit": 10 ** 12}
 RATE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(bit|kbit|mbit|gbit|tbit)\Z", re.IGNORECASE)

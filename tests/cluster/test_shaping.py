@@ -34,9 +34,9 @@ def test_rates_parse_in_decimal_units_and_print_back():
             parse_rate(bad)
 
 
-def test_burst_is_128_us_of_the_rate_and_at_least_16_kib():
-    assert shaping.burst_bytes(10 ** 10) == 160_000         # 128 us at 1.25 GB/s
-    assert shaping.burst_bytes(10 ** 9) == 16 * 1024
+def test_burst_is_1_ms_of_the_rate_and_at_least_16_kib():
+    assert shaping.burst_bytes(10 ** 9) == 125_000          # 1 ms at 125 MB/s
+    assert shaping.burst_bytes(10 ** 8) == 16 * 1024
 
 
 def test_both_directions_of_every_link_are_shaped(two_hosts):
