@@ -10,20 +10,28 @@ start-up, by `start()`, which logs one line saying what it did:
   a 0.5 MB allreduce after 18 ms of computing took a median 0.55-0.8 ms (a
   mean of 1.4-2.1, over 2 ms one time in four) at normal priority, 0.37-0.42
   ms (never over 2 ms) at real-time priority, and 2 ranks of LeNet trained at
-  23,493-23,904 against 20,868-22,457 images/s (3 alternated pairs).
+  23,493-23,904 against 20,868-22,457 images/s (3 alternated pairs). On a
+  2-core Zen 1 VM (AVX2, no bf16) gloo's all-reduce alone, its threads at
+  normal priority, ran at 0.15-0.18x of its speed at real-time priority at
+  4-64 KiB, 0.28-0.35x at 1 MiB, 0.66-0.67x at 4 MiB (2 ranks; 3 ranks
+  0.25-0.26x, 0.48x, 0.79x; both in the same shuffled rounds, each twice).
 * ``sync.poll=auto|true|false``: CPU ranks wait for the builtin allreduce by
   asking whether it is done, yielding the CPU between questions
   (os.sched_yield), instead of sleeping until gloo wakes them. On the same VM
   a 0.5 MB allreduce took a median 0.45 ms back to back but 2.1 ms right
   after 20 ms of computing, and polling made 2 ranks of LeNet train 10%
-  faster with sync.mode=flat (within the noise with ddp).
+  faster with sync.mode=flat (within the noise with ddp). On the Zen 1 VM,
+  2 ranks of LeNet with both settings on against both off (1 epoch, 5
+  alternated pairs): a median 3,060 against 2,987 images/s, 0.65-1.20x per
+  pair: not told apart from the noise there.
 
-Both pay where the ranks keep every core busy, so that a woken thread has to
-wait for one; ``auto`` turns them on only where this launch's ranks fill every
-core the process may run on (local ranks >= the cores in its affinity mask),
-and the log line says so. Where cores are to spare (a shared 64-core node, a
-container on one) a woken thread finds an idle core at once, while real-time
-threads, or ranks spinning, would take CPU from other people's work.
+Both address a woken thread waiting for a core that the ranks keep busy, as
+on those 2-core VMs; ``auto`` turns them on only where this launch's ranks
+fill every core the process may run on (local ranks >= the cores in its
+affinity mask), and the log line says so. Where cores are to spare (a shared
+64-core node, a container on one) a woken thread should find an idle core at
+once (no such machine was measured), while real-time threads, or ranks
+spinning, would take CPU from other people's work.
 
 What came of it travels with each rank's DistEnv (env.comm_threads, env.poll).
 The rest of the code gets it by argument: `allreduce(name, env)` is the
@@ -217,9 +225,10 @@ def at_comm_priority(realtime: bool):
     thread: each call holds the connection's lock for a moment, and gloo's
     socket thread, finding it taken, tries again at once. At real-time priority
     it would never let a normal thread run to release it (a 1 MiB ring
-    all-reduce took 50-137 ms instead of 0.3 on a 2-core Zen 5 VM). At the same
-    real-time priority neither preempts the other. Nested blocks keep the
-    outer one's priority. Costs 33 us of CPU per block there.
+    all-reduce took 50-137 ms instead of 0.3 on a 2-core Zen 5 VM, 2026-11-23).
+    At the same real-time priority neither preempts the other. Nested blocks
+    keep the outer one's priority. Costs 33 us of CPU per block (Zen 5,
+    2026-11-25).
     """
     policy = os.sched_getscheduler(0) if realtime else None
     if policy is None or policy == os.SCHED_FIFO:

@@ -23,7 +23,7 @@ and sends the sum back; 2(n-1)*(alpha + N*beta) + (n-1)*N*gamma at the
 root). Their shared machinery is in p2p.py (a rank's view of its group, host
 staging, what a thread keeps between calls) and pairwise.py (sequences of
 two-rank exchanges). How they cut and order their messages depends on the
-machine, which they are told by argument: a TunedPlan (p2p.py), decided at
+machine, which they are told by argument: a TunedPlan (plan.py), decided at
 start-up by ddp_lab.tuning; without one they plan for gloo's threads at
 normal priority. ``builtin_allreduce`` is ``dist.all_reduce``, the
 reference all of them are checked and timed against.
@@ -81,7 +81,8 @@ from ddp_lab.collectives.halving_doubling_textbook import (
     halving_doubling_textbook_allreduce,
 )
 from ddp_lab.collectives.naive import naive_allreduce
-from ddp_lab.collectives.p2p import TunedPlan, free_scratch_buffers
+from ddp_lab.collectives.p2p import free_scratch_buffers
+from ddp_lab.collectives.plan import TunedPlan
 from ddp_lab.collectives.ring import ring_allreduce
 from ddp_lab.collectives.ring_textbook import ring_textbook_allreduce
 

@@ -1,7 +1,7 @@
-"""What the tuned all-reduces share: what they are told about the machine
-(TunedPlan), a rank's view of its group (Comm), where the data travels from,
-and what a thread keeps between calls (scratch buffers, each group's Comm,
-prepared calls).
+"""What the tuned all-reduces share: a rank's view of its group (Comm), where
+the data travels from, and what a thread keeps between calls (scratch
+buffers, each group's Comm, prepared calls). What they are told about the
+machine is a TunedPlan (plan.py).
 
 A tuned algorithm is a function `algorithm(flat, comm, plan)` that reduces
 the 1-D contiguous tensor `flat` in place; run_on_comm_device() wraps it into
@@ -13,47 +13,26 @@ import collections
 import threading
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from ddp_lab.collectives.basics import check_tensor, group_rank, stages_through_host
+from ddp_lab.collectives.plan import TunedPlan
 
 _CPU = torch.device("cpu")
-
-
-@dataclass(frozen=True)
-class TunedPlan:
-    """What the tuned all-reduces are told about the machine they run on.
-
-    ddp_lab.tuning decides it once at start-up and the caller hands it in
-    (`get_algorithm(name, plan)`); tests pass their own. NCCL ignores it.
-    """
-
-    # Whether gloo's threads run at real-time priority (dist.comm_threads). It
-    # sets what a message costs, and so how the ring cuts its chunks
-    # (ring.ring_plan) and the order in which pairwise exchanges post their
-    # messages (pairwise.receives_first). The caller then runs each call with
-    # its own thread at the same priority (ddp_lab.tuning.at_comm_priority).
-    realtime_threads: bool = False
-    # The ring's segment size in bytes; None: by realtime_threads (ring.SEGMENT_BYTES).
-    segment_bytes: int | None = None
-    # Upper bound on the ring's receive scratch space on the host (see ring._prepare_ring).
-    max_scratch_bytes: int = 256 * 1024 * 1024
-
-
-DEFAULT_PLAN = TunedPlan()  # gloo's threads at normal priority
 
 
 # ------------------------------------------------ kept between calls, per thread
 
 # Host scratch buffers, kept between calls (per thread, per purpose and
 # dtype). A fresh large CPU tensor costs a page fault per 4 KiB page on
-# first touch: on the 2-core test machine a fresh 32 MiB buffer took 15 ms
-# more to fill than a reused one, more than the time to add 32 MiB, and
-# made the ring 1.5x slower than gloo's own all-reduce at 64 MiB. The price
+# first touch: on a 2-core AMD EPYC VM (2026-11-22) a fresh 32 MiB buffer
+# took 15 ms more to fill than a reused one, more than the time to add
+# 32 MiB, and made the ring 1.5x slower than gloo's own all-reduce at
+# 64 MiB; on a 2-core Zen 1 VM copying 32 MiB took 16.0-17.9 ms into a
+# fresh buffer, 5.5-5.8 ms into a reused one (adding it: 5.9-6.2). The price
 # is memory: each thread that reduces keeps about the largest tensor it
 # reduced (twice that at naive's root), until free_scratch_buffers().
 # The same per-thread store keeps each group's Comm (comm_of) and the last
@@ -100,8 +79,9 @@ def prepared(flat: torch.Tensor, comm: Comm, plan: TunedPlan,
     rank's delay before and between its sends holds up its neighbours too.
     Keeping the prepared calls (with the group's Comm, see comm_of) took
     the ring from 0.87-1.00x of gloo's all-reduce to 0.97-1.13x at 1-2 MiB,
-    and from 0.77-0.88x to 0.85-0.96x at 4 MiB (3 and 4 ranks, old and new
-    code in the same interleaved rounds, three launches each).
+    and from 0.77-0.88x to 0.85-0.96x at 4 MiB (2-core Zen 5 VM, 2026-11-23;
+    3 and 4 ranks, old and new code in the same interleaved rounds, three
+    launches each); for halving-doubling see halving_doubling.py.
 
     The key is the buffer's address, length, dtype and device, the group
     and the plan: the views kept hold the buffer's memory, so no other
@@ -130,11 +110,14 @@ class Comm:
     Peers are always *group* ranks: on gloo, messages are posted on the
     group's gloo backend itself (``comm.gloo.send([t], group_rank, tag)``,
     which is where ``dist.isend`` ends up), skipping ``dist.isend``'s own
-    argument handling (on the 2-core test machine an exchange of 16 floats
-    took 111 us instead of 157; at 1-8 MiB the difference was within the
-    noise) and the ProcessGroup's dispatch to its backend (see `gloo`). On
-    NCCL, `exchange` translates them to the global ranks that dist.P2POp
-    expects.
+    argument handling and the ProcessGroup's dispatch to its backend (see
+    `gloo`). Skipping dist.isend paid on two machines: on a 2-core Zen 5 VM
+    (2026-11-23) an exchange of 16 floats took 111 us instead of 157 (at
+    1-8 MiB within the noise there); on a 2-core Zen 1 VM (AVX2) the ring at
+    3 ranks ran at 0.93-0.97x of gloo's all-reduce at 1-2 MiB posting on
+    the ProcessGroup, 0.86-0.91x through dist.isend (three launches of 11
+    shuffled rounds). On NCCL, `exchange` translates them to the global
+    ranks that dist.P2POp expects.
     """
 
     def __init__(self, group: dist.ProcessGroup | None, batched: bool):
@@ -171,13 +154,18 @@ class Comm:
         backend (ProcessGroupGloo) itself, where torch exposes it, else the
         ProcessGroup, which dispatches to it.
 
-        Each message saves the dispatch: on the 2-core test machine posting
-        a receive took 6.4 instead of 7.5 us, and the ring ran 1.003-1.038x
-        as fast at 2-8 MiB with 3 and 4 ranks (median 1.02; a second copy of
-        the old code, as control, 0.95-1.01x; three launches of shuffled
-        rounds). Looked up on every use (0.15 us) rather than kept, like
-        the group itself, so that a kept Comm never holds a destroyed
-        group's backend.
+        Each message saves the dispatch, through a private torch method
+        (`_get_backend`), so kept only because it paid on two machines. On a
+        2-core Zen 5 VM (2026-11-25) posting a receive took 6.4 instead of
+        7.5 us, and the ring ran 1.003-1.038x as fast at 2-8 MiB with 3 and
+        4 ranks (median 1.02; a second copy of the old code, as control,
+        0.95-1.01x; three launches of shuffled rounds). On a 2-core Zen 1
+        VM (AVX2) the ring at 3 ranks ran at 0.99-1.02x of gloo's
+        all-reduce at 1-2 MiB against 0.93-0.97x through the ProcessGroup
+        (a second copy 0.96-1.01x; at 4 MiB all three within 0.86-0.91x;
+        three launches of 11 shuffled rounds). Looked up on every use
+        (0.15 us) rather than kept, like the group itself, so that a kept
+        Comm never holds a destroyed group's backend.
         """
         pg = self._pg()
         try:

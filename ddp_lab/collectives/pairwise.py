@@ -13,7 +13,8 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from ddp_lab.collectives.p2p import Comm, TunedPlan, wait_all
+from ddp_lab.collectives.p2p import Comm, wait_all
+from ddp_lab.collectives.plan import TunedPlan
 
 # With gloo's threads at normal priority and 3+ ranks, exchanges post all
 # their receives first for tensors up to this size, and each send before its
@@ -37,21 +38,29 @@ def receives_first(flat: torch.Tensor, comm: Comm, plan: TunedPlan) -> bool:
     """Whether a pairwise exchange on gloo posts all its receives before any send.
 
     It depends on how gloo's threads are scheduled (plan.realtime_threads),
-    as the ring's plan does, measured on 2 cores in interleaved rounds against
-    dist.all_reduce:
+    as the ring's plan does, measured on 2-core VMs in interleaved rounds
+    against dist.all_reduce:
 
     * real-time: always. A hand-off between threads is immediate, so a send
       whose receive is already posted is the cheapest message whatever its
-      size. This alone took halving-doubling at 2 ranks from 0.60-0.66x of
-      gloo's all-reduce to 0.77-0.89x at 4-64 KiB (1.00-1.08x with its
-      steps kept as well, see halving_doubling.py), and from 0.81-0.88x to
-      0.92-1.16x at 1-4 MiB (two launches, shuffled rounds).
-    * normal: with 3+ ranks up to EARLY_RECV_MAX_BYTES. With 4 ranks,
-      receives first made halving-doubling 1.1-1.3x faster up to 1 MiB;
-      with 2 ranks it made every size slower, up to 3x at 16 KiB (0.6x of
-      gloo's own all-reduce instead of 1.0x): with only two processes, each
-      blocked on the other, a send that goes out at once beats one whose
-      receive was announced first (see run_steps for what each costs).
+      size. On a Zen 5 (2026-11-25) this alone took halving-doubling at 2
+      ranks from 0.60-0.66x of gloo's all-reduce to 0.77-0.89x at 4-64 KiB
+      (1.00-1.08x with its steps kept as well, see halving_doubling.py), and
+      from 0.81-0.88x to 0.92-1.16x at 1-4 MiB (two launches, shuffled
+      rounds). On a Zen 1, send-first came out at 0.76-0.88x at 4-64 KiB
+      against 0.85-0.93x (a second copy 0.86-0.92x), within the copies'
+      spread at 1 MiB (two launches of 15 rounds).
+    * normal: with 3+ ranks up to EARLY_RECV_MAX_BYTES. On an AMD EPYC
+      (2026-11-22), with 4 ranks, receives first made halving-doubling
+      1.1-1.3x faster up to 1 MiB; with 2 ranks it made every size slower,
+      up to 3x at 16 KiB (0.6x of gloo's own all-reduce instead of 1.0x):
+      with only two processes, each blocked on the other, a send that goes
+      out at once beats one whose receive was announced first (see
+      run_steps for what each costs). On a Zen 1, at 4-64 KiB: 2 ranks,
+      receives first 0.43-0.46x of gloo against send-first 0.83-1.06x (a
+      second copy 0.74-1.00x); 3 ranks, send-first 0.80-1.94x against
+      receives first 1.38-2.84x (a copy 1.32-3.12x); at 4 MiB within the
+      copies' spread (one launch of 11 rounds each).
     """
     if plan.realtime_threads:
         return True
@@ -79,8 +88,8 @@ def run_steps(comm: Comm, steps: list[Step], receives_first: bool) -> None:
       thread. Had the receive been posted first, our thread would write the
       payload itself while the peer's data arrives on the same connection,
       and gloo's I/O thread spins on the connection's lock until the write
-      is done (measured: ~60% more CPU for a 4 MiB exchange, which an
-      oversubscribed machine pays in time). With the threads at real-time
+      is done (measured on an AMD EPYC VM: ~60% more CPU for a 4 MiB
+      exchange, which an oversubscribed machine pays in time). With the threads at real-time
       priority, receives first measured faster at every size all the same.
 
     On NCCL each step's send and receive are launched together as one batch.

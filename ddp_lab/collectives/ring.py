@@ -24,14 +24,13 @@ import torch.distributed as dist
 
 from ddp_lab.collectives.basics import chunk_bounds
 from ddp_lab.collectives.p2p import (
-    DEFAULT_PLAN,
     Comm,
-    TunedPlan,
     prepared,
     run_on_comm_device,
     scratch,
     wait_all,
 )
+from ddp_lab.collectives.plan import DEFAULT_PLAN, TunedPlan
 
 _TAG = 1000  # + unit index: each ring message has its own tag
 
@@ -39,21 +38,27 @@ _TAG = 1000  # + unit index: each ring message has its own tag
 # (TunedPlan.realtime_threads), because that sets what a message costs. Smaller
 # segments overlap transfer, addition and forwarding better and stay in cache
 # between arriving and being added, but every message has a fixed cost:
-# thread wake-ups and lock hand-offs on both sides, and Python.
+# thread wake-ups and lock hand-offs on both sides, and Python. All measured
+# on 2-core VMs with 2-4 processes, in interleaved rounds against gloo:
 # * normal: a woken thread may wait for a scheduler tick on a busy machine.
-#   On 2 cores with 2-4 processes, one message per chunk up to 4 MiB was as
+#   On an AMD EPYC (2026-11-22) one message per chunk up to 4 MiB was as
 #   fast as 1 MiB segments or faster, and 256 KiB segments were clearly
-#   slower (0.6-0.75x gloo's own all-reduce at 4-16 MiB with 512 KiB).
+#   slower (0.6-0.75x gloo's own all-reduce at 4-16 MiB with 512 KiB); on a
+#   Zen 5 (2026-11-23) 2 or 4 segments per chunk were no faster either
+#   (0.44-1.12x of gloo against 0.68-1.15x, 1-8 MiB, 2 ranks).
 # * realtime: hand-offs are immediate, so smaller segments pay off, two
-#   units in flight (WINDOW_REALTIME), as gloo's own ring does. Against
-#   4 MiB segments on the same machine, 512 KiB took the ring from 0.75-0.91x
-#   of gloo's all-reduce to 0.96-1.26x (2 ranks, 4-16 MiB) and from 0.77-0.86x
-#   to 0.91-0.92x (3 and 4 ranks, 16 MiB); 768 KiB did as well at 2 ranks and
-#   better at 3 and 4 at 1-4 MiB (one launch of 15 rounds: 0.87-0.88 against
-#   0.74-0.85 at 3 ranks), and 256 KiB was slower again. gloo's own ring
-#   cuts every chunk in two, however small; done here too, it was slower at
-#   4 ranks and 1-2 MiB (0.66-0.87x of gloo against 0.77-0.99x, two launches
-#   of 15 rounds): below a segment's size, a message saved beats overlap.
+#   units in flight (WINDOW_REALTIME), as gloo's own ring does. On the Zen 5
+#   (2026-11-23), against 4 MiB segments, 512 KiB took the ring from
+#   0.75-0.91x of gloo's all-reduce to 0.96-1.26x (2 ranks, 4-16 MiB) and
+#   from 0.77-0.86x to 0.91-0.92x (3 and 4 ranks, 16 MiB); 768 KiB did as
+#   well at 2 ranks and better at 3 and 4 at 1-4 MiB (one launch of 15
+#   rounds: 0.87-0.88 against 0.74-0.85 at 3 ranks), and 256 KiB was slower
+#   again. On a Xeon (2026-11-24) and a Zen 5 (2026-11-25), segments of 384
+#   KiB to 1.5 MiB and windows of 1 or 4 were no better than 768 KiB and 2.
+#   gloo's own ring cuts every chunk in two, however small; done here too,
+#   it was slower on the Xeon at 4 ranks and 1-2 MiB (0.66-0.87x of gloo
+#   against 0.77-0.99x, two launches of 15 rounds): below a segment's size,
+#   a message saved beats overlap.
 # Chunks above the size are cut into near-equal segments of at most this
 # size (TunedPlan.segment_bytes overrides it).
 SEGMENT_BYTES = {"normal": 4 * 1024 * 1024, "realtime": 768 * 1024}
@@ -71,7 +76,8 @@ class RingPlan(NamedTuple):
 
 def ring_plan(comm: Comm, plan: TunedPlan, chunk_numel: int, element_size: int) -> RingPlan:
     """Segments and pacing for this call, from where the data is and how the
-    threads that move it are scheduled (measured on 2 cores, 2-4 processes).
+    threads that move it are scheduled (measured on 2 cores, 2-4 processes;
+    see SEGMENT_BYTES for the machines).
 
     * NCCL: one message per chunk, each launched with its receive; NCCL
       pipelines internally, and each extra message is a kernel launch.

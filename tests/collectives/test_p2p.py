@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ddp_lab.collectives import p2p
+from ddp_lab.collectives import TunedPlan, p2p
 
 
 def test_host_scratch_is_reused_grown_and_freed():
@@ -30,18 +30,18 @@ def test_prepared_calls_are_kept_per_buffer_group_and_plan_and_bounded():
         return len(built)
 
     comm, other_comm = object(), object()
-    plan = p2p.TunedPlan()
+    plan = TunedPlan()
     a = torch.zeros(12)
     first = p2p.prepared(a, comm, plan, prepare)
-    assert p2p.prepared(a, comm, p2p.TunedPlan(), prepare) == first  # the same buffer and plan: kept
+    assert p2p.prepared(a, comm, TunedPlan(), prepare) == first  # the same buffer and plan: kept
     assert p2p.prepared(a.view(3, 4).view(-1), comm, plan, prepare) == first  # same memory
     assert len(built) == 1
     assert p2p.prepared(a[:6], comm, plan, prepare) != first  # shorter
     assert p2p.prepared(a[6:], comm, plan, prepare) != first  # elsewhere
     assert p2p.prepared(a.view(torch.int32).float(), comm, plan, prepare) != first  # another tensor
     assert p2p.prepared(a, other_comm, plan, prepare) != first  # another group
-    assert p2p.prepared(a, comm, p2p.TunedPlan(realtime_threads=True), prepare) != first  # another plan
-    assert len(built) == 6 and built[-1][3] == p2p.TunedPlan(realtime_threads=True)
+    assert p2p.prepared(a, comm, TunedPlan(realtime_threads=True), prepare) != first  # another plan
+    assert len(built) == 6 and built[-1][3] == TunedPlan(realtime_threads=True)
     # Least recently used first out: `a` with `plan` was used before the others above.
     for i in range(p2p.PREPARED_CALLS_KEPT):
         p2p.prepared(torch.zeros(3 + i), comm, plan, prepare)
