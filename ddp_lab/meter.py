@@ -78,7 +78,7 @@ class Throughput:
 def flops_and_peak(model, image_shape: tuple, amp: str, env: DistEnv) -> tuple[float, float]:
     """The model's training FLOPs per image, and the measured matmul peak of the cores
     (or GPUs) the run uses, in the dtype it computes in (ddp_lab.mfu; the peak is cached)."""
-    dtype = torch.bfloat16 if amp == "bf16" else torch.float32
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp, torch.float32)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     return (mfu.train_flops_per_image(model, image_shape, dtype),
             mfu.peak_for_run(env.device, dtype, env.world_size, local, torch.get_num_threads()))

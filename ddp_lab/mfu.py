@@ -90,8 +90,8 @@ def peak_flops(device, dtype: torch.dtype = torch.float32, threads: int | None =
 
     The figure is the best of up to `repeats` timed (size x size) @ (size x size)
     matmuls after WARMUP_S of warm-up calls (size: see MAX_SIZE; tests pass a tiny
-    one), cached in `cache_path` (None: DEFAULT_CACHE, looked up at the call, so a
-    test can point it elsewhere) under the machine (CPU model and core count, or
+    one), cached in `cache_path` (None: $DDP_LAB_PEAK_CACHE, else DEFAULT_CACHE, both
+    looked up at the call, so tests point it elsewhere) under the machine (CPU model and core count, or
     GPU name), the thread count and the dtype, with how it was measured. A figure
     cached for another `size` is measured again. Callers that start together (one
     per rank) take turns on a lock file: the first measures alone, the others then
@@ -100,7 +100,7 @@ def peak_flops(device, dtype: torch.dtype = torch.float32, threads: int | None =
     device = torch.device(device)
     threads = (threads or torch.get_num_threads()) if device.type == "cpu" else 0
     key = _cache_key(device, dtype, threads)
-    path = Path(cache_path or DEFAULT_CACHE).expanduser()
+    path = Path(cache_path or os.environ.get("DDP_LAB_PEAK_CACHE") or DEFAULT_CACHE).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -57,6 +57,17 @@ def tiny_fmnist(tmp_path_factory) -> Path:
     return make_tiny_fashion_mnist(tmp_path_factory.mktemp("tiny-fmnist"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def peak_cache(tmp_path_factory):
+    """Runs started by tests measure their matmul peak (for MFU) into a file of the test
+    session's, never into the user's ~/.cache/ddp_lab, where a peak measured while the
+    suite loads the machine would stay."""
+    path = tmp_path_factory.mktemp("peak") / "peak_flops.json"
+    os.environ["DDP_LAB_PEAK_CACHE"] = str(path)
+    yield path
+    os.environ.pop("DDP_LAB_PEAK_CACHE", None)
+
+
 @pytest.fixture
 def mount_tmpfs(tmp_path):
     """mount_tmpfs(options) -> a fresh folder with a tmpfs mounted there (e.g. "ro,size=1m"),

@@ -115,9 +115,13 @@ def test_peak_measures_again_at_another_size_and_keeps_the_threads(tmp_path):
 
 
 def test_default_cache_is_looked_up_at_the_call(tmp_path, monkeypatch):
+    monkeypatch.delenv("DDP_LAB_PEAK_CACHE")
     monkeypatch.setattr(mfu_module, "DEFAULT_CACHE", tmp_path / "elsewhere.json")
     peak_flops("cpu", torch.float32, threads=1, size=32, repeats=1)
     assert "threads=1" in next(iter(json.loads((tmp_path / "elsewhere.json").read_text())))
+    monkeypatch.setenv("DDP_LAB_PEAK_CACHE", str(tmp_path / "from_env.json"))  # what tests set
+    peak_flops("cpu", torch.float32, threads=1, size=32, repeats=1)
+    assert (tmp_path / "from_env.json").is_file()
 
 
 def test_automatic_size_grows_until_a_call_takes_long_enough(monkeypatch):

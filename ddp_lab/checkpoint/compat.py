@@ -14,18 +14,22 @@ from omegaconf import OmegaConf
 from ddp_lab.config import ConfigError
 
 # The parts of the config that change the training math. Left out on
-# purpose (NOT_HASHED): where the data lives and how it is read, how LeNet lays out its arithmetic and how a rank waits for the allreduce
-# (the same function either way); trainer.max_steps (stop early, continue
-# later), logging, resume and checkpoint settings, dist.*. A checkpoint whose
-# meta.json still holds such a key (written before it was left out) is
-# compared without it.
+# purpose (NOT_HASHED): where the data lives and how it is read, how LeNet
+# lays out its arithmetic and how a rank waits for the allreduce (the same
+# function either way), where a model's code lives (_target_); trainer.max_steps
+# (stop early, continue later), logging, resume and checkpoint settings,
+# dist.*. A checkpoint whose meta.json still holds such a key (written before
+# it was left out) is compared without it.
 HASHED_GROUPS = ("model", "data", "optim", "sync")
 NOT_HASHED = {
-    "model": ("crop_unused_border", "pad_channels_to"),
+    "model": ("_target_", "crop_unused_border", "pad_channels_to"),
     "data": ("root", "cache_dir", "download", "loader", "num_workers"),
     "sync": ("poll",),
 }
 TRAINER_HASHED = ("epochs", "grad_accum", "amp")
+# Models that compute the same function with the same weights (tested in float64):
+# a checkpoint of one resumes as the other.
+SAME_FUNCTION = {"lenet_fast": "lenet"}
 
 
 def config_subset(cfg) -> dict:
@@ -38,10 +42,14 @@ def config_subset(cfg) -> dict:
 
 
 def _without_unhashed(subset: dict) -> dict:
-    """`subset` with the NOT_HASHED keys of its groups dropped (a copy)."""
-    return {g: ({k: v for k, v in part.items() if k not in NOT_HASHED.get(g, ())}
-                if isinstance(part, dict) else part)
-            for g, part in subset.items()}
+    """`subset` with the NOT_HASHED keys of its groups dropped, and the model named
+    by the function it computes (a copy)."""
+    out = {g: ({k: v for k, v in part.items() if k not in NOT_HASHED.get(g, ())}
+               if isinstance(part, dict) else part)
+           for g, part in subset.items()}
+    if isinstance(out.get("model"), dict) and "name" in out["model"]:
+        out["model"]["name"] = SAME_FUNCTION.get(out["model"]["name"], out["model"]["name"])
+    return out
 
 
 def config_hash(subset: dict) -> str:

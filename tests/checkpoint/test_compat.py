@@ -13,6 +13,10 @@ def test_config_hash_ignores_settings_that_do_not_change_training(compose_train)
         "data.num_workers=3", "dist.timeout_s=5", "trainer.progress=false",
         "model.crop_unused_border=false", "model.pad_channels_to=0", "sync.poll=false"]))
     assert checkpoint.config_hash(base) == checkpoint.config_hash(same)
+    # lenet and lenet_fast: the same function and weights, so one resumes as the other
+    plain = checkpoint.config_subset(compose_train(["model=lenet"]))
+    fast = checkpoint.config_subset(compose_train(["model=lenet_fast"]))
+    assert checkpoint.config_hash(plain) == checkpoint.config_hash(fast)
     for change in ("optim.lr=0.05", "seed=1", "trainer.epochs=3", "trainer.grad_accum=2",
                    "data.batch_size=128", "model=resnet18", "sync.bucket_cap_mb=1"):
         other = checkpoint.config_subset(compose_train([change]))
