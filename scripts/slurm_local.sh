@@ -5,6 +5,7 @@
 #   scripts/slurm_local.sh up [--hosts 2] [--rate 1gbit] [--name slurm] [--cpus C] [--port 6817] [--private]
 #   sbatch scripts/slurm_train.sbatch trainer.epochs=1      # from a shell that has torchrun on PATH
 #   scripts/slurm_local.sh status [--name slurm]
+#   scripts/slurm_local.sh install                     # only the packages (up does it too)
 #   scripts/slurm_local.sh down [--name slurm]
 #
 # What `up` makes (as root), and `down` removes again:
@@ -106,7 +107,7 @@ wait_for() {  # $1 seconds, $2.. a command that succeeds once ready
 }
 
 usage() {
-    die "usage: $ME up [--hosts N] [--rate RATE] [--name NAME] [--cpus C] [--port P] [--private] | status [--name NAME] | down [--name NAME]"
+    die "usage: $ME install | up [--hosts N] [--rate RATE] [--name NAME] [--cpus C] [--port P] [--private] | status [--name NAME] | down [--name NAME]"
 }
 
 require_root() {
@@ -139,6 +140,8 @@ require_tools() {
         command -v "$t" >/dev/null ||
             die "$t not found: apt-get install iproute2 util-linux munge slurmd slurmctld slurm-client"
     done
+    grep -q ' /sys/fs/cgroup[ /]' /proc/mounts ||
+        die "no cgroup filesystem under /sys/fs/cgroup, and slurmd 22.05 will not start without one: mount it there (a container: start it with the host's /sys/fs/cgroup mounted)"
 }
 
 # ------------------------------------------------------------------- up
@@ -204,8 +207,10 @@ start_slurmd() {  # $1 host index: slurmd inside the host (see the top: why not 
     mkdir -p "$STATE/spool/$node"
     nsenter --net="/run/netns/$netns" unshare --mount --uts -- sh -c '
         for f in hosts hostname; do mount --bind "/etc/netns/$3/$f" "/etc/$f" || exit 1; done
-        hostname "$1" && exec slurmd -f "$2" -N "$1"' sh "$node" "$SLURM_CONF" "$netns" ||
-        die "slurmd on $node did not start: $(tail -n1 "$STATE/log/slurmd-$node.log" 2>/dev/null)"
+        hostname "$1" && exec slurmd -f "$2" -N "$1"' sh "$node" "$SLURM_CONF" "$netns" \
+        2> "$STATE/log/slurmd-$node.start" ||
+        die "slurmd on $node did not start: $(cat "$STATE/log/slurmd-$node.log" \
+            "$STATE/log/slurmd-$node.start" 2>/dev/null | grep -v '^ *$' | tail -n1)"
 }
 
 up() {
@@ -281,8 +286,9 @@ up() {
         mkdir -p "$(dirname "$ETC_CONF")" && ln -s "$STATE/slurm.conf" "$ETC_CONF"
     fi
     export SLURM_CONF=$STATE/slurm.conf
-    slurmctld -f "$SLURM_CONF" ||
-        die "slurmctld did not start: $(tail -n1 "$STATE/log/slurmctld.log" 2>/dev/null)"
+    slurmctld -f "$SLURM_CONF" 2> "$STATE/log/slurmctld.start" ||
+        die "slurmctld did not start: $(cat "$STATE/log/slurmctld.log" "$STATE/log/slurmctld.start" \
+            2>/dev/null | grep -v '^ *$' | tail -n1)"
     wait_for 20 scontrol ping ||
         die "slurmctld does not answer (scontrol ping): see $STATE/log/slurmctld.log"
     for ((i = 0; i < hosts; i++)); do
@@ -299,13 +305,16 @@ up() {
 }
 
 # ------------------------------------------------------------------- down
-stop_pid() {  # $1 pid file: SIGTERM, then SIGKILL after 10 s
-    local pid
-    pid=$(pid_of "$1") || return 0
-    pid_alive "$pid" || return 0
-    kill -TERM "$pid" 2>/dev/null
-    wait_for 10 bash -c "! kill -0 $pid" || kill -KILL "$pid" 2>/dev/null
-    echo "stopped $(basename "$1" .pid) ($pid)"
+stop_daemons() {  # $@ pid files: SIGTERM to all, then SIGKILL to what is left after 10 s
+    local f pid pids=() names=()
+    for f in "$@"; do
+        pid=$(pid_of "$f") && pid_alive "$pid" || continue
+        kill -TERM "$pid" 2>/dev/null && pids+=("$pid") && names+=("$(basename "$f" .pid) ($pid)")
+    done
+    [ ${#pids[@]} = 0 ] && return 0
+    wait_for 10 bash -c "! ps -p '${pids[*]}' >/dev/null" ||  # ps fails once none is left
+        kill -KILL "${pids[@]}" 2>/dev/null
+    echo "stopped ${names[*]}"
 }
 
 down() {
@@ -314,7 +323,7 @@ down() {
         say "no cluster $NAME ($STATE does not exist)"; return 0
     fi
     export SLURM_CONF=$STATE/slurm.conf
-    local jobs f
+    local jobs
     if pid_alive "$(pid_of "$STATE/slurmctld.pid")"; then
         jobs=$(squeue -h -o %i 2>/dev/null | tr '\n' ' ')
         if [ -n "${jobs// /}" ]; then
@@ -322,9 +331,7 @@ down() {
             wait_for 30 bash -c '[ -z "$(squeue -h -o %i 2>/dev/null)" ]'
         fi
     fi
-    for f in "$STATE"/slurmd-*.pid "$STATE/slurmctld.pid" "$STATE/munge/munged.pid"; do
-        [ -f "$f" ] && stop_pid "$f"
-    done
+    stop_daemons "$STATE"/slurmd-*.pid "$STATE/slurmctld.pid" "$STATE/munge/munged.pid"
     if ip link show "$LINK" >/dev/null 2>&1; then
         ip link del "$LINK" && echo "removed link $LINK"
     fi
@@ -366,6 +373,7 @@ action=${1:-}
 set_name slurm
 case $action in
     up) up "$@" ;;
+    install) [ $# = 0 ] || usage; require_root install; install_packages; require_tools ;;
     down|status)
         case "${1:-}" in
             "") ;;

@@ -1,0 +1,229 @@
+"""scripts/slurm_train.sbatch on a real SLURM, made on this machine by scripts/slurm_local.sh.
+
+The module's cluster (two emulated hosts, one slurmd each) has a name no user
+would pick, a controller port of its own and no /etc/slurm/slurm.conf link
+(--private), so it never meets a cluster someone brought up by hand. Skipped,
+with the reason, where SLURM cannot be had: not root, no network namespaces,
+or the packages are missing and apt-get cannot install them (set
+DDP_LAB_TEST_SLURM=0 to skip it on purpose). Its teardown cancels the jobs and
+takes the cluster down also when a test fails.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port, read_summary
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+LOCAL = REPO / "scripts" / "slurm_local.sh"
+SBATCH = REPO / "scripts" / "slurm_train.sbatch"
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+         "DEADLINE", "PREEMPTED"}
+# Small and quick: 512 images a step on 2 ranks of 1 thread, no compile.
+QUICK = ["data=synthetic", "data.num_test=256", "trainer.epochs=1", "trainer.progress=false",
+         "trainer.warmup_steps=1", "trainer.compile=false"]
+
+
+@dataclass
+class Slurm:
+    name: str
+    env: dict
+
+    def run(self, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(args, capture_output=True, text=True, env=self.env, cwd=cwd, timeout=60)
+
+    def submit(self, workdir: Path, overrides: list[str], **env: str) -> str:
+        proc = subprocess.run(["sbatch", "--parsable", str(SBATCH), *overrides], capture_output=True,
+                              text=True, cwd=workdir, env={**self.env, **env}, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip().split(";")[0]
+
+    def job(self, job_id: str) -> dict:
+        """scontrol's fields of the job (JobState, ExitCode, Restarts, ...)."""
+        out = self.run("scontrol", "-o", "show", "job", job_id).stdout
+        return dict(f.split("=", 1) for f in out.split() if "=" in f)
+
+    def wait(self, job_id: str, log: Path, timeout: float = 240) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            job = self.job(job_id)
+            if job.get("JobState") in ENDED:
+                return job
+            time.sleep(0.5)
+        pytest.fail(f"job {job_id} did not end within {timeout:g} s; its log:\n{tail(log)}")
+
+
+def tail(log: Path, chars: int = 4000) -> str:
+    return log.read_text()[-chars:] if log.exists() else f"({log} does not exist)"
+
+
+def skip_unless_slurm_can_run() -> None:
+    if os.environ.get("DDP_LAB_TEST_SLURM") == "0":
+        pytest.skip("DDP_LAB_TEST_SLURM=0")
+    if os.geteuid() != 0:
+        pytest.skip("SLURM's daemons and network namespaces need root")
+    from ddp_lab.cluster import ClusterError
+    from ddp_lab.cluster.commands import require_privileges, require_tools
+    try:
+        require_tools()
+        require_privileges()
+    except ClusterError as e:
+        pytest.skip(f"cannot make network namespaces here: {e}")
+    install = subprocess.run(["bash", str(LOCAL), "install"], capture_output=True, text=True, timeout=600)
+    if install.returncode != 0:
+        pytest.skip(f"SLURM cannot be installed here: {install.stderr.strip()}")
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    skip_unless_slurm_can_run()
+    name = f"pt{uuid.uuid4().hex[:8]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
+        env.pop(key, None)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # our torchrun
+    env["SLURM_CONF"] = f"/run/ddp_lab-slurm/{name}/slurm.conf"
+    try:
+        up = subprocess.run(["bash", str(LOCAL), "up", "--name", name, "--hosts", "2", "--port",
+                             str(free_port()), "--private"], capture_output=True, text=True, timeout=300)
+        assert up.returncode == 0, up.stdout + up.stderr
+        yield Slurm(name, env)
+    finally:
+        down = subprocess.run(["bash", str(LOCAL), "down", "--name", name], capture_output=True,
+                              text=True, timeout=300)
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert not Path(f"/run/ddp_lab-slurm/{name}").exists()
+
+
+@pytest.fixture
+def cancel_on_failure(slurm):
+    """submitted.append(job_id): cancelled after the test, whatever its outcome."""
+    submitted: list[str] = []
+    yield submitted
+    for job_id in submitted:
+        slurm.run("scancel", job_id)
+
+
+def owners(run_dir: Path) -> list[list[str]]:
+    launches = json.loads((run_dir / "launches.json").read_text())["launches"]
+    return [launch["owners"] for launch in launches]
+
+
+def test_sbatch_trains_on_two_nodes_in_one_run_dir(slurm, tmp_path, cancel_on_failure):
+    job_id = slurm.submit(tmp_path, [*QUICK, "data.num_train=2048"], NPROC_PER_NODE="2")
+    cancel_on_failure.append(job_id)
+    log = tmp_path / f"slurm-{job_id}.out"
+    job = slurm.wait(job_id, log)
+    assert (job["JobState"], job["ExitCode"]) == ("COMPLETED", "0:0"), tail(log)
+
+    assert f"job {job_id} (restart 0): 2 nodes x 2 ranks, 1 threads each" in log.read_text()
+    assert [p.name for p in (tmp_path / "outputs").iterdir()] == [job_id]  # one run dir
+    run_dir = tmp_path / "outputs" / job_id
+    s = read_summary(run_dir)
+    assert (s["world_size"], s["steps"], s["backend"]) == (4, 4, "gloo")  # 2 nodes x 2 ranks; 2048/512
+    assert sorted(p.name for p in run_dir.glob("rank*.log")) == [f"rank{r}.log" for r in range(4)]
+    # one launch: this job, with one torchrun agent on each node
+    [launch] = owners(run_dir)
+    assert f"slurm:{job_id}" in launch
+    assert sorted(o.split("/")[0] for o in launch if o.startswith("agent:")) == \
+        [f"agent:{slurm.name}-0", f"agent:{slurm.name}-1"]
+
+
+def test_requeue_resumes_from_the_newest_checkpoint(slurm, tmp_path, cancel_on_failure):
+    job_id = slurm.submit(tmp_path, [*QUICK, "data.num_train=60000", "trainer.max_steps=40",
+                                     "trainer.ckpt_every=10"])
+    cancel_on_failure.append(job_id)
+    log = tmp_path / f"slurm-{job_id}.out"
+    first_ckpt = tmp_path / "outputs" / job_id / "checkpoints" / "step-10"
+    deadline = time.monotonic() + 180
+    while not first_ckpt.is_dir():
+        state = slurm.job(job_id).get("JobState")
+        assert state not in ENDED and time.monotonic() < deadline, \
+            f"no checkpoint step-10 (job {state}); its log:\n{tail(log)}"
+        time.sleep(0.1)
+    requeue = slurm.run("scontrol", "requeue", job_id)
+    assert requeue.returncode == 0, requeue.stderr
+
+    job = slurm.wait(job_id, log)
+    text = log.read_text()
+    assert (job["JobState"], job["ExitCode"], job["Restarts"]) == ("COMPLETED", "0:0", "1"), tail(log)
+    assert "CANCELLED AT" in text and "DUE TO JOB REQUEUE" in text  # the first attempt was stopped
+    assert f"job {job_id} (restart 1)" in text
+    run_dir = tmp_path / "outputs" / job_id
+    resumed = re.findall(r"resumed from (\S+)/checkpoints/step-(\d+) \(step (\d+)", text)
+    assert len(resumed) == 1 and resumed[0][0] == str(run_dir), text[-3000:]
+    assert resumed[0][1] == resumed[0][2] and int(resumed[0][1]) in (10, 20, 30)
+    assert read_summary(run_dir)["steps"] == 40  # trainer.max_steps, counted across both attempts
+    assert [p.name for p in (tmp_path / "outputs").iterdir()] == [job_id]
+    # both attempts belong to one launch (the same SLURM job): two agents each
+    [launch] = owners(run_dir)
+    assert f"slurm:{job_id}" in launch and sum(o.startswith("agent:") for o in launch) == 4
+
+
+def machine_state() -> tuple:
+    """What up makes and down must remove: links, routes, namespaces, files, daemons."""
+    from ddp_lab.cluster.commands import ip
+    listings = tuple(sorted(os.listdir(d)) if os.path.isdir(d) else None
+                     for d in ("/run/netns", "/etc/netns", "/etc/slurm", "/run/ddp_lab-slurm"))
+    daemons = sorted(p for p in os.listdir("/proc") if p.isdigit() and _mentions(p, "/run/ddp_lab-slurm/"))
+    return ip("-br", "link"), ip("-4", "route", "show", "table", "all"), listings, daemons
+
+
+def _mentions(pid: str, text: str) -> bool:
+    try:
+        return text in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+
+
+def test_up_and_down_leave_the_machine_as_it_was(slurm):
+    """A second cluster beside the module's: made, then removed without a trace."""
+    name = f"pt{uuid.uuid4().hex[:8]}"
+    before = machine_state()
+    try:
+        up = subprocess.run(["bash", str(LOCAL), "up", "--name", name, "--hosts", "1", "--port",
+                             str(free_port()), "--private"], capture_output=True, text=True, timeout=300)
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert f"{name}-0 idle {len(os.sched_getaffinity(0))} " in up.stdout  # 1 host: every core
+        during = machine_state()
+        assert during[0] != before[0] and f"sl-{name}" in during[0]  # the login node's link
+        assert len(during[3]) == len(before[3]) + 3  # munged, slurmctld, one slurmd
+    finally:
+        down = subprocess.run(["bash", str(LOCAL), "down", "--name", name], capture_output=True,
+                              text=True, timeout=300)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert machine_state() == before
+
+
+def test_a_failed_up_says_why_and_removes_what_it_made(slurm, tmp_path):
+    """A slurmd that cannot start: one line naming it, and nothing left but the logs."""
+    name = f"pt{uuid.uuid4().hex[:8]}"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "slurmd").write_text("#!/bin/sh\necho 'slurmd: fatal: no such luck' >&2\nexit 1\n")
+    (fake / "slurmd").chmod(0o755)
+    before = machine_state()
+    up = subprocess.run(["bash", str(LOCAL), "up", "--name", name, "--hosts", "1", "--port",
+                         str(free_port()), "--private"], capture_output=True, text=True, timeout=300,
+                        env={**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}"})
+    if up.returncode == 0:  # never expected; take it down before failing
+        subprocess.run(["bash", str(LOCAL), "down", "--name", name], capture_output=True, timeout=300)
+    assert up.returncode == 2
+    assert f"error: slurmd on {name}-0 did not start: slurmd: fatal: no such luck" in up.stderr
+    logs = Path(f"/tmp/ddp_lab-slurm-{name}-failed-up")
+    assert f"its logs: {logs}" in up.stderr and (logs / "slurm.conf").exists()
+    shutil.rmtree(logs)
+    assert machine_state() == before
