@@ -50,247 +50,34 @@ Output (<out> = outputs/bench/vs_baseline/<time> unless --out): results.json
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
-import os
-import shlex
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Callable
 
 from ddp_lab.bench import fresh_out_dir
+from ddp_lab.bench.vs_baseline_runs import (  # noqa: F401  (offered here too: the CLI is where users and tests look)
+    TRAINER_MODEL,
+    baseline_command,
+    parse_variants,
+    parse_worlds,
+    plan,
+    run_one,
+    trainer_command,
+)
+from ddp_lab.bench.vs_baseline_table import (  # noqa: F401
+    COLUMNS,
+    HEADERS,
+    csv_text,
+    markdown_table,
+    notes_for,
+    paired_ratios,
+    report_text,
+    scaling_efficiency,
+    summarize,
+    write_outputs,
+)
 from ddp_lab.provenance import command_line, write_record
-
-# Per baseline: the trainer's model overrides that make it the same network.
-TRAINER_MODEL = {
-    "d2l_scratch": ["model=lenet"],
-    "data_parallel": ["model=resnet18", "model.init=d2l"],
-}
-COLUMNS = ["system", "runs", "global_batch", "images_per_sec_median", "images_per_sec_min",
-           "images_per_sec_max", "sec_per_epoch", "test_acc", "peak_mem_mb_per_process", "ratio"]
-HEADERS = ["system", "runs", "global batch", "images/s (median)", "min", "max", "sec/epoch",
-           "test acc", "peak mem/process (MiB)", "ratio"]
-
-
-# ---------------------------------------------------------------- the table (pure)
-def summarize(results: list[dict], reference: str | None = None) -> list[dict]:
-    """One row per system, in order of first appearance; `ratio` is relative to `reference`.
-
-    Each result holds at least system, samples_per_sec, sec_per_epoch, test_acc
-    and peak_mem_mb (None where not measured), and global_batch where known.
-    reference defaults to the first system.
-    """
-    systems: dict[str, list[dict]] = {}
-    for r in results:
-        systems.setdefault(r["system"], []).append(r)
-    if not systems:
-        return []
-    reference = reference or next(iter(systems))
-    if reference not in systems:
-        raise ValueError(f"reference system {reference!r} has no results; have {', '.join(systems)}")
-
-    def median(runs, key):
-        vals = [r[key] for r in runs if r.get(key) is not None]
-        return statistics.median(vals) if vals else None
-
-    ref_rate = median(systems[reference], "samples_per_sec")
-    rows = []
-    for name, runs in systems.items():
-        rates = [r["samples_per_sec"] for r in runs]
-        mems = [r["peak_mem_mb"] for r in runs if r.get("peak_mem_mb") is not None]
-        rate = statistics.median(rates)
-        batches = sorted({r["global_batch"] for r in runs if r.get("global_batch") is not None})
-        rows.append({
-            "system": name, "runs": len(runs),
-            "global_batch": "/".join(str(b) for b in batches) or None,
-            "images_per_sec_median": rate, "images_per_sec_min": min(rates),
-            "images_per_sec_max": max(rates),
-            "sec_per_epoch": median(runs, "sec_per_epoch"),
-            "test_acc": median(runs, "test_acc"),
-            "peak_mem_mb_per_process": max(mems) if mems else None,
-            "ratio": rate / ref_rate if ref_rate else None,
-        })
-    return rows
-
-
-def scaling_efficiency(results: list[dict], small: str, large: str,
-                       small_world: int, large_world: int) -> float:
-    """rate(large) / (large_world / small_world * rate(small)), medians over repeats."""
-    rate = {name: statistics.median([r["samples_per_sec"] for r in results if r["system"] == name])
-            for name in (small, large)}
-    return rate[large] / (large_world / small_world * rate[small])
-
-
-def paired_ratios(results: list[dict], system: str, reference: str) -> list[float]:
-    """rate(system) / rate(reference) within each round (runs of the same repeat), in
-    round order. The runs of a round follow each other, so each ratio compares two runs
-    that saw nearly the same machine; rounds missing either system are left out."""
-    ref = {r["repeat"]: r["samples_per_sec"] for r in results if r["system"] == reference}
-    mine = sorted((r["repeat"], r["samples_per_sec"]) for r in results
-                  if r["system"] == system and r.get("repeat") in ref)
-    return [rate / ref[repeat] for repeat, rate in mine]
-
-
-def _per_round(values: list[float], show: Callable[[float], str]) -> str:
-    """' Per round: a, b, c; median m.' for two or more rounds, else ''."""
-    if len(values) < 2:
-        return ""
-    return f" Per round: {', '.join(map(show, values))}; median {show(statistics.median(values))}."
-
-
-def _fmt(key: str, v) -> str:
-    if v is None:
-        return "-"
-    if key.startswith("images_per_sec"):
-        return f"{v:,.0f}"
-    if key == "sec_per_epoch":
-        return f"{v:.1f}"
-    if key == "test_acc":
-        return f"{v:.4f}"
-    if key == "peak_mem_mb_per_process":
-        return f"{v:,.0f}"
-    if key == "ratio":
-        return f"{v:.2f}x"
-    return str(v)
-
-
-def markdown_table(rows: list[dict]) -> str:
-    lines = ["| " + " | ".join(HEADERS) + " |",
-             "|" + "|".join(["---"] + ["---:"] * (len(HEADERS) - 1)) + "|"]
-    for row in rows:
-        lines.append("| " + " | ".join(_fmt(k, row[k]) for k in COLUMNS) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def csv_text(rows: list[dict]) -> str:
-    out = io.StringIO()
-    w = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
-    w.writeheader()
-    for row in rows:
-        w.writerow({k: ("" if row[k] is None else row[k]) for k in COLUMNS})
-    return out.getvalue()
-
-
-def report_text(rows: list[dict], notes: list[str]) -> str:
-    return markdown_table(rows) + "".join(f"\n{n}" for n in notes) + ("\n" if notes else "")
-
-
-# ---------------------------------------------------------------- the runs
-def baseline_command(name: str, run_dir: Path, a) -> list[str]:
-    args = [f"hydra.run.dir={run_dir}", f"epochs={a.epochs}", f"data.batch_size={a.batch}",
-            f"threads={a.baseline_threads}", f"max_steps={a.max_steps}"]
-    if a.data_root:
-        args.append(f"data.root={a.data_root}")
-    return [sys.executable, "-m", f"ddp_lab.baselines.{name}", *args, *shlex.split(a.baseline_args)]
-
-
-def trainer_command(nproc: int, batch: int | None, run_dir: Path, a, extra: str = "") -> list[str]:
-    """batch None: the trainer's own default (conf/data)."""
-    args = [f"hydra.run.dir={run_dir}", f"trainer.epochs={a.epochs}",
-            *([] if batch is None else [f"data.batch_size={batch}"]),
-            f"trainer.threads={a.threads}", f"trainer.max_steps={a.max_steps}",
-            "trainer.progress=false", *TRAINER_MODEL[a.baseline]]
-    if a.data_root:
-        args.append(f"data.root={a.data_root}")
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            "-m", "ddp_lab.train", *args, *shlex.split(a.trainer_args), *shlex.split(extra)]
-
-
-def run_one(system: str, repeat: int, cmd: list[str], run_dir: Path, timeout: float | None) -> dict:
-    print(f"[{system} #{repeat + 1}] {shlex.join(cmd)}", flush=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    wall = time.perf_counter() - t0
-    (run_dir.parent / f"{run_dir.name}.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
-        raise RuntimeError(f"{system} #{repeat + 1} failed (exit {proc.returncode}); "
-                           f"log: {run_dir.parent / (run_dir.name + '.log')}\n{tail}")
-    summary = json.loads((run_dir / "summary.json").read_text())
-    result = {"system": system, "repeat": repeat, "wall_s": wall, "run_dir": str(run_dir), **summary}
-    print(f"    {summary['samples_per_sec']:,.0f} img/s, {summary['sec_per_epoch']:.1f} s/epoch, "
-          f"test acc {summary['test_acc']:.4f}, peak {summary.get('peak_mem_mb') or 0:,.0f} MiB/process",
-          flush=True)
-    return result
-
-
-def plan(a) -> tuple[list[tuple[str, str, Callable[[Path], list[str]]]], str]:
-    """(system, run-dir slug, command for a run dir) per system, in the order they alternate;
-    and the reference system."""
-    if a.compare_world:
-        worlds = parse_worlds(a.compare_world)
-        return [(f"trainer {w}p", f"trainer-{w}p",
-                 lambda d, w=w: trainer_command(w, a.per_process_batch * w, d, a))
-                for w in worlds], f"trainer {worlds[0]}p"
-    base = f"baseline {a.baseline}"
-    systems = [(base, "baseline", lambda d: baseline_command(a.baseline, d, a)),
-               (f"trainer {a.nproc}p", "trainer", lambda d: trainer_command(a.nproc, a.trainer_batch, d, a))]
-    for label, overrides in parse_variants(a.variant):
-        systems.append((f"trainer {a.nproc}p {label}", f"trainer-{label}",
-                        lambda d, o=overrides: trainer_command(a.nproc, a.trainer_batch, d, a, o)))
-    return systems, base
-
-
-def parse_variants(specs: list[str]) -> list[tuple[str, str]]:
-    """--variant LABEL=OVERRIDES: e.g. 'compile=trainer.compile=true' -> ('compile', 'trainer.compile=true')."""
-    out = []
-    for spec in specs:
-        label, sep, overrides = spec.partition("=")
-        if not sep or not label or not overrides or not label.replace("_", "").replace("-", "").isalnum():
-            raise SystemExit(f"--variant {spec!r}: expected LABEL=OVERRIDES, e.g. compile=trainer.compile=true")
-        out.append((label, overrides))
-    return out
-
-
-def parse_worlds(text: str) -> list[int]:
-    try:
-        worlds = sorted({int(w) for w in text.split(",")})
-    except ValueError:
-        worlds = []
-    if len(worlds) < 2 or worlds[0] < 1:
-        raise SystemExit(f"--compare-world={text!r}: give two or more world sizes >= 1, e.g. 1,2")
-    return worlds
-
-
-def notes_for(rows: list[dict], results: list[dict], a) -> list[str]:
-    if not rows:
-        return []
-    if a.compare_world:
-        worlds = parse_worlds(a.compare_world)
-        small = f"trainer {worlds[0]}p"
-        out = []
-        for w in worlds[1:]:
-            large = f"trainer {w}p"
-            eff = scaling_efficiency(results, small, large, worlds[0], w)
-            rounds = [x / (w / worlds[0]) for x in paired_ratios(results, large, small)]
-            out.append(f"Scaling efficiency: rate({w}p) / ({w / worlds[0]:g} x rate({worlds[0]}p)) = {eff:.1%} "
-                       f"({a.per_process_batch} images and {a.threads or 'default'} thread(s) per process)."
-                       + _per_round(rounds, lambda v: f"{v:.1%}"))
-        return out
-    base, out = rows[0], []
-    for trainer in rows[1:]:
-        acc = ""
-        if base["test_acc"] is not None and trainer["test_acc"] is not None:
-            acc = f", test accuracy {trainer['test_acc'] - base['test_acc']:+.4f}"
-        name = "Trainer" if len(rows) == 2 else trainer["system"]
-        batches = f"global batch {trainer['global_batch'] or '?'} against {base['global_batch'] or '?'}"
-        rounds = paired_ratios(results, trainer["system"], base["system"])
-        out.append(f"{name} / baseline: {trainer['ratio']:.2f}x images/s{acc} "
-                   f"(medians of {trainer['runs']} run(s), {a.epochs} epoch(s), {batches})."
-                   + _per_round(rounds, lambda v: f"{v:.2f}x"))
-    return out
-
-
-def write_outputs(out: Path, rows: list[dict], notes: list[str]) -> str:
-    text = report_text(rows, notes)
-    (out / "table.md").write_text(text)
-    (out / "table.csv").write_text(csv_text(rows))
-    return text
 
 
 def parse_args(argv=None):
