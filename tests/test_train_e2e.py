@@ -111,3 +111,13 @@ def test_profile_writes_a_timeline_per_rank(two_rank_run):
         assert sum(n.startswith("ProfilerStep#") for n in names) == 2  # profile_active steps
         assert any("allreduce" in n.lower() or "all_reduce" in n.lower() for n in names)
         assert any("Backward" in n for n in names)  # communication seen against the backward pass
+
+
+def test_a_run_can_be_drawn(two_rank_run, tmp_path):
+    from ddp_lab.bench.run_plot import plot_run, scalars
+    run_dir, _ = two_rank_run
+    data = scalars(run_dir)
+    assert len(data["loss/train"]) == len(data["acc/test"]) == 2  # one point per epoch
+    assert data["acc/test"][-1][1] == pytest.approx(read_summary(run_dir)["test_acc"], abs=1e-6)
+    png = plot_run(run_dir, tmp_path / "run.png", title="tiny")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
