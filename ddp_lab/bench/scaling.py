@@ -16,7 +16,8 @@ every N. Arguments after `--` are Hydra overrides passed to every run.
   share shrinks with N: how much faster the same training gets.
 
 Scaling efficiency is throughput(N) / (N x throughput(1)), as Horovod reports
-it. Results (the median of `--repeats` runs per point) go to `--out`
+it; MFU is each run's own (summary.json, ddp_lab.mfu). Results (the median of
+`--repeats` runs per point) go to `--out`
 (default outputs/bench/scaling/<time>/): scaling.csv, scaling.md, scaling.png.
 On a machine with C cores, more than C ranks oversubscribe the CPU: such
 points measure contention, not scaling.
@@ -52,7 +53,7 @@ from ddp_lab.bench import fresh_out_dir
 from ddp_lab.provenance import command_line, write_record
 
 COLUMNS = ["kind", "sync", "world_size", "global_batch", "per_rank_batch", "samples_per_sec",
-           "samples_per_sec_per_rank", "efficiency", "comm_frac", "test_acc", "runs",
+           "samples_per_sec_per_rank", "mfu", "efficiency", "comm_frac", "test_acc", "runs",
            "step_ms", "predicted_step_ms"]
 
 
@@ -69,6 +70,7 @@ class Point:
     step_ms: float | None = None  # median over repeats
     model: str = ""
     described_sync: str = ""  # as summary.json says it, e.g. flat/builtin+bf16
+    mfu: float | None = None  # median over repeats, the trainer's (summary.json)
 
     @property
     def per_rank_batch(self) -> int:
@@ -85,7 +87,7 @@ def efficiency_rows(points: list[Point], fit=None, threads: int = 1) -> list[dic
             "kind": p.kind, "sync": p.sync, "world_size": p.world_size,
             "global_batch": p.global_batch, "per_rank_batch": p.per_rank_batch,
             "samples_per_sec": p.samples_per_sec,
-            "samples_per_sec_per_rank": p.samples_per_sec / p.world_size,
+            "samples_per_sec_per_rank": p.samples_per_sec / p.world_size, "mfu": p.mfu,
             "efficiency": p.samples_per_sec / (p.world_size * one) if one else None,
             "comm_frac": p.comm_frac, "test_acc": p.test_acc, "runs": p.runs,
             "step_ms": p.step_ms, "predicted_step_ms": predicted(p, points, fit, threads),
@@ -111,14 +113,14 @@ def _fmt(v, spec: str) -> str:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    lines = ["| kind | sync | ranks | global batch | batch/rank | images/s | images/s/rank | efficiency | "
-             "comm share | test acc | step ms | predicted ms |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| kind | sync | ranks | global batch | batch/rank | images/s | images/s/rank | MFU | efficiency | "
+             "comm share | test acc | step ms | predicted ms |", "|---" * 13 + "|"]
     for r in rows:
         lines.append(
             f"| {r['kind']} | {r['sync']} | {r['world_size']} | {r['global_batch']} | "
             f"{r['per_rank_batch']} | {_fmt(r['samples_per_sec'], ',.0f')} | "
-            f"{_fmt(r['samples_per_sec_per_rank'], ',.0f')} | {_fmt(r['efficiency'], '.0%')} | "
-            f"{_fmt(r['comm_frac'], '.0%')} | {_fmt(r['test_acc'], '.3f')} | "
+            f"{_fmt(r['samples_per_sec_per_rank'], ',.0f')} | {_fmt(r.get('mfu'), '.1%')} | "
+            f"{_fmt(r['efficiency'], '.0%')} | {_fmt(r['comm_frac'], '.0%')} | {_fmt(r['test_acc'], '.3f')} | "
             f"{_fmt(r['step_ms'], '.1f')} | {_fmt(r['predicted_step_ms'], '.1f')} |")
     return "\n".join(lines) + "\n"
 
@@ -199,13 +201,13 @@ def measure(kind: str, sync: str, world: int, args, out: Path, cluster=None) -> 
         summaries.append(run_trainer(world, overrides, run_dir, args.timeout, cluster))
         print(f"  {kind:6s} {sync:24s} {world} rank(s)  run {r + 1}/{args.repeats}: "
               f"{summaries[-1]['samples_per_sec']:,.0f} img/s", flush=True)
-    comm = [s.get("comm_frac") for s in summaries if s.get("comm_frac") is not None]
-    return Point(kind, sync, world, batch,
-                 statistics.median(s["samples_per_sec"] for s in summaries),
-                 statistics.median(comm) if comm else None,
-                 statistics.median(s["test_acc"] for s in summaries), len(summaries),
-                 statistics.median(s["step_ms"] for s in summaries), summaries[0]["model"],
-                 summaries[0]["sync"])
+    def median(key):  # over the runs that measured it (None and NaN: not measured)
+        values = [s[key] for s in summaries if s.get(key) is not None and s[key] == s[key]]
+        return statistics.median(values) if values else None
+
+    return Point(kind, sync, world, batch, median("samples_per_sec"), median("comm_frac"),
+                 median("test_acc"), len(summaries), median("step_ms"), summaries[0]["model"],
+                 summaries[0]["sync"], median("mfu"))
 
 
 def parse_args(argv=None):

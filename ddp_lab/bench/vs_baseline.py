@@ -13,6 +13,8 @@
         --epochs 3 --repeats 3 --trainer-args trainer.compile=true
     # d2l's ResNet-18 in nn.DataParallel vs the trainer with ResNet-18 (a GPU machine: 1 process per GPU)
     python -m ddp_lab.bench.vs_baseline --baseline data_parallel --nproc 2 --epochs 10 --repeats 3
+    # 10-epoch rounds on a shared machine: hold the shared lock for one run at a time
+    python -m ddp_lab.bench.vs_baseline --epochs 10 --repeats 3 --lock /tmp/ddp_lab_cpu.lock
     # re-render the table of an earlier run's results.json
     python -m ddp_lab.bench.vs_baseline --table-only outputs/bench/vs_baseline/<stamp>
 
@@ -23,6 +25,10 @@ trainer, baseline, trainer, ...) so that a change in machine load hits both
 systems alike; each writes summary.json into <out>/runs/<system>-<repeat>/,
 which is where images/s, sec/epoch, test accuracy and peak_mem_mb come from:
   images/s      after the first warm-up steps, evaluation left out (both systems alike)
+  MFU           model FLOPs utilisation: training FLOPs per image x images/s over the
+                measured float32 (or bf16) matmul peak of the cores the run used; the
+                trainer's from its summary.json, the baseline's computed here from its
+                network and images/s with the same counter and peak (ddp_lab.mfu)
   sec/epoch     wall time of the training loop per epoch (d2l's timer; evaluation left out)
   peak mem      peak RSS of one process (rank 0 for the trainer; on GPU: max CUDA memory allocated)
 The table gives the median over repeats of each, min and max of images/s, and
@@ -56,9 +62,11 @@ import sys
 from pathlib import Path
 
 from ddp_lab.bench import fresh_out_dir
+from ddp_lab.bench.vs_baseline_mfu import with_mfu
 from ddp_lab.bench.vs_baseline_runs import (  # noqa: F401  (offered here too: the CLI is where users and tests look)
     TRAINER_MODEL,
     baseline_command,
+    holding,
     parse_variants,
     parse_worlds,
     plan,
@@ -110,6 +118,9 @@ def parse_args(argv=None):
     p.add_argument("--per-process-batch", type=int, default=256,
                    help="with --compare-world: images per process per step (default: 256, the "
                         "trainer's default global batch 512 on 2 ranks)")
+    p.add_argument("--lock", type=Path, default=None, metavar="FILE",
+                   help="hold an flock on FILE during each run (and its MFU's peak measurement), "
+                        "releasing it between runs, e.g. /tmp/ddp_lab_cpu.lock on a shared machine")
     p.add_argument("--timeout", type=float, default=None, help="seconds one run may take (default: no limit)")
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default: outputs/bench/vs_baseline/<time>)")
@@ -143,7 +154,11 @@ def main(argv=None) -> int:
         for repeat in range(a.repeats):
             for system, slug, command in systems:
                 run_dir = a.out / "runs" / f"{slug}-{repeat + 1}"
-                results.append(run_one(system, repeat, command(run_dir), run_dir, a.timeout))
+                with holding(a.lock):
+                    result = run_one(system, repeat, command(run_dir), run_dir, a.timeout)
+                    if slug == "baseline":  # the trainer's summary.json has its own
+                        result = with_mfu(result, a.baseline, a.baseline_threads)
+                results.append(result)
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         failed = e
     (a.out / "results.json").write_text(json.dumps(

@@ -12,8 +12,9 @@ from pathlib import Path
 from ddp_lab.bench.vs_baseline_runs import parse_worlds
 
 COLUMNS = ["system", "runs", "global_batch", "images_per_sec_median", "images_per_sec_min",
-           "images_per_sec_max", "sec_per_epoch", "test_acc", "peak_mem_mb_per_process", "ratio"]
-HEADERS = ["system", "runs", "global batch", "images/s (median)", "min", "max", "sec/epoch",
+           "images_per_sec_max", "mfu", "sec_per_epoch", "test_acc", "peak_mem_mb_per_process",
+           "ratio"]
+HEADERS = ["system", "runs", "global batch", "images/s (median)", "min", "max", "MFU", "sec/epoch",
            "test acc", "peak mem/process (MiB)", "ratio"]
 
 
@@ -21,8 +22,8 @@ def summarize(results: list[dict], reference: str | None = None) -> list[dict]:
     """One row per system, in order of first appearance; `ratio` is relative to `reference`.
 
     Each result holds at least system, samples_per_sec, sec_per_epoch, test_acc
-    and peak_mem_mb (None where not measured), and global_batch where known.
-    reference defaults to the first system.
+    and peak_mem_mb (None where not measured), and global_batch and mfu where known
+    (a NaN mfu counts as unknown). reference defaults to the first system.
     """
     systems: dict[str, list[dict]] = {}
     for r in results:
@@ -34,7 +35,7 @@ def summarize(results: list[dict], reference: str | None = None) -> list[dict]:
         raise ValueError(f"reference system {reference!r} has no results; have {', '.join(systems)}")
 
     def median(runs, key):
-        vals = [r[key] for r in runs if r.get(key) is not None]
+        vals = [r[key] for r in runs if r.get(key) is not None and r[key] == r[key]]  # not NaN
         return statistics.median(vals) if vals else None
 
     ref_rate = median(systems[reference], "samples_per_sec")
@@ -48,7 +49,7 @@ def summarize(results: list[dict], reference: str | None = None) -> list[dict]:
             "system": name, "runs": len(runs),
             "global_batch": "/".join(str(b) for b in batches) or None,
             "images_per_sec_median": rate, "images_per_sec_min": min(rates),
-            "images_per_sec_max": max(rates),
+            "images_per_sec_max": max(rates), "mfu": median(runs, "mfu"),
             "sec_per_epoch": median(runs, "sec_per_epoch"),
             "test_acc": median(runs, "test_acc"),
             "peak_mem_mb_per_process": max(mems) if mems else None,
@@ -95,6 +96,8 @@ def _fmt(key: str, v) -> str:
         return f"{v:,.0f}"
     if key == "ratio":
         return f"{v:.2f}x"
+    if key == "mfu":
+        return f"{v:.1%}"
     return str(v)
 
 
@@ -140,6 +143,8 @@ def notes_for(rows: list[dict], results: list[dict], a) -> list[str]:
         acc = ""
         if base["test_acc"] is not None and trainer["test_acc"] is not None:
             acc = f", test accuracy {trainer['test_acc'] - base['test_acc']:+.4f}"
+        if base["mfu"] is not None and trainer["mfu"] is not None:
+            acc += f", MFU {trainer['mfu']:.1%} against {base['mfu']:.1%}"
         name = "Trainer" if len(rows) == 2 else trainer["system"]
         batches = f"global batch {trainer['global_batch'] or '?'} against {base['global_batch'] or '?'}"
         rounds = paired_ratios(results, trainer["system"], base["system"])

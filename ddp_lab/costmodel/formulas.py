@@ -67,13 +67,17 @@ def tree(p: int, n: float, alpha: float, beta: float, gamma: float) -> float:
 # Algorithm names match ddp_lab.bench.collectives' (and ddp_lab.collectives').
 # "builtin" is the backend's own allreduce (gloo's or NCCL's), a black box here:
 # it is modelled, and fitted, with the ring formula, which is what NCCL uses for
-# large messages and what gloo's ring variants do.
+# large messages and what gloo's ring variants do. The textbook versions of ring
+# and halving-doubling send the same bytes in the same steps as the tuned ones
+# (they only also send empty pieces), so they share their formulas.
 MODELS: dict[str, Callable[[int, float, float, float, float], float]] = {
     "builtin": ring,
     "naive": naive,
     "ring": ring,
     "halving_doubling": halving_doubling,
     "tree": tree,
+    "ring_textbook": ring,
+    "halving_doubling_textbook": halving_doubling,
 }
 
 

@@ -32,12 +32,14 @@ def test_efficiency_is_throughput_over_n_times_one_rank():
 def test_missing_one_rank_baseline_leaves_efficiency_empty():
     rows = efficiency_rows([Point("weak", "ddp/builtin", 2, 256, 1800.0, None, 0.8, 1)])
     assert rows[0]["efficiency"] is None
-    assert "| weak | ddp/builtin | 2 | 256 | 128 | 1,800 | 900 | - | - | 0.800 |" in markdown_table(rows)
+    assert "| weak | ddp/builtin | 2 | 256 | 128 | 1,800 | 900 | - | - | - | 0.800 |" in markdown_table(rows)
 
 
 def test_markdown_row():
     table = markdown_table(efficiency_rows(_points()))
-    assert "| weak | ddp/builtin | 2 | 256 | 128 | 1,800 | 900 | 90% | 10% | 0.800 |" in table
+    assert "| weak | ddp/builtin | 2 | 256 | 128 | 1,800 | 900 | - | 90% | 10% | 0.800 |" in table
+    with_mfu = Point("weak", "ddp/builtin", 1, 128, 1000.0, 0.0, 0.8, 3, mfu=0.4567)
+    assert "| 1,000 | 1,000 | 45.7% | 100% |" in markdown_table(efficiency_rows([with_mfu]))
 
 
 def test_bad_arguments_are_refused(capsys):
