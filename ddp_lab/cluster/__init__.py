@@ -5,6 +5,7 @@
     python -m ddp_lab.cluster run --nproc-per-host 1 -- -m ddp_lab.train trainer.epochs=1
     python -m ddp_lab.cluster exec lab-1 -- getent hosts lab-0
     python -m ddp_lab.cluster link lab-1 down                  # pull its cable (and: up)
+    python -m ddp_lab.cluster kill lab-2                       # every process of lab-2, SIGKILL
     python -m ddp_lab.cluster down
 
 A test bed, not a launcher: each emulated host is a Linux network namespace

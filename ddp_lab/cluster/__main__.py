@@ -1,4 +1,4 @@
-"""`python -m ddp_lab.cluster up|down|status|run|exec`: see ddp_lab.cluster."""
+"""`python -m ddp_lab.cluster up|down|status|run|exec|link|kill`: see ddp_lab.cluster."""
 from __future__ import annotations
 
 import argparse
@@ -24,6 +24,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     run.add_argument("--nproc-per-host", type=int, default=1, help="workers per host (default 1)")
     run.add_argument("--max-restarts", type=int, default=0, help="torchrun --max-restarts on every agent")
     run.add_argument("--hosts", type=int, default=None, help="use the first N hosts (default all)")
+    run.add_argument("--nnodes", default=None, metavar="MIN:MAX",
+                     help="elastic membership (torchrun's --nnodes MIN:MAX, MAX = the hosts used): "
+                          "the job goes on while MIN hosts remain, and takes back a host that joins")
+    run.add_argument("--only", default=None, metavar="HOST[,HOST]",
+                     help="start the agents of these hosts only: a host joining a running elastic "
+                          "job (give that job's --run-id, --port and --nnodes)")
+    run.add_argument("--rdzv-conf", default="", metavar="K=V[,K=V]",
+                     help="more torchrun --rdzv-conf settings, e.g. last_call_timeout=5")
     run.add_argument("--run-id", default=None, help="rendezvous id, names the run directory "
                      "(default NAME-<date>_<time>)")
     run.add_argument("--port", type=int, default=None, help="rendezvous port on host 0 (default random)")
@@ -36,7 +44,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     link = sub.add_parser("link", help="pull a host's cable (down) or plug it back (up)")
     link.add_argument("host", help="a host name, e.g. lab-1")
     link.add_argument("state", choices=["down", "up"])
-    for s in (up, down, run, ex, link):
+    kill = sub.add_parser("kill", help="SIGKILL every process inside a host (a host lost at once)")
+    kill.add_argument("host", help="a host name, e.g. lab-2")
+    for s in (up, down, run, ex, link, kill):
         s.add_argument("--name", default=names.DEFAULT_NAME,
                        help=f"cluster name (default {names.DEFAULT_NAME})")
     args = p.parse_args(argv)
@@ -47,7 +57,31 @@ def parse_args(argv=None) -> argparse.Namespace:
                     + ("run -- -m ddp_lab.train" if args.action == "run" else "exec lab-0 -- hostname"))
     if args.action == "run" and (args.nproc_per_host < 1 or args.max_restarts < 0):
         p.error("--nproc-per-host must be >= 1 and --max-restarts >= 0")
+    if args.action == "run" and args.only and not (args.run_id and args.port):
+        p.error("--only starts agents that join a running job: give its --run-id and --port")
     return args
+
+
+def parse_nnodes(text: str | None, hosts: int) -> int | None:
+    """--nnodes MIN:MAX (or N) -> MIN, checked against the hosts the job uses."""
+    if text is None:
+        return None
+    lo, _, hi = text.partition(":")
+    try:
+        lo, hi = int(lo), int(hi or lo)
+    except ValueError:
+        raise ClusterError(f"--nnodes {text}: expected MIN:MAX, e.g. 2:{hosts}") from None
+    if hi != hosts or not 1 <= lo <= hi:
+        raise ClusterError(f"--nnodes {text}: MAX must be the {hosts} host(s) the job uses and "
+                           f"1 <= MIN <= MAX (e.g. {max(1, hosts - 1)}:{hosts}; --hosts N uses fewer)")
+    return lo
+
+
+def parse_conf(text: str) -> dict:
+    pairs = [kv.partition("=") for kv in text.split(",") if kv]
+    if any(not k or not sep for k, sep, _ in pairs):
+        raise ClusterError(f"--rdzv-conf {text}: expected KEY=VALUE[,KEY=VALUE]")
+    return {k: v for k, _, v in pairs}
 
 
 def ready_cluster(name: str) -> network.Cluster:
@@ -77,8 +111,13 @@ def run_job(args) -> int:
     cluster = ready_cluster(args.name)
     if args.hosts is not None and not 1 <= args.hosts <= len(cluster.hosts):
         raise ClusterError(f"--hosts {args.hosts}: cluster {args.name} has {len(cluster.hosts)} hosts")
+    used = args.hosts or len(cluster.hosts)
+    only = args.only.split(",") if args.only else None
+    for name in only or []:
+        network.host_named(cluster, name)  # one line if there is no such host
     job = Job(cluster, args.command, args.nproc_per_host, args.max_restarts, args.hosts,
-              args.run_id, args.port)
+              args.run_id, args.port, min_hosts=parse_nnodes(args.nnodes, used), only=only,
+              rdzv_conf=parse_conf(args.rdzv_conf))
 
     def forward(signum, frame):
         job.signal(signum)
@@ -105,11 +144,11 @@ def main(argv=None) -> int:
         elif args.action == "link":
             host = network.set_link(ready_cluster(args.name), args.host, args.state == "up")
             print(f"{host.name}: link {args.state}")
+        elif args.action == "kill":
+            host = network.host_named(ready_cluster(args.name), args.host)
+            print(f"{host.name}: killed {len(network.kill_processes(host))} process(es)")
         else:
-            host = next((h for h in ready_cluster(args.name).hosts if h.name == args.host), None)
-            if host is None:
-                raise ClusterError(f"cluster {args.name} has no host {args.host!r}; see "
-                                   "python -m ddp_lab.cluster status")
+            host = network.host_named(ready_cluster(args.name), args.host)
             return subprocess.run(in_host(host, args.command)).returncode
     except ClusterError as e:
         print(f"ddp_lab.cluster: error: {e}", file=sys.stderr)

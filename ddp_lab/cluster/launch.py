@@ -11,6 +11,15 @@ host would run one thread per core in every rank, 2 hosts x 2 threads on 2
 cores: slower than 1 thread each, and the threads' differing summation
 order changes the weights. So each worker gets cores // workers threads (at
 least 1), unless OMP_NUM_THREADS is set already.
+
+Elastic membership (`min_hosts` below the number of hosts): torchrun's own
+`--nnodes=MIN:MAX`. When a host is lost, the agents left restart their
+workers (one of `--max-restarts`) and meet again without it, as long as MIN
+remain; an agent started again on that host (`join`) is seen by the others
+as waiting, and they restart their workers once more (not counted as a
+restart) to take it in. Host 0 serves the rendezvous, so it is the one host
+the job cannot lose (torchrun's c10d backend; an etcd rendezvous would not
+have that single point).
 """
 from __future__ import annotations
 
@@ -70,9 +79,15 @@ class Job:
     def __init__(self, cluster: Cluster, command: list[str], nproc_per_host: int = 1,
                  max_restarts: int = 0, hosts: int | None = None, run_id: str | None = None,
                  port: int | None = None, env: dict | None = None, cwd: str | None = None,
-                 out: TextIO | None = sys.stdout, err: TextIO | None = sys.stderr):
+                 out: TextIO | None = sys.stdout, err: TextIO | None = sys.stderr,
+                 min_hosts: int | None = None, only: list[str] | None = None,
+                 rdzv_conf: dict | None = None):
         self.cluster, self.command = cluster, list(command)
         self.hosts = cluster.hosts[:hosts] if hosts else list(cluster.hosts)
+        self.min_hosts = min_hosts or len(self.hosts)  # below len(hosts): elastic
+        # only: start agents on these hosts alone (one that rejoins a running job)
+        self.starting = [h for h in self.hosts if only is None or h.name in only]
+        self.rdzv_conf = dict(rdzv_conf or {})
         self.nproc_per_host, self.max_restarts = nproc_per_host, max_restarts
         self.run_id = run_id or f"{cluster.name}-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
         self.port = port or random.randrange(20000, 32000)  # below Linux's ephemeral ports
@@ -87,7 +102,12 @@ class Job:
                "PYTHONUNBUFFERED": "1", **self.extra_env}
         for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
             env.pop(key, None)
-        if self.max_restarts > 0:  # a fresh store per attempt (see ddp_lab.train)
+        if self.elastic:
+            # torchrun's agents share their rendezvous store with their workers, and each
+            # agent reads its address once, at its first rendezvous, keeping it for later
+            # rounds (dynamic_rendezvous.next_rendezvous, torch 2.4-2.14): an agent that
+            # joins later waits for an address no one writes again, and the round never
+            # starts. With its own store per round, every agent reads the address anew.
             env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         workers, cores = len(self.hosts) * self.nproc_per_host, usable_cores()
         shape = f"{len(self.hosts)} host(s) x {self.nproc_per_host} rank(s) share {cores} core(s)"
@@ -101,27 +121,49 @@ class Job:
             note += "; more workers than cores, so the hosts also compete for the CPU"
         return env, note
 
-    def torchrun(self, index: int) -> list[str]:
-        return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(self.hosts)}",
+    @property
+    def elastic(self) -> bool:
+        return self.min_hosts < len(self.hosts)
+
+    def torchrun(self, host: Host) -> list[str]:
+        nnodes = f"{self.min_hosts}:{len(self.hosts)}" if self.elastic else str(len(self.hosts))
+        conf = ",".join(f"{k}={v}" for k, v in {"is_host": host == self.hosts[0], **self.rdzv_conf}.items())
+        return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
                 f"--nproc-per-node={self.nproc_per_host}", f"--max-restarts={self.max_restarts}",
                 "--rdzv-backend=c10d", f"--rdzv-endpoint={self.hosts[0].name}:{self.port}",
-                f"--rdzv-id={self.run_id}", f"--rdzv-conf=is_host={index == 0}", *self.command]
+                f"--rdzv-id={self.run_id}", f"--rdzv-conf={conf}", *self.command]
 
     def start(self) -> Job:
         env, note = self.environment()
-        self._say(f"ddp_lab.cluster: {note}; run id {self.run_id}")
-        for i, host in enumerate(self.hosts):
-            # Own session: a Ctrl-C at the terminal reaches the agents once, forwarded by us.
-            proc = subprocess.Popen(in_host(host, self.torchrun(i)), env=env, cwd=self.cwd, text=True,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True, errors="replace")
-            agent = Agent(host, proc)
-            for stream, sink in ((proc.stdout, self.out), (proc.stderr, self.err)):
-                t = threading.Thread(target=self._relay, args=(agent, stream, sink), daemon=True)
-                t.start()
-                agent.readers.append(t)
-            self.agents.append(agent)
+        self._say(f"ddp_lab.cluster: {note}; run id {self.run_id}, rendezvous "
+                  f"{self.hosts[0].name}:{self.port}" + (f", {self.min_hosts} to {len(self.hosts)} "
+                                                          "hosts (elastic)" if self.elastic else ""))
+        for host in self.starting:
+            self._start_agent(host, env)
         return self
+
+    def join(self, host_name: str) -> Agent:
+        """Start (again) the agent of one host, into this job's rendezvous: for an elastic
+        job, the host comes back and the others take it in at their next rendezvous."""
+        host = next(h for h in self.hosts if h.name == host_name)
+        if any(a.host == host and a.proc.poll() is None for a in self.agents):
+            raise ValueError(f"{host_name} already runs an agent of this job")
+        self._say(f"ddp_lab.cluster: {host_name} joins run {self.run_id}")
+        return self._start_agent(host, self.environment()[0])
+
+    def _start_agent(self, host: Host, env: dict) -> Agent:
+        # Own session: a Ctrl-C at the terminal reaches the agents once, forwarded by us.
+        proc = subprocess.Popen(in_host(host, self.torchrun(host)), env=env, cwd=self.cwd, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True, errors="replace")
+        agent = Agent(host, proc)
+        for stream, sink in ((proc.stdout, self.out), (proc.stderr, self.err)):
+            t = threading.Thread(target=self._relay, args=(agent, stream, sink), daemon=True)
+            t.start()
+            agent.readers.append(t)
+        with self._lock:
+            self.agents.append(agent)
+        return agent
 
     def _relay(self, agent: Agent, stream, sink) -> None:
         for line in stream:
@@ -154,18 +196,20 @@ class Job:
     def wait(self, timeout: float | None = None, grace_s: float = 60) -> int:
         """Wait for every agent; the job's exit status (that of the first agent to fail, else 0).
 
-        Once an agent has failed, the job cannot go on (every agent's rendezvous
-        needs all N hosts), so no host may keep it waiting: an agent whose workers
-        have all ended is stopped after IDLE_S (it may be stuck trying to reach a
-        host it lost), one whose workers still run gets `grace_s` for them to
-        notice and report the failure. On `timeout`, every agent is stopped and
-        TimeoutError raised. A failed job names the hosts whose link is down.
+        Once an agent has failed, a job of a fixed host count cannot go on (every
+        agent's rendezvous needs all N hosts), so no host may keep it waiting: an
+        agent whose workers have all ended is stopped after IDLE_S (it may be
+        stuck trying to reach a host it lost), one whose workers still run gets
+        `grace_s` for them to notice and report the failure. An elastic job goes
+        on without the failed host, and succeeds if the training did (an agent
+        ended 0). On `timeout`, every agent is stopped and TimeoutError raised.
+        A failed job names the hosts whose link is down.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while None in self.poll():
             now = time.monotonic()
             failed = [a.ended_at for a in self.agents if a.proc.returncode not in (None, 0)]
-            if failed:
+            if failed and not self.elastic:
                 self._stop_the_stuck(now)
                 if now > min(failed) + grace_s and None in self.poll():
                     self._say(f"ddp_lab.cluster: a host failed {grace_s:g} s ago and the others "
@@ -179,6 +223,8 @@ class Job:
             for t in a.readers:
                 t.join(timeout=5)
         failed = sorted((a.ended_at, i) for i, a in enumerate(self.agents) if a.proc.returncode)
+        if self.elastic and any(a.proc.returncode == 0 for a in self.agents):
+            return 0
         if failed:
             for name in links_down(self.cluster):
                 self._say(f"ddp_lab.cluster: the link of {name} is down")

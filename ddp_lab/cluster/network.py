@@ -178,12 +178,28 @@ def destroy(cluster: str) -> list[str]:
 
 def set_link(cluster: Cluster, host_name: str, up: bool) -> Host:
     """Pull (up=False) or plug back a host's cable: its port on the switch goes down or up."""
-    for i, host in enumerate(cluster.hosts):
-        if host.name == host_name:
-            ip("link", "set", f"v{i}", "up" if up else "down", netns=names.switch_netns(cluster.name))
-            return host
-    raise ClusterError(f"cluster {cluster.name} has no host {host_name!r}; see "
-                       "python -m ddp_lab.cluster status")
+    host = host_named(cluster, host_name)
+    port = f"v{cluster.hosts.index(host)}"
+    ip("link", "set", port, "up" if up else "down", netns=names.switch_netns(cluster.name))
+    return host
+
+
+def host_named(cluster: Cluster, host_name: str) -> Host:
+    host = next((h for h in cluster.hosts if h.name == host_name), None)
+    if host is None:
+        raise ClusterError(f"cluster {cluster.name} has no host {host_name!r}; see "
+                           "python -m ddp_lab.cluster status")
+    return host
+
+
+def kill_processes(host: Host) -> list[int]:
+    """SIGKILL every process inside the host (its torchrun agent and workers): a host lost
+    at once, as when its power goes. Returns the process ids killed."""
+    pids = [int(p) for p in ip("netns", "pids", host.netns, check=False).split()]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return pids
 
 
 def links_down(cluster: Cluster) -> list[str]:
