@@ -6,6 +6,7 @@ a container took them away, so the capabilities are read, not the user id.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
@@ -69,3 +70,24 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
     except (OSError, IndexError):
         return False
+
+
+def descendants(pid: int) -> list[int]:
+    """The live processes started by `pid`, and theirs, and so on."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{task}/children") as f:
+                    children = [int(c) for c in f.read().split()]
+            except OSError:
+                continue
+            # a process its parent has not reaped yet is a zombie: gone, though still listed
+            found += [c for c in children if alive(c)]
+            todo += children
+    return found

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from ddp_lab.cluster.commands import alive
+from ddp_lab.cluster.commands import descendants
 from ddp_lab.cluster.network import HOST_LINK, Cluster, Host, links_down
 
 # Runs inside `unshare --uts`: give this process the host's name, then become torchrun.
@@ -265,19 +265,7 @@ class Job:
 
     def worker_pids(self, host_index: int) -> list[int]:
         """The live processes the agent of one host has started (its workers and theirs)."""
-        found, todo = [], [self.agents[host_index].proc.pid]
-        while todo:
-            pid = todo.pop()
-            for task in _listdir(f"/proc/{pid}/task"):
-                try:
-                    with open(f"/proc/{pid}/task/{task}/children") as f:
-                        children = [int(c) for c in f.read().split()]
-                except OSError:
-                    continue
-                # a worker the agent has not reaped yet is a zombie: gone, though still listed
-                found += [c for c in children if alive(c)]
-                todo += children
-        return found
+        return descendants(self.agents[host_index].proc.pid)
 
     def output(self, host_index: int | None = None) -> str:
         """One host's output, or (None) every host's and then what the job itself said."""
@@ -285,13 +273,6 @@ class Job:
         with self._lock:
             text = "".join(line for a in agents for line in a.lines)
         return text + "".join(self.notes) if host_index is None else text
-
-
-def _listdir(path: str) -> list[str]:
-    try:
-        return os.listdir(path)
-    except OSError:
-        return []
 
 
 @contextlib.contextmanager
