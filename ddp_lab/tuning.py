@@ -246,8 +246,10 @@ def at_comm_priority(realtime: bool):
 
 
 def plan_for(env: distributed.DistEnv) -> TunedPlan:
-    """The plan the tuned collectives get on this rank."""
-    return TunedPlan(realtime_threads=env.comm_threads == "realtime")
+    """The plan the tuned collectives get on this rank. The ranks span hosts where
+    torchrun started fewer of them on this node than there are (LOCAL_WORLD_SIZE)."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
+    return TunedPlan(realtime_threads=env.comm_threads == "realtime", across_hosts=local < env.world_size)
 
 
 def allreduce(name: str, env: distributed.DistEnv) -> Callable[..., torch.Tensor]:

@@ -211,3 +211,13 @@ def test_a_real_group_gets_realtime_gloo_threads_where_permitted():
             assert (got, refused) == ("realtime" if fifo else "normal", want == "realtime" and not permitted)
             expected = os.SCHED_FIFO if fifo else os.SCHED_OTHER
             assert all(policy == expected for _, policy in policies), policies
+
+
+def test_the_plan_says_whether_the_ranks_span_hosts(monkeypatch):
+    env = DistEnv(rank=0, world_size=4, local_rank=0, device=torch.device("cpu"), backend="gloo")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun: 2 of the 4 ranks on this node
+    assert tuning.plan_for(env).across_hosts is True
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert tuning.plan_for(env).across_hosts is False
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")  # not under torchrun: one host
+    assert tuning.plan_for(env) == TunedPlan()

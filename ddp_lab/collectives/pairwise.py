@@ -50,6 +50,11 @@ def receives_first(flat: torch.Tensor, comm: Comm, plan: TunedPlan) -> bool:
       rounds). On a Zen 1, send-first came out at 0.76-0.88x at 4-64 KiB
       against 0.85-0.93x (a second copy 0.86-0.92x), within the copies'
       spread at 1 MiB (two launches of 15 rounds).
+    * across hosts (plan.across_hosts): always. Between two emulated hosts
+      on 1 Gbit/s links (ddp_lab.cluster, Zen 1, 2026-11-25), a 2 MiB
+      exchange each way ran at 112-120 MB/s each way with the receives
+      posted first, 68-69 MB/s send-first: posted late, the payload waits
+      for the receiver's "ready" and one direction at a time is carried.
     * normal: with 3+ ranks up to EARLY_RECV_MAX_BYTES. On an AMD EPYC
       (2026-11-22), with 4 ranks, receives first made halving-doubling
       1.1-1.3x faster up to 1 MiB; with 2 ranks it made every size slower,
@@ -62,7 +67,7 @@ def receives_first(flat: torch.Tensor, comm: Comm, plan: TunedPlan) -> bool:
       receives first 1.38-2.84x (a copy 1.32-3.12x); at 4 MiB within the
       copies' spread (one launch of 11 rounds each).
     """
-    if plan.realtime_threads:
+    if plan.realtime_threads or plan.across_hosts:
         return True
     return comm.size > 2 and flat.numel() * flat.element_size() <= EARLY_RECV_MAX_BYTES
 

@@ -18,6 +18,11 @@ class TunedPlan:
     # messages (pairwise.receives_first). The caller then runs each call with
     # its own thread at the same priority (ddp_lab.tuning.at_comm_priority).
     realtime_threads: bool = False
+    # Whether the ranks are on more than one host, with a network between them.
+    # A link carries data both ways at once only if each side's receive is
+    # posted before the other's send arrives: then exchanges with one peer
+    # post their receives first (pairwise.receives_first, ring.ring_plan).
+    across_hosts: bool = False
     # The ring's segment size in bytes; None: by realtime_threads (ring.SEGMENT_BYTES).
     segment_bytes: int | None = None
     # Upper bound on the ring's receive scratch space on the host (see ring._prepare_ring).

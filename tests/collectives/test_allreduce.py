@@ -105,16 +105,18 @@ def _sum_problem(what, fn, rank, world_size, numel, dtype, case) -> str | None:
 
 def _check_ring_segments(rank: int, world_size: int) -> list[str]:
     """The ring with many segments per chunk, under the plans for gloo's
-    threads at normal and at real-time priority, handed in by argument, and a
+    threads at normal and at real-time priority and for ranks on several
+    hosts, handed in by argument, and a
     scratch cap that forces slot reuse."""
     problems = []
     # (elements, dtype, segment bytes, scratch cap bytes); a cap of 1 byte
     # gives the minimum number of scratch slots.
     configs = [(1021, torch.float64, 1024, 1 << 30), (1021, torch.float64, 1024, 1),
                (20_011, torch.bfloat16, 4096, 16 * 1024), (BIG, torch.float32, 512 * 1024, 1 << 20)]
-    for realtime in (False, True):
+    for realtime, across in ((False, False), (True, False), (False, True)):
         for case, (numel, dtype, seg_bytes, cap) in enumerate(configs):
-            plan = TunedPlan(realtime_threads=realtime, segment_bytes=seg_bytes, max_scratch_bytes=cap)
+            plan = TunedPlan(realtime_threads=realtime, across_hosts=across, segment_bytes=seg_bytes,
+                             max_scratch_bytes=cap)
             why = _sum_problem(f"ring {plan} numel={numel} {dtype}",
                                get_algorithm("ring", plan), rank, world_size, numel, dtype, 100 + case)
             if why:
@@ -127,7 +129,8 @@ def _check_pairwise_plans(rank: int, world_size: int) -> list[str]:
     follows the plan): receives first at every size with real-time threads,
     send-first above EARLY_RECV_MAX_BYTES otherwise."""
     problems = []
-    for plan in (TunedPlan(realtime_threads=False), TunedPlan(realtime_threads=True)):
+    for plan in (TunedPlan(realtime_threads=False), TunedPlan(realtime_threads=True),
+                 TunedPlan(across_hosts=True)):
         for case, (numel, dtype) in enumerate([(7, torch.bfloat16), (1021, torch.float64),
                                                (BIG, torch.float32)]):
             for name in ("naive", "halving_doubling"):

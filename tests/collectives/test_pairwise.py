@@ -13,6 +13,7 @@ from ddp_lab.collectives import TunedPlan, pairwise
 
 LIMIT = pairwise.EARLY_RECV_MAX_BYTES
 REALTIME, NORMAL = TunedPlan(realtime_threads=True), TunedPlan(realtime_threads=False)
+ACROSS = TunedPlan(across_hosts=True)
 
 
 @pytest.mark.parametrize("size, plan, nbytes, first", [
@@ -22,6 +23,8 @@ REALTIME, NORMAL = TunedPlan(realtime_threads=True), TunedPlan(realtime_threads=
     (2, NORMAL, 4096, False),        # two ranks at normal priority: send first
     (3, NORMAL, LIMIT, True),        # 3+ ranks: receives first up to the limit
     (3, NORMAL, LIMIT + 4, False),   # and send first above it
+    (2, ACROSS, 4 * LIMIT, True),    # ranks on two hosts: always receives first (both ways at once)
+    (3, ACROSS, LIMIT + 4, True),
 ])
 def test_receives_first(size, plan, nbytes, first):
     comm = types.SimpleNamespace(size=size)

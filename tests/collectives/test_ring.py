@@ -17,6 +17,7 @@ REALTIME, NORMAL = TunedPlan(realtime_threads=True), TunedPlan(realtime_threads=
     (2, REALTIME, False, 4 << 20, (6, 2, False, False)),    # 768 KiB segments, 2 in flight
     (3, REALTIME, False, 100 << 10, (1, 1, False, False)),  # small chunk: one message
     (2, NORMAL, False, 4 << 20, (1, 1, True, False)),       # one message, pairwise send-first
+    (2, TunedPlan(across_hosts=True), False, 4 << 20, (1, 1, True, True)),  # two hosts: receives ahead
     (3, NORMAL, False, 10 << 20, (3, 3, True, True)),       # 4 MiB segments, receives ahead
     (3, TunedPlan(segment_bytes=1 << 20), False, 10 << 20, (10, 10, True, True)),  # the plan's size
     (4, REALTIME, True, 64 << 20, (1, 1, False, False)),    # NCCL: one message per chunk
