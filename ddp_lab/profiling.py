@@ -2,7 +2,9 @@
 
 torch.profiler records `profile_active` steps after skipping `profile_wait`
 steps (and one more as its own warm-up), then writes one Chrome trace per
-rank to `<run dir>/profile/rank<N>.json`. Open it in https://ui.perfetto.dev
+rank to `<run dir>/profile/rank<N>.json`, and beside it `rank<N>.txt`: the
+ops that took the most time of those steps, by self time (time in the op
+itself, not in the ops it called), as torch.profiler's own table. Open it in https://ui.perfetto.dev
 (or chrome://tracing): the forward and backward ops sit on the main thread;
 DDP's bucket allreduces (gloo/NCCL `allreduce` ops, or the `ddp_lab.sync`
 ranges of the hand-written algorithms) show where communication overlaps the
@@ -17,6 +19,8 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from ddp_lab.config import ConfigError
 
+TOP_OPS = 25  # rows of the table beside each trace
+
 
 class StepProfiler:
     """Call step() once per optimizer step; close() at the end. A no-op when disabled."""
@@ -29,7 +33,7 @@ class StepProfiler:
         if wait < 0 or active < 1:
             raise ConfigError(f"trainer.profile_wait={wait} must be >= 0 and "
                               f"trainer.profile_active={active} >= 1")
-        self.path = Path(run_dir) / "profile" / f"rank{rank}.json"
+        self.path, self.active = Path(run_dir) / "profile" / f"rank{rank}.json", active
         self.path.parent.mkdir(parents=True, exist_ok=True)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         self.prof = profile(activities=activities,
@@ -39,6 +43,10 @@ class StepProfiler:
 
     def _save(self, prof) -> None:
         prof.export_chrome_trace(str(self.path))
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=TOP_OPS)
+        self.path.with_suffix(".txt").write_text(
+            f"The {TOP_OPS} ops with the most self CPU time over the {self.active} profiled step(s) "
+            f"of this rank ({self.path.stem}); ProfilerStep#N rows are whole steps.\n{table}")
 
     def step(self) -> None:
         if self.prof is not None:

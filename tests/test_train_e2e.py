@@ -111,6 +111,10 @@ def test_profile_writes_a_timeline_per_rank(two_rank_run):
         assert sum(n.startswith("ProfilerStep#") for n in names) == 2  # profile_active steps
         assert any("allreduce" in n.lower() or "all_reduce" in n.lower() for n in names)
         assert any("Backward" in n for n in names)  # communication seen against the backward pass
+        table = (run_dir / "profile" / f"rank{rank}.txt").read_text()
+        assert table.startswith(f"The 25 ops with the most self CPU time over the 2 profiled step(s) of "
+                                f"this rank (rank{rank})")
+        assert "Self CPU %" in table and "aten::" in table
 
 
 def test_a_run_can_be_drawn(two_rank_run, tmp_path):
