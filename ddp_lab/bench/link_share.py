@@ -19,7 +19,7 @@ busbw over that best, the figure to hold each algorithm to.
 
 Prints one row per algorithm, rank count and size from --from up, and the
 smallest `of_allowed` of each (algorithm, ranks); with --out, writes
-link_share.csv and link_share.md there.
+link_share.csv, link_share.md and record.json (ddp_lab.provenance) there.
 """
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ from ddp_lab.cluster.commands import ClusterError
 from ddp_lab.cluster.shaping import format_rate, parse_rate
 from ddp_lab.config import ConfigError
 from ddp_lab.costmodel.formulas import MODELS
+from ddp_lab.provenance import command_line, write_record
 
 COLUMNS = ["algo", "world_size", "size_bytes", "busbw_gbps", "of_link", "allowed_of_link", "of_allowed"]
 
@@ -96,8 +97,11 @@ def main(argv=None) -> int:
     p.add_argument("sweeps", nargs="+", type=Path, help="collectives.csv files or their run directories")
     p.add_argument("--rate", required=True, help="the links' rate, as given to ddp_lab.cluster up: 1gbit, ...")
     p.add_argument("--from", dest="from_size", default="4M", help="smallest size counted (default 4M)")
-    p.add_argument("--out", type=Path, default=None, help="folder for link_share.csv and link_share.md")
+    p.add_argument("--out", type=Path, default=None,
+                   help="folder for link_share.csv, link_share.md and record.json")
     a = p.parse_args(argv)
+    if a.out and (a.out / "link_share.csv").exists():
+        p.error(f"--out {a.out} already holds link_share.csv; choose another folder")
     try:
         rate = parse_rate(a.rate)
     except ClusterError as e:
@@ -124,6 +128,8 @@ def main(argv=None) -> int:
             w.writeheader()
             w.writerows(rows)
         (a.out / "link_share.md").write_text(table)
+        write_record(a.out, command_line("ddp_lab.bench.link_share", sys.argv[1:] if argv is None else argv),
+                     {"rate_bits": rate, "sweeps": [str(s) for s in a.sweeps]})
     return 0
 
 

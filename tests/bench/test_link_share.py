@@ -1,5 +1,6 @@
 """link_share: busbw over the link and over what each algorithm's formula allows, on canned sweeps."""
 import csv
+import json
 
 import pytest
 
@@ -48,6 +49,11 @@ def test_table_and_files(tmp_path, capsys):
     assert "| naive | 90% (0.45) | 96% (0.24) |" in md
     assert "| tree | - | 27% (0.10) |" in md  # whole message up and down a tree of depth 2: 3/8 allowed
     assert md in capsys.readouterr().out
+    record = json.loads((out / "record.json").read_text())
+    assert record["rate_bits"] == 10 ** 9 and record["command"].startswith("python -m ddp_lab.bench.link_share")
+    with pytest.raises(SystemExit):  # never written over
+        ls.main(["--rate", "1gbit", str(a), "--out", str(out)])
+    assert "already holds link_share.csv" in capsys.readouterr().err
 
 
 def test_bad_inputs_are_one_line(tmp_path, capsys):
