@@ -19,5 +19,13 @@ for rate in ("100mbit", "1gbit"):
                              f"{fmt(r['efficiency'], '.0%')} | {fmt(r['comm_frac'], '.0%')} | "
                              f"{fmt(r['step_ms'], '.1f')} | {fmt(r['predicted_step_ms'], '.1f')} | "
                              f"{fmt(r['mfu'], '.1%')} |")
+lines += ["", "| model | link | hosts | images/s | efficiency | comm share | step ms | predicted ms | MFU |",
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+for rate in ("100mbit", "1gbit"):
+    with open(HERE / f"resnet18-{rate}" / "scaling.csv", newline="") as f:
+        for r in csv.DictReader(f):
+            lines.append(f"| resnet18 | {rate} | {r['world_size']} | {fmt(r['samples_per_sec'], ',.1f')} | "
+                         f"{fmt(r['efficiency'], '.0%')} | {fmt(r['comm_frac'], '.0%')} | "
+                         f"{fmt(r['step_ms'], '.0f')} | {fmt(r['predicted_step_ms'], '.0f')} | {fmt(r['mfu'], '.1%')} |")
 (HERE / "table.md").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))

@@ -19,3 +19,9 @@ for RATE in 100mbit 1gbit; do
             --out "$HERE/lenet-$RATE-$COMPRESS" -- sync.compress=$COMPRESS trainer.warmup_steps=10
     done
 done
+# ResNet-18 (synthetic images, 32 per rank, 12 steps of which 2 left out), 1 and 2 hosts, one run each
+for RATE in 100mbit 1gbit; do
+    $PY -m ddp_lab.bench.scaling --hosts 1,2 --rate $RATE --syncs flat/builtin --kinds weak \
+        --per-rank-batch 32 --max-steps 12 --repeats 1 --fit "$FITS/$RATE/fit.csv" --timeout 600 \
+        --out "$HERE/resnet18-$RATE" -- model=resnet18 data=synthetic data.num_test=256 trainer.warmup_steps=2
+done
