@@ -28,8 +28,8 @@ import csv
 import sys
 from pathlib import Path
 
-from ddp_lab.bench.collectives import busbw_factor
 from ddp_lab.bench.collectives_interleaved import parse_size
+from ddp_lab.bench.collectives_plan import busbw_factor
 from ddp_lab.cluster.commands import ClusterError
 from ddp_lab.cluster.shaping import format_rate, parse_rate
 from ddp_lab.config import ConfigError
@@ -79,6 +79,7 @@ def markdown(rows: list[dict], rate_bits: int, from_bytes: int) -> str:
     """One table: algorithms down, rank counts across; each cell the smallest busbw/allowed
     from `from_bytes` up, and (in brackets) the busbw over the link at the largest size."""
     worlds = sorted({r["world_size"] for r in rows})
+    smallest = worst(rows)
     largest = {(r["algo"], r["world_size"]): r for r in rows}  # rows are sorted by size
     lines = [f"busbw over what each algorithm's formula allows on a {format_rate(rate_bits)} link, the "
              f"smallest from {from_bytes / 2 ** 20:g} MiB up (busbw over the link rate at the largest size)", "",
@@ -87,7 +88,7 @@ def markdown(rows: list[dict], rate_bits: int, from_bytes: int) -> str:
         cells = []
         for w in worlds:
             key = (algo, w)
-            cells.append(f"{worst(rows)[key]:.0%} ({largest[key]['of_link']:.2f})" if key in largest else "-")
+            cells.append(f"{smallest[key]:.0%} ({largest[key]['of_link']:.2f})" if key in largest else "-")
         lines.append(f"| {algo} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from ddp_lab.cluster.commands import descendants
-from ddp_lab.cluster.network import HOST_LINK, Cluster, Host, links_down
+from ddp_lab.cluster.network import HOST_LINK, Cluster, Host, host_named, links_down
 
 # Runs inside `unshare --uts`: give this process the host's name, then become torchrun.
 SET_HOSTNAME = "import os,socket,sys; socket.sethostname(sys.argv[1]); os.execvp(sys.argv[2], sys.argv[2:])"
@@ -145,7 +145,7 @@ class Job:
     def join(self, host_name: str) -> Agent:
         """Start (again) the agent of one host, into this job's rendezvous: for an elastic
         job, the host comes back and the others take it in at their next rendezvous."""
-        host = next(h for h in self.hosts if h.name == host_name)
+        host = host_named(self.cluster, host_name)
         if any(a.host == host and a.proc.poll() is None for a in self.agents):
             raise ValueError(f"{host_name} already runs an agent of this job")
         self._say(f"ddp_lab.cluster: {host_name} joins run {self.run_id}")

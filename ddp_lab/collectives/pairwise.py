@@ -35,7 +35,8 @@ class Step(NamedTuple):
 
 
 def receives_first(flat: torch.Tensor, comm: Comm, plan: TunedPlan) -> bool:
-    """Whether a pairwise exchange on gloo posts all its receives before any send.
+    """Whether a pairwise exchange on gloo posts its receives before its sends (all of
+    them at once, or each step's just before its send: see run_steps).
 
     It depends on how gloo's threads are scheduled (plan.realtime_threads),
     as the ring's plan does, measured on 2-core VMs in interleaved rounds
