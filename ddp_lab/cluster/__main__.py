@@ -104,7 +104,7 @@ def show(clusters: list[network.Cluster]) -> None:
         print(f"cluster {c.name}: {len(c.hosts)} host(s), links {rate} each way{state}")
         for h in c.hosts:
             rate = format_rate(h.rate_bits) if h.rate_bits else "-"
-            print(f"  {h.name:<16} {h.address:<15} {rate:<8} (netns {h.netns})")
+            print(f"  {h.name:<16} {h.address:<15} {rate:<8} tcp {h.tcp or '-':<6} (netns {h.netns})")
 
 
 def run_job(args) -> int:

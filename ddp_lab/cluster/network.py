@@ -35,6 +35,7 @@ class Host:
     netns: str     # its network namespace, e.g. ddplab-lab-0
     address: str   # eth0's address
     rate_bits: int | None  # what its link is shaped to (None: unshaped or unknown)
+    tcp: str | None = None  # the TCP congestion control its route names (shaping.CONGESTION_CONTROL)
 
 
 @dataclass
@@ -78,7 +79,8 @@ def find(cluster: str) -> Cluster | None:
             problems.append(f"{names.host_name(cluster, i)} has no address or no shaped link")
         if not (names.ETC_NETNS / netns / "hosts").exists():
             problems.append(f"{names.host_name(cluster, i)} has no hosts file")
-        hosts.append(Host(names.host_name(cluster, i), netns, address or "-", rate))
+        hosts.append(Host(names.host_name(cluster, i), netns, address or "-", rate,
+                          shaping.congestion_control(netns, HOST_LINK)))
     return Cluster(cluster, hosts, not problems, problems)
 
 
@@ -137,6 +139,7 @@ def create(cluster: str, hosts: int, rate: str) -> Cluster:
             ip("addr", "add", f"{address}/{subnet.prefixlen}", "dev", HOST_LINK, netns=netns)
             ip("link", "set", HOST_LINK, "up", netns=netns)
             ip("link", "set", "lo", "up", netns=netns)
+            shaping.set_congestion_control(netns, HOST_LINK, str(subnet), address)
             shaping.shape(netns, HOST_LINK, bits)   # what host i sends
             shaping.shape(switch, port, bits)       # what host i receives
             addresses[names.host_name(cluster, i)] = address

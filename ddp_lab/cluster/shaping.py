@@ -17,18 +17,30 @@ bounds the queue behind the shaper: packets that would wait longer are
 dropped, as a switch with full buffers drops them (a 1 ms queue lost
 throughput to drops: 27.7-77.8 MB/s at 1-16 MiB, 2 hosts, 16 KiB burst,
 against 74.0-90.5 with 50 ms).
+
+TCP's congestion control is part of how a link behaves, so every host's
+route to the others names one (`congctl`) instead of inheriting the
+machine's default, which differs between kernels: see CONGESTION_CONTROL.
 """
 from __future__ import annotations
 
 import json
 import re
 
-from ddp_lab.cluster.commands import ClusterError, tc
+from ddp_lab.cluster.commands import ClusterError, ip, tc
 
 QDISC = "tbf"
 QUEUE_LATENCY = "50ms"
 BURST_SECONDS = 1e-3
 MIN_BURST_BYTES = 16 * 1024
+# Tried in order; reno is in every kernel. cubic is Linux's default and what
+# most clusters run. Inherited, the machine's own choice decides the figures:
+# on a kernel defaulting to bbr, one 2 MiB exchange of halving-doubling on 8
+# hosts at 100 Mbit/s took 178-253 ms where the link allows 176 (bbr paces at
+# its estimate of the rate, and each pair's connection idles between steps),
+# the whole 4 MiB all-reduce 735 ms; with reno 179-189 ms and 646 ms (Zen 1,
+# 2026-11-25).
+CONGESTION_CONTROL = ("cubic", "reno")
 UNITS = {"bit": 1, "kbit": 10 ** 3, "mbit": 10 ** 6, "gbit": 10 ** 9, "tbit": 10 ** 12}
 RATE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(bit|kbit|mbit|gbit|tbit)\Z", re.IGNORECASE)
 
@@ -79,4 +91,33 @@ def shaped_rate(netns: str, device: str) -> int | None:
     for q in qdiscs:
         if q.get("kind") == QDISC and q.get("root"):
             return int(q["options"]["rate"]) * 8  # tc reports bytes per second
+    return None
+
+
+def set_congestion_control(netns: str, device: str, subnet: str, address: str) -> str:
+    """Make TCP between the hosts use the first of CONGESTION_CONTROL this
+    kernel has (a route attribute: a namespace's sysctl may refuse it); returns its name."""
+    for algorithm in CONGESTION_CONTROL:
+        try:
+            ip("route", "replace", subnet, "dev", device, "proto", "kernel", "scope", "link",
+               "src", address, "congctl", algorithm, netns=netns)
+            return algorithm
+        except ClusterError:
+            continue
+    raise ClusterError(f"this kernel has none of the TCP congestion controls "
+                       f"{', '.join(CONGESTION_CONTROL)} (tcp_{CONGESTION_CONTROL[-1]} is built in "
+                       "unless the kernel was configured without TCP)")
+
+
+def congestion_control(netns: str, device: str) -> str | None:
+    """The congestion control the route on `device` names; None if it names none."""
+    out = ip("-j", "route", "show", "dev", device, netns=netns, check=False)
+    try:
+        routes = json.loads(out or "[]")
+    except json.JSONDecodeError:
+        return None
+    for route in routes:
+        for metric in route.get("metrics", []):
+            if "congestion" in metric:
+                return str(metric["congestion"])
     return None

@@ -1,5 +1,7 @@
 """Rates parse as tc reads them, both directions of every link are shaped, and the shaping is real."""
 import json
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -60,3 +62,38 @@ def test_an_allreduce_takes_at_least_its_bytes_over_the_rate(two_hosts, tmp_path
     floor = (nbytes - shaping.burst_bytes(parse_rate(RATE))) / (parse_rate(RATE) / 8)
     assert r["seconds"] >= floor, f"{r['seconds']:.3f} s < {floor:.3f} s: the links are not shaped"
     print(f"8 MiB all-reduce at {RATE}: {r['seconds']:.3f} s (floor {floor:.3f} s)")
+
+
+# A TCP connection from host 0 to host 1: the congestion control each side's socket uses.
+CONGESTION_PROBE = textwrap.dedent("""
+    import socket, sys
+    def algorithm(s):
+        return s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\\0").decode()
+    if sys.argv[1] == "listen":
+        server = socket.create_server(("0.0.0.0", 29517)); server.settimeout(30)
+        print("listening", flush=True)
+        conn, _ = server.accept(); print(algorithm(conn))
+    else:
+        print(algorithm(socket.create_connection((sys.argv[2], 29517), timeout=30)))
+""")
+
+
+def test_tcp_between_hosts_uses_the_pinned_congestion_control(two_hosts, tmp_path):
+    # Not the machine's default: the first of CONGESTION_CONTROL the kernel has, on both ends.
+    pinned = [shaping.congestion_control(h.netns, "eth0") for h in two_hosts.hosts]
+    assert pinned[0] in shaping.CONGESTION_CONTROL and pinned == [pinned[0]] * 2
+    script = tmp_path / "probe.py"
+    script.write_text(CONGESTION_PROBE)
+    server_host, client_host = two_hosts.hosts[1], two_hosts.hosts[0]
+    server = subprocess.Popen(["ip", "netns", "exec", server_host.netns, sys.executable, str(script),
+                               "listen"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline().strip() == "listening"
+        client = subprocess.run(["ip", "netns", "exec", client_host.netns, sys.executable,
+                                 str(script), "connect", server_host.address],
+                                capture_output=True, text=True, timeout=60)
+        assert client.returncode == 0, client.stderr
+        assert client.stdout.strip() == pinned[0]
+        assert server.communicate(timeout=60)[0].strip() == pinned[0]
+    finally:
+        server.kill()
