@@ -92,6 +92,10 @@ def validate(cfg) -> dict:
     if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores < 1):
         raise ConfigError(f"measured_cores={cores!r} must be null (textbook model) or the number of CPU "
                           "cores the benchmark's ranks shared, e.g. measured_cores=2")
+    fit_min = cfg.get("fit_min_bytes")
+    if fit_min is not None and (isinstance(fit_min, bool) or not isinstance(fit_min, int) or fit_min < 1):
+        raise ConfigError(f"fit_min_bytes={fit_min!r} must be null (fit every size) or a size in bytes, "
+                          "e.g. fit_min_bytes=1048576")
     for key in ("batch_size", "iters", "threads"):
         v = cfg.compute[key]
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -108,7 +112,7 @@ def validate(cfg) -> dict:
             raise ConfigError(str(e).replace("--rate", "link_rate")) from None
     return {"params": params, "inputs": inputs, "gamma": _gamma_setting(cfg), "algos": algos,
             "world_sizes": [int(w) for w in worlds], "gradients": grads, "compute_ms": compute_ms,
-            "cores": cores, "validate": held_out, "link_bits": link_bits}
+            "cores": cores, "validate": held_out, "link_bits": link_bits, "fit_min_bytes": fit_min}
 
 
 def run(cfg, run_dir: Path, log=print) -> dict:
@@ -126,6 +130,12 @@ def run(cfg, run_dir: Path, log=print) -> dict:
             + ", ".join(str(p) for p in s["inputs"]))
         if not points:
             raise ConfigError("inputs hold no usable rows (all wrong > 0 or world_size 1)")
+        if s["fit_min_bytes"]:
+            points = [pt for pt in points if pt.size_bytes >= s["fit_min_bytes"]]
+            log(f"# fitted on the {len(points)} of them of at least {s['fit_min_bytes']} bytes (fit_min_bytes)")
+            if not points:
+                raise ConfigError(f"fit_min_bytes={s['fit_min_bytes']} leaves no message to fit: the inputs' "
+                                  "largest is smaller; lower it")
         gamma = s["gamma"]
         if gamma == "measure":
             gamma = measure_gamma(int(cfg.compute.threads))

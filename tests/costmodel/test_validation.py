@@ -68,3 +68,29 @@ def test_validate_needs_the_fit_and_a_link_rate_must_parse(tmp_path):
         cm.validate(_compose(["params=[ib_100g]", f"validate=[{held}]"]))
     with pytest.raises(ConfigError, match="link_rate"):
         cm.validate(_compose([f"inputs=[{held}]", "link_rate=fast"]))
+
+
+def test_fit_min_bytes_leaves_out_what_a_token_bucket_passes_at_memory_speed(tmp_path):
+    # A shaped link lets a burst through at once: messages up to 64 KiB take a
+    # tenth of the formula's time. Fitted on every size the line is pulled
+    # off; fitted from 1 MiB the held-out large messages are exact.
+    def with_burst(p, n, a, b, g):
+        t = cm.ring(p, n, a, b, g)
+        return t / 10 if n <= 65536 else t
+    fit_on = [_write_csv(tmp_path / f"h{p}.csv", _bench_rows("ring", with_burst, p)) for p in (2, 3)]
+    held = _write_csv(tmp_path / "h8.csv", _bench_rows("ring", with_burst, 8))
+    base = [f"inputs=[{fit_on[0]},{fit_on[1]}]", f"validate=[{held}]", f"gamma={GAMMA}",
+            "gradients=[1000000]", "+compute_ms.bytes_1000000=1", "world_sizes=[8]", "plot=false"]
+    worst = {}
+    for name, extra in (("all", []), ("large", ["fit_min_bytes=1048576"])):
+        lines = []
+        cm.run(_compose(base + extra), tmp_path / name, log=lines.append)
+        with open(tmp_path / name / "validation.csv") as f:
+            worst[name] = max(abs(float(r["rel_error"])) for r in csv.DictReader(f)
+                              if int(r["size_bytes"]) >= 2 ** 20)
+    assert worst["large"] < 1e-3 and worst["all"] > 0.05
+    assert any("of at least 1048576 bytes (fit_min_bytes)" in line for line in lines)
+    with pytest.raises(ConfigError, match="fit_min_bytes=0"):
+        cm.validate(_compose(base + ["fit_min_bytes=0"]))
+    with pytest.raises(ConfigError, match="leaves no message to fit"):
+        cm.run(_compose(base + ["fit_min_bytes=1073741824"]), tmp_path / "none", log=lambda _: None)
