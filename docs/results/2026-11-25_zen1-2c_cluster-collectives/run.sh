@@ -14,7 +14,7 @@ RATE=$1
 HERE=$(cd "$(dirname "$0")" && pwd)
 PY=${PY:-.venv/bin/python}
 NAME=meas$$
-OUT=$HERE/$RATE
+OUT=${RECORD:-$HERE}/$RATE  # RECORD: another record folder to write into
 mkdir -p "$OUT"
 trap '$PY -m ddp_lab.cluster down --name $NAME >/dev/null' EXIT
 $PY -m ddp_lab.cluster up --hosts 8 --rate "$RATE" --name $NAME

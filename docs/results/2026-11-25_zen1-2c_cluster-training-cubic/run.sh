@@ -1,0 +1,33 @@
+#!/bin/bash
+# Training across emulated hosts (ddp_lab.cluster) with the hosts' TCP
+# congestion control pinned to cubic (c74a13a): the LeNet runs of
+# ../2026-11-25_zen1-2c_cluster-training again, and ResNet-18 on 1-4 hosts
+# (sync.compress none, and bf16 at 100mbit). Step times are predicted from the
+# fits of ../2026-11-25_zen1-2c_cluster-costmodel-cubic: LeNet's 516 KB of
+# gradients by the fit on every size, ResNet-18's 44.7 MB by the fit on
+# messages of 1 MiB and more. As root, from the
+# repository root:
+#
+#   bash docs/results/2026-11-25_zen1-2c_cluster-training-cubic/run.sh
+#
+# Writes one folder per bench.scaling run (scaling.csv/md/png, record.json and
+# every run's summary.json); then `python collect.py` writes table.md.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+PY=${PY:-.venv/bin/python}
+FITS=$HERE/../2026-11-25_zen1-2c_cluster-costmodel-cubic
+for RATE in 100mbit 1gbit; do
+    for COMPRESS in none bf16; do
+        $PY -m ddp_lab.bench.scaling --hosts 1,2,3,4 --rate $RATE --syncs flat/builtin --kinds weak \
+            --per-rank-batch 128 --max-steps 80 --repeats 2 --fit "$FITS/$RATE/fit.csv" \
+            --out "$HERE/lenet-$RATE-$COMPRESS" -- sync.compress=$COMPRESS trainer.warmup_steps=10
+    done
+done
+for RUN in 100mbit-none 100mbit-bf16 1gbit-none; do
+    RATE=${RUN%-*} COMPRESS=${RUN#*-}
+    $PY -m ddp_lab.bench.scaling --hosts 1,2,3,4 --rate $RATE --syncs flat/builtin --kinds weak \
+        --per-rank-batch 32 --max-steps 12 --repeats 1 --fit "$FITS/$RATE-fit-from-1mib/fit.csv" \
+        --out "$HERE/resnet18-$RUN" -- model=resnet18 data=synthetic data.num_test=256 \
+        trainer.warmup_steps=2 sync.compress=$COMPRESS
+done
+$PY "$HERE/collect.py"
