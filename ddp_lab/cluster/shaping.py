@@ -81,14 +81,17 @@ def shape(netns: str, device: str, bits: int) -> None:
         raise
 
 
+def _listing(out: str) -> list[dict]:
+    """What `ip -j` or `tc -j` printed; [] if nothing (a namespace or device gone)."""
+    try:
+        return json.loads(out or "[]")
+    except json.JSONDecodeError:
+        return []
+
+
 def shaped_rate(netns: str, device: str) -> int | None:
     """The rate a tbf on `device` lets through, in bits per second; None if it has none."""
-    out = tc("-j", "qdisc", "show", "dev", device, netns=netns, check=False)
-    try:
-        qdiscs = json.loads(out or "[]")
-    except json.JSONDecodeError:
-        return None
-    for q in qdiscs:
+    for q in _listing(tc("-j", "qdisc", "show", "dev", device, netns=netns, check=False)):
         if q.get("kind") == QDISC and q.get("root"):
             return int(q["options"]["rate"]) * 8  # tc reports bytes per second
     return None
@@ -111,12 +114,7 @@ def set_congestion_control(netns: str, device: str, subnet: str, address: str) -
 
 def congestion_control(netns: str, device: str) -> str | None:
     """The congestion control the route on `device` names; None if it names none."""
-    out = ip("-j", "route", "show", "dev", device, netns=netns, check=False)
-    try:
-        routes = json.loads(out or "[]")
-    except json.JSONDecodeError:
-        return None
-    for route in routes:
+    for route in _listing(ip("-j", "route", "show", "dev", device, netns=netns, check=False)):
         for metric in route.get("metrics", []):
             if "congestion" in metric:
                 return str(metric["congestion"])
