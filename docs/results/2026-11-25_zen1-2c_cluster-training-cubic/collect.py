@@ -4,6 +4,7 @@ import csv
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+RATES = ("100mbit", "1gbit", "loopback")  # loopback: the same ranks under torchrun --standalone
 HEADER = ["| model | link | sync.compress | hosts | images/s | efficiency | comm share | step ms | predicted ms | MFU |",
           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
 
@@ -25,8 +26,43 @@ def rows(model: str, rate: str, compress: str) -> list[str]:
 
 lines = list(HEADER)
 for model in ("lenet", "resnet18"):
-    for rate in ("100mbit", "1gbit"):
+    for rate in RATES:
         for compress in ("none", "bf16"):
             lines += rows(model, rate, compress)
 (HERE / "table.md").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
+
+
+def plot() -> None:
+    """bandwidth_matters.png: scaling efficiency and predicted against measured step, by hosts."""
+    from ddp_lab.bench.plots import pyplot
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    styles = {"100mbit": "-", "1gbit": "--", "loopback": ":"}
+    for model, marker in (("lenet", "o"), ("resnet18", "s")):
+        for rate in RATES:
+            for compress in ("none", "bf16"):
+                path = HERE / f"{model}-{rate}-{compress}" / "scaling.csv"
+                if not path.exists():
+                    continue
+                with open(path, newline="") as f:
+                    rs = list(csv.DictReader(f))
+                hosts = [int(r["world_size"]) for r in rs]
+                label = f"{model} {rate} {compress}"
+                axes[0].plot(hosts, [100 * float(r["efficiency"]) for r in rs], styles[rate],
+                             marker=marker, label=label)
+                if rate != "loopback":  # no network to price
+                    axes[1].plot([float(r["predicted_step_ms"]) for r in rs],
+                                 [float(r["step_ms"]) for r in rs], marker, label=label)
+    axes[0].set(xlabel="hosts (one rank each)", ylabel="scaling efficiency (%)", xticks=[1, 2, 3, 4],
+                title="weak scaling across emulated hosts (2 shared cores)")
+    axes[0].legend(fontsize=7)
+    top = max(max(ax.get_xlim()[1], ax.get_ylim()[1]) for ax in axes[1:])
+    axes[1].plot([50, top], [50, top], "k:", label="measured = predicted")
+    axes[1].set(xscale="log", yscale="log", xlabel="cost model's step (ms)", ylabel="measured step (ms)",
+                title="step time: measured against predicted")
+    fig.tight_layout()
+    fig.savefig(HERE / "bandwidth_matters.png", dpi=120)
+
+
+plot()

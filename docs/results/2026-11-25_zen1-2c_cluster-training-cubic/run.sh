@@ -30,4 +30,13 @@ for RUN in 100mbit-none 100mbit-bf16 1gbit-none; do
         --out "$HERE/resnet18-$RUN" -- model=resnet18 data=synthetic data.num_test=256 \
         trainer.warmup_steps=2 sync.compress=$COMPRESS
 done
+# The same ranks on loopback (torchrun --standalone): the same sharing of the
+# 2 cores, with communication at memory speed; what the network itself costs
+# is the difference.
+$PY -m ddp_lab.bench.scaling --worlds 1,2,3,4 --threads 1 --syncs flat/builtin --kinds weak \
+    --per-rank-batch 128 --max-steps 80 --repeats 2 --out "$HERE/lenet-loopback-none" \
+    -- sync.compress=none trainer.warmup_steps=10
+$PY -m ddp_lab.bench.scaling --worlds 1,2,3,4 --threads 1 --syncs flat/builtin --kinds weak \
+    --per-rank-batch 32 --max-steps 12 --repeats 1 --out "$HERE/resnet18-loopback-none" \
+    -- model=resnet18 data=synthetic data.num_test=256 trainer.warmup_steps=2 sync.compress=none
 $PY "$HERE/collect.py"
