@@ -163,6 +163,13 @@ def _refuse_an_earlier_sweep(run_dir: Path, env: DistEnv, name: str = "collectiv
                           "per launch)")
 
 
+def _write_record(run_dir: Path, env, mode: str) -> None:
+    """record.json: the command and the machine beside the figures (ddp_lab.provenance)."""
+    write_record(run_dir, hydra_command("ddp_lab.bench.collectives"),
+                 {"mode": mode, "world_size": env.world_size, "backend": dist.get_backend(),
+                  "device": str(env.device), "comm_threads": env.comm_threads})
+
+
 def run(cfg: DictConfig, run_dir: Path) -> list[dict]:
     """The sweep; returns the rows (on every rank), writes the outputs on rank 0."""
     plan = validate(cfg)  # before any collective, identical on every rank
@@ -178,8 +185,11 @@ def run(cfg: DictConfig, run_dir: Path) -> list[dict]:
         if plan.mode == "interleaved":
             _refuse_an_earlier_sweep(run_dir, env, "interleaved.csv")
             run_dir.mkdir(parents=True, exist_ok=True)
-            return interleaved.run(cfg, plan, env, fns, run_dir,
+            rows = interleaved.run(cfg, plan, env, fns, run_dir,
                                    lambda algo, fn, size: count_wrong(fn, size, env, cfg, plan))
+            if env.is_main:
+                _write_record(run_dir, env, plan.mode)
+            return rows
         _refuse_an_earlier_sweep(run_dir, env)
         backend = dist.get_backend()
         sweep = _Sweep(env, cfg, plan)
@@ -225,9 +235,7 @@ def run(cfg: DictConfig, run_dir: Path) -> list[dict]:
                 total_wrong = sum(r["wrong"] for r in rows)
                 print(f"# wrong elements in total: {total_wrong} {'OK' if total_wrong == 0 else 'FAILED'}")
             print(f"# wrote {csv_path}")
-            write_record(run_dir, hydra_command("ddp_lab.bench.collectives"),
-                         {"world_size": env.world_size, "backend": backend,
-                          "device": str(env.device), "comm_threads": env.comm_threads})
+            _write_record(run_dir, env, plan.mode)
             if cfg.plot:
                 from ddp_lab.bench.plots import plot_collectives
 

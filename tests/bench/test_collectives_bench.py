@@ -129,6 +129,9 @@ def test_torchrun_interleaved_two_processes(tmp_path):
         assert int(row["calls_per_block"]) == calls
     assert {float(row["vs_builtin"]) for row in rows if row["algo"] == "builtin"} == {1.0}
     assert not (tmp_path / "collectives.csv").exists()
+    record = json.loads((tmp_path / "record.json").read_text())
+    assert (record["mode"], record["world_size"], record["backend"]) == ("interleaved", 2, "gloo")
+    assert record["command"].startswith("torchrun --nproc_per_node=2 -m ddp_lab.bench.collectives mode=interleaved")
 
 
 def test_bad_input_single_process_exits_2(tmp_path):
@@ -170,6 +173,7 @@ def test_torchrun_sweep_two_processes(tmp_path):
     assert record["command"] == ("torchrun --nproc_per_node=2 -m ddp_lab.bench.collectives min_bytes=1024 "
                                  "max_bytes=65536 factor=4 warmup=1 iters=3 min_iters=1")
     assert (record["world_size"], record["backend"], record["torch"]) == (2, "gloo", torch.__version__)
+    assert record["mode"] == "sweep"
     assert {"date", "machine", "git_commit", "cpu_model", "cores", "cpu_flags", "comm_threads"} <= set(record)
     # a second sweep into the same directory stops, every rank, and keeps the first one's CSV
     before = (run_dir / "collectives.csv").read_bytes()
