@@ -40,3 +40,8 @@ $PY -m ddp_lab.bench.scaling --worlds 1,2,3,4 --threads 1 --syncs flat/builtin -
     --per-rank-batch 32 --max-steps 12 --repeats 1 --out "$HERE/resnet18-loopback-none" \
     -- model=resnet18 data=synthetic data.num_test=256 trainer.warmup_steps=2 sync.compress=none
 $PY "$HERE/collect.py"
+# A longer check of the 12-step ResNet-18 figures: 1 and 2 hosts at 1gbit, 100 steps.
+$PY -m ddp_lab.bench.scaling --hosts 1,2 --rate 1gbit --syncs flat/builtin --kinds weak \
+    --per-rank-batch 32 --max-steps 100 --repeats 1 --fit "$FITS/1gbit-fit-from-1mib/fit.csv" \
+    --out "$HERE/resnet18-1gbit-none-100steps" -- model=resnet18 data=synthetic data.num_test=256 \
+    trainer.warmup_steps=10 sync.compress=none
