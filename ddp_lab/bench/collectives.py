@@ -163,7 +163,7 @@ def _refuse_an_earlier_sweep(run_dir: Path, env: DistEnv, name: str = "collectiv
                           "per launch)")
 
 
-def _write_record(run_dir: Path, env, mode: str) -> None:
+def _write_record(run_dir: Path, env: DistEnv, mode: str) -> None:
     """record.json: the command and the machine beside the figures (ddp_lab.provenance)."""
     write_record(run_dir, hydra_command("ddp_lab.bench.collectives"),
                  {"mode": mode, "world_size": env.world_size, "backend": dist.get_backend(),

@@ -38,8 +38,8 @@ MIN_BURST_BYTES = 16 * 1024
 # on a kernel defaulting to bbr, one 2 MiB exchange of halving-doubling on 8
 # hosts at 100 Mbit/s took 178-253 ms where the link allows 176 (bbr paces at
 # its estimate of the rate, and each pair's connection idles between steps),
-# the whole 4 MiB all-reduce 735 ms; with reno 179-189 ms and 646 ms (Zen 1,
-# 2026-11-25).
+# the whole 4 MiB all-reduce 735 ms; with reno 179-189 ms and 646 ms, with
+# cubic 179-189 ms and 666 ms (Zen 1, 2026-11-25, one launch each).
 CONGESTION_CONTROL = ("cubic", "reno")
 UNITS = {"bit": 1, "kbit": 10 ** 3, "mbit": 10 ** 6, "gbit": 10 ** 9, "tbit": 10 ** 12}
 RATE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(bit|kbit|mbit|gbit|tbit)\Z", re.IGNORECASE)

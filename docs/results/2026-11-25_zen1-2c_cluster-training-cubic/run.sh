@@ -11,7 +11,8 @@
 #   bash docs/results/2026-11-25_zen1-2c_cluster-training-cubic/run.sh
 #
 # Writes one folder per bench.scaling run (scaling.csv/md/png, record.json and
-# every run's summary.json); then `python collect.py` writes table.md.
+# every run's summary.json, whose figures runs.csv keeps, one row a run:
+# the run folders are not kept); then `python collect.py` writes table.md.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 PY=${PY:-.venv/bin/python}

@@ -7,7 +7,8 @@
 #   bash docs/results/2026-11-25_zen1-2c_cluster-training/run.sh
 #
 # Each <model>-<rate>-<compress>/ is one python -m ddp_lab.bench.scaling run
-# (scaling.csv, scaling.md, scaling.png, record.json, runs/*/summary.json).
+# (scaling.csv, scaling.md, scaling.png, record.json, runs/*/summary.json;
+# runs.csv keeps their figures, one row a run: the run folders are not kept).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 PY=${PY:-.venv/bin/python}
