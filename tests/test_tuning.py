@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ddp_lab import collectives, tuning
+from ddp_lab.cluster.launch import RANKS_ON_MACHINE_ENV
 from ddp_lab.collectives import TunedPlan
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
@@ -29,12 +30,12 @@ def threads():
 
 @pytest.mark.parametrize("comm_threads, poll, backend, device, ranks, cores, threads_got, polls, why", [
     # auto: on where the ranks fill every core, off where cores are to spare
-    ("auto", "auto", "gloo", "cpu", 2, 2, "realtime", True, "2 local ranks fill the 2 cores"),
-    ("auto", "auto", "gloo", "cpu", 3, 2, "realtime", True, "3 local ranks fill the 2 cores"),
-    ("auto", "auto", "gloo", "cpu", 2, 64, "normal", False, "2 local ranks leave 62 of 64 cores free"),
+    ("auto", "auto", "gloo", "cpu", 2, 2, "realtime", True, "2 ranks on this machine fill the 2 cores"),
+    ("auto", "auto", "gloo", "cpu", 3, 2, "realtime", True, "3 ranks on this machine fill the 2 cores"),
+    ("auto", "auto", "gloo", "cpu", 2, 64, "normal", False, "2 ranks on this machine leave 62 of 64 cores free"),
     # asked for: whatever the cores
     ("realtime", "false", "gloo", "cpu", 2, 64, "realtime", False, "dist.comm_threads=realtime sync.poll=false"),
-    ("normal", "true", "gloo", "cpu", 4, 2, "normal", True, "4 local ranks fill"),
+    ("normal", "true", "gloo", "cpu", 4, 2, "normal", True, "4 ranks on this machine fill"),
     ("auto", True, "gloo", "cpu", 1, 64, "normal", True, "sync.poll=true"),    # YAML's true is a bool
     ("auto", "False", "gloo", "cpu", 2, 2, "realtime", False, "sync.poll=false"),  # as OmegaConf passes it
     # nothing to tune off gloo on CPU: CUDA ranks wait on the GPU, not on a busy CPU
@@ -42,7 +43,7 @@ def threads():
     ("auto", "true", "gloo", "cuda", 2, 2, "normal", False, "gloo on cuda: nothing to tune"),
 ])
 def test_the_decision_rule(comm_threads, poll, backend, device, ranks, cores, threads_got, polls, why):
-    got = tuning.decide(comm_threads, poll, backend=backend, device_type=device, local_ranks=ranks, cores=cores)
+    got = tuning.decide(comm_threads, poll, backend=backend, device_type=device, machine_ranks=ranks, cores=cores)
     assert (got.comm_threads, got.poll) == (threads_got, polls)
     assert why in got.why
 
@@ -53,7 +54,7 @@ def test_the_decision_rule(comm_threads, poll, backend, device, ranks, cores, th
 ])
 def test_bad_values_name_the_choices(comm_threads, poll, backend, message):
     with pytest.raises(ConfigError, match=message):
-        tuning.decide(comm_threads, poll, backend=backend, device_type="cpu", local_ranks=2, cores=2)
+        tuning.decide(comm_threads, poll, backend=backend, device_type="cpu", machine_ranks=2, cores=2)
 
 
 def test_start_checks_before_joining_and_tunes_nothing_alone(monkeypatch):
@@ -65,11 +66,22 @@ def test_start_checks_before_joining_and_tunes_nothing_alone(monkeypatch):
     assert (env.backend, env.comm_threads, env.poll) == ("none", "normal", False)
 
 
+def test_ranks_on_machine_counts_every_emulated_host(monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.delenv(RANKS_ON_MACHINE_ENV, raising=False)
+    assert tuning.ranks_on_machine(world_size=8) == 2  # torchrun's own count: other hosts have their own cores
+    monkeypatch.setenv(RANKS_ON_MACHINE_ENV, "8")  # ddp_lab.cluster: 4 hosts x 2 on these cores
+    assert tuning.ranks_on_machine(world_size=8) == 8
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    monkeypatch.delenv(RANKS_ON_MACHINE_ENV)
+    assert tuning.ranks_on_machine(world_size=3) == 3  # not under torchrun: every rank is here
+
+
 def test_usable_cores_is_the_affinity_mask():
     assert tuning.usable_cores() == len(os.sched_getaffinity(0))
 
 
-WANT_REALTIME = tuning.Decision("realtime", False, "3 local ranks fill the 2 cores")
+WANT_REALTIME = tuning.Decision("realtime", False, "3 ranks on this machine fill the 2 cores")
 
 
 @linux_only

@@ -41,6 +41,10 @@ from ddp_lab.cluster.network import HOST_LINK, Cluster, Host, host_named, links_
 SET_HOSTNAME = "import os,socket,sys; socket.sethostname(sys.argv[1]); os.execvp(sys.argv[2], sys.argv[2:])"
 TERM_GRACE_S = 30  # after SIGTERM, as torchrun waits for its workers, then SIGKILL
 IDLE_S = 5  # an agent without workers after another host failed: stopped after this
+# Every worker's environment says how many ranks all the hosts run on this
+# machine's cores, which torchrun's LOCAL_WORLD_SIZE (one host's) does not:
+# ddp_lab.tuning decides by it how gloo's threads are scheduled.
+RANKS_ON_MACHINE_ENV = "DDP_LAB_RANKS_ON_MACHINE"
 
 
 def usable_cores() -> int:
@@ -110,6 +114,8 @@ class Job:
             # starts. With its own store per round, every agent reads the address anew.
             env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         workers, cores = len(self.hosts) * self.nproc_per_host, usable_cores()
+        env[RANKS_ON_MACHINE_ENV] = str(workers)
+        env[RANKS_ON_MACHINE_ENV] = str(workers)
         shape = f"{len(self.hosts)} host(s) x {self.nproc_per_host} rank(s) share {cores} core(s)"
         if "OMP_NUM_THREADS" in env:
             note = f"{shape}: OMP_NUM_THREADS={env['OMP_NUM_THREADS']} per worker, as set"

@@ -76,7 +76,10 @@ def test_two_hosts_train_the_same_model_as_loopback(two_hosts, loopback_run, tin
     run_dir = tmp_path / "outputs" / "same-as-loopback"
     same_weights(loopback_run, run_dir)
     s = read_summary(run_dir)
-    assert (s["world_size"], s["threads"], s["test_correct"]) == (2, 1, read_summary(loopback_run)["test_correct"])
+    loopback = read_summary(loopback_run)
+    assert (s["world_size"], s["threads"], s["test_correct"]) == (2, 1, loopback["test_correct"])
+    # 2 hosts x 1 rank share the cores as 2 local ranks do: the same machine tuning
+    assert s["comm_threads"] == loopback["comm_threads"]
 
 
 def test_a_killed_host_restarts_and_ends_bit_identical(two_hosts, loopback_run, tiny_fmnist, tmp_path):
