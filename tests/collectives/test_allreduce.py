@@ -112,8 +112,9 @@ def _check_ring_segments(rank: int, world_size: int) -> list[str]:
     # (elements, dtype, segment bytes, scratch cap bytes); a cap of 1 byte
     # gives the minimum number of scratch slots.
     configs = [(1021, torch.float64, 1024, 1 << 30), (1021, torch.float64, 1024, 1),
-               (20_011, torch.bfloat16, 4096, 16 * 1024), (BIG, torch.float32, 512 * 1024, 1 << 20)]
-    for realtime, across in ((False, False), (True, False), (False, True)):
+               (20_011, torch.bfloat16, 4096, 16 * 1024), (BIG, torch.float32, 512 * 1024, 1 << 20),
+               (400_003, torch.float32, None, 1 << 30)]  # across hosts: chunks of ~530-800 KiB cut in two
+    for realtime, across in ((False, False), (True, False), (False, True), (True, True)):
         for case, (numel, dtype, seg_bytes, cap) in enumerate(configs):
             plan = TunedPlan(realtime_threads=realtime, across_hosts=across, segment_bytes=seg_bytes,
                              max_scratch_bytes=cap)

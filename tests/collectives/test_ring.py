@@ -10,6 +10,7 @@ import pytest
 from ddp_lab.collectives import TunedPlan, ring
 
 REALTIME, NORMAL = TunedPlan(realtime_threads=True), TunedPlan(realtime_threads=False)
+ACROSS_RT = TunedPlan(realtime_threads=True, across_hosts=True)
 
 
 @pytest.mark.parametrize("size, tuned, batched, chunk_bytes, plan", [
@@ -18,6 +19,9 @@ REALTIME, NORMAL = TunedPlan(realtime_threads=True), TunedPlan(realtime_threads=
     (3, REALTIME, False, 100 << 10, (1, 1, False, False)),  # small chunk: one message
     (2, NORMAL, False, 4 << 20, (1, 1, True, False)),       # one message, pairwise send-first
     (2, TunedPlan(across_hosts=True), False, 4 << 20, (1, 1, True, True)),  # two hosts: receives ahead
+    (8, ACROSS_RT, False, 512 << 10, (2, 2, False, False)),  # across hosts: a chunk cut in two
+    (8, ACROSS_RT, False, 2 << 20, (3, 2, False, False)),    # ... or in 768 KiB segments
+    (8, ACROSS_RT, False, 384 << 10, (1, 1, False, False)),  # ... not below 256 KiB a segment
     (3, NORMAL, False, 10 << 20, (3, 3, True, True)),       # 4 MiB segments, receives ahead
     (3, TunedPlan(segment_bytes=1 << 20), False, 10 << 20, (10, 10, True, True)),  # the plan's size
     (4, REALTIME, True, 64 << 20, (1, 1, False, False)),    # NCCL: one message per chunk
