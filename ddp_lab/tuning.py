@@ -222,11 +222,16 @@ def gloo_threads(new: set[int], wait_s: float = 1.0) -> list[int]:
 def set_fifo(threads: list[int], priority: int) -> None:
     """All or nothing: a gloo thread left at normal priority while its peers run
     real-time was seen to starve them for ~1 s (the kernel's real-time throttle),
-    so on failure the ones already changed go back to normal."""
+    so on failure the ones already changed go back to normal. A thread that has
+    ended meanwhile is no failure: gloo starts short-lived threads while it
+    connects (one of 4 ranks across emulated hosts met one, 2026-11-25)."""
     done = []
     try:
         for tid in threads:
-            os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(priority))
+            try:
+                os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(priority))
+            except ProcessLookupError:
+                continue
             done.append(tid)
     except OSError:
         for tid in done:

@@ -164,6 +164,18 @@ def test_set_fifo_is_all_or_nothing(threads, monkeypatch):
     assert os.sched_getscheduler(second.tid) == os.SCHED_OTHER
 
 
+@linux_only
+@needs_realtime
+def test_set_fifo_skips_a_thread_that_has_ended(threads):
+    alive = threads("gloo_a")
+    ended = threading.Thread(target=lambda: None)
+    ended.start()
+    ended.join()
+    tuning.set_fifo([ended.native_id, alive.tid], 1)  # the ended thread's id names no thread now
+    assert os.sched_getscheduler(alive.tid) == os.SCHED_FIFO
+    os.sched_setscheduler(alive.tid, os.SCHED_OTHER, os.sched_param(0))
+
+
 @needs_realtime
 def test_at_comm_priority_follows_what_it_is_told():
     with tuning.at_comm_priority(False):
