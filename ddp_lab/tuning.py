@@ -42,13 +42,11 @@ plan the tuned collectives take.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -59,15 +57,20 @@ from ddp_lab import distributed
 from ddp_lab.cluster.launch import RANKS_ON_MACHINE_ENV
 from ddp_lab.collectives import TUNED, TunedPlan, get_algorithm
 from ddp_lab.config import ConfigError
+from ddp_lab.gloo_threads import (
+    REALTIME_PRIORITY,
+    at_comm_priority,
+    gloo_threads,
+    policy,
+    set_fifo,
+    set_normal,
+    thread_ids,
+)
 
 log = logging.getLogger(__name__)
 
 COMM_THREADS = ("auto", "realtime", "normal")
 POLL = ("auto", "true", "false")
-# gloo's threads, by the names they give themselves: the socket event loop
-# (gloo_tcp_loop) and the process group's work queue (pt_gloo_runloop).
-GLOO_THREAD_PREFIXES = ("gloo", "pt_gloo")
-REALTIME_PRIORITY = 1  # the lowest SCHED_FIFO priority already runs ahead of every normal thread
 # ddp_lab.cluster's emulated hosts all share this machine's cores, and its
 # launcher says how many ranks they run in all (RANKS_ON_MACHINE_ENV), where
 # torchrun's LOCAL_WORLD_SIZE counts one host's. 8 hosts x 1 rank on 2 cores,
@@ -141,6 +144,9 @@ def start(dist_cfg, poll="false") -> distributed.DistEnv:
                     cores=usable_cores())
     new_threads = None if before is None else thread_ids() - before
     threads, why, refused = apply(wanted, dist_cfg.comm_threads, new_threads)
+    if env.backend == "gloo":
+        threads, why, overruled = agree_across_ranks(threads, why)
+        refused = refused or overruled
     env = dataclasses.replace(env, comm_threads=threads, poll=wanted.poll)
     line = (f"machine tuning: gloo's threads at {'real-time' if threads == 'realtime' else 'normal'} "
             f"priority, {'polling' if env.poll else 'no polling'} ({why})")
@@ -159,7 +165,7 @@ def apply(wanted: Decision, requested: str, new_threads: set[int] | None) -> tup
     priority, and refused=True makes the log line a warning.
     """
     if new_threads is None:
-        got = "realtime" if any(_policy(t) == os.SCHED_FIFO for t in gloo_threads(thread_ids(), 0)) else "normal"
+        got = "realtime" if any(policy(t) == os.SCHED_FIFO for t in gloo_threads(thread_ids(), 0)) else "normal"
         return got, f"{wanted.why}; gloo's threads as the first job of this sweep left them", False
     if wanted.comm_threads == "normal":
         return "normal", wanted.why, False
@@ -179,90 +185,21 @@ def apply(wanted: Decision, requested: str, new_threads: set[int] | None) -> tup
     return "realtime", wanted.why, False
 
 
-# ------------------------------------------------------ gloo's threads and ours
+def agree_across_ranks(threads: str, why: str) -> tuple[str, str, bool]:
+    """Real-time threads on every rank or on none: (threads, why, overruled).
 
-
-def thread_ids() -> set[int]:
-    """This process's threads (Linux: /proc/self/task); empty elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return set()
-    return {int(t) for t in os.listdir("/proc/self/task")}
-
-
-def thread_name(tid: int) -> str:
-    try:
-        with open(f"/proc/self/task/{tid}/comm") as f:
-            return f.read().strip()
-    except FileNotFoundError:  # the thread ended meanwhile
-        return ""
-
-
-def _policy(tid: int) -> int | None:
-    try:
-        return os.sched_getscheduler(tid)
-    except OSError:  # the thread ended meanwhile
-        return None
-
-
-def gloo_threads(new: set[int], wait_s: float = 1.0) -> list[int]:
-    """Which of the threads the process group started are gloo's.
-
-    A new thread carries the name of the one that started it until it names
-    itself, so wait a little for gloo's to do so: missing one would leave it at
-    normal priority among real-time peers (see set_fifo)."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        names = {tid: thread_name(tid) for tid in sorted(new)}
-        gloo = [tid for tid, name in names.items() if name.startswith(GLOO_THREAD_PREFIXES)]
-        if len(gloo) == len([n for n in names.values() if n]) or time.monotonic() > deadline:
-            return gloo
-        time.sleep(0.01)
-
-
-def set_fifo(threads: list[int], priority: int) -> None:
-    """All or nothing: a gloo thread left at normal priority while its peers run
-    real-time was seen to starve them for ~1 s (the kernel's real-time throttle),
-    so on failure the ones already changed go back to normal. A thread that has
-    ended meanwhile is no failure: gloo starts short-lived threads while it
-    connects (one of 4 ranks across emulated hosts met one, 2026-11-25)."""
-    done = []
-    try:
-        for tid in threads:
-            try:
-                os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(priority))
-            except ProcessLookupError:
-                continue
-            done.append(tid)
-    except OSError:
-        for tid in done:
-            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-        raise
-
-
-@contextlib.contextmanager
-def at_comm_priority(realtime: bool):
-    """Run the block with the calling thread at real-time priority if gloo's
-    threads have it (realtime=True); nothing changes otherwise.
-
-    For the hand-written all-reduces, which call gloo's send and recv from this
-    thread: each call holds the connection's lock for a moment, and gloo's
-    socket thread, finding it taken, tries again at once. At real-time priority
-    it would never let a normal thread run to release it (a 1 MiB ring
-    all-reduce took 50-137 ms instead of 0.3 on a 2-core Zen 5 VM, 2026-11-23).
-    At the same real-time priority neither preempts the other. Nested blocks
-    keep the outer one's priority. Costs 33 us of CPU per block (Zen 5,
-    2026-11-25).
+    The tuned ring cuts its chunks by the plan (ring.ring_plan), so two
+    neighbours with different plans send messages of sizes the other does
+    not expect: gloo aborted the process when one of 4 emulated hosts was
+    refused real-time priority (2026-11-25). And on one machine a rank left
+    at normal priority waits behind its real-time peers.
     """
-    policy = os.sched_getscheduler(0) if realtime else None
-    if policy is None or policy == os.SCHED_FIFO:
-        yield
-        return
-    param = os.sched_getparam(0)
-    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(REALTIME_PRIORITY))
-    try:
-        yield
-    finally:
-        os.sched_setscheduler(0, policy, param)
+    everyone = torch.tensor([1 if threads == "realtime" else 0])
+    dist.all_reduce(everyone, op=dist.ReduceOp.MIN)
+    if threads == "realtime" and not everyone.item():
+        set_normal(gloo_threads(thread_ids(), 0))
+        return "normal", f"{why}; another rank's are at normal priority, so every rank's are", True
+    return threads, why, False
 
 
 # ------------------------------------------------------- what the others call

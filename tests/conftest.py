@@ -173,3 +173,11 @@ def may_use_realtime() -> bool:
         return False
     finally:
         probe.close()
+
+
+@pytest.fixture
+def threads():
+    made = []
+    yield lambda name, delay_s=0.0: made.append(NamedThread(name, delay_s)) or made[-1]
+    for t in made:
+        t.close()

@@ -7,25 +7,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ddp_lab import collectives, tuning
+from ddp_lab import collectives, gloo_threads, tuning
 from ddp_lab.cluster.launch import RANKS_ON_MACHINE_ENV
 from ddp_lab.collectives import TunedPlan
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
-from tests.conftest import NamedThread, may_use_realtime
+from tests.conftest import may_use_realtime
 from tests.multiproc import run_in_processes
 
 CPU = torch.device("cpu")
 linux_only = pytest.mark.skipif(not os.path.isdir("/proc/thread-self"), reason="thread names come from Linux /proc")
 needs_realtime = pytest.mark.skipif(not may_use_realtime(), reason="this process may not use SCHED_FIFO")
-
-
-@pytest.fixture
-def threads():
-    made = []
-    yield lambda name, delay_s=0.0: made.append(NamedThread(name, delay_s)) or made[-1]
-    for t in made:
-        t.close()
 
 
 @pytest.mark.parametrize("comm_threads, poll, backend, device, ranks, cores, threads_got, polls, why", [
@@ -131,66 +123,6 @@ def test_a_sweeps_next_job_reports_what_the_threads_have(threads):
     assert tuning.apply(WANT_REALTIME, "auto", None)[0] == "normal"
 
 
-@linux_only
-def test_gloo_threads_waits_for_the_names_and_keeps_only_gloos(threads):
-    late = threads("pt_gloo_runloop", delay_s=0.2)
-    loop = threads("gloo_tcp_loop")
-    other = threads("writer")
-    for t in (loop, other):
-        t.named.wait()
-    found = tuning.gloo_threads({late.tid, loop.tid, other.tid}, wait_s=0.1)
-    # `other` keeps a non-gloo name, so the wait runs out before `late` is named...
-    assert found == [loop.tid]
-    # ...while with time to spare every gloo thread is found.
-    assert sorted(tuning.gloo_threads({late.tid, loop.tid, other.tid}, wait_s=5)) == sorted(
-        [late.tid, loop.tid])
-
-
-@linux_only
-@needs_realtime
-def test_set_fifo_is_all_or_nothing(threads, monkeypatch):
-    first, second = threads("gloo_a"), threads("gloo_b")
-    real = os.sched_setscheduler
-
-    def refuse_the_second(tid, policy, param):
-        if tid == second.tid and policy == os.SCHED_FIFO:
-            raise PermissionError(1, "Operation not permitted")
-        return real(tid, policy, param)
-
-    monkeypatch.setattr(os, "sched_setscheduler", refuse_the_second)
-    with pytest.raises(PermissionError):
-        tuning.set_fifo([first.tid, second.tid], 1)
-    assert os.sched_getscheduler(first.tid) == os.SCHED_OTHER  # put back
-    assert os.sched_getscheduler(second.tid) == os.SCHED_OTHER
-
-
-@linux_only
-@needs_realtime
-def test_set_fifo_skips_a_thread_that_has_ended(threads):
-    alive = threads("gloo_a")
-    ended = threading.Thread(target=lambda: None)
-    ended.start()
-    ended.join()
-    tuning.set_fifo([ended.native_id, alive.tid], 1)  # the ended thread's id names no thread now
-    assert os.sched_getscheduler(alive.tid) == os.SCHED_FIFO
-    os.sched_setscheduler(alive.tid, os.SCHED_OTHER, os.sched_param(0))
-
-
-@needs_realtime
-def test_at_comm_priority_follows_what_it_is_told():
-    with tuning.at_comm_priority(False):
-        assert os.sched_getscheduler(0) == os.SCHED_OTHER
-    with tuning.at_comm_priority(True):
-        assert os.sched_getscheduler(0) == os.SCHED_FIFO
-        with tuning.at_comm_priority(True):  # nested: no change, and no early restore
-            pass
-        assert os.sched_getscheduler(0) == os.SCHED_FIFO
-    assert os.sched_getscheduler(0) == os.SCHED_OTHER
-    with pytest.raises(RuntimeError, match="inside"), tuning.at_comm_priority(True):
-        raise RuntimeError("inside")
-    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # restored on the way out of an error
-
-
 def test_allreduce_hands_each_algorithm_what_this_rank_decided():
     def env(comm_threads="normal", poll=False):
         return DistEnv(0, 2, 0, CPU, "gloo", comm_threads=comm_threads, poll=poll)
@@ -209,15 +141,15 @@ def test_allreduce_hands_each_algorithm_what_this_rank_decided():
 def _tune_and_reduce(rank, world_size, wanted):
     me = threading.get_native_id()
     # The harness has already built the group: every other thread is its.
-    got, _, refused = tuning.apply(wanted, "auto", tuning.thread_ids() - {me})
+    got, _, refused = tuning.apply(wanted, "auto", gloo_threads.thread_ids() - {me})
     env = DistEnv(rank, world_size, 0, CPU, "gloo", comm_threads=got)
     sums = {}
     for name in collectives.ALGORITHMS:  # each as this rank runs it, at its threads' priority
         t = torch.full((1 << 18,), float(rank + 1))
         tuning.allreduce(name, env)(t)
         sums[name] = t[0].item()
-    policies = sorted((tuning.thread_name(tid), os.sched_getscheduler(tid))
-                      for tid in tuning.thread_ids() if tid != me)
+    policies = sorted((gloo_threads.thread_name(tid), os.sched_getscheduler(tid))
+                      for tid in gloo_threads.thread_ids() if tid != me)
     return got, refused, policies, os.sched_getscheduler(me), sums
 
 
@@ -235,6 +167,29 @@ def test_a_real_group_gets_realtime_gloo_threads_where_permitted():
             assert (got, refused) == ("realtime" if fifo else "normal", want == "realtime" and not permitted)
             expected = os.SCHED_FIFO if fifo else os.SCHED_OTHER
             assert all(policy == expected for _, policy in policies), policies
+
+
+def _agree(rank, world_size, wanted_by_rank):
+    me = threading.get_native_id()
+    wanted = tuning.Decision(wanted_by_rank[rank], False, "test")
+    got, _, _ = tuning.apply(wanted, "auto", gloo_threads.thread_ids() - {me})
+    threads, why, overruled = tuning.agree_across_ranks(got, "test")
+    gloo = gloo_threads.gloo_threads(gloo_threads.thread_ids(), 0)
+    return got, threads, overruled, why, {os.sched_getscheduler(t) for t in gloo}
+
+
+@linux_only
+@needs_realtime
+def test_real_time_threads_on_every_rank_or_on_none():
+    # rank 1 at normal priority (as where it was refused): rank 0 gives its threads back
+    (got0, threads0, overruled0, why0, policies0), (_, threads1, overruled1, _, policies1) = run_in_processes(
+        _agree, 2, ("realtime", "normal"))
+    assert got0 == "realtime" and (threads0, overruled0) == ("normal", True)
+    assert "another rank's are at normal priority" in why0
+    assert (threads1, overruled1) == ("normal", False)
+    assert policies0 == policies1 == {os.SCHED_OTHER}
+    for got, threads, overruled, _, policies in run_in_processes(_agree, 2, ("realtime", "realtime")):
+        assert (got, threads, overruled, policies) == ("realtime", "realtime", False, {os.SCHED_FIFO})
 
 
 def test_the_plan_says_whether_the_ranks_span_hosts(monkeypatch):

@@ -1,9 +1,17 @@
-"""Every bench.scaling run of this record (lenet-<rate>-<compress>/, resnet18-<rate>-<compress>/)
-as one table, table.md, from their scaling.csv."""
+"""Every bench.scaling run of a training record (lenet-<rate>-<compress>/, resnet18-<rate>-<compress>/)
+as one table, table.md, and a plot, bandwidth_matters.png, from their scaling.csv; each folder's
+runs.csv keeps every run's figures from its summary.json (the run folders are not kept).
+
+    python collect.py [RECORD]   # default: this record's folder
+"""
 import csv
+import json
+import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else Path(__file__).resolve().parent
+RUN_COLUMNS = ["run", "world_size", "global_batch", "steps", "measured_steps", "samples_per_sec", "step_ms",
+               "comm_ms_per_step", "comm_frac", "mfu", "test_acc", "model", "sync"]
 RATES = ("100mbit", "1gbit", "loopback")  # loopback: the same ranks under torchrun --standalone
 HEADER = ["| model | link | sync.compress | hosts | images/s | efficiency | comm share | step ms | predicted ms | MFU |",
           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -24,6 +32,19 @@ def rows(model: str, rate: str, compress: str) -> list[str]:
                 f"{fmt(r['predicted_step_ms'], digits)} | {fmt(r['mfu'], '.1%')} |" for r in csv.DictReader(f)]
 
 
+def write_runs_csv(folder: Path) -> None:
+    summaries = sorted(folder.glob("runs/*/summary.json"))
+    if not summaries:
+        return  # written before, and the run folders removed
+    with open(folder / "runs.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=RUN_COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        for path in summaries:
+            w.writerow({"run": path.parent.name, **json.loads(path.read_text())})
+
+
+for folder in sorted(p for p in HERE.iterdir() if (p / "scaling.csv").exists()):
+    write_runs_csv(folder)
 lines = list(HEADER)
 for model in ("lenet", "resnet18"):
     for rate in RATES:
