@@ -30,10 +30,12 @@ on those 2-core VMs; ``auto`` turns them on only where this launch's ranks
 fill every core the process may run on (the ranks on this machine >= the
 cores in its affinity mask), and the log line says so. The ranks on this
 machine are torchrun's LOCAL_WORLD_SIZE, or more where ddp_lab.cluster runs
-several emulated hosts on the same cores and says so (RANKS_ON_MACHINE_ENV). Where cores are to spare (a shared
-64-core node, a container on one) a woken thread should find an idle core at
-once (no such machine was measured), while real-time threads, or ranks
-spinning, would take CPU from other people's work.
+several emulated hosts on the same cores and says so (RANKS_ON_MACHINE_ENV).
+Where cores are to spare (a shared 64-core node, a container on one) a
+woken thread should find an idle core at once (no such machine was
+measured), while real-time threads, or ranks spinning, would take CPU from
+other people's work. Every rank gets real-time threads or none
+(agree_across_ranks).
 
 What came of it travels with each rank's DistEnv (env.comm_threads, env.poll).
 The rest of the code gets it by argument: `allreduce(name, env)` is the
@@ -74,11 +76,12 @@ POLL = ("auto", "true", "false")
 # ddp_lab.cluster's emulated hosts all share this machine's cores, and its
 # launcher says how many ranks they run in all (RANKS_ON_MACHINE_ENV), where
 # torchrun's LOCAL_WORLD_SIZE counts one host's. 8 hosts x 1 rank on 2 cores,
-# gloo's threads at normal priority as if each host had the cores to itself:
-# all-reduces of 4 MiB over 1 Gbit/s links reached 90.0-92.7% of the link
-# (gloo's), 85.4-88.1% (ring), 81.7-82.4% (halving-doubling); at real-time
-# priority 90.5-93.6%, 89.1-92.2% and 85.2-87.2% (Zen 1, 2026-11-25, medians
-# of 5-7 shuffled rounds, three launches each).
+# 1 Gbit/s links, 4 MiB, shuffled rounds (Zen 1, 2026-11-25): with gloo's
+# threads at normal priority, as if each host had the cores to itself, gloo's
+# all-reduce reached 92.7% of the link, the ring 88.1%, halving-doubling
+# 81.7%; at real-time priority 93.4%, 92.8% (with the ring's segments across
+# hosts, ring.MIN_SPLIT_SEGMENT_BYTES) and 86.8% (docs/results, records
+# cluster-8-hosts-interleaved and cluster-realtime).
 
 
 class Decision(NamedTuple):
@@ -105,10 +108,11 @@ def decide(comm_threads: str, poll, *, backend: str, device_type: str,
     if backend != "gloo" or device_type != "cpu":
         return Decision("normal", False, f"{backend} on {device_type}: nothing to tune")
     fills = machine_ranks >= cores
+    ranks = f"{machine_ranks} rank{'s' if machine_ranks != 1 else ''} on this machine"
     if fills:
-        why = f"{machine_ranks} ranks on this machine fill the {cores} cores this process may use"
+        why = f"{ranks} fill the {cores} cores this process may use"
     else:
-        why = f"{machine_ranks} ranks on this machine leave {cores - machine_ranks} of {cores} cores free"
+        why = f"{ranks} leave {cores - machine_ranks} of {cores} cores free"
     threads = "realtime" if comm_threads == "realtime" or (comm_threads == "auto" and fills) else "normal"
     polls = poll == "true" or (poll == "auto" and fills)
     return Decision(threads, polls, f"dist.comm_threads={comm_threads} sync.poll={poll}: {why}")
