@@ -67,9 +67,12 @@ WINDOW_REALTIME = 2
 # cut in two or more segments, as gloo's own ring cuts them: while one segment
 # is added and forwarded the next is on the wire, and a link's time, not a
 # message's, is what counts there. 8 emulated hosts at 1 Gbit/s (Zen 1,
-# 2026-11-25, 7 shuffled rounds), 4 MiB (512 KiB chunks): one segment 90.4%
-# of the link, two of 256 KiB 91.7%, four of 128 KiB 86.9%; at 16 MiB three
-# segments of 683 KiB 94.7%, four of 512 KiB 94.5%, eight of 256 KiB 94.0%.
+# 2026-11-25, 7 shuffled rounds a launch), 4 MiB (512 KiB chunks): two
+# segments of 256 KiB reached 92.8-92.9% of the link where one message a
+# chunk reached 92.1-92.2% (two launches), 91.7% against 90.4% (a third),
+# 89.1% against 91.7% (a fourth, whose rounds ranged widely); 128 KiB
+# segments were slower again. At 16 MiB three segments of 683 KiB 94.7%,
+# four of 512 KiB 94.5%, eight of 256 KiB 94.0%.
 MIN_SPLIT_SEGMENT_BYTES = 256 * 1024
 
 

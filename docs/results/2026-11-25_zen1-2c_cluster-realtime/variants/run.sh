@@ -4,7 +4,8 @@
 #
 #   bash docs/results/2026-11-25_zen1-2c_cluster-realtime/variants/run.sh
 #
-# Writes output.txt here.
+# Writes output.txt here (the record ran it three times, one after the
+# other: output-1.txt, output-2.txt, output-3.txt).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 PY=${PY:-.venv/bin/python}
