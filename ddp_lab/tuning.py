@@ -23,11 +23,15 @@ start-up, by `start()`, which logs one line saying what it did:
   faster with sync.mode=flat (within the noise with ddp). On the Zen 1 VM,
   2 ranks of LeNet with both settings on against both off (1 epoch, 5
   alternated pairs): a median 3,060 against 2,987 images/s, 0.65-1.20x per
-  pair: not told apart from the noise there.
+  pair: not told apart from the noise there. With 3 ranks on its 2 cores,
+  polling cost 15-25%: 2,084-2,495 images/s against 2,608-2,869 without
+  (LeNet, flat/builtin, 2 runs each of 4 launches per setting, real-time and
+  normal threads alike; record 2026-11-25_zen1-2c_poll-3-ranks), so `auto`
+  polls only where the ranks fill the cores exactly.
 
 Both address a woken thread waiting for a core that the ranks keep busy, as
 on those 2-core VMs; ``auto`` turns them on only where this launch's ranks
-fill every core the process may run on (the ranks on this machine >= the
+fill every core the process may run on (polling: no more ranks than cores) (the ranks on this machine >= the
 cores in its affinity mask), and the log line says so. The ranks on this
 machine are torchrun's LOCAL_WORLD_SIZE, or more where ddp_lab.cluster runs
 several emulated hosts on the same cores and says so (RANKS_ON_MACHINE_ENV).
@@ -114,7 +118,9 @@ def decide(comm_threads: str, poll, *, backend: str, device_type: str,
     else:
         why = f"{ranks} leave {cores - machine_ranks} of {cores} cores free"
     threads = "realtime" if comm_threads == "realtime" or (comm_threads == "auto" and fills) else "normal"
-    polls = poll == "true" or (poll == "auto" and fills)
+    # Polling only where the ranks fill the cores exactly: with more ranks than
+    # cores a rank spinning for its all-reduce takes the CPU from one computing.
+    polls = poll == "true" or (poll == "auto" and machine_ranks == cores)
     return Decision(threads, polls, f"dist.comm_threads={comm_threads} sync.poll={poll}: {why}")
 
 
