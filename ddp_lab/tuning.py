@@ -31,8 +31,9 @@ start-up, by `start()`, which logs one line saying what it did:
 
 Both address a woken thread waiting for a core that the ranks keep busy, as
 on those 2-core VMs; ``auto`` turns them on only where this launch's ranks
-fill every core the process may run on (polling: no more ranks than cores) (the ranks on this machine >= the
-cores in its affinity mask), and the log line says so. The ranks on this
+fill every core the process may run on (the ranks on this machine >= the
+cores in its affinity mask; polling only where they are equal), and the log
+line says so. The ranks on this
 machine are torchrun's LOCAL_WORLD_SIZE, or more where ddp_lab.cluster runs
 several emulated hosts on the same cores and says so (RANKS_ON_MACHINE_ENV).
 Where cores are to spare (a shared 64-core node, a container on one) a
