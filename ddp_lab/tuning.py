@@ -25,18 +25,17 @@ start-up, by `start()`, which logs one line saying what it did:
   alternated pairs): a median 3,060 against 2,987 images/s, 0.65-1.20x per
   pair: not told apart from the noise there. With 3 ranks on its 2 cores,
   polling cost 15-25%: 2,084-2,495 images/s against 2,608-2,869 without
-  (LeNet, flat/builtin, 2 runs each of 4 launches per setting, real-time and
-  normal threads alike; record 2026-11-25_zen1-2c_poll-3-ranks), so `auto`
+  (LeNet, flat/builtin, 2 launches of 2 runs for each of polling and not at
+  real-time and at normal priority; record 2026-11-25_zen1-2c_poll-3-ranks), so `auto`
   polls only where the ranks fill the cores exactly.
 
 Both address a woken thread waiting for a core that the ranks keep busy, as
 on those 2-core VMs; ``auto`` turns them on only where this launch's ranks
 fill every core the process may run on (the ranks on this machine >= the
 cores in its affinity mask; polling only where they are equal), and the log
-line says so. The ranks on this
-machine are torchrun's LOCAL_WORLD_SIZE, or more where ddp_lab.cluster runs
-several emulated hosts on the same cores and says so (RANKS_ON_MACHINE_ENV).
-Where cores are to spare (a shared 64-core node, a container on one) a
+line says so. The ranks on this machine are torchrun's LOCAL_WORLD_SIZE, or
+more where ddp_lab.cluster runs several emulated hosts on the same cores
+(ranks_on_machine). Where cores are to spare (a shared 64-core node, a container on one) a
 woken thread should find an idle core at once (no such machine was
 measured), while real-time threads, or ranks spinning, would take CPU from
 other people's work. Every rank gets real-time threads or none
@@ -61,7 +60,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab import distributed
-from ddp_lab.cluster.launch import RANKS_ON_MACHINE_ENV
+from ddp_lab.cluster.launch import RANKS_ON_MACHINE_ENV, usable_cores
 from ddp_lab.collectives import TUNED, TunedPlan, get_algorithm
 from ddp_lab.config import ConfigError
 from ddp_lab.gloo_threads import (
@@ -78,15 +77,7 @@ log = logging.getLogger(__name__)
 
 COMM_THREADS = ("auto", "realtime", "normal")
 POLL = ("auto", "true", "false")
-# ddp_lab.cluster's emulated hosts all share this machine's cores, and its
-# launcher says how many ranks they run in all (RANKS_ON_MACHINE_ENV), where
-# torchrun's LOCAL_WORLD_SIZE counts one host's. 8 hosts x 1 rank on 2 cores,
-# 1 Gbit/s links, 4 MiB, shuffled rounds (Zen 1, 2026-11-25): with gloo's
-# threads at normal priority, as if each host had the cores to itself, gloo's
-# all-reduce reached 92.7% of the link, the ring 88.1%, halving-doubling
-# 81.7%; at real-time priority 93.4%, 92.8% (with the ring's segments across
-# hosts, ring.MIN_SPLIT_SEGMENT_BYTES) and 86.8% (docs/results, records
-# cluster-8-hosts-interleaved and cluster-realtime).
+
 
 
 class Decision(NamedTuple):
@@ -127,16 +118,18 @@ def decide(comm_threads: str, poll, *, backend: str, device_type: str,
 
 def ranks_on_machine(world_size: int) -> int:
     """How many ranks share this machine's cores: torchrun's LOCAL_WORLD_SIZE, or
-    what ddp_lab.cluster's launcher says where its emulated hosts share them."""
+    what ddp_lab.cluster's launcher says (RANKS_ON_MACHINE_ENV) where its
+    emulated hosts share them.
+
+    Counting one host's ranks, 8 hosts x 1 rank on 2 cores ran gloo's threads
+    at normal priority, as if each host had the cores to itself: at 1 Gbit/s,
+    4 MiB, shuffled rounds (Zen 1, 2026-11-25) gloo's all-reduce reached 92.7%
+    of the link, the ring 88.1%, halving-doubling 81.7%; at real-time priority
+    93.4%, 92.8% (with the ring's segments across hosts) and 86.8% (records
+    cluster-8-hosts-interleaved and cluster-realtime).
+    """
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     return max(local, int(os.environ.get(RANKS_ON_MACHINE_ENV, "0")))
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity mask), else all of them."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def start(dist_cfg, poll="false") -> distributed.DistEnv:

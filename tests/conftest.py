@@ -181,3 +181,7 @@ def threads():
     yield lambda name, delay_s=0.0: made.append(NamedThread(name, delay_s)) or made[-1]
     for t in made:
         t.close()
+
+
+linux_only = pytest.mark.skipif(not os.path.isdir("/proc/thread-self"), reason="thread names come from Linux /proc")
+needs_realtime = pytest.mark.skipif(not may_use_realtime(), reason="this process may not use SCHED_FIFO")

@@ -6,10 +6,7 @@ import threading
 import pytest
 
 from ddp_lab import gloo_threads
-from tests.conftest import may_use_realtime
-
-linux_only = pytest.mark.skipif(not os.path.isdir("/proc/thread-self"), reason="thread names come from Linux /proc")
-needs_realtime = pytest.mark.skipif(not may_use_realtime(), reason="this process may not use SCHED_FIFO")
+from tests.conftest import linux_only, needs_realtime
 
 
 @linux_only

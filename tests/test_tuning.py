@@ -12,12 +12,10 @@ from ddp_lab.cluster.launch import RANKS_ON_MACHINE_ENV
 from ddp_lab.collectives import TunedPlan
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
-from tests.conftest import may_use_realtime
+from tests.conftest import linux_only, may_use_realtime, needs_realtime
 from tests.multiproc import run_in_processes
 
 CPU = torch.device("cpu")
-linux_only = pytest.mark.skipif(not os.path.isdir("/proc/thread-self"), reason="thread names come from Linux /proc")
-needs_realtime = pytest.mark.skipif(not may_use_realtime(), reason="this process may not use SCHED_FIFO")
 
 
 @pytest.mark.parametrize("comm_threads, poll, backend, device, ranks, cores, threads_got, polls, why", [

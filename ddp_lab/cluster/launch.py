@@ -48,6 +48,7 @@ RANKS_ON_MACHINE_ENV = "DDP_LAB_RANKS_ON_MACHINE"
 
 
 def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask), else all of them."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
@@ -114,7 +115,6 @@ class Job:
             # starts. With its own store per round, every agent reads the address anew.
             env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         workers, cores = len(self.hosts) * self.nproc_per_host, usable_cores()
-        env[RANKS_ON_MACHINE_ENV] = str(workers)
         env[RANKS_ON_MACHINE_ENV] = str(workers)
         shape = f"{len(self.hosts)} host(s) x {self.nproc_per_host} rank(s) share {cores} core(s)"
         if "OMP_NUM_THREADS" in env:
