@@ -56,3 +56,32 @@ def plot_collectives(rows: Iterable[Mapping], path: Path, title: str) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_scaling(rows: Iterable[Mapping], path: Path) -> None:
+    """Throughput and scaling efficiency against ranks, one line per (kind, sync).
+
+    `rows` are bench.scaling's rows (kind, sync, world_size, samples_per_sec, efficiency).
+    """
+    plt = pyplot()
+    rows = list(rows)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    series = sorted({(r["kind"], r["sync"]) for r in rows})
+    for kind, sync in series:
+        rs = [r for r in rows if (r["kind"], r["sync"]) == (kind, sync)]
+        ws = [r["world_size"] for r in rs]
+        ax1.plot(ws, [r["samples_per_sec"] for r in rs], "o-", label=f"{kind} {sync}")
+        if all(r["efficiency"] is not None for r in rs):
+            ax2.plot(ws, [r["efficiency"] for r in rs], "o-", label=f"{kind} {sync}")
+        one = next((r["samples_per_sec"] for r in rs if r["world_size"] == 1), None)
+        if one:
+            ax1.plot(ws, [one * w for w in ws], ":", color="gray")
+    ax1.set(xlabel="ranks", ylabel="images/s (dotted: ideal)", title="throughput")
+    ax2.set(xlabel="ranks", ylabel="throughput(N) / (N x throughput(1))",
+            title="scaling efficiency", ylim=(0, 1.1))
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -31,9 +31,9 @@ Across emulated hosts (ddp_lab.cluster, needs root):
 on a cluster made for the benchmark with every link shaped to --rate (both
 ways) and removed at the end. The hosts still share this machine's cores.
 --fit (a cost model run's fit.csv) adds the predicted step time beside the
-measured one: the 1-rank step's compute, scaled by the per-rank batch and by
-max(1, ranks x threads / cores) where ranks share the cores, plus the
-all-reduce priced by ddp_lab.costmodel.step_time.
+measured one (ddp_lab.bench.scaling_prediction): compute plus the all-reduce
+priced. --compute-from takes each point's compute from the same study run on
+loopback first (`--worlds` instead of `--hosts`): the cores shared the same way.
 """
 from __future__ import annotations
 
@@ -50,6 +50,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ddp_lab.bench import fresh_out_dir
+from ddp_lab.bench.plots import plot_scaling
+from ddp_lab.bench.scaling_prediction import loopback_compute, predicted
 from ddp_lab.provenance import command_line, write_record
 
 COLUMNS = ["kind", "sync", "world_size", "global_batch", "per_rank_batch", "samples_per_sec",
@@ -77,7 +79,7 @@ class Point:
         return self.global_batch // self.world_size
 
 
-def efficiency_rows(points: list[Point], fit=None, threads: int = 1) -> list[dict]:
+def efficiency_rows(points: list[Point], fit=None, threads: int = 1, loopback=None) -> list[dict]:
     """One row per point, with efficiency against the 1-rank point of the same kind and sync."""
     base = {(p.kind, p.sync): p.samples_per_sec for p in points if p.world_size == 1}
     rows = []
@@ -90,22 +92,9 @@ def efficiency_rows(points: list[Point], fit=None, threads: int = 1) -> list[dic
             "samples_per_sec_per_rank": p.samples_per_sec / p.world_size, "mfu": p.mfu,
             "efficiency": p.samples_per_sec / (p.world_size * one) if one else None,
             "comm_frac": p.comm_frac, "test_acc": p.test_acc, "runs": p.runs,
-            "step_ms": p.step_ms, "predicted_step_ms": predicted(p, points, fit, threads),
+            "step_ms": p.step_ms, "predicted_step_ms": predicted(p, points, fit, threads, loopback),
         })
     return rows
-
-
-def predicted(p: Point, points: list[Point], fit, threads: int) -> float | None:
-    """The cost model's step time for a point, from the 1-rank point's compute (see the docstring)."""
-    one = next((o for o in points if (o.kind, o.sync, o.world_size) == (p.kind, p.sync, 1)), None)
-    if fit is None or one is None or one.step_ms is None:
-        return None
-    from ddp_lab.costmodel.fitting import contention
-    from ddp_lab.costmodel.step_time import predicted_step_ms
-
-    compute = one.step_ms * p.per_rank_batch / one.per_rank_batch
-    compute *= contention(p.world_size * threads, os.cpu_count())
-    return predicted_step_ms(fit, p.described_sync, p.model, p.world_size, compute)
 
 
 def _fmt(v, spec: str) -> str:
@@ -131,34 +120,7 @@ def write_results(rows: list[dict], out: Path) -> None:
         w.writeheader()
         w.writerows(rows)
     (out / "scaling.md").write_text(markdown_table(rows))
-    plot(rows, out / "scaling.png")
-
-
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    series = sorted({(r["kind"], r["sync"]) for r in rows})
-    for kind, sync in series:
-        rs = [r for r in rows if (r["kind"], r["sync"]) == (kind, sync)]
-        ws = [r["world_size"] for r in rs]
-        ax1.plot(ws, [r["samples_per_sec"] for r in rs], "o-", label=f"{kind} {sync}")
-        if all(r["efficiency"] is not None for r in rs):
-            ax2.plot(ws, [r["efficiency"] for r in rs], "o-", label=f"{kind} {sync}")
-        one = next((r["samples_per_sec"] for r in rs if r["world_size"] == 1), None)
-        if one:
-            ax1.plot(ws, [one * w for w in ws], ":", color="gray")
-    ax1.set(xlabel="ranks", ylabel="images/s (dotted: ideal)", title="throughput")
-    ax2.set(xlabel="ranks", ylabel="throughput(N) / (N x throughput(1))",
-            title="scaling efficiency", ylim=(0, 1.1))
-    for ax in (ax1, ax2):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    plot_scaling(rows, out / "scaling.png")
 
 
 def _free_port() -> int:
@@ -219,6 +181,9 @@ def parse_args(argv=None):
     p.add_argument("--rate", default=None, help="with --hosts: every link's rate, e.g. 100mbit, 1gbit")
     p.add_argument("--fit", type=Path, default=None,
                    help="a cost model run's fit.csv: adds the predicted step time")
+    p.add_argument("--compute-from", type=Path, default=None,
+                   help="with --fit and --hosts: a loopback study's scaling.csv, whose step of N ranks "
+                        "is the compute of N hosts (the same sharing of the cores)")
     p.add_argument("--syncs", default="ddp/builtin", help="comma-separated mode/algo pairs")
     p.add_argument("--kinds", default="weak,strong", help="weak, strong or both")
     p.add_argument("--per-rank-batch", type=int, default=128, help="weak scaling's batch per rank")
@@ -266,6 +231,12 @@ def parse_args(argv=None):
             p.error(f"--global-batch={args.global_batch} does not divide over {bad} ranks")
     if args.repeats < 1 or args.max_steps < 1 or args.threads < 1:
         p.error("--repeats, --max-steps and --threads must be >= 1")
+    args.loopback = None
+    if args.compute_from is not None:
+        try:
+            args.loopback = loopback_compute(args)
+        except ValueError as e:
+            p.error(str(e))
     return args
 
 
@@ -283,12 +254,13 @@ def main(argv=None) -> list[dict]:
             cluster = stack.enter_context(emulated(max(args.worlds), args.rate, f"scaling{os.getpid()}"))
         points = [measure(kind, sync, world, args, out, cluster)
                   for kind in args.kinds for sync in args.syncs for world in sorted(args.worlds)]
-    rows = efficiency_rows(points, fit, args.threads)
+    rows = efficiency_rows(points, fit, args.threads, args.loopback)
     write_results(rows, out)
     write_record(out, command_line("ddp_lab.bench.scaling", sys.argv[1:] if argv is None else argv),
                  {"worlds": args.worlds, "kinds": args.kinds, "syncs": args.syncs,
                   "emulated_hosts": args.hosts is not None, "link_rate": args.rate,
-                  "fit": str(args.fit) if args.fit else None})
+                  "fit": str(args.fit) if args.fit else None,
+                  "compute_from": str(args.compute_from) if args.compute_from else None})
     print(markdown_table(rows))
     print(f"written: {out / 'scaling.csv'}, {out / 'scaling.md'}, {out / 'scaling.png'}, "
           f"{out / 'record.json'}")

@@ -8,6 +8,8 @@ step = compute + one all-reduce of the model's gradients, priced with the
 fitted constants of the sync's algorithm (builtin: the ring formula) at the
 world size; compressed syncs (sync.compress=bf16 or fp16) send half the bytes.
 No overlap of communication with the backward pass is assumed.
+Where ranks share cores, loopback_steps() gives their compute as measured
+(see ddp_lab.bench.scaling_prediction).
 """
 from __future__ import annotations
 
@@ -57,3 +59,16 @@ def predicted_step_ms(fit: dict[str, Params], sync: str, model: str, world: int,
                       compute_ms: float) -> float | None:
     comm = allreduce_ms(fit, sync, model, world)
     return None if comm is None else compute_ms + comm
+
+
+def loopback_steps(path: str | Path) -> dict[tuple[str, str, int, int], float]:
+    """The measured step of each point of a loopback scaling study (its scaling.csv),
+    by (kind, sync, ranks, batch per rank): compute under the same sharing of the
+    cores as emulated hosts, with its memory-speed all-reduce in it."""
+    try:
+        with open(path, newline="") as f:
+            return {(r["kind"], r["sync"], int(r["world_size"]), int(r["per_rank_batch"])): float(r["step_ms"])
+                    for r in csv.DictReader(f) if r["step_ms"]}
+    except (OSError, KeyError, ValueError) as e:
+        raise ConfigError(f"{path}: not a bench.scaling scaling.csv ({e}); run python -m "
+                          "ddp_lab.bench.scaling --worlds ... and give its scaling.csv") from None

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from ddp_lab.bench.scaling import Point, efficiency_rows, main, parse_args
+from ddp_lab.bench.scaling import COLUMNS, Point, efficiency_rows, main, parse_args
 from tests.cluster.conftest import namespaces_or_skip
 from tests.conftest import tiny_overrides
 
@@ -29,6 +29,45 @@ def test_predicted_step_scales_compute_by_batch_and_shared_cores(tmp_path, monke
     assert rows[1]["predicted_step_ms"] == pytest.approx(10.0 + ring[2])  # 2 ranks on 2 cores
     assert rows[2]["predicted_step_ms"] == pytest.approx(20.0 + ring[4])  # 4 ranks share 2 cores
     assert efficiency_rows(pts)[1]["predicted_step_ms"] is None           # no fit: no prediction
+
+
+def _loopback_csv(tmp_path, steps):
+    path = tmp_path / "loopback.csv"
+    rows = [f"weak,flat/builtin,{w},{128 * w},128,,,,,,,1,{ms},\n" for w, ms in steps.items()]
+    path.write_text(",".join(COLUMNS) + "\n" + "".join(rows))
+    return path
+
+
+def test_compute_from_a_loopback_study_is_its_step_at_as_many_ranks(tmp_path, monkeypatch):
+    from ddp_lab.costmodel.step_time import load_fit
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    fit = _fit_csv(tmp_path)
+    loop = _loopback_csv(tmp_path, {1: 10.0, 2: 11.0, 3: 19.0})
+    args = parse_args(["--hosts", "1,2,3", "--rate", "1gbit", "--kinds", "weak", "--syncs", "flat/builtin",
+                       "--fit", str(fit), "--compute-from", str(loop)])
+    assert args.loopback[("weak", "flat/builtin", 3, 128)] == 19.0
+    pts = [Point("weak", "flat/builtin", w, 128 * w, 1000.0, 0.1, 0.8, 1, 10.0, "lenet", "flat/builtin")
+           for w in (1, 2, 3)]
+    rows = efficiency_rows(pts, load_fit(fit), threads=1, loopback=args.loopback)
+    lenet = 516_272
+    ring = {w: (2 * (w - 1) * 1e-4 + 2 * (w - 1) / w * lenet * 8e-9) * 1e3 for w in (2, 3)}
+    assert [r["predicted_step_ms"] for r in rows] == pytest.approx([10.0, 11.0 + ring[2], 19.0 + ring[3]])
+    # the 1-rank step scaled by ranks / cores would have priced 3 hosts' compute at 15 ms
+    assert efficiency_rows(pts, load_fit(fit))[2]["predicted_step_ms"] == pytest.approx(15.0 + ring[3])
+
+
+def test_compute_from_refuses_a_study_without_every_point(tmp_path, capsys):
+    fit, loop = _fit_csv(tmp_path), _loopback_csv(tmp_path, {1: 10.0, 2: 11.0})
+    for argv, said in (
+        (["--fit", str(fit), "--compute-from", str(loop), "--hosts", "1,2,3"], "no step for weak flat/builtin 3 rank(s) x 128"),
+        (["--compute-from", str(loop), "--hosts", "1,2"], "--compute-from needs --fit"),
+        (["--fit", str(fit), "--compute-from", str(fit), "--hosts", "1,2"], "not a bench.scaling scaling.csv"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            parse_args([*argv, "--rate", "1gbit", "--kinds", "weak", "--syncs", "flat/builtin"])
+        assert e.value.code == 2
+        assert said in capsys.readouterr().err
 
 
 def test_hosts_and_rate_go_together(capsys):
