@@ -15,25 +15,27 @@ start-up, by `start()`, which logs one line saying what it did:
   normal priority, ran at 0.15-0.18x of its speed at real-time priority at
   4-64 KiB, 0.28-0.35x at 1 MiB, 0.66-0.67x at 4 MiB (2 ranks; 3 ranks
   0.25-0.26x, 0.48x, 0.79x; both in the same shuffled rounds, each twice).
-* ``sync.poll=auto|true|false``: CPU ranks wait for the builtin allreduce by
-  asking whether it is done, yielding the CPU between questions
-  (os.sched_yield), instead of sleeping until gloo wakes them. On the same VM
-  a 0.5 MB allreduce took a median 0.45 ms back to back but 2.1 ms right
-  after 20 ms of computing, and polling made 2 ranks of LeNet train 10%
-  faster with sync.mode=flat (within the noise with ddp). On the Zen 1 VM,
-  2 ranks of LeNet with both settings on against both off (1 epoch, 5
+* ``sync.poll=auto|true|false`` (default false): CPU ranks wait for the
+  builtin allreduce by asking whether it is done, yielding the CPU between
+  questions (os.sched_yield), instead of sleeping until gloo wakes them. On
+  the same VM a 0.5 MB allreduce took a median 0.45 ms back to back but 2.1
+  ms right after 20 ms of computing, and polling made 2 ranks of LeNet train
+  10% faster with sync.mode=flat (within the noise with ddp). On the Zen 1
+  VM, 2 ranks of LeNet with both settings on against both off (1 epoch, 5
   alternated pairs): a median 3,060 against 2,987 images/s, 0.65-1.20x per
   pair: not told apart from the noise there. With 3 ranks on its 2 cores,
   polling cost 15-25%: 2,084-2,495 images/s against 2,608-2,869 without
-  (LeNet, flat/builtin, 2 launches of 2 runs for each of polling and not at
-  real-time and at normal priority; record 2026-11-25_zen1-2c_poll-3-ranks), so `auto`
-  polls only where the ranks fill the cores exactly.
+  (record 2026-11-25_zen1-2c_poll-3-ranks), so `auto` polls only where the
+  ranks fill the cores exactly. On a 2-core Zen 4, 2 ranks: 10,142 against
+  10,464 images/s with real-time threads, 8,972 against 8,535 without
+  (medians of 4 shuffled rounds; record 2026-11-25_zen4-2c_poll-2-ranks).
+  Paying on one CPU of three, it is off unless asked for.
 
 Both address a woken thread waiting for a core that the ranks keep busy, as
 on those 2-core VMs; ``auto`` turns them on only where this launch's ranks
 fill every core the process may run on (the ranks on this machine >= the
-cores in its affinity mask; polling only where they are equal), and the log
-line says so. The ranks on this machine are torchrun's LOCAL_WORLD_SIZE, or
+cores in its affinity mask; polling, where asked for with auto, only where
+they are equal), and the log line says so. The ranks on this machine are torchrun's LOCAL_WORLD_SIZE, or
 more where ddp_lab.cluster runs several emulated hosts on the same cores
 (ranks_on_machine). Where cores are to spare (a shared 64-core node, a container on one) a
 woken thread should find an idle core at once (no such machine was
