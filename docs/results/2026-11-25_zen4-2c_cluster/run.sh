@@ -10,6 +10,8 @@
 #   bash docs/results/2026-11-25_zen4-2c_cluster/run.sh costmodel
 #   bash docs/results/2026-11-25_zen4-2c_cluster/run.sh training
 #
+# (`run.sh resnet18` runs the ResNet-18 studies alone, `run.sh study ...` one
+# study, as training() calls it.)
 # collectives writes sweeps/<RATE>/<N>h (2, 3, 4, 8 hosts, 64 KiB-16 MiB) with
 # link_share.md, and interleaved/<RATE>/ (8 hosts, shuffled rounds at 4 and
 # 16 MiB); costmodel writes costmodel/<RATE>-fit-from-1mib/ (fitted on 2-3
@@ -51,14 +53,15 @@ costmodel() {
 }
 
 # One model's study: on loopback first (torchrun --standalone, the same ranks
-# sharing the same cores, the all-reduce at memory speed), then across hosts
-# at each rate, predicting each step from the loopback step of as many ranks.
+# sharing the same cores, the all-reduce at memory speed; kept if already
+# there), then across hosts at each rate, predicting each step from the
+# loopback step of as many ranks.
 study() {
     local MODEL=$1 BATCH=$2 STEPS=$3 REPEATS=$4 HOSTS=$5 COMPRESS=$6 RATES=$7; shift 7
     local COMMON=(--syncs flat/builtin --kinds weak --per-rank-batch $BATCH --max-steps $STEPS --repeats $REPEATS)
     local LOOP=$HERE/$MODEL-loopback-$COMPRESS
-    $PY -m ddp_lab.bench.scaling --worlds $HOSTS --threads 1 "${COMMON[@]}" --out "$LOOP" \
-        -- sync.compress=$COMPRESS "$@"
+    [ -f "$LOOP/scaling.csv" ] || $PY -m ddp_lab.bench.scaling --worlds $HOSTS --threads 1 "${COMMON[@]}" \
+        --out "$LOOP" -- sync.compress=$COMPRESS "$@"
     for RATE in $RATES; do
         $PY -m ddp_lab.bench.scaling --hosts $HOSTS --rate $RATE "${COMMON[@]}" \
             --fit "$HERE/costmodel/$RATE-fit-from-1mib/fit.csv" --compute-from "$LOOP/scaling.csv" \
@@ -66,13 +69,21 @@ study() {
     done
 }
 
+# As the record ran it: LeNet none at 100mbit (and its loopback) 2 runs a
+# point; LeNet 1gbit none and every bf16 study 3 runs a point, run again
+# after the first 2-run studies each had one 2-rank run 2.5-4x slower than
+# its twin (see README.md); ResNet-18 one run a point.
 training() {
-    for COMPRESS in none bf16; do
-        study lenet 128 300 2 1,2,3,4 $COMPRESS "100mbit 1gbit" trainer.warmup_steps=20
-    done
+    study lenet 128 300 2 1,2,3,4 none "100mbit" trainer.warmup_steps=20
+    study lenet 128 300 3 1,2,3,4 none "1gbit" trainer.warmup_steps=20
+    study lenet 128 300 3 1,2,3,4 bf16 "100mbit 1gbit" trainer.warmup_steps=20
+    resnet18
+}
+
+resnet18() {
     local RESNET=(model=resnet18 data=synthetic data.num_test=256 trainer.warmup_steps=10)
-    study resnet18 32 ${RESNET_STEPS:-200} 1 1,2 none "100mbit 1gbit" "${RESNET[@]}"
-    study resnet18 32 ${RESNET_STEPS:-200} 1 1,2 bf16 "100mbit" "${RESNET[@]}"
+    study resnet18 32 ${RESNET_STEPS:-150} 1 1,2 none "100mbit 1gbit" "${RESNET[@]}"
+    study resnet18 32 ${RESNET_STEPS:-150} 1 1,2 bf16 "100mbit" "${RESNET[@]}"
     $PY "$HERE/../2026-11-25_zen1-2c_cluster-training-cubic/collect.py" "$HERE"
 }
 
@@ -80,6 +91,8 @@ case ${1:-all} in
     collectives) collectives "$2" ;;
     costmodel) costmodel ;;
     training) training ;;
+    resnet18) resnet18 ;;
+    study) shift; study "$@" ;;
     all) bash "$0" collectives 1gbit; bash "$0" collectives 100mbit; costmodel; training ;;
     *) echo "usage: $0 collectives RATE | costmodel | training | all" >&2; exit 2 ;;
 esac
