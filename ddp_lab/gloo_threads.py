@@ -55,6 +55,11 @@ def gloo_threads(new: set[int], wait_s: float = 1.0) -> list[int]:
         time.sleep(0.01)
 
 
+def below_realtime(threads: list[int]) -> list[int]:
+    """Those of `threads` not at real-time priority (SCHED_FIFO); ended ones left out."""
+    return [tid for tid in threads if policy(tid) not in (os.SCHED_FIFO, None)]
+
+
 def set_fifo(threads: list[int], priority: int) -> None:
     """All or nothing: a gloo thread left at normal priority while its peers run
     real-time was seen to starve them for ~1 s (the kernel's real-time throttle),

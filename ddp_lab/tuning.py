@@ -68,6 +68,7 @@ from ddp_lab.config import ConfigError
 from ddp_lab.gloo_threads import (
     REALTIME_PRIORITY,
     at_comm_priority,
+    below_realtime,
     gloo_threads,
     policy,
     set_fifo,
@@ -153,6 +154,8 @@ def start(dist_cfg, poll="false") -> distributed.DistEnv:
     if env.backend == "gloo":
         threads, why, overruled = agree_across_ranks(threads, why)
         refused = refused or overruled
+        if threads == "realtime" and raise_late_threads():
+            why += "; a gloo thread that named itself late raised too"
     env = dataclasses.replace(env, comm_threads=threads, poll=wanted.poll)
     line = (f"machine tuning: gloo's threads at {'real-time' if threads == 'realtime' else 'normal'} "
             f"priority, {'polling' if env.poll else 'no polling'} ({why})")
@@ -206,6 +209,21 @@ def agree_across_ranks(threads: str, why: str) -> tuple[str, str, bool]:
         set_normal(gloo_threads(thread_ids(), 0))
         return "normal", f"{why}; another rank's are at normal priority, so every rank's are", True
     return threads, why, False
+
+
+def raise_late_threads() -> list[int]:
+    """Real-time priority for every gloo thread of this process still without it.
+
+    apply() waits at most a second for gloo's new threads to name themselves;
+    one still unnamed then kept normal priority among real-time peers, and
+    its rank's all-reduce waited 14-60 ms a step instead of 1-3 (2 LeNet
+    ranks on a 2-core Zen 4, 2026-11-25: gloo_tcp_loop, in 1 run of 6 of one
+    study; record 2026-11-25_zen4-2c_cluster). By now agree_across_ranks'
+    all-reduce has run, so gloo's threads are running and named.
+    """
+    late = below_realtime(gloo_threads(thread_ids(), 0))
+    set_fifo(late, REALTIME_PRIORITY)
+    return late
 
 
 # ------------------------------------------------------- what the others call

@@ -54,6 +54,25 @@ def test_set_fifo_skips_a_thread_that_has_ended(threads):
     os.sched_setscheduler(alive.tid, os.SCHED_OTHER, os.sched_param(0))
 
 
+@linux_only
+@needs_realtime
+def test_a_gloo_thread_named_late_is_raised_by_the_second_look(threads):
+    from ddp_lab import tuning
+
+    early, late, other = threads("gloo_a"), threads("gloo_tcp_loop", delay_s=0.3), threads("writer")
+    for t in (early, other):
+        t.named.wait()
+    found = gloo_threads.gloo_threads({early.tid, late.tid, other.tid}, wait_s=0.05)
+    gloo_threads.set_fifo(found, 1)  # what start() gave at first: `late` was not named yet
+    late.named.wait()
+    assert gloo_threads.below_realtime([early.tid, late.tid]) == [late.tid]
+    assert tuning.raise_late_threads() == [late.tid]
+    assert [os.sched_getscheduler(t.tid) for t in (early, late, other)] == [
+        os.SCHED_FIFO, os.SCHED_FIFO, os.SCHED_OTHER]
+    for t in (early, late):
+        os.sched_setscheduler(t.tid, os.SCHED_OTHER, os.sched_param(0))
+
+
 @needs_realtime
 def test_at_comm_priority_follows_what_it_is_told():
     with gloo_threads.at_comm_priority(False):
