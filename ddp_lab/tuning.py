@@ -217,9 +217,10 @@ def raise_late_threads() -> list[int]:
     apply() waits at most a second for gloo's new threads to name themselves;
     one still unnamed then kept normal priority among real-time peers, and
     its rank's all-reduce waited 14-60 ms a step instead of 1-3 (2 LeNet
-    ranks on a 2-core Zen 4, 2026-11-25: gloo_tcp_loop, in 1 run of 6 of one
-    study; record 2026-11-25_zen4-2c_cluster). By now agree_across_ranks'
-    all-reduce has run, so gloo's threads are running and named.
+    ranks on a 2-core Zen 4, 2026-11-25: caught as gloo_tcp_loop at normal
+    priority in 1 of 3 runs of one study; record 2026-11-25_zen4-2c_cluster).
+    By now agree_across_ranks' all-reduce has run, so gloo's threads are
+    running and named.
     """
     late = below_realtime(gloo_threads(thread_ids(), 0))
     set_fifo(late, REALTIME_PRIORITY)
