@@ -34,7 +34,7 @@ from ddp_lab.cluster.commands import ClusterError
 from ddp_lab.cluster.shaping import format_rate, parse_rate
 from ddp_lab.config import ConfigError
 from ddp_lab.costmodel.formulas import MODELS
-from ddp_lab.provenance import command_line, write_record
+from ddp_lab.provenance import RECORD_NAME, command_line, write_record
 
 COLUMNS = ["algo", "world_size", "size_bytes", "busbw_gbps", "of_link", "allowed_of_link", "of_allowed"]
 
@@ -101,8 +101,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=None,
                    help="folder for link_share.csv, link_share.md and record.json")
     a = p.parse_args(argv)
-    if a.out and (a.out / "link_share.csv").exists():
-        p.error(f"--out {a.out} already holds link_share.csv; choose another folder")
+    taken = [f for f in ("link_share.csv", RECORD_NAME) if a.out and (a.out / f).exists()]
+    if taken:  # checked before anything is written: another run's files stay as they are
+        p.error(f"--out {a.out} already holds {taken[0]}; choose another folder")
     try:
         rate = parse_rate(a.rate)
     except ClusterError as e:

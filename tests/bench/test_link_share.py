@@ -54,6 +54,12 @@ def test_table_and_files(tmp_path, capsys):
     with pytest.raises(SystemExit):  # never written over
         ls.main(["--rate", "1gbit", str(a), "--out", str(out)])
     assert "already holds link_share.csv" in capsys.readouterr().err
+    sweep_dir = a
+    (sweep_dir / "record.json").write_text("{}")  # a sweep's own record: --out into its folder
+    with pytest.raises(SystemExit):
+        ls.main(["--rate", "1gbit", str(a), "--out", str(sweep_dir)])
+    assert "already holds record.json" in capsys.readouterr().err
+    assert not (sweep_dir / "link_share.csv").exists() and (sweep_dir / "record.json").read_text() == "{}"
 
 
 def test_bad_inputs_are_one_line(tmp_path, capsys):
