@@ -6,12 +6,14 @@
 #
 #   bash docs/results/2026-11-25_zen4-2c_cluster-resnet18/run.sh
 #   STEPS=120 bash docs/results/2026-11-25_zen4-2c_cluster-resnet18/run.sh 100mbit bf16
+#   STEPS=100 HOSTS=1,3,4 bash docs/results/2026-11-25_zen4-2c_cluster-resnet18/run.sh 100mbit none
 #
 # Writes resnet18-loopback-<compress>/ and resnet18-<rate>-<compress>/ (one
 # bench.scaling folder each; a folder already there is kept), then table.md
 # and bandwidth_matters.png. The cost model's fits are the Zen 4 cluster
-# record's (fitted on 2-3 hosts). The second command is what the record ran
-# at 100 Mbit/s: bf16 only and 120 steps, where a step takes 2.5-4 s.
+# record's (fitted on 2-3 hosts). The second and third commands are what the
+# record ran at 100 Mbit/s, where a step takes 2.5-7 s: bf16 for 120 steps,
+# and none for 100 steps at 3-4 hosts (2 hosts are in the Zen 4 record).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 PY=${PY:-.venv/bin/python}
@@ -24,7 +26,7 @@ for COMPRESS in $COMPRESSES; do
     LOOP=$HERE/resnet18-loopback-$COMPRESS
     [ -f "$LOOP/scaling.csv" ] || $PY -m ddp_lab.bench.scaling --worlds 1,2,3,4 --threads 1 "${COMMON[@]}" \
         --out "$LOOP" -- sync.compress=$COMPRESS "${MODEL[@]}"
-    [ -f "$HERE/resnet18-$RATE-$COMPRESS/scaling.csv" ] || $PY -m ddp_lab.bench.scaling --hosts 1,2,3,4 \
+    [ -f "$HERE/resnet18-$RATE-$COMPRESS/scaling.csv" ] || $PY -m ddp_lab.bench.scaling --hosts ${HOSTS:-1,2,3,4} \
         --rate $RATE "${COMMON[@]}" --fit "$FIT" --compute-from "$LOOP/scaling.csv" \
         --out "$HERE/resnet18-$RATE-$COMPRESS" -- sync.compress=$COMPRESS "${MODEL[@]}"
 done
