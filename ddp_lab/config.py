@@ -11,6 +11,7 @@ UUID; name a run with `--rdzv_id=NAME`, or pin the directory with
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -30,6 +31,18 @@ class ConfigError(ValueError):
 class RunFailed(RuntimeError):
     """The run cannot go on (it diverged, the disk is full, a peer is gone):
     printed as one clear line, exit status 1, every rank alike."""
+
+
+def say(line: str) -> None:
+    """Write `line` and its newline to stderr in one write.
+
+    Why not print(): the ranks of a launch share torchrun's stderr, and print()
+    writes the text and the newline apart (stderr is unbuffered), so two ranks
+    failing together ran their lines into one. One write of a short line to a
+    pipe is atomic.
+    """
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def run_id() -> str:

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass
 
 import torch
 
-from ddp_lab.config import ConfigError
+from ddp_lab.config import ConfigError, say
 
 KINDS = ("raise", "kill", "hang", "slow=F", "mismatch", "nan")
 
@@ -69,13 +68,12 @@ class Fault:
         if self.kind == "kill":
             # A SIGKILLed rank leaves no traceback, and torchrun may name another rank's
             # failure first (the rank that hit the dead peer): say what happened here.
-            print(f"DDP_LAB_FAULT: rank {rank} sends itself SIGKILL after step {step}",
-                  file=sys.stderr, flush=True)
+            say(f"DDP_LAB_FAULT: rank {rank} sends itself SIGKILL after step {step}")
             os.kill(os.getpid(), signal.SIGKILL)
         if self.kind == "raise":
             raise RuntimeError(f"DDP_LAB_FAULT: rank {rank} fails after step {step}")
         if self.kind == "hang":
-            print(f"DDP_LAB_FAULT: rank {rank} hangs after step {step}", file=sys.stderr, flush=True)
+            say(f"DDP_LAB_FAULT: rank {rank} hangs after step {step}")
             threading.Event().wait()  # forever; a signal (torchrun's SIGTERM) still ends it
 
     def slow_down(self, rank: int, step: int, last_compute_s: float) -> None:
@@ -89,8 +87,7 @@ class Fault:
     def skips_sync(self, rank: int, step: int) -> bool:
         """kind=mismatch: the chosen rank leaves out the gradient sync of that one step."""
         if self.kind == "mismatch" and rank == self.rank and step == self.step:
-            print(f"DDP_LAB_FAULT: rank {rank} skips the gradient sync of step {step}",
-                  file=sys.stderr, flush=True)
+            say(f"DDP_LAB_FAULT: rank {rank} skips the gradient sync of step {step}")
             return True
         return False
 

@@ -31,12 +31,13 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import sys
 import threading
 import time
 import uuid
 
 import torch.distributed as dist
+
+from ddp_lab.config import say
 
 log = logging.getLogger("ddp_lab")
 
@@ -65,7 +66,7 @@ class Deadline:
                 f"for {self.what}; giving up")
         if logging.getLogger().handlers:  # the rank's log file, where Hydra set one up
             log.error(line)
-        print(line, file=sys.stderr, flush=True)
+        say(line)
         os._exit(1)
 
     def __enter__(self) -> Deadline:

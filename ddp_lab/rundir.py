@@ -33,7 +33,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
-from ddp_lab.config import ConfigError
+from ddp_lab.config import ConfigError, say
 from ddp_lab.metrics import write_json_atomic
 
 LAUNCHES = "launches.json"
@@ -88,7 +88,7 @@ class RunDirCheck(Callback):
         try:
             check_usable(Path(str(path)).absolute(), key)
         except ConfigError as e:
-            print(f"ddp_lab: error: {e}", file=sys.stderr, flush=True)
+            say(f"ddp_lab: error: {e}")
             sys.exit(2)
 
 

@@ -30,11 +30,12 @@ import faulthandler
 import json
 import logging
 import os
-import sys
 import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
+
+from ddp_lab.config import say
 
 log = logging.getLogger("ddp_lab")
 
@@ -174,7 +175,7 @@ class StallInspector:
         line = (f"ddp_lab: error: {report}; giving up at dist.timeout_s={self.timeout_s:g}"
                 + (f"; stacks in {stacks.parent}" if stacks else ""))
         log.error(line)
-        print(line, file=sys.stderr, flush=True)
+        say(line)
         for h in logging.getLogger().handlers:
             h.flush()
         os._exit(1)
@@ -209,4 +210,4 @@ def report_stop(rank: int, cause: str, inspector: StallInspector | None) -> None
     """why_stopped() on stderr and in this rank's log, before torchrun's own report."""
     line = why_stopped(rank, cause, inspector)
     log.error("%s", line)
-    print(f"ddp_lab: {line}", file=sys.stderr, flush=True)
+    say(f"ddp_lab: {line}")

@@ -25,7 +25,7 @@ from hydra.types import RunMode
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ddp_lab import config, distributed, rendezvous, schema, stall, tuning
-from ddp_lab.config import ConfigError, RunFailed
+from ddp_lab.config import ConfigError, RunFailed, say
 from ddp_lab.trainer import Trainer
 
 log = logging.getLogger("ddp_lab")
@@ -93,7 +93,7 @@ def main(cfg) -> dict:
         # A bad input (exit 2) or a run that cannot go on (exit 1): one clear line on
         # stderr and in the rank's log, on every rank, and no traceback.
         log.error("%s", e)
-        print(f"ddp_lab: error: {e}", file=sys.stderr, flush=True)
+        say(f"ddp_lab: error: {e}")
         sys.exit(2 if isinstance(e, ConfigError) else 1)
     except Exception as e:  # anything else: say where and why in one line, then the traceback
         stall.report_stop(env.rank if env else 0, f"{type(e).__name__}: "

@@ -1,8 +1,14 @@
-"""The shipped configs compose, and Hydra itself rejects unknown keys and wrong types."""
+"""The shipped configs compose, Hydra itself rejects unknown keys and wrong types, and
+an error line reaches the shared stderr whole."""
+import os
+import subprocess
+import sys
+
 import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
+from ddp_lab.config import say
 from ddp_lab.models import build_model, num_parameters
 
 
@@ -91,3 +97,37 @@ def test_d2l_init_draws_from_normal_001(compose_train):
     w = net[7].weight  # the 800 -> 128 linear layer
     assert abs(w.std().item() - 0.01) < 0.0005
     assert abs(w.mean().item()) < 0.0005
+
+
+
+def test_say_writes_a_line_and_its_newline_at_once(monkeypatch):
+    # Ranks share torchrun's stderr, and print() writes the text and its newline
+    # apart: two ranks failing together ran their lines into one (CI saw it).
+    class Recorder:
+        def __init__(self):
+            self.writes = []
+
+        def write(self, s):
+            self.writes.append(s)
+
+        def flush(self):
+            pass
+
+    err = Recorder()
+    monkeypatch.setattr(sys, "stderr", err)
+    say("ddp_lab: error: rank 1 gave up")
+    assert err.writes == ["ddp_lab: error: rank 1 gave up\n"]
+
+
+def test_two_ranks_saying_at_once_keep_their_lines_whole():
+    code = ("import sys\nfrom ddp_lab.config import say\n"
+            "for _ in range(5000):\n    say('ddp_lab: error: rank ' + sys.argv[1] + ' gave up')\n")
+    read_end, write_end = os.pipe()
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(r)], stderr=write_end)
+             for r in (0, 1)]
+    os.close(write_end)
+    with os.fdopen(read_end) as f:
+        lines = f.read().splitlines()
+    assert [p.wait() for p in procs] == [0, 0]
+    assert sorted(set(lines)) == ["ddp_lab: error: rank 0 gave up", "ddp_lab: error: rank 1 gave up"]
+    assert len(lines) == 10_000
