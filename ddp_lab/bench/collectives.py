@@ -23,7 +23,9 @@ ddp_lab.collectives.ALGORITHMS), each rank:
 2. runs up to `warmup` untimed calls;
 3. after a barrier, times back-to-back in-place calls and takes its mean time
    per call; the reported time is the slowest rank's (a MAX reduction), so a
-   straggler shows, as in nccl-tests.
+   straggler shows. nccl-tests averages the ranks' times by default (its
+   `-a 1`); `-a 3` is this one. The two differ by how far apart the ranks
+   end the timed calls, spread over their number.
 
 The timed calls work on a zero-filled buffer: an in-place SUM of zeros stays
 zero, so repeated calls neither overflow float16 nor fall into denormals,
