@@ -9,6 +9,7 @@
 #   bash docs/results/2026-11-25_zen4-2c_cluster-8-hosts-after-fix/run.sh timeline
 #   bash docs/results/2026-11-25_zen4-2c_cluster-8-hosts-after-fix/run.sh variants K
 #   bash docs/results/2026-11-25_zen4-2c_cluster-8-hosts-after-fix/run.sh threads K
+#   bash docs/results/2026-11-25_zen4-2c_cluster-8-hosts-after-fix/run.sh ahead K
 #
 # sweep K writes sweeps/launch-K/ (64 KiB-16 MiB, the four algorithms, then
 # link_share/), sweep20 K the same with 20 timed calls a size into
@@ -16,7 +17,8 @@
 # rounds at 4 and 16 MiB); timeline writes timeline/ (every rank's
 # halving-doubling steps on one clock, timeline.py, summed up by
 # timeline_summary.py); variants K writes variants/output-K.txt
-# (variants.py), threads K writes threads/output-K.txt (threads.py). Each part saves the kernel's messages about real-time
+# (variants.py), threads K writes threads/output-K.txt (threads.py),
+# ahead K writes ahead/output-K.txt (ahead.py). Each part saves the kernel's messages about real-time
 # throttling that appeared while it ran (rt-throttle-PART-K.txt in
 # its folder, empty if none).
 set -euo pipefail
@@ -60,13 +62,13 @@ case $PART in
             BYTES=$((B << 20)) RATE_BPS=1e9 ROUNDS=9 $PY -m ddp_lab.cluster run --name $NAME -- \
                 "$HERE/variants.py" 2>&1 | grep -v "^\[$NAME-[1-7]\]" | tee -a "$OUT/output-$K.txt"
         done ;;
-    threads)
-        OUT=$HERE/threads
+    threads|ahead)
+        OUT=$HERE/$PART
         mkdir -p "$OUT"
         for B in 4 16; do
-            BYTES=$((B << 20)) RATE_BPS=1e9 ROUNDS=7 CALLS=5 SEGS=2 $PY -m ddp_lab.cluster run --name $NAME -- \
-                "$HERE/threads.py" 2>&1 | grep -v "^\[$NAME-[1-7]\]" | tee -a "$OUT/output-$K.txt"
+            BYTES=$((B << 20)) RATE_BPS=1e9 ROUNDS=7 CALLS=5 SEGS=2 AHEAD=1 $PY -m ddp_lab.cluster run \
+                --name $NAME -- "$HERE/$PART.py" 2>&1 | grep -v "^\[$NAME-[1-7]\]" | tee -a "$OUT/output-$K.txt"
         done ;;
-    *) echo "usage: $0 sweep K | sweep20 K | interleaved K | timeline | variants K | threads K" >&2; exit 2 ;;
+    *) echo "usage: $0 sweep K | sweep20 K | interleaved K | timeline | variants K | threads K | ahead K" >&2; exit 2 ;;
 esac
 dmesg | grep "RT throttling" | tail -n +$((before + 1)) > "${OUT}/rt-throttle-$PART-$K.txt" || true
