@@ -41,11 +41,22 @@ def test_burst_is_1_ms_of_the_rate_and_at_least_16_kib():
     assert shaping.burst_bytes(10 ** 8) == 16 * 1024
 
 
+def test_packets_fit_the_burst():
+    # below ~520 Mbit/s 1 ms is less than a 64 KiB GSO packet, which tbf would cut up
+    assert shaping.largest_packet_bytes(10 ** 9) == 65536           # Linux's default
+    assert shaping.largest_packet_bytes(5 * 10 ** 8) == 54_687      # 7/8 of 62,500
+    assert shaping.largest_packet_bytes(10 ** 8) == 14_336          # 7/8 of 16 KiB
+
+
 def test_both_directions_of_every_link_are_shaped(two_hosts):
     bits = parse_rate(RATE)
     for i, host in enumerate(two_hosts.hosts):
         assert shaping.shaped_rate(host.netns, "eth0") == bits                       # it sends
         assert shaping.shaped_rate(names.switch_netns(two_hosts.name), f"v{i}") == bits  # it receives
+        largest = shaping.largest_packet_bytes(bits)
+        assert largest < shaping.burst_bytes(bits)
+        assert shaping.largest_packet(host.netns, "eth0") == largest
+        assert shaping.largest_packet(names.switch_netns(two_hosts.name), f"v{i}") == largest
 
 
 def test_an_allreduce_takes_at_least_its_bytes_over_the_rate(two_hosts, tmp_path):
