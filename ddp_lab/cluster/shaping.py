@@ -9,24 +9,27 @@ The burst is about 1 ms of the rate (at least 16 KiB): a real port sends no
 faster than its line rate, so the larger the burst, the more of a message
 passes at memory speed after an idle gap (a 4 ms burst would carry most of
 LeNet's 516 KB gradient at 1 Gbit/s), but every burst's worth of tokens costs
-the shaper a timer wake-up, and on a few shared cores those wake-ups are what
-limits. Measured on 2 cores, gloo's all-reduce of 4 MiB over 4 hosts at 1gbit:
-53.9 MB/s bus bandwidth with a 16 KiB burst, 116.3 with 128 KiB (1 ms), 119.7
-with 500 KiB (TCP's payload limit on a 125 MB/s link is 119.6).
+the shaper a timer wake-up. Measured on 2 cores, gloo's all-reduce of 4 MiB
+over 4 hosts at 1gbit: 53.9 MB/s bus bandwidth with a 16 KiB burst, 116.3
+with 128 KiB (1 ms), 119.7 with 500 KiB (TCP's payload limit on a 125 MB/s
+link is 119.6). A 16 KiB bucket is also smaller than TCP's packets (below),
+which may be all of that loss; not measured again.
 
 A packet larger than the bucket never fits in it, and tbf then cuts it up
 itself, at a cost of most of the link. TCP hands a device packets of up to
 64 KiB (GSO: many segments passed down as one), more than 1 ms of any rate
 below about 520 Mbit/s, so every shaped device takes packets of at most 7/8
 of its burst (its gso_max_size; tbf counts each segment's headers too). 8
-hosts, gloo's all-reduce of 4 and 16 MiB, Zen 4, 2026-11-26, busbw over the
-link with a 1 ms burst and no cap: 29-35% at 500 Mbit/s and 68-80% at 200,
-against 94% and 96% with a 70,000-byte burst (64,000: 34%); at 800 Mbit/s
-and 1 Gbit/s (bursts of 100,000 and 125,000 bytes) 94-95%. `latency`
-bounds the queue behind the shaper: packets that would wait longer are
-dropped, as a switch with full buffers drops them (a 1 ms queue lost
-throughput to drops: 27.7-77.8 MB/s at 1-16 MiB, 2 hosts, 16 KiB burst,
-against 74.0-90.5 with 50 ms).
+hosts, gloo's all-reduce of 4 MiB, busbw over the link
+(docs/results/2026-11-26_zen4-2c_cluster-link-rates): 62% at 200 Mbit/s and
+36% at 500 with 64 KiB packets, 95% and 94-95% with the cap; uncapped, a
+burst of 64,000 bytes gave 36-76%, one of 70,000 (a 64 KiB packet and its
+headers fit) 95%.
+
+`latency` bounds the queue behind the shaper: packets that would wait
+longer are dropped, as a switch with full buffers drops them (a 1 ms queue
+lost throughput to drops: 27.7-77.8 MB/s at 1-16 MiB, 2 hosts, 16 KiB
+burst, against 74.0-90.5 with 50 ms).
 
 TCP's congestion control is part of how a link behaves, so every host's
 route to the others names one (`congctl`) instead of inheriting the
