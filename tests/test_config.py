@@ -99,7 +99,6 @@ def test_d2l_init_draws_from_normal_001(compose_train):
     assert abs(w.mean().item()) < 0.0005
 
 
-
 def test_say_writes_a_line_and_its_newline_at_once(monkeypatch):
     # Ranks share torchrun's stderr, and print() writes the text and its newline
     # apart: two ranks failing together ran their lines into one (CI saw it).

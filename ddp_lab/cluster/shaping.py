@@ -23,7 +23,7 @@ of its burst (its gso_max_size; tbf counts each segment's headers too). 8
 hosts, gloo's all-reduce of 4 MiB, busbw over the link
 (docs/results/2026-11-26_zen4-2c_cluster-link-rates): 62% at 200 Mbit/s and
 36% at 500 with 64 KiB packets, 95% and 94-95% with the cap; uncapped, a
-burst of 64,000 bytes gave 36-76%, one of 70,000 (a 64 KiB packet and its
+burst of 64,000 bytes gave 36-78%, one of 70,000 (a 64 KiB packet and its
 headers fit) 95%.
 
 `latency` bounds the queue behind the shaper: packets that would wait
