@@ -103,9 +103,9 @@ def shape(netns: str, device: str, bits: int) -> None:
     try:
         ip("link", "set", "dev", device, "gso_max_size", str(largest_packet_bytes(bits)), netns=netns)
     except ClusterError as e:
-        raise ClusterError(f"cannot keep {device}'s packets within the shaper's burst: "
-                           f"`ip link set dev {device} gso_max_size N` failed ({e}); this needs "
-                           "a kernel and an iproute2 that can change a device's gso_max_size") from None
+        raise ClusterError(f"cannot keep {device}'s packets within the shaper's burst ({e}); "
+                           "this needs a kernel and an iproute2 that can change a device's "
+                           "gso_max_size") from None
 
 
 def _listing(out: str) -> list[dict]:

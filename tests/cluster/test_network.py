@@ -99,6 +99,13 @@ def test_a_missing_qdisc_is_named_and_nothing_is_left(cluster_name, monkeypatch)
     assert parts_of(cluster_name) == []
 
 
+def test_a_refused_packet_size_is_named_and_nothing_is_left(cluster_name, monkeypatch):
+    monkeypatch.setattr(shaping, "largest_packet_bytes", lambda bits: 2 ** 40)  # no u32
+    with pytest.raises(ClusterError, match="within the shaper's burst.*gso_max_size"):
+        create(cluster_name, 2, "1gbit")
+    assert parts_of(cluster_name) == []
+
+
 def test_bad_names_and_host_counts_are_refused_before_anything_is_made(cluster_name):
     for args, says in ((["--name", "Lab-1"], "--name"), (["--name", "x" * 16], "--name"),
                        (["--hosts", "0"], "--hosts 0"), (["--rate", "1gb"], "--rate")):
