@@ -58,7 +58,6 @@ from __future__ import annotations
 import csv
 import math
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -80,7 +79,7 @@ from ddp_lab.bench.collectives_output import (  # noqa: F401
     CSV_COLUMNS, header, line, median_of_runs, sig, write_rows)
 from ddp_lab.bench.collectives_plan import (  # noqa: F401
     DTYPES, Plan, algbw_gbps, busbw_factor, busbw_gbps, known_algorithms, message_sizes, validate)
-from ddp_lab.config import CONFIG_PATH, ConfigError
+from ddp_lab.config import CONFIG_PATH, ConfigError, say
 from ddp_lab.distributed import DistEnv, resolve_backend, teardown
 from ddp_lab.provenance import hydra_command, write_record
 
@@ -264,7 +263,7 @@ def main(cfg: DictConfig) -> None:
         # A bad input: one line on stderr (rank 0; the other ranks reach the same
         # verdict), the message in torchrun's failure summary, exit status 2.
         if os.environ.get("RANK", "0") == "0":
-            print(f"ddp_lab.bench.collectives: error: {e}", file=sys.stderr, flush=True)
+            say(f"ddp_lab.bench.collectives: error: {e}")
         get_error_handler().record_exception(e)
         raise SystemExit(2)
 

@@ -21,8 +21,8 @@ itself, at a cost of most of the link. TCP hands a device packets of up to
 below about 520 Mbit/s, so every shaped device takes packets of at most 7/8
 of its burst (its gso_max_size; tbf counts each segment's headers too). 8
 hosts, gloo's all-reduce of 4 MiB, busbw over the link
-(docs/results/2026-11-26_zen4-2c_cluster-link-rates): 62% at 200 Mbit/s and
-36% at 500 with 64 KiB packets, 95% and 94-95% with the cap; uncapped, a
+(docs/results/2026-11-26_zen4-2c_cluster-link-rates): 62-64% at 200 Mbit/s
+and 36-37% at 500 with 64 KiB packets, 95% and 94-95% with the cap; uncapped, a
 burst of 64,000 bytes gave 36-78%, one of 70,000 (a 64 KiB packet and its
 headers fit) 95%.
 
@@ -114,12 +114,6 @@ def _listing(out: str) -> list[dict]:
         return json.loads(out or "[]")
     except json.JSONDecodeError:
         return []
-
-
-def largest_packet(netns: str, device: str) -> int | None:
-    """`device`'s gso_max_size; None if the device is gone."""
-    links = _listing(ip("-j", "-d", "link", "show", "dev", device, netns=netns, check=False))
-    return links[0].get("gso_max_size") if links else None
 
 
 def shaped_rate(netns: str, device: str) -> int | None:
