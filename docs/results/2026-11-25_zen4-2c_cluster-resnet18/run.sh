@@ -14,6 +14,8 @@
 # record's (fitted on 2-3 hosts). The second and third commands are what the
 # record ran at 100 Mbit/s, where a step takes 2.5-7 s: bf16 for 120 steps,
 # and none for 100 steps at 3-4 hosts (2 hosts are in the Zen 4 record).
+# Those 100 Mbit/s folders were later replaced by
+# ../2026-11-26_zen4-2c_cluster-resnet18-100mbit (200 steps, links that carry their rate).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 PY=${PY:-.venv/bin/python}
