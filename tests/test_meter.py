@@ -1,0 +1,37 @@
+"""ddp_lab.meter: the peak a run's MFU is measured against."""
+import torch
+
+from ddp_lab import meter, mfu
+from ddp_lab.cluster.launch import RANKS_ON_MACHINE_ENV
+from ddp_lab.distributed import DistEnv
+
+
+def peak_threads_and_machines(monkeypatch, world_size: int, env_vars: dict) -> tuple[list, float]:
+    """What flops_and_peak asks peak_flops for (threads), and the peak it returns, on 2 cores
+    whose one-thread peak is 10 and two-thread peak 20."""
+    asked = []
+    monkeypatch.setattr(mfu, "peak_flops", lambda device, dtype, threads=None, **kw: asked.append(threads)
+                        or 10.0 * threads)
+    monkeypatch.setattr(mfu.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.delenv(RANKS_ON_MACHINE_ENV, raising=False)
+    for k, v in env_vars.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    env = DistEnv(rank=0, world_size=world_size, local_rank=0, device=torch.device("cpu"), backend="gloo")
+    _, peak = meter.flops_and_peak(torch.nn.Linear(4, 2), (4,), "none", env)
+    return asked, peak
+
+
+def test_emulated_hosts_share_one_machines_peak(monkeypatch):
+    # 4 emulated hosts x 1 rank on 2 cores: one machine of 2 cores, not 4 machines of one.
+    asked, peak = peak_threads_and_machines(monkeypatch, 4, {"LOCAL_WORLD_SIZE": "1", RANKS_ON_MACHINE_ENV: "4"})
+    assert (asked, peak) == ([2], 20.0)
+
+
+def test_real_hosts_each_add_their_cores(monkeypatch):
+    # 4 machines x 1 rank, no emulation: each rank's one thread on its own machine.
+    asked, peak = peak_threads_and_machines(monkeypatch, 4, {"LOCAL_WORLD_SIZE": "1"})
+    assert (asked, peak) == ([1], 40.0)
+    # 2 machines x 2 ranks: 2 threads a machine, 2 machines.
+    asked, peak = peak_threads_and_machines(monkeypatch, 4, {"LOCAL_WORLD_SIZE": "2"})
+    assert (asked, peak) == ([2], 40.0)
