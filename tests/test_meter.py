@@ -6,7 +6,7 @@ from ddp_lab.cluster.launch import RANKS_ON_MACHINE_ENV
 from ddp_lab.distributed import DistEnv
 
 
-def peak_threads_and_machines(monkeypatch, world_size: int, env_vars: dict) -> tuple[list, float]:
+def threads_asked_and_peak(monkeypatch, world_size: int, env_vars: dict) -> tuple[list, float]:
     """What flops_and_peak asks peak_flops for (threads), and the peak it returns, on 2 cores
     whose one-thread peak is 10 and two-thread peak 20."""
     asked = []
@@ -24,14 +24,14 @@ def peak_threads_and_machines(monkeypatch, world_size: int, env_vars: dict) -> t
 
 def test_emulated_hosts_share_one_machines_peak(monkeypatch):
     # 4 emulated hosts x 1 rank on 2 cores: one machine of 2 cores, not 4 machines of one.
-    asked, peak = peak_threads_and_machines(monkeypatch, 4, {"LOCAL_WORLD_SIZE": "1", RANKS_ON_MACHINE_ENV: "4"})
+    asked, peak = threads_asked_and_peak(monkeypatch, 4, {"LOCAL_WORLD_SIZE": "1", RANKS_ON_MACHINE_ENV: "4"})
     assert (asked, peak) == ([2], 20.0)
 
 
 def test_real_hosts_each_add_their_cores(monkeypatch):
     # 4 machines x 1 rank, no emulation: each rank's one thread on its own machine.
-    asked, peak = peak_threads_and_machines(monkeypatch, 4, {"LOCAL_WORLD_SIZE": "1"})
+    asked, peak = threads_asked_and_peak(monkeypatch, 4, {"LOCAL_WORLD_SIZE": "1"})
     assert (asked, peak) == ([1], 40.0)
     # 2 machines x 2 ranks: 2 threads a machine, 2 machines.
-    asked, peak = peak_threads_and_machines(monkeypatch, 4, {"LOCAL_WORLD_SIZE": "2"})
+    asked, peak = threads_asked_and_peak(monkeypatch, 4, {"LOCAL_WORLD_SIZE": "2"})
     assert (asked, peak) == ([2], 40.0)
