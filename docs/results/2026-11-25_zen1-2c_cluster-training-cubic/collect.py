@@ -78,8 +78,9 @@ def plot() -> None:
     axes[0].set(xlabel="hosts (one rank each)", ylabel="scaling efficiency (%)", xticks=[1, 2, 3, 4],
                 title="weak scaling across emulated hosts (2 shared cores)")
     axes[0].legend(fontsize=7)
-    top = max(max(ax.get_xlim()[1], ax.get_ylim()[1]) for ax in axes[1:])
-    axes[1].plot([50, top], [50, top], "k:", label="measured = predicted")
+    low = min(axes[1].get_xlim()[0], axes[1].get_ylim()[0])
+    top = max(axes[1].get_xlim()[1], axes[1].get_ylim()[1])
+    axes[1].plot([low, top], [low, top], "k:", label="measured = predicted")
     axes[1].set(xscale="log", yscale="log", xlabel="cost model's step (ms)", ylabel="measured step (ms)",
                 title="step time: measured against predicted")
     fig.tight_layout()
