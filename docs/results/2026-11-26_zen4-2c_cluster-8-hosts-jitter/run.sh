@@ -6,6 +6,7 @@
 #   bash docs/results/2026-11-26_zen4-2c_cluster-8-hosts-jitter/run.sh cpu
 #   bash docs/results/2026-11-26_zen4-2c_cluster-8-hosts-jitter/run.sh burst
 #   bash docs/results/2026-11-26_zen4-2c_cluster-8-hosts-jitter/run.sh tsq
+#   bash docs/results/2026-11-26_zen4-2c_cluster-8-hosts-jitter/run.sh spread
 #
 # cpu: gloo's all-reduce, the ring and halving-doubling, 600 calls of 4 MiB
 # each; the machine's CPU time (/proc/stat) over 10 s inside the timed calls
@@ -16,6 +17,8 @@
 # queued below it (net.ipv4.tcp_limit_output_bytes, in every host) at this
 # kernel's 4 MiB and at 256 KiB -> tsq.csv. Every part: output-PART/ keeps
 # each launch's folder (collectives.csv, record.json) and its output (*.txt).
+# spread: one pair's 2 MiB exchanges alone and with the other three pairs
+# exchanging too (spread.py) -> spread.txt.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 PY=${PY:-.venv/bin/python}
@@ -79,6 +82,9 @@ case $PART in
                 echo "$ROUND,$LIMIT,halving_doubling,$SIZE,$(busbw "$OUT/collectives.csv" $SIZE)" >> "$HERE/tsq.csv"
             done
         done; done ;;
-    *) echo "run.sh cpu|burst|tsq" >&2; exit 2 ;;
+    spread)
+        $PY -m ddp_lab.cluster run --name $NAME -- "$HERE/spread.py" > "$HERE/output-spread/output.txt" 2>&1
+        grep -E "round [12] " "$HERE/output-spread/output.txt" | sed 's/^\[[^]]*\] //' | tee "$HERE/spread.txt" ;;
+    *) echo "run.sh cpu|burst|tsq|spread" >&2; exit 2 ;;
 esac
 rm -f "$HERE"/output-$PART/*/collectives.png
