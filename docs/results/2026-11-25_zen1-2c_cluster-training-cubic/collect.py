@@ -56,6 +56,9 @@ print("\n".join(lines))
 
 def plot() -> None:
     """bandwidth_matters.png: scaling efficiency and predicted against measured step, by hosts."""
+    if not any(r["efficiency"] for path in HERE.glob("*/scaling.csv") for r in csv.DictReader(open(path))):
+        print("no 1-rank points, so no efficiency: bandwidth_matters.png not drawn")
+        return
     from ddp_lab.bench.plots import pyplot
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -68,10 +71,10 @@ def plot() -> None:
                     continue
                 with open(path, newline="") as f:
                     rs = list(csv.DictReader(f))
-                hosts = [int(r["world_size"]) for r in rs]
                 label = f"{model} {rate} {compress}"
-                axes[0].plot(hosts, [100 * float(r["efficiency"]) for r in rs], styles[rate],
-                             marker=marker, label=label)
+                scaled = [r for r in rs if r["efficiency"]]  # blank without a 1-rank point
+                axes[0].plot([int(r["world_size"]) for r in scaled], [100 * float(r["efficiency"]) for r in scaled],
+                             styles[rate], marker=marker, label=label)
                 if rate != "loopback":  # no network to price
                     axes[1].plot([float(r["predicted_step_ms"]) for r in rs],
                                  [float(r["step_ms"]) for r in rs], marker, label=label)
