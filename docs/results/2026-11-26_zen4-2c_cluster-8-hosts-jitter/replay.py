@@ -26,9 +26,13 @@ LINK = 125e6  # 1 Gbit/s in bytes per second
 SIZES_MIB = [2, 1, 0.5, 0.5, 1, 2]  # each step's exchange at 4 MiB
 
 
-def measured() -> tuple[list[list[float]], list[list[float]]]:
+def load_traces() -> list:
+    """Every rank's timeline: per call, per step (peer, tag, posted, sent, received, added) in ns."""
+    return [json.loads((TRACES / f"trace-{r}.json").read_text()) for r in range(RANKS)]
+
+
+def measured(traces: list) -> tuple[list[list[float]], list[list[float]]]:
     """Per step, every transfer (from the later partner's post to the receive) and addition, ms."""
-    traces = [json.loads((TRACES / f"trace-{r}.json").read_text()) for r in range(RANKS)]
     xfer = [[] for _ in range(STEPS)]
     add = [[] for _ in range(STEPS)]
     for it in range(len(traces[0])):
@@ -43,10 +47,9 @@ def measured() -> tuple[list[list[float]], list[list[float]]]:
     return xfer, add
 
 
-def by_first_poster() -> list[tuple[str, list[float]]]:
+def by_first_poster(traces: list) -> list[tuple[str, list[float]]]:
     """Each transfer's time over the bytes' at TCP's payload rate (ms), by how much earlier
     than its receiver the sending partner posted the step (negative: later)."""
-    traces = [json.loads((TRACES / f"trace-{r}.json").read_text()) for r in range(RANKS)]
     bins = [("sender later by > 0.5 ms", -1e9, -0.5), ("sender later by 0.05-0.5 ms", -0.5, -0.05),
             ("within 0.05 ms", -0.05, 0.05), ("sender earlier by 0.05-0.5 ms", 0.05, 0.5),
             ("sender earlier by > 0.5 ms", 0.5, 1e9)]
@@ -81,7 +84,8 @@ def line(what: str, ms: float) -> str:
     return f"{what}: {ms:.2f} ms a call, busbw {BUS_BYTES / (ms / 1e3) / LINK:.1%} of the link"
 
 
-XFER, ADD = measured()
+TRACES_DATA = load_traces()
+XFER, ADD = measured(TRACES_DATA)
 print(line("as measured (timeline_summary.py, back to back)", 64.10))
 for seed in (0, 1, 2):
     print(line(f"replayed with the measured spread (seed {seed})", call_ms(random.choice, seed=seed)))
@@ -93,6 +97,6 @@ for k in (0.75, 0.5, 0.25):
 print(line("replayed with every transfer and addition at its step's median", call_ms(statistics.median)))
 print(line("the bytes alone at TCP's payload rate (95.6% of the link)", BUS_BYTES / (LINK * 0.956) * 1e3))
 print("transfers over the bytes' time at TCP's payload rate, by which partner posted first:")
-for name, xs in by_first_poster():
+for name, xs in by_first_poster(TRACES_DATA):
     q = statistics.quantiles(xs, n=10)
     print(f"  {name}: {len(xs)} transfers, median {statistics.median(xs):+.2f} ms, p10 {q[0]:+.2f}, p90 {q[-1]:+.2f}")
