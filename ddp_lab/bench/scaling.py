@@ -29,7 +29,8 @@ Across emulated hosts (ddp_lab.cluster, needs root):
 
 --hosts replaces --worlds: each point runs N emulated hosts of one rank each,
 on a cluster made for the benchmark with every link shaped to --rate (both
-ways) and removed at the end. The hosts still share this machine's cores.
+ways; --mtu 9000 for jumbo frames) and removed at the end. The hosts still
+share this machine's cores.
 --fit (a cost model run's fit.csv) adds the predicted step time beside the
 measured one (ddp_lab.bench.scaling_prediction): compute plus the all-reduce
 priced. --compute-from takes each point's compute from the same study run on
@@ -179,6 +180,8 @@ def parse_args(argv=None):
     p.add_argument("--hosts", default=None, help="instead of --worlds: numbers of emulated hosts "
                    "of one rank each, e.g. 1,2,4 (needs --rate and root)")
     p.add_argument("--rate", default=None, help="with --hosts: every link's rate, e.g. 100mbit, 1gbit")
+    p.add_argument("--mtu", default=None, help="with --hosts: every link's MTU (default 1500; "
+                   "9000: jumbo frames)")
     p.add_argument("--fit", type=Path, default=None,
                    help="a cost model run's fit.csv: adds the predicted step time")
     p.add_argument("--compute-from", type=Path, default=None,
@@ -200,10 +203,13 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if (args.hosts is None) != (args.rate is None):
         p.error("--hosts and --rate go together, e.g. --hosts 1,2,4 --rate 100mbit")
+    if args.mtu is not None and args.hosts is None:
+        p.error("--mtu sets the emulated hosts' links: give it with --hosts and --rate")
     if args.rate is not None:
-        from ddp_lab.cluster import ClusterError, parse_rate
+        from ddp_lab.cluster.shaping import DEFAULT_MTU, ClusterError, parse_mtu, parse_rate
         try:
             parse_rate(args.rate)
+            args.mtu = parse_mtu(DEFAULT_MTU if args.mtu is None else args.mtu)
         except ClusterError as e:
             p.error(str(e))
         args.worlds = args.hosts
@@ -251,14 +257,15 @@ def main(argv=None) -> list[dict]:
         cluster = None
         if args.rate is not None:
             from ddp_lab.cluster import emulated
-            cluster = stack.enter_context(emulated(max(args.worlds), args.rate, f"scaling{os.getpid()}"))
+            cluster = stack.enter_context(emulated(max(args.worlds), args.rate, f"scaling{os.getpid()}",
+                                                         args.mtu))
         points = [measure(kind, sync, world, args, out, cluster)
                   for kind in args.kinds for sync in args.syncs for world in sorted(args.worlds)]
     rows = efficiency_rows(points, fit, args.threads, args.loopback)
     write_results(rows, out)
     write_record(out, command_line("ddp_lab.bench.scaling", sys.argv[1:] if argv is None else argv),
                  {"worlds": args.worlds, "kinds": args.kinds, "syncs": args.syncs,
-                  "emulated_hosts": args.hosts is not None, "link_rate": args.rate,
+                  "emulated_hosts": args.hosts is not None, "link_rate": args.rate, "link_mtu": args.mtu,
                   "fit": str(args.fit) if args.fit else None,
                   "compute_from": str(args.compute_from) if args.compute_from else None})
     print(markdown_table(rows))

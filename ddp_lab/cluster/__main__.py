@@ -9,7 +9,7 @@ import sys
 from ddp_lab.cluster import names, network
 from ddp_lab.cluster.commands import ClusterError
 from ddp_lab.cluster.launch import Job, in_host
-from ddp_lab.cluster.shaping import format_rate
+from ddp_lab.cluster.shaping import DEFAULT_MTU, format_rate
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -18,6 +18,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     up = sub.add_parser("up", help="create hosts NAME-0..NAME-(N-1) with links shaped to RATE")
     up.add_argument("--hosts", type=int, required=True, help="number of hosts")
     up.add_argument("--rate", required=True, help="each link's rate, both ways: 1gbit, 200mbit, ...")
+    up.add_argument("--mtu", default=DEFAULT_MTU, help=f"every link's MTU in bytes (default {DEFAULT_MTU}; "
+                    "9000: jumbo frames)")
     down = sub.add_parser("down", help="remove a cluster, also what an interrupted up left")
     sub.add_parser("status", help="list clusters, hosts, addresses and rates")
     run = sub.add_parser("run", help="one torchrun agent per host: run -- <what torchrun runs>")
@@ -101,10 +103,12 @@ def show(clusters: list[network.Cluster]) -> None:
     for c in clusters:
         rate = format_rate(c.rate_bits) if c.rate_bits else "mixed or none"
         state = "" if c.complete else f"  INCOMPLETE ({'; '.join(c.problems)}): run down --name {c.name}"
-        print(f"cluster {c.name}: {len(c.hosts)} host(s), links {rate} each way{state}")
+        mtu = c.mtu or "mixed"
+        print(f"cluster {c.name}: {len(c.hosts)} host(s), links {rate} each way, MTU {mtu}{state}")
         for h in c.hosts:
             rate = format_rate(h.rate_bits) if h.rate_bits else "-"
-            print(f"  {h.name:<16} {h.address:<15} {rate:<8} tcp {h.tcp or '-':<6} (netns {h.netns})")
+            print(f"  {h.name:<16} {h.address:<15} {rate:<8} mtu {h.mtu or '-':<5} tcp {h.tcp or '-':<6} "
+                  f"(netns {h.netns})")
 
 
 def run_job(args) -> int:
@@ -133,7 +137,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         if args.action == "up":
-            show([network.create(args.name, args.hosts, args.rate)])
+            show([network.create(args.name, args.hosts, args.rate, args.mtu)])
         elif args.action == "down":
             removed = network.destroy(args.name)
             print("\n".join(f"removed {r}" for r in removed) or f"no cluster named {args.name}")

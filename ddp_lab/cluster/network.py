@@ -8,7 +8,8 @@ The bridge sits in a namespace of its own, so nothing is added to the
 machine's own network: no link, no address, no route. The hosts' subnet is a
 private /24 that overlaps no route of the machine and no other cluster's.
 Every host gets both directions of its link shaped to the same rate, as a
-full-duplex NIC port into a switch.
+full-duplex NIC port into a switch, and the same MTU (--mtu: 1500, or 9000
+for jumbo frames) on every device, as a real network needs.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ class Host:
     address: str   # eth0's address
     rate_bits: int | None  # what its link is shaped to (None: unshaped or unknown)
     tcp: str | None = None  # the TCP congestion control its route names (shaping.CONGESTION_CONTROL)
+    mtu: int | None = None  # eth0's MTU
 
 
 @dataclass
@@ -50,6 +52,11 @@ class Cluster:
         rates = {h.rate_bits for h in self.hosts}
         return rates.pop() if len(rates) == 1 else None
 
+    @property
+    def mtu(self) -> int | None:
+        mtus = {h.mtu for h in self.hosts}
+        return mtus.pop() if len(mtus) == 1 else None
+
 
 def _host_address(netns: str) -> str | None:
     out = ip("-j", "-4", "addr", "show", "dev", HOST_LINK, netns=netns, check=False)
@@ -57,6 +64,11 @@ def _host_address(netns: str) -> str | None:
         for a in link.get("addr_info", []):
             return a["local"]
     return None
+
+
+def _mtu(netns: str, device: str) -> int | None:
+    links = json.loads(ip("-j", "link", "show", "dev", device, netns=netns, check=False) or "[]")
+    return links[0].get("mtu") if links else None
 
 
 def find(cluster: str) -> Cluster | None:
@@ -80,7 +92,7 @@ def find(cluster: str) -> Cluster | None:
         if not (names.ETC_NETNS / netns / "hosts").exists():
             problems.append(f"{names.host_name(cluster, i)} has no hosts file")
         hosts.append(Host(names.host_name(cluster, i), netns, address or "-", rate,
-                          shaping.congestion_control(netns, HOST_LINK)))
+                          shaping.congestion_control(netns, HOST_LINK), _mtu(netns, HOST_LINK)))
     return Cluster(cluster, hosts, not problems, problems)
 
 
@@ -110,10 +122,11 @@ def free_subnet() -> ipaddress.IPv4Network:
                        "(python -m ddp_lab.cluster status, then down --name NAME)")
 
 
-def create(cluster: str, hosts: int, rate: str) -> Cluster:
+def create(cluster: str, hosts: int, rate: str, mtu: int = shaping.DEFAULT_MTU) -> Cluster:
     """Make the cluster; on any failure (or Ctrl-C) remove what was made, then raise."""
     names.check_name(cluster)
     bits = shaping.parse_rate(rate)
+    mtu = shaping.parse_mtu(mtu)
     if not 1 <= hosts <= MAX_HOSTS:
         raise ClusterError(f"--hosts {hosts}: give 1 to {MAX_HOSTS} hosts")
     require_tools()
@@ -133,8 +146,8 @@ def create(cluster: str, hosts: int, rate: str) -> Cluster:
             netns, port = names.host_netns(cluster, i), f"v{i}"
             address = str(subnet.network_address + i + 1)
             ip("netns", "add", netns)
-            ip("link", "add", port, "type", "veth", "peer", "name", HOST_LINK, "netns", netns,
-               netns=switch)
+            ip("link", "add", port, "mtu", str(mtu), "type", "veth", "peer", "name", HOST_LINK,
+               "mtu", str(mtu), "netns", netns, netns=switch)  # the bridge takes its ports' MTU
             ip("link", "set", port, "master", BRIDGE, "up", netns=switch)
             ip("addr", "add", f"{address}/{subnet.prefixlen}", "dev", HOST_LINK, netns=netns)
             ip("link", "set", HOST_LINK, "up", netns=netns)
@@ -217,9 +230,9 @@ def links_down(cluster: Cluster) -> list[str]:
 
 
 @contextlib.contextmanager
-def emulated(hosts: int, rate: str, cluster: str = names.DEFAULT_NAME):
+def emulated(hosts: int, rate: str, cluster: str = names.DEFAULT_NAME, mtu: int = shaping.DEFAULT_MTU):
     """`with emulated(2, "1gbit", "mytest") as c:` a cluster that is removed on the way out."""
-    made = create(cluster, hosts, rate)
+    made = create(cluster, hosts, rate, mtu)
     try:
         yield made
     finally:

@@ -31,6 +31,14 @@ longer are dropped, as a switch with full buffers drops them (a 1 ms queue
 lost throughput to drops: 27.7-77.8 MB/s at 1-16 MiB, 2 hosts, 16 KiB
 burst, against 74.0-90.5 with 50 ms).
 
+Each frame carries the MTU's worth of IP packet plus a 14-byte Ethernet
+header, all of which tbf counts against the rate; TCP's payload is the MTU
+less 52 bytes of IP, TCP and timestamp headers. So a link's payload rate is
+at most (MTU - 52) / (MTU + 14) of its rate: 95.6% at Linux's default MTU of
+1500, 99.3% with 9000-byte jumbo frames (tcp_payload_share). A real
+Ethernet wire also spends 24 bytes a frame on preamble, checksum and gap
+(94.1% at 1500), which tbf does not count.
+
 TCP's congestion control is part of how a link behaves, so every host's
 route to the others names one (`congctl`) instead of inheriting the
 machine's default, which differs between kernels: see CONGESTION_CONTROL.
@@ -55,6 +63,12 @@ GSO_MAX_BYTES = 65536  # Linux's default gso_max_size
 # the whole 4 MiB all-reduce 735 ms; with reno 179-189 ms and 646 ms, with
 # cubic 179-189 ms and 666 ms (Zen 1, 2026-11-25, one launch each).
 CONGESTION_CONTROL = ("cubic", "reno")
+DEFAULT_MTU = 1500  # Linux's default, and most Ethernet networks' MTU
+# From IPv4's smallest datagram every host must take to the usual jumbo frame; a frame of
+# 9000 + 14 bytes fits the smallest burst (MIN_BURST_BYTES), so tbf never cuts one up.
+MTU_RANGE = (576, 9000)
+FRAME_HEADER_BYTES = 14  # Ethernet header: counted by tbf, not part of the MTU
+TCP_IP_HEADER_BYTES = 52  # IPv4 20 + TCP 20 + timestamps option 12 (on by default in Linux)
 UNITS = {"bit": 1, "kbit": 10 ** 3, "mbit": 10 ** 6, "gbit": 10 ** 9, "tbit": 10 ** 12}
 RATE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(bit|kbit|mbit|gbit|tbit)\Z", re.IGNORECASE)
 
@@ -75,6 +89,24 @@ def format_rate(bits: int) -> str:
         if bits >= UNITS[unit]:
             return f"{bits / UNITS[unit]:g}{unit}"
     return f"{bits}bit"
+
+
+def parse_mtu(value) -> int:
+    """--mtu 9000 -> 9000, checked against MTU_RANGE."""
+    lo, hi = MTU_RANGE
+    try:
+        mtu = int(str(value).strip())
+    except ValueError:
+        mtu = 0
+    if not lo <= mtu <= hi:
+        raise ClusterError(f"--mtu {value!r}: give the largest IP packet in bytes, {lo} to {hi}, "
+                           f"e.g. --mtu {DEFAULT_MTU} (the default) or --mtu 9000 (jumbo frames)")
+    return mtu
+
+
+def tcp_payload_share(mtu: int = DEFAULT_MTU) -> float:
+    """The share of a shaped link's rate that TCP's payload can use (see the module's docstring)."""
+    return (mtu - TCP_IP_HEADER_BYTES) / (mtu + FRAME_HEADER_BYTES)
 
 
 def burst_bytes(bits: int) -> int:

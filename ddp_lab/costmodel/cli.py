@@ -103,16 +103,18 @@ def validate(cfg) -> dict:
     held_out = expand_inputs(_as_list(cfg.get("validate")))
     if held_out and "fitted" not in params:
         raise ConfigError("validate=[...] checks the fitted constants: add fitted to params")
-    link_bits = None
-    if cfg.get("link_rate") is not None:
-        from ddp_lab.cluster import ClusterError, parse_rate  # tc's units: 1gbit, 100mbit, ...
-        try:
+    link_bits, link_mtu = None, cfg.get("link_mtu", 1500)
+    from ddp_lab.cluster.shaping import ClusterError, parse_mtu, parse_rate  # tc's units: 1gbit, ...
+    try:
+        link_mtu = parse_mtu(link_mtu)
+        if cfg.get("link_rate") is not None:
             link_bits = parse_rate(str(cfg.link_rate))
-        except ClusterError as e:
-            raise ConfigError(str(e).replace("--rate", "link_rate")) from None
+    except ClusterError as e:
+        raise ConfigError(str(e).replace("--rate", "link_rate").replace("--mtu", "link_mtu")) from None
     return {"params": params, "inputs": inputs, "gamma": _gamma_setting(cfg), "algos": algos,
             "world_sizes": [int(w) for w in worlds], "gradients": grads, "compute_ms": compute_ms,
-            "cores": cores, "validate": held_out, "link_bits": link_bits, "fit_min_bytes": fit_min}
+            "cores": cores, "validate": held_out, "link_bits": link_bits, "link_mtu": link_mtu,
+            "fit_min_bytes": fit_min}
 
 
 def run(cfg, run_dir: Path, log=print) -> dict:
@@ -178,7 +180,7 @@ def run(cfg, run_dir: Path, log=print) -> dict:
                 f"{shared[0].gamma * 1e9:>11.4f} {med:>11.1%} {max(abs(e) for e in shared[1]):>9.1%}"
                 "   (one set for naive+ring+halving_doubling; used for unmeasured algorithms)")
         if s["link_bits"]:
-            print_beta_against_link(fits, s["link_bits"], log)
+            print_beta_against_link(fits, s["link_bits"], s["link_mtu"], log)
         if s["validate"]:
             validate_held_out(fits, s["validate"], run_dir, log)
         fitted = {}

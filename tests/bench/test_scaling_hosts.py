@@ -79,6 +79,16 @@ def test_hosts_and_rate_go_together(capsys):
     assert parse_args(["--hosts", "1,2", "--rate", "1gbit"]).worlds == [1, 2]
 
 
+def test_mtu_needs_hosts_and_is_checked(capsys):
+    for argv, said in ((["--mtu", "9000"], "--mtu sets the emulated hosts' links"),
+                       (["--hosts", "1,2", "--rate", "1gbit", "--mtu", "100"], "--mtu '100'")):
+        with pytest.raises(SystemExit) as e:
+            parse_args(argv)
+        assert e.value.code == 2 and said in capsys.readouterr().err
+    assert parse_args(["--hosts", "1,2", "--rate", "1gbit"]).mtu == 1500
+    assert parse_args(["--hosts", "1,2", "--rate", "1gbit", "--mtu", "9000"]).mtu == 9000
+
+
 @pytest.mark.slow
 def test_a_short_study_on_two_emulated_hosts(tiny_fmnist, tmp_path):
     namespaces_or_skip()

@@ -4,6 +4,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -108,9 +109,73 @@ def test_a_refused_packet_size_is_named_and_nothing_is_left(cluster_name, monkey
 
 def test_bad_names_and_host_counts_are_refused_before_anything_is_made(cluster_name):
     for args, says in ((["--name", "Lab-1"], "--name"), (["--name", "x" * 16], "--name"),
-                       (["--hosts", "0"], "--hosts 0"), (["--rate", "1gb"], "--rate")):
+                       (["--hosts", "0"], "--hosts 0"), (["--rate", "1gb"], "--rate"),
+                       (["--mtu", "65536"], "--mtu")):
         full = {"--hosts": "2", "--rate": "1gbit", "--name": cluster_name}
         full.update(dict(zip(args[::2], args[1::2])))
         proc = cli("up", *[x for kv in full.items() for x in kv])
         assert proc.returncode == 2 and says in proc.stderr, proc.stderr
     assert parts_of(cluster_name) == []
+
+
+# Host 1 takes one TCP connection and counts what arrives; host 0 sends 1 MiB.
+# Each side prints its segment size (TCP_MAXSEG: the MTU less IP, TCP and
+# timestamp headers, as the two ends agreed it).
+SEGMENT_PROBE = textwrap.dedent("""
+    import socket, sys
+    if sys.argv[1] == "listen":
+        server = socket.create_server(("0.0.0.0", 29518)); server.settimeout(30)
+        print("listening", flush=True)
+        conn, _ = server.accept(); conn.settimeout(30); got = 0
+        while chunk := conn.recv(1 << 16):
+            got += len(chunk)
+        print(conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG), got)
+    else:
+        s = socket.create_connection((sys.argv[2], 29518), timeout=30)
+        print(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG))
+        s.sendall(bytes(1 << 20)); s.close()
+""")
+
+
+def segments_between(cluster, tmp_path) -> tuple[int, int, int]:
+    """(client's segment size, server's, bytes the server got) for 1 MiB from host 0 to host 1."""
+    script = tmp_path / "segments.py"
+    script.write_text(SEGMENT_PROBE)
+    server_host, client_host = cluster.hosts[1], cluster.hosts[0]
+    server = subprocess.Popen(["ip", "netns", "exec", server_host.netns, sys.executable, str(script),
+                               "listen"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline().strip() == "listening"
+        client = subprocess.run(["ip", "netns", "exec", client_host.netns, sys.executable, str(script),
+                                 "connect", server_host.address], capture_output=True, text=True, timeout=60)
+        assert client.returncode == 0, client.stderr
+        served, got = server.communicate(timeout=60)[0].split()
+    finally:
+        server.kill()
+    return int(client.stdout), int(served), int(got)
+
+
+def test_the_default_mtu_is_1500_and_tcp_segments_fit_it(two_hosts, tmp_path):
+    assert two_hosts.mtu == shaping.DEFAULT_MTU == 1500
+    assert segments_between(two_hosts, tmp_path) == (1448, 1448, 1 << 20)
+
+
+def test_jumbo_frames_reach_every_device_and_carry_tcp(cluster_name, tmp_path):
+    proc = cli("up", "--hosts", "2", "--rate", "200mbit", "--mtu", "9000", "--name", cluster_name)
+    assert proc.returncode == 0, proc.stderr
+    assert "links 200mbit each way, MTU 9000" in proc.stdout
+    c = find(cluster_name)
+    assert c.complete and [h.mtu for h in c.hosts] == [9000, 9000]
+    switch = names.switch_netns(cluster_name)
+    assert [network._mtu(switch, dev) for dev in ("v0", "v1", network.BRIDGE)] == [9000] * 3
+    # a segment larger than 1500 bytes crosses the bridge: a device left at 1500 would drop it
+    assert segments_between(c, tmp_path) == (8948, 8948, 1 << 20)
+
+
+def test_the_payload_share_of_a_link_follows_its_mtu():
+    assert shaping.tcp_payload_share(1500) == 1448 / 1514
+    assert round(shaping.tcp_payload_share(9000), 4) == 0.9927
+    assert shaping.parse_mtu("9000") == 9000
+    for bad in ("9001", "575", "jumbo", ""):
+        with pytest.raises(ClusterError, match="--mtu"):
+            shaping.parse_mtu(bad)

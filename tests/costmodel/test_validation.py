@@ -1,4 +1,5 @@
-"""The cost model checks itself on held-out world sizes, and sets 1/beta beside the link rate."""
+"""The cost model checks itself on held-out world sizes, and sets 1/beta beside the link rate
+and its TCP payload rate."""
 from __future__ import annotations
 
 import csv
@@ -50,6 +51,7 @@ def test_run_writes_validation_csv_and_shows_beta_beside_the_link(tmp_path):
     cm.run(cfg, tmp_path / "run", log=lines.append)
     text = "\n".join(lines)
     assert "ring              1/beta  1000.00 MB/s = 100.0% of the link rate" in text  # 1/BETA = 1 GB/s
+    assert "(TCP payload at most 956.41 MB/s at MTU 1500)" in text  # 1448 of every 1514 bytes
     assert "HELD OUT: 60 points of world sizes [4, 8]" in text
     with open(tmp_path / "run" / "validation.csv") as f:
         rows = list(csv.DictReader(f))
@@ -68,6 +70,9 @@ def test_validate_needs_the_fit_and_a_link_rate_must_parse(tmp_path):
         cm.validate(_compose(["params=[ib_100g]", f"validate=[{held}]"]))
     with pytest.raises(ConfigError, match="link_rate"):
         cm.validate(_compose([f"inputs=[{held}]", "link_rate=fast"]))
+    with pytest.raises(ConfigError, match="link_mtu 'jumbo'"):
+        cm.validate(_compose([f"inputs=[{held}]", "link_rate=1gbit", "link_mtu=jumbo"]))
+    assert cm.validate(_compose([f"inputs=[{held}]", "link_rate=1gbit", "link_mtu=9000"]))["link_mtu"] == 9000
 
 
 def test_fit_min_bytes_leaves_out_what_a_token_bucket_passes_at_memory_speed(tmp_path):
