@@ -1,0 +1,29 @@
+#!/bin/bash
+# Jumbo frames: gloo's all-reduce, the ring and halving-doubling at 4 and 8
+# emulated hosts on 1 Gbit/s links with the default MTU of 1500 and with
+# 9000 (`cluster up --mtu 9000`), at 1, 4 and 16 MiB, nccl-tests' 5 warm-up
+# and 20 timed calls, three rounds with the MTUs alternated. As root, from
+# the repository root:
+#
+#   bash docs/results/2026-11-26_zen4-2c_cluster-jumbo-frames/run.sh
+#
+# Writes sweeps/<hosts>h-mtu<mtu>-<round>/ (bench.collectives' folder, with
+# collectives.csv and record.json) and its output (.txt), then busbw.csv
+# (every point) and table.md (collect.py).
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+PY=${PY:-.venv/bin/python}
+NAME=jumbo$$
+trap '$PY -m ddp_lab.cluster down --name $NAME >/dev/null' EXIT
+mkdir -p "$HERE/sweeps"
+for ROUND in 1 2 3; do for HOSTS in 8 4; do for MTU in 1500 9000; do
+    OUT=$HERE/sweeps/${HOSTS}h-mtu$MTU-$ROUND
+    [ -f "$OUT/collectives.csv" ] && continue  # a finished launch is kept
+    rm -rf "$OUT"
+    $PY -m ddp_lab.cluster up --hosts $HOSTS --rate 1gbit --mtu $MTU --name $NAME > "$OUT.txt"
+    $PY -m ddp_lab.cluster run --name $NAME -- -m ddp_lab.bench.collectives hydra.run.dir="$OUT" \
+        min_bytes=1048576 max_bytes=16777216 factor=4 warmup=5 iters=20 min_iters=20 \
+        "algos=[builtin,ring,halving_doubling]" tensorboard=false >> "$OUT.txt" 2>&1
+    $PY -m ddp_lab.cluster down --name $NAME > /dev/null
+done; done; done
+$PY "$HERE/collect.py" "$HERE"
