@@ -1,6 +1,7 @@
 """A cluster on one machine: emulated hosts with shaped links, for torchrun to launch on.
 
     python -m ddp_lab.cluster up --hosts 4 --rate 1gbit        # hosts lab-0 .. lab-3
+    python -m ddp_lab.cluster up --hosts 4 --rate 1gbit --mtu 9000 --name jumbo  # jumbo frames
     python -m ddp_lab.cluster status
     python -m ddp_lab.cluster run --nproc-per-host 1 -- -m ddp_lab.train trainer.epochs=1
     python -m ddp_lab.cluster exec lab-1 -- getent hosts lab-0

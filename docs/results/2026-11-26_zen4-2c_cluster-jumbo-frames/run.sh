@@ -9,7 +9,9 @@
 #
 # Writes sweeps/<hosts>h-mtu<mtu>-<round>/ (bench.collectives' folder, with
 # collectives.csv and record.json) and its output (.txt), then busbw.csv
-# (every point) and table.md (collect.py).
+# (every point) and table.md (collect.py), then costmodel-mtu<mtu>/: the
+# cost model fitted on the 4-host sweeps, checked on the 8-host ones, 1/beta
+# beside the link and its TCP payload rate at that MTU (output.txt).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 PY=${PY:-.venv/bin/python}
@@ -27,3 +29,12 @@ for ROUND in 1 2 3; do for HOSTS in 8 4; do for MTU in 1500 9000; do
     $PY -m ddp_lab.cluster down --name $NAME > /dev/null
 done; done; done
 $PY "$HERE/collect.py" "$HERE"
+for MTU in 1500 9000; do
+    OUT=$HERE/costmodel-mtu$MTU
+    [ -f "$OUT/validation.csv" ] && continue
+    rm -rf "$OUT"
+    $PY -m ddp_lab.costmodel "inputs=[$(ls -d "$HERE"/sweeps/4h-mtu$MTU-? | paste -sd,)]" \
+        "validate=[$(ls -d "$HERE"/sweeps/8h-mtu$MTU-? | paste -sd,)]" link_rate=1gbit link_mtu=$MTU \
+        "algos=[builtin,ring,halving_doubling]" hydra.run.dir="$OUT" > "$OUT.txt" 2>&1
+    mv "$OUT.txt" "$OUT/output.txt"
+done
