@@ -26,9 +26,9 @@ LINK = 125e6  # 1 Gbit/s in bytes per second
 SIZES_MIB = [2, 1, 0.5, 0.5, 1, 2]  # each step's exchange at 4 MiB
 
 
-def load_traces() -> list:
+def load_traces(folder: Path = TRACES) -> list:
     """Every rank's timeline: per call, per step (peer, tag, posted, sent, received, added) in ns."""
-    return [json.loads((TRACES / f"trace-{r}.json").read_text()) for r in range(RANKS)]
+    return [json.loads((folder / f"trace-{r}.json").read_text()) for r in range(RANKS)]
 
 
 def measured(traces: list) -> tuple[list[list[float]], list[list[float]]]:
@@ -69,13 +69,14 @@ def by_first_poster(traces: list) -> list[tuple[str, list[float]]]:
     return found
 
 
-def call_ms(draw, calls: int = 2000, seed: int = 0) -> float:
-    """Mean time of a call, back to back, once 100 calls have set the ranks' drift."""
+def call_ms(draw, xfer: list, add: list, calls: int = 2000, seed: int = 0) -> float:
+    """Mean time of a call, back to back, once 100 calls have set the ranks' drift; each
+    transfer and addition of step s drawn by draw() from xfer[s] and add[s]."""
     random.seed(seed)
     ready, ends = [0.0] * RANKS, []
     for _ in range(calls):
         for s in range(STEPS):
-            ready = [max(ready[r], ready[PARTNERS[s][r]]) + draw(XFER[s]) + draw(ADD[s]) for r in range(RANKS)]
+            ready = [max(ready[r], ready[PARTNERS[s][r]]) + draw(xfer[s]) + draw(add[s]) for r in range(RANKS)]
         ends.append(max(ready))
     return (ends[-1] - ends[99]) / (calls - 100)
 
@@ -84,19 +85,24 @@ def line(what: str, ms: float) -> str:
     return f"{what}: {ms:.2f} ms a call, busbw {BUS_BYTES / (ms / 1e3) / LINK:.1%} of the link"
 
 
-TRACES_DATA = load_traces()
-XFER, ADD = measured(TRACES_DATA)
-print(line("as measured (timeline_summary.py, back to back)", 64.10))
-for seed in (0, 1, 2):
-    print(line(f"replayed with the measured spread (seed {seed})", call_ms(random.choice, seed=seed)))
-for k in (0.75, 0.5, 0.25):
-    def scaled(xs, k=k):
-        median = statistics.median(xs)
-        return median + k * (random.choice(xs) - median)
-    print(line(f"replayed with {k:g}x the spread around each step's median", call_ms(scaled)))
-print(line("replayed with every transfer and addition at its step's median", call_ms(statistics.median)))
-print(line("the bytes alone at TCP's payload rate (95.6% of the link)", BUS_BYTES / (LINK * 0.956) * 1e3))
-print("transfers over the bytes' time at TCP's payload rate, by which partner posted first:")
-for name, xs in by_first_poster(TRACES_DATA):
-    q = statistics.quantiles(xs, n=10)
-    print(f"  {name}: {len(xs)} transfers, median {statistics.median(xs):+.2f} ms, p10 {q[0]:+.2f}, p90 {q[-1]:+.2f}")
+def main() -> None:
+    traces = load_traces()
+    xfer, add = measured(traces)
+    print(line("as measured (timeline_summary.py, back to back)", 64.10))
+    for seed in (0, 1, 2):
+        print(line(f"replayed with the measured spread (seed {seed})", call_ms(random.choice, xfer, add, seed=seed)))
+    for k in (0.75, 0.5, 0.25):
+        def scaled(xs, k=k):
+            median = statistics.median(xs)
+            return median + k * (random.choice(xs) - median)
+        print(line(f"replayed with {k:g}x the spread around each step's median", call_ms(scaled, xfer, add)))
+    print(line("replayed with every transfer and addition at its step's median", call_ms(statistics.median, xfer, add)))
+    print(line("the bytes alone at TCP's payload rate (95.6% of the link)", BUS_BYTES / (LINK * 0.956) * 1e3))
+    print("transfers over the bytes' time at TCP's payload rate, by which partner posted first:")
+    for name, xs in by_first_poster(traces):
+        q = statistics.quantiles(xs, n=10)
+        print(f"  {name}: {len(xs)} transfers, median {statistics.median(xs):+.2f} ms, p10 {q[0]:+.2f}, p90 {q[-1]:+.2f}")
+
+
+if __name__ == "__main__":
+    main()

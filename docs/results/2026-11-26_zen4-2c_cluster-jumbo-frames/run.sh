@@ -11,7 +11,11 @@
 # collectives.csv and record.json) and its output (.txt), then busbw.csv
 # (every point) and table.md (collect.py), then costmodel-mtu<mtu>/: the
 # cost model fitted on the 4-host sweeps, checked on the 8-host ones, 1/beta
-# beside the link and its TCP payload rate at that MTU (output.txt).
+# beside the link and its TCP payload rate at that MTU (output.txt), then
+# timeline-mtu<mtu>-<round>/: halving-doubling's steps on 8 hosts, every rank
+# on one clock (the after-fix record's timeline.py, 40 calls of 4 MiB), two
+# rounds alternating the MTUs, and spread.txt (spread.py: the transfers'
+# spread at each MTU and what it costs a call, replayed).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 PY=${PY:-.venv/bin/python}
@@ -38,3 +42,14 @@ for MTU in 1500 9000; do
         "algos=[builtin,ring,halving_doubling]" hydra.run.dir="$OUT" > "$OUT.txt" 2>&1
     mv "$OUT.txt" "$OUT/output.txt"
 done
+AFTER_FIX=$HERE/../2026-11-25_zen4-2c_cluster-8-hosts-after-fix
+for ROUND in 1 2; do for MTU in 1500 9000; do
+    OUT=$HERE/timeline-mtu$MTU-$ROUND
+    [ -f "$OUT/trace-7.json" ] && continue
+    rm -rf "$OUT" && mkdir -p "$OUT"
+    $PY -m ddp_lab.cluster up --hosts 8 --rate 1gbit --mtu $MTU --name $NAME > "$OUT/output.txt"
+    OUT=$OUT $PY -m ddp_lab.cluster run --name $NAME -- "$AFTER_FIX/timeline.py" >> "$OUT/output.txt" 2>&1
+    $PY "$AFTER_FIX/timeline_summary.py" "$OUT" > "$OUT/summary.txt"
+    $PY -m ddp_lab.cluster down --name $NAME > /dev/null
+done; done
+$PY "$HERE/spread.py" "$HERE" > "$HERE/spread.txt"
