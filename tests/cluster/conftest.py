@@ -6,6 +6,8 @@ the test fails.
 """
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -43,3 +45,21 @@ def two_hosts():
     namespaces_or_skip()
     with emulated(2, RATE, unique_name()) as cluster:
         yield cluster
+
+
+def between_two_hosts(cluster, script, tmp_path) -> tuple[str, str]:
+    """Run a Python `script` on host 1 (`listen`: it prints "listening" once it accepts, then
+    its answer) and on host 0 (`connect ADDRESS`, host 1's address); what each printed."""
+    path = tmp_path / "probe.py"
+    path.write_text(script)
+    server_host, client_host = cluster.hosts[1], cluster.hosts[0]
+    server = subprocess.Popen(["ip", "netns", "exec", server_host.netns, sys.executable, str(path),
+                               "listen"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline().strip() == "listening"
+        client = subprocess.run(["ip", "netns", "exec", client_host.netns, sys.executable, str(path),
+                                 "connect", server_host.address], capture_output=True, text=True, timeout=60)
+        assert client.returncode == 0, client.stderr
+        return client.stdout, server.communicate(timeout=60)[0]
+    finally:
+        server.kill()

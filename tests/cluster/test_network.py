@@ -11,6 +11,7 @@ import pytest
 
 from ddp_lab.cluster import ClusterError, create, find, names, network, shaping
 from ddp_lab.cluster.commands import ip
+from tests.cluster.conftest import between_two_hosts
 
 
 def cli(*args, **kw) -> subprocess.CompletedProcess:
@@ -139,20 +140,9 @@ SEGMENT_PROBE = textwrap.dedent("""
 
 def segments_between(cluster, tmp_path) -> tuple[int, int, int]:
     """(client's segment size, server's, bytes the server got) for 1 MiB from host 0 to host 1."""
-    script = tmp_path / "segments.py"
-    script.write_text(SEGMENT_PROBE)
-    server_host, client_host = cluster.hosts[1], cluster.hosts[0]
-    server = subprocess.Popen(["ip", "netns", "exec", server_host.netns, sys.executable, str(script),
-                               "listen"], stdout=subprocess.PIPE, text=True)
-    try:
-        assert server.stdout.readline().strip() == "listening"
-        client = subprocess.run(["ip", "netns", "exec", client_host.netns, sys.executable, str(script),
-                                 "connect", server_host.address], capture_output=True, text=True, timeout=60)
-        assert client.returncode == 0, client.stderr
-        served, got = server.communicate(timeout=60)[0].split()
-    finally:
-        server.kill()
-    return int(client.stdout), int(served), int(got)
+    client, server = between_two_hosts(cluster, SEGMENT_PROBE, tmp_path)
+    served, got = server.split()
+    return int(client), int(served), int(got)
 
 
 def test_the_default_mtu_is_1500_and_tcp_segments_fit_it(two_hosts, tmp_path):

@@ -1,13 +1,12 @@
 """Rates parse as tc reads them, both directions of every link are shaped, and the shaping is real."""
 import json
 import subprocess
-import sys
 import textwrap
 
 import pytest
 
 from ddp_lab.cluster import ClusterError, format_rate, names, parse_rate, running, shaping
-from tests.cluster.conftest import RATE
+from tests.cluster.conftest import RATE, between_two_hosts
 
 # One 8 MiB all-reduce between the two hosts, timed after a small warm-up call.
 ALLREDUCE = textwrap.dedent("""
@@ -99,18 +98,5 @@ def test_tcp_between_hosts_uses_the_pinned_congestion_control(two_hosts, tmp_pat
     # Not the machine's default: the first of CONGESTION_CONTROL the kernel has, on both ends.
     pinned = [shaping.congestion_control(h.netns, "eth0") for h in two_hosts.hosts]
     assert pinned[0] in shaping.CONGESTION_CONTROL and pinned == [pinned[0]] * 2
-    script = tmp_path / "probe.py"
-    script.write_text(CONGESTION_PROBE)
-    server_host, client_host = two_hosts.hosts[1], two_hosts.hosts[0]
-    server = subprocess.Popen(["ip", "netns", "exec", server_host.netns, sys.executable, str(script),
-                               "listen"], stdout=subprocess.PIPE, text=True)
-    try:
-        assert server.stdout.readline().strip() == "listening"
-        client = subprocess.run(["ip", "netns", "exec", client_host.netns, sys.executable,
-                                 str(script), "connect", server_host.address],
-                                capture_output=True, text=True, timeout=60)
-        assert client.returncode == 0, client.stderr
-        assert client.stdout.strip() == pinned[0]
-        assert server.communicate(timeout=60)[0].strip() == pinned[0]
-    finally:
-        server.kill()
+    client, server = between_two_hosts(two_hosts, CONGESTION_PROBE, tmp_path)
+    assert client.strip() == pinned[0] and server.strip() == pinned[0]
