@@ -103,7 +103,7 @@ def show(clusters: list[network.Cluster]) -> None:
     for c in clusters:
         rate = format_rate(c.rate_bits) if c.rate_bits else "mixed or none"
         state = "" if c.complete else f"  INCOMPLETE ({'; '.join(c.problems)}): run down --name {c.name}"
-        mtu = c.mtu or "mixed"
+        mtu = c.mtu or "mixed or none"
         print(f"cluster {c.name}: {len(c.hosts)} host(s), links {rate} each way, MTU {mtu}{state}")
         for h in c.hosts:
             rate = format_rate(h.rate_bits) if h.rate_bits else "-"
