@@ -2,6 +2,7 @@
 median and range of the rounds, beside TCP's payload ceiling at each MTU.
 
     python docs/results/2026-11-26_zen4-2c_cluster-jumbo-frames/collect.py FOLDER
+    python .../collect.py FOLDER sweeps-100mbit 0.0125   # busbw-100mbit.csv, table-100mbit.md
 """
 import csv
 import re
@@ -11,13 +12,14 @@ from pathlib import Path
 
 from ddp_lab.cluster.shaping import tcp_payload_share
 
-LINK_GBPS = 0.125  # 1 Gbit/s
 NAME = re.compile(r"(\d+)h-mtu(\d+)-(\d+)\Z")
 
 
-def main(folder: Path) -> None:
+def main(folder: Path, sweeps: str = "sweeps", link_gbps: float = 0.125) -> None:
+    """link_gbps: the links' rate in GB/s (0.125: 1 Gbit/s)."""
+    suffix = sweeps.removeprefix("sweeps")
     rows = []
-    for sweep in sorted((folder / "sweeps").iterdir()):
+    for sweep in sorted((folder / sweeps).iterdir()):
         m = NAME.match(sweep.name)
         if not m or not (sweep / "collectives.csv").is_file():
             continue
@@ -26,8 +28,8 @@ def main(folder: Path) -> None:
             for r in csv.DictReader(f):
                 rows.append({"hosts": hosts, "mtu": mtu, "round": round_, "algo": r["algo"],
                              "size_bytes": int(r["size_bytes"]),
-                             "busbw_of_link": round(float(r["busbw_gbps"]) / LINK_GBPS, 4)})
-    with open(folder / "busbw.csv", "w", newline="") as f:
+                             "busbw_of_link": round(float(r["busbw_gbps"]) / link_gbps, 4)})
+    with open(folder / f"busbw{suffix}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
@@ -35,7 +37,7 @@ def main(folder: Path) -> None:
     for r in rows:
         cells.setdefault((r["hosts"], r["algo"], r["size_bytes"], r["mtu"]), []).append(r["busbw_of_link"])
     mtus = sorted({r["mtu"] for r in rows})
-    lines = ["busbw over the link's rate (1 Gbit/s): median of the rounds [lowest, highest]", "",
+    lines = [f"busbw over the link's rate ({link_gbps * 8:g} Gbit/s): median of the rounds [lowest, highest]", "",
              "| hosts | algo | size | " + " | ".join(f"MTU {m}" for m in mtus) + " |",
              "|---|---|---|" + "---|" * len(mtus),
              "| | TCP payload at most | | " + " | ".join(f"{tcp_payload_share(m):.1%}" for m in mtus) + " |"]
@@ -43,9 +45,9 @@ def main(folder: Path) -> None:
         vals = [cells.get((hosts, algo, size, m), []) for m in mtus]
         lines.append(f"| {hosts} | {algo} | {size >> 20} MiB | " + " | ".join(
             f"{statistics.median(v):.1%} [{min(v):.1%}, {max(v):.1%}]" if v else "-" for v in vals) + " |")
-    (folder / "table.md").write_text("\n".join(lines) + "\n")
+    (folder / f"table{suffix}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), *sys.argv[2:3], *map(float, sys.argv[3:4]))

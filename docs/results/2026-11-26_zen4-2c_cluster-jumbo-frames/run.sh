@@ -15,7 +15,10 @@
 # timeline-mtu<mtu>-<round>/: halving-doubling's steps on 8 hosts, every rank
 # on one clock (the after-fix record's timeline.py, 40 calls of 4 MiB), two
 # rounds alternating the MTUs, and spread.txt (spread.py: the transfers'
-# spread at each MTU and what it costs a call, replayed).
+# spread at each MTU and what it costs a call, replayed), then
+# sweeps-100mbit/<hosts>h-mtu<mtu>/: 2 and 8 hosts at 100 Mbit/s, 4 MiB only,
+# one round, where the shaper's 16 KiB burst holds fewer than two jumbo
+# frames (collect.py writes table-100mbit.md).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 PY=${PY:-.venv/bin/python}
@@ -53,3 +56,15 @@ for ROUND in 1 2; do for MTU in 1500 9000; do
     $PY -m ddp_lab.cluster down --name $NAME > /dev/null
 done; done
 $PY "$HERE/spread.py" "$HERE" > "$HERE/spread.txt"
+mkdir -p "$HERE/sweeps-100mbit"
+for HOSTS in 8 2; do for MTU in 1500 9000; do
+    OUT=$HERE/sweeps-100mbit/${HOSTS}h-mtu$MTU-1
+    [ -f "$OUT/collectives.csv" ] && continue
+    rm -rf "$OUT"
+    $PY -m ddp_lab.cluster up --hosts $HOSTS --rate 100mbit --mtu $MTU --name $NAME > "$OUT.txt"
+    $PY -m ddp_lab.cluster run --name $NAME -- -m ddp_lab.bench.collectives hydra.run.dir="$OUT" \
+        min_bytes=4194304 max_bytes=4194304 warmup=5 iters=20 min_iters=20 \
+        "algos=[builtin,ring,halving_doubling]" tensorboard=false >> "$OUT.txt" 2>&1
+    $PY -m ddp_lab.cluster down --name $NAME > /dev/null
+done; done
+$PY "$HERE/collect.py" "$HERE" sweeps-100mbit 0.0125 > /dev/null
