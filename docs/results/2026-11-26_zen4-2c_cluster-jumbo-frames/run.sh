@@ -16,8 +16,8 @@
 # on one clock (the after-fix record's timeline.py, 40 calls of 4 MiB), two
 # rounds alternating the MTUs, and spread.txt (spread.py: the transfers'
 # spread at each MTU and what it costs a call, replayed), then
-# sweeps-100mbit/<hosts>h-mtu<mtu>/: 2 and 8 hosts at 100 Mbit/s, 4 MiB only,
-# one round, where the shaper's 16 KiB burst holds fewer than two jumbo
+# sweeps-100mbit/<hosts>h-mtu<mtu>-<round>/: 2 and 8 hosts at 100 Mbit/s, 4 MiB
+# only, three rounds, where the shaper's 16 KiB burst holds fewer than two jumbo
 # frames (collect.py writes table-100mbit.md).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -57,8 +57,8 @@ for ROUND in 1 2; do for MTU in 1500 9000; do
 done; done
 $PY "$HERE/spread.py" "$HERE" > "$HERE/spread.txt"
 mkdir -p "$HERE/sweeps-100mbit"
-for HOSTS in 8 2; do for MTU in 1500 9000; do
-    OUT=$HERE/sweeps-100mbit/${HOSTS}h-mtu$MTU-1
+for ROUND in 1 2 3; do for HOSTS in 8 2; do for MTU in 1500 9000; do
+    OUT=$HERE/sweeps-100mbit/${HOSTS}h-mtu$MTU-$ROUND
     [ -f "$OUT/collectives.csv" ] && continue
     rm -rf "$OUT"
     $PY -m ddp_lab.cluster up --hosts $HOSTS --rate 100mbit --mtu $MTU --name $NAME > "$OUT.txt"
@@ -66,5 +66,5 @@ for HOSTS in 8 2; do for MTU in 1500 9000; do
         min_bytes=4194304 max_bytes=4194304 warmup=5 iters=20 min_iters=20 \
         "algos=[builtin,ring,halving_doubling]" tensorboard=false >> "$OUT.txt" 2>&1
     $PY -m ddp_lab.cluster down --name $NAME > /dev/null
-done; done
+done; done; done
 $PY "$HERE/collect.py" "$HERE" sweeps-100mbit 0.0125 > /dev/null
