@@ -103,8 +103,8 @@ def validate(cfg) -> dict:
     held_out = expand_inputs(_as_list(cfg.get("validate")))
     if held_out and "fitted" not in params:
         raise ConfigError("validate=[...] checks the fitted constants: add fitted to params")
-    link_bits, link_mtu = None, cfg.get("link_mtu", 1500)
-    from ddp_lab.cluster.shaping import ClusterError, parse_mtu, parse_rate  # tc's units: 1gbit, ...
+    from ddp_lab.cluster.shaping import DEFAULT_MTU, ClusterError, parse_mtu, parse_rate  # tc's units
+    link_bits, link_mtu = None, cfg.get("link_mtu", DEFAULT_MTU)
     try:
         link_mtu = parse_mtu(link_mtu)
         if cfg.get("link_rate") is not None:

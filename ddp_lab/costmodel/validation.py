@@ -20,7 +20,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from ddp_lab.cluster.shaping import tcp_payload_share
+from ddp_lab.cluster.shaping import DEFAULT_MTU, tcp_payload_share
 from ddp_lab.costmodel.fitting import Fit, Point, read_points
 from ddp_lab.costmodel.formulas import MODELS
 from ddp_lab.costmodel.report import write_csv
@@ -82,7 +82,7 @@ def validate_held_out(fits: dict[str, Fit], paths: list[Path], run_dir: Path, lo
     return rows
 
 
-def print_beta_against_link(fits: dict[str, Fit], link_bits: int, mtu: int = 1500, log=print) -> None:
+def print_beta_against_link(fits: dict[str, Fit], link_bits: int, mtu: int = DEFAULT_MTU, log=print) -> None:
     link = link_bits / 8
     log(f"# link_rate {link_bits / 1e6:g} Mbit/s = {link / 1e6:.2f} MB/s per link and direction "
         f"(TCP payload at most {link * tcp_payload_share(mtu) / 1e6:.2f} MB/s at MTU {mtu})")
