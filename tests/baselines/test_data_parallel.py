@@ -61,8 +61,10 @@ def test_end_to_end_run(tiny_fmnist, tmp_path):
     assert proc.returncode == 0, failure(proc)
     summary = read_summary(run_dir)
     assert TRAINER_KEYS | {"peak_mem_mb", "num_devices"} <= set(summary)
+    # The chapter's program takes every GPU there is (nn.DataParallel), else the CPU alone.
+    sync, device = ("data_parallel", "cuda") if torch.cuda.device_count() else ("none", "cpu")
     assert (summary["model"], summary["sync"], summary["device"], summary["global_batch"]) == (
-        "resnet18", "none", "cpu", 32)
+        "resnet18", sync, device, 32)
     assert summary["steps"] == 3 and summary["epochs"] == 1  # max_steps ends the run
     assert summary["measured_steps"] == 2
     assert summary["test_total"] == 203 and summary["samples_per_sec"] > 0
