@@ -75,8 +75,8 @@ class Trainer:
             raise ConfigError("model.sync_bn=true needs GPU ranks: torch's SyncBatchNorm does not "
                               "run on CPU. Set model.sync_bn=false (each rank then normalises "
                               "with its own batch's statistics)")
-        images_per_rank = self.total_steps * t.grad_accum * self.train_loader.batch_size
-        self.compiled, why = resolve_compile(t.compile, env.device, images_per_rank)
+        step_images = t.grad_accum * self.train_loader.batch_size  # a rank's, in a whole step
+        self.compiled, why = resolve_compile(t.compile, env.device, self.total_steps * step_images)
         log.info(why)
         # Compile the bare model and let DDP wrap the compiled one: compiling the
         # DDP wrapper instead breaks the graph inside DDP's forward and, with
@@ -90,7 +90,8 @@ class Trainer:
         self.loss_fn = nn.CrossEntropyLoss()
 
         image = tuple(cfg.data.image_shape) if cfg.data.name == "synthetic" else (1, 28, 28)
-        self.meter = Meter(env, t.warmup_steps, *flops_and_peak(self.model, image, self.amp, env))
+        self.meter = Meter(env, t.warmup_steps, *flops_and_peak(self.model, image, self.amp, env),
+                           full_step_images=step_images)
         self.step_timer = StepTimer(self.model, env)  # compute and sync wait: stragglers
         self.loss_watch = LossWatch(env, t.log_every, cfg.optim.lr, self.amp)
         self.fault = Fault.from_env()
@@ -104,8 +105,7 @@ class Trainer:
         if self.resumed is not None:
             self.load_state_dict(self.resumed.shared, self.resumed.own)
         # resumed at step S: an earlier attempt's events after S are hidden in TensorBoard
-        self.log = RunLogger(self.run_dir, env.is_main,
-                             purge_step=self.step + 1 if self.resumed else None)
+        self.log = RunLogger(self.run_dir, env.is_main, purge_step=self.step + 1 if self.resumed else None)
         if self.resumed is not None:
             self.log.print(self.resumed.describe(self.step, self._position(), env.world_size))
         if not self._already_complete():
@@ -136,11 +136,13 @@ class Trainer:
         bar = tqdm(total=self.steps_per_epoch, initial=self.batches_done // self.cfg.trainer.grad_accum,
                    desc=f"epoch {epoch + 1}", leave=False, disable=not show)
         for micro in self._optimizer_steps(epoch):
+            images = sum(len(y) for _, y in micro)
+            self.meter.start_step(images)
             self.sync.measuring = self.meter.measuring  # count communication in the same window
             self._run_batch(micro)
             self.step += 1
             self.batches_done += len(micro)
-            self.meter.step_done(sum(len(y) for _, y in micro))
+            self.meter.step_done(images)
             self.profiler.step()
             bar.update()
             self._after_step()

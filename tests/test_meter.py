@@ -1,4 +1,4 @@
-"""ddp_lab.meter: the peak a run's MFU is measured against."""
+"""ddp_lab.meter: the steps images/s is measured over, and the peak a run's MFU is measured against."""
 import torch
 
 from ddp_lab import meter, mfu
@@ -35,3 +35,24 @@ def test_real_hosts_each_add_their_cores(monkeypatch):
     # 2 machines x 2 ranks: 2 threads a machine, 2 machines.
     asked, peak = threads_asked_and_peak(monkeypatch, 4, {"LOCAL_WORLD_SIZE": "2"})
     assert (asked, peak) == ([2], 40.0)
+
+
+def test_short_steps_stay_out_of_the_window(monkeypatch):
+    """A partial last batch (torch.compile compiles its shape anew) is kept out of images/s,
+    as warm-up is; whole steps on either side of it count."""
+    env = DistEnv(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"), backend="gloo")
+    m = meter.Meter(env, warmup_steps=1, full_step_images=4)
+    # The clock is read where the window opens or closes: warm-up ends at 1 s, the short
+    # step runs from 2 s to 12 s, the last whole step ends at 13 s.
+    clock = iter([1.0, 2.0, 12.0, 13.0])
+    monkeypatch.setattr(m.clock, "now", lambda: next(clock))
+    measuring = []
+    for images in [4, 4, 3, 4]:  # warm-up, whole, short, whole
+        m.start_step(images)
+        measuring.append(m.measuring)
+        m.step_done(images)
+    m.throughput.pause()
+    tp = m.throughput
+    assert measuring == [False, True, False, True]
+    assert (tp.seen, tp.steps, tp.images) == (4, 2, 16)  # 2 whole steps x 4 images x 2 ranks
+    assert tp.seconds == 2.0 and tp.per_sec == 8.0  # the short step's 10 s left out
