@@ -10,6 +10,7 @@ with every one at its step's median: the difference is what the spread
 costs a call.
 
     python docs/results/2026-11-26_zen4-2c_cluster-jumbo-frames/spread.py FOLDER > spread.txt
+    python .../spread.py FOLDER 1500    # one MTU only
 """
 import importlib.util
 import random
@@ -36,8 +37,8 @@ def pooled(folders: list[Path]) -> tuple[list[list[float]], list[list[float]]]:
     return xfer, add
 
 
-def main(folder: Path) -> None:
-    for mtu in (1500, 9000):
+def main(folder: Path, mtus: tuple = (1500, 9000)) -> None:
+    for mtu in mtus:
         rounds = sorted(folder.glob(f"timeline-mtu{mtu}-*"))
         xfer, add = pooled(rounds)
         payload = replay.LINK * tcp_payload_share(mtu)
@@ -57,4 +58,4 @@ def main(folder: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), tuple(map(int, sys.argv[2:])) or (1500, 9000))
