@@ -134,9 +134,9 @@ class Meter:
         """Keep a short step (an epoch's last, partial batch) out of the window, as warm-up is.
 
         Its new shape makes torch.compile compile the model again, inside the
-        window: 7.5 s for LeNet on 2 CPU cores, whose steps take 50 ms; a
-        10-epoch LeNet on an H200 read 62,929 img/s overall against 105,000
-        in every epoch after the first (2026-11-26).
+        window: up to 7.5 s for LeNet on a 2-core CPU, whose steps take 50 ms;
+        a 10-epoch LeNet on an H200 read 62,929 img/s overall against
+        96,000-114,000 in every epoch after the first (2026-11-26).
         """
         self._short_step = images_on_this_rank < self.full_step_images
         if self._short_step:
