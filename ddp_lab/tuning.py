@@ -62,7 +62,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab import distributed
-from ddp_lab.cluster.launch import RANKS_ON_MACHINE_ENV, usable_cores
+from ddp_lab.cluster.sharing import RANKS_ON_MACHINE_ENV, usable_cores
 from ddp_lab.collectives import TUNED, TunedPlan, get_algorithm
 from ddp_lab.config import ConfigError
 from ddp_lab.gloo_threads import (

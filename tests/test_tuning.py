@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ddp_lab import collectives, gloo_threads, tuning
-from ddp_lab.cluster.launch import RANKS_ON_MACHINE_ENV
+from ddp_lab.cluster.sharing import RANKS_ON_MACHINE_ENV
 from ddp_lab.collectives import TunedPlan
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv

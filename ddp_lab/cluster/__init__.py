@@ -13,8 +13,8 @@ A test bed, not a launcher: each emulated host is a Linux network namespace
 with its own link into a bridge, both directions of the link shaped to a rate
 with a token bucket, its own hostname and /etc/hosts; `run` starts one
 ordinary torchrun agent per host there (c10d rendezvous at host 0). Needs root
-(CAP_NET_ADMIN and CAP_SYS_ADMIN). The hosts share this machine's CPU cores
-and memory: only the network is emulated.
+(CAP_NET_ADMIN and CAP_SYS_ADMIN). The hosts share this machine's CPU cores,
+memory and GPUs: only the network is emulated.
 
 In Python (tests, benchmarks):
 
@@ -24,8 +24,9 @@ In Python (tests, benchmarks):
         rc = job.wait()
 """
 from ddp_lab.cluster.commands import ClusterError
-from ddp_lab.cluster.launch import Job, running, thread_share
+from ddp_lab.cluster.launch import Job, running
 from ddp_lab.cluster.network import Cluster, Host, clusters, create, destroy, emulated, find
+from ddp_lab.cluster.sharing import thread_share
 from ddp_lab.cluster.shaping import format_rate, parse_rate
 
 __all__ = ["Cluster", "ClusterError", "Host", "Job", "clusters", "create", "destroy", "emulated",

@@ -5,12 +5,8 @@ rendezvous id, so all workers share TORCHELASTIC_RUN_ID and with it the run
 directory (ddp_lab.config). gloo binds to the host's eth0
 (GLOO_SOCKET_IFNAME), so its traffic crosses the shaped links, never loopback.
 
-Threads: the emulated hosts share this machine's cores. torchrun sets
-OMP_NUM_THREADS=1 only when it starts 2+ workers on its node, so 1 rank per
-host would run one thread per core in every rank, 2 hosts x 2 threads on 2
-cores: slower than 1 thread each, and the threads' differing summation
-order changes the weights. So each worker gets cores // workers threads (at
-least 1), unless OMP_NUM_THREADS is set already.
+The hosts share this machine's cores and GPUs: ddp_lab.cluster.sharing
+gives each worker its share of threads and says how they are shared.
 
 Elastic membership (`min_hosts` below the number of hosts): torchrun's own
 `--nnodes=MIN:MAX`. When a host is lost, the agents left restart their
@@ -36,25 +32,12 @@ from typing import TextIO
 
 from ddp_lab.cluster.commands import descendants
 from ddp_lab.cluster.network import HOST_LINK, Cluster, Host, host_named, links_down
+from ddp_lab.cluster.sharing import share
 
 # Runs inside `unshare --uts`: give this process the host's name, then become torchrun.
 SET_HOSTNAME = "import os,socket,sys; socket.sethostname(sys.argv[1]); os.execvp(sys.argv[2], sys.argv[2:])"
 TERM_GRACE_S = 30  # after SIGTERM, as torchrun waits for its workers, then SIGKILL
 IDLE_S = 5  # an agent without workers after another host failed: stopped after this
-# Every worker's environment says how many ranks all the hosts run on this
-# machine's cores, which torchrun's LOCAL_WORLD_SIZE (one host's) does not:
-# ddp_lab.tuning decides by it how gloo's threads are scheduled.
-RANKS_ON_MACHINE_ENV = "DDP_LAB_RANKS_ON_MACHINE"
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity mask), else all of them."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def thread_share(workers: int, cores: int | None = None) -> int:
-    """Torch threads per worker so that `workers` processes fill the cores without oversubscribing."""
-    return max(1, (cores or usable_cores()) // workers)
 
 
 def in_host(host: Host, command: list[str]) -> list[str]:
@@ -102,7 +85,7 @@ class Job:
         self._lock = threading.Lock()
 
     def environment(self) -> tuple[dict, str]:
-        """The agents' environment, and one line saying how the cores are shared."""
+        """The agents' environment, and one line saying how the machine is shared."""
         env = {**os.environ, "GLOO_SOCKET_IFNAME": HOST_LINK, "NCCL_SOCKET_IFNAME": HOST_LINK,
                "PYTHONUNBUFFERED": "1", **self.extra_env}
         for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
@@ -114,18 +97,7 @@ class Job:
             # joins later waits for an address no one writes again, and the round never
             # starts. With its own store per round, every agent reads the address anew.
             env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-        workers, cores = len(self.hosts) * self.nproc_per_host, usable_cores()
-        env[RANKS_ON_MACHINE_ENV] = str(workers)
-        shape = f"{len(self.hosts)} host(s) x {self.nproc_per_host} rank(s) share {cores} core(s)"
-        if "OMP_NUM_THREADS" in env:
-            note = f"{shape}: OMP_NUM_THREADS={env['OMP_NUM_THREADS']} per worker, as set"
-        else:
-            env["OMP_NUM_THREADS"] = str(thread_share(workers, cores))
-            note = (f"{shape}: OMP_NUM_THREADS={env['OMP_NUM_THREADS']} per worker, a fair share "
-                    "(set OMP_NUM_THREADS to choose)")
-        if workers > cores:
-            note += "; more workers than cores, so the hosts also compete for the CPU"
-        return env, note
+        return env, share(env, len(self.hosts), self.nproc_per_host)
 
     @property
     def elastic(self) -> bool:

@@ -91,12 +91,3 @@ def test_the_agents_command_lines():
     assert {"--nnodes=2:3", "--rdzv-endpoint=c-0:29500", "--rdzv-id=r",
             "--rdzv-conf=is_host=False,last_call_timeout=2"} <= set(cmd)
     assert cmd[-2:] == ["-m", "x"]
-
-
-def test_every_worker_is_told_how_many_ranks_share_the_cores():
-    from ddp_lab.cluster import Cluster, Host, Job
-    from ddp_lab.cluster.launch import RANKS_ON_MACHINE_ENV
-
-    hosts = [Host(f"c-{i}", f"ddplab-c-{i}", f"10.0.0.{i + 1}", None) for i in range(4)]
-    env, note = Job(Cluster("c", hosts), ["-m", "x"], nproc_per_host=2, hosts=3).environment()
-    assert env[RANKS_ON_MACHINE_ENV] == "6" and "3 host(s) x 2 rank(s)" in note

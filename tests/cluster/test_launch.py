@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from ddp_lab.cluster import running, thread_share
+from ddp_lab.cluster import running
 from ddp_lab.cluster.commands import ip
 from ddp_lab.cluster.network import set_link
 from tests.conftest import read_summary, run_module, tiny_overrides
@@ -57,11 +57,6 @@ def loopback_run(tiny_fmnist, tmp_path_factory):
     proc = run_module("ddp_lab.train", tiny_overrides(tiny_fmnist, run_dir) + SAME, nproc=2)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run_dir
-
-
-def test_threads_are_shared_fairly():
-    assert [thread_share(w, cores=2) for w in (1, 2, 3, 8)] == [2, 1, 1, 1]
-    assert thread_share(4, cores=16) == 4
 
 
 def test_two_hosts_train_the_same_model_as_loopback(two_hosts, loopback_run, tiny_fmnist, tmp_path):
