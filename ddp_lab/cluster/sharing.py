@@ -39,9 +39,9 @@ def thread_share(workers: int, cores: int | None = None) -> int:
 
 def visible_gpus(env: dict) -> int:
     """The NVIDIA GPUs a worker with this environment sees (read without importing torch)."""
-    if "CUDA_VISIBLE_DEVICES" in env:
+    if "CUDA_VISIBLE_DEVICES" in env:  # CUDA reads it up to the first invalid id ("" or "-1")
         ids = [d.strip() for d in env["CUDA_VISIBLE_DEVICES"].split(",")]
-        return 0 if not ids[0] or ids[0].startswith("-") else len(ids)
+        return next((i for i, d in enumerate(ids) if not d or d.startswith("-")), len(ids))
     return len(list(NVIDIA_GPUS.iterdir())) if NVIDIA_GPUS.is_dir() else 0
 
 

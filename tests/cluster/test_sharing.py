@@ -36,5 +36,6 @@ def test_hosts_are_told_they_share_the_gpus(monkeypatch, tmp_path):
     assert "same 2 GPU(s)" in environment(monkeypatch, 1, tmp_path / "a", CUDA_VISIBLE_DEVICES="0,1")[1]
     assert "GPU" not in environment(monkeypatch, 1, tmp_path / "b", CUDA_VISIBLE_DEVICES="")[1]
     assert "GPU" not in environment(monkeypatch, 1, tmp_path / "c", CUDA_VISIBLE_DEVICES="-1")[1]
+    assert "same 1 GPU(s)" in environment(monkeypatch, 1, tmp_path / "e", CUDA_VISIBLE_DEVICES="0,-1,2")[1]
     # One host alone shares nothing with another host.
     assert "GPU" not in environment(monkeypatch, 1, tmp_path / "d", hosts=1)[1]
