@@ -2,8 +2,8 @@
 
 The same entry point runs under `torchrun` (RANK, WORLD_SIZE, LOCAL_RANK set)
 and as a plain `python -m ...` (a world of one, no process group at all).
-Entry points call ddp_lab.tuning.start, which calls setup() here and then
-tunes the machine for the group (dist.comm_threads, sync.poll).
+Entry points call setup() here; machine tuning on top of the group
+(dist.comm_threads, sync.poll) is opt-in, in ddp_lab.tuning.
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ class DistEnv:
     local_rank: int
     device: torch.device
     backend: str  # "gloo", "nccl", or "none" for a single process without torchrun
-    # What ddp_lab.tuning.start gave this rank: gloo's threads' scheduling
-    # ("realtime" or "normal") and whether it polls for the builtin allreduce.
+    # What opt-in machine tuning (ddp_lab.tuning) gave this rank: gloo's threads'
+    # scheduling ("realtime" or "normal") and whether it polls for the builtin allreduce.
     comm_threads: str = "normal"
     poll: bool = False
 
@@ -37,6 +37,23 @@ class DistEnv:
     @property
     def distributed(self) -> bool:
         return self.backend != "none"
+
+
+# Set by ddp_lab.cluster in every worker's environment: how many ranks all the
+# emulated hosts run on this machine's cores (LOCAL_WORLD_SIZE counts one host's).
+RANKS_ON_MACHINE_ENV = "DDP_LAB_RANKS_ON_MACHINE"
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask), else all of them."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def ranks_on_machine(world_size: int) -> int:
+    """How many ranks share this machine's cores: torchrun's LOCAL_WORLD_SIZE, or
+    more where ddp_lab.cluster runs several emulated hosts on the same cores."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    return max(local, int(os.environ.get(RANKS_ON_MACHINE_ENV, "0")))
 
 
 def resolve_backend(requested: str, device: torch.device) -> str:

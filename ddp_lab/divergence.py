@@ -3,19 +3,20 @@
 A learning rate that is far too high (or fp16 overflowing) turns the loss
 into inf or NaN, and after one optimizer step every weight is NaN. Without
 a check such a run finishes "fine" with test accuracy 0.10, and its NaN
-checkpoints push the last good ones out. So every step's loss is watched,
-and the first non-finite one stops every rank at that step, with one line
-saying which step, which ranks, what loss, and the likely cause.
+checkpoints push the last good ones out. So every step is watched, and the
+first non-finite one stops every rank at that step, with one line saying
+which step, which ranks, what loss, and the likely cause.
 
-Why every rank agrees first: the loss is each rank's own (its shard of the
-batch), so one rank can see NaN while the others do not yet; if it stopped
-alone, the others would wait for it in the next allreduce until
-dist.timeout_s. `LossWatch.check` all-reduces the first bad step (MIN), so
-all ranks stop together. On CPU that is one 8-byte allreduce per step (the
-loss is already on the host); on CUDA reading the loss would stall the GPU
-queue every step, so the first bad step is kept on the device and checked
-every `trainer.log_every` steps and before anything is saved: the run then
-stops a few steps late, but names the step it went bad.
+Every rank must stop at the same step, or the others would wait for it in
+the next collective until dist.timeout_s. No collective is needed for that:
+a rank's non-finite loss makes its gradient non-finite, and after the
+gradient sync every rank holds the same averaged gradient, so each rank
+checks that gradient by itself (`grad_total`). On CPU the check is read
+every step; on CUDA reading it would stall the GPU queue, so the first bad
+step is kept on the device and read every `trainer.log_every` steps and
+before anything is saved. Under fp16 a non-finite gradient is the loss
+scaler's business (it skips the step), so the ranks compare their losses
+with one small all-reduce, at those same steps only.
 """
 from __future__ import annotations
 
@@ -35,28 +36,41 @@ def check_learning_rate(lr) -> None:
         raise ConfigError(f"optim.lr={lr} must be a positive, finite number (e.g. optim.lr=0.1)")
 
 
-class LossWatch:
-    """Call observe(loss, step) every step and check() where a stop must happen."""
+def grad_total(params) -> torch.Tensor:
+    """The sum of every gradient's absolute values: finite exactly when every gradient is
+    (short of 3e38), and the same on every rank once the gradients are synchronised."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    return torch.stack(torch._foreach_norm(grads, 1)).sum()
 
-    def __init__(self, env: DistEnv, every: int, lr: float, amp: str):
+
+class LossWatch:
+    """Call observe() every step after the gradient sync, and check() where a stop must happen."""
+
+    def __init__(self, env: DistEnv, every: int, lr: float, amp: str, params=None):
         self.env, self.lr, self.amp = env, lr, amp
+        # The synchronised gradients judge a step, but under fp16 (see the module
+        # docstring) or without params, where the ranks compare their losses.
+        self.params = None if amp == "fp16" or params is None else list(params)
         self.every = 1 if env.device.type == "cpu" else max(1, every)
-        # first step whose loss was not finite on this rank (inf: none yet), and that loss
+        # first step that was not finite (inf: none yet), and this rank's loss then
         self.first_bad = torch.full((1,), math.inf, dtype=torch.float64, device=env.device)
         self.bad_loss = torch.zeros(1, dtype=torch.float64, device=env.device)
 
     def observe(self, loss: torch.Tensor, step: int) -> None:
-        """Note this rank's loss of optimizer step `step` (a detached scalar)."""
-        bad = ~torch.isfinite(loss.detach().double()).reshape(1) & torch.isinf(self.first_bad)
+        """Note optimizer step `step` after its gradient sync: this rank's loss (a detached scalar)."""
+        judged = loss if self.params is None else grad_total(self.params)
+        bad = ~torch.isfinite(judged.detach().double()).reshape(1) & torch.isinf(self.first_bad)
         self.first_bad = torch.where(bad, torch.full_like(self.first_bad, step), self.first_bad)
         self.bad_loss = torch.where(bad, loss.detach().double().reshape(1), self.bad_loss)
         if step % self.every == 0:
             self.check()
 
     def check(self) -> None:
-        """Raise RunFailed on every rank if any rank has seen a non-finite loss."""
+        """Raise RunFailed on every rank if a step was not finite (on any rank, under fp16)."""
         first = self.first_bad.clone()
-        if self.env.distributed:
+        if self.env.distributed and self.params is None:
             with stall.collective("loss check"):
                 dist.all_reduce(first, op=dist.ReduceOp.MIN)
         step = first.item()
@@ -70,13 +84,17 @@ class LossWatch:
         if self.env.distributed:
             ranks = [None] * self.env.world_size
             dist.all_gather_object(ranks, mine)
-        losses = ", ".join(f"rank {r}: {loss}" for r, s, loss in ranks if s == step)
+        losses = ", ".join(f"rank {r}: {loss}" for r, s, loss in ranks
+                           if s == step and not math.isfinite(loss))
+        what = f"the loss is not finite at step {step} ({losses})"
+        if not losses:  # every loss finite, the gradients not
+            what = (f"the gradients are not finite at step {step} (loss "
+                    + ", ".join(f"rank {r}: {loss:.4g}" for r, _, loss in ranks) + ")")
         cause = (f"the learning rate optim.lr={self.lr:g} is likely too high: lower it, or "
                  f"warm up with optim.warmup_epochs")
         if self.amp == "fp16":
             cause += "; or fp16 overflowed: try trainer.amp=bf16 or off"
-        return (f"training diverged: the loss is not finite at step {step} ({losses}); "
-                f"{cause}. Nothing was saved from this step on")
+        return f"training diverged: {what}; {cause}. Nothing was saved from this step on"
 
 
 def all_finite(state: dict) -> bool:

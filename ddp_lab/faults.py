@@ -16,8 +16,9 @@ torchrun restart (--max-restarts) then runs clean. Kinds:
 (hang, slow and mismatch act from step `step` itself; raise, kill and hang
 right after it.)
 
-The trainer asks `Fault.from_env()` once; without DDP_LAB_FAULT it gets
-None and nothing here runs.
+The trainer calls `install(trainer)` once: with DDP_LAB_FAULT set, it wraps
+the few trainer parts the fault acts through on the chosen rank; without it,
+nothing is wrapped and the training step never asks about faults.
 """
 from __future__ import annotations
 
@@ -84,9 +85,13 @@ class Fault:
             self.slept_s = (_factor(self.kind) - 1) * own
             time.sleep(self.slept_s)
 
+    def skipping(self, step: int) -> bool:
+        """kind=mismatch: whether `step` is the one whose gradient sync the rank leaves out."""
+        return self.kind == "mismatch" and step == self.step
+
     def skips_sync(self, rank: int, step: int) -> bool:
-        """kind=mismatch: the chosen rank leaves out the gradient sync of that one step."""
-        if self.kind == "mismatch" and rank == self.rank and step == self.step:
+        """kind=mismatch: the chosen rank leaves out the gradient sync of that one step (says so)."""
+        if rank == self.rank and self.skipping(step):
             say(f"DDP_LAB_FAULT: rank {rank} skips the gradient sync of step {step}")
             return True
         return False
@@ -96,6 +101,36 @@ class Fault:
         if self.kind == "nan" and self._here(rank, step):
             return loss * float("nan")
         return loss
+
+
+def install(trainer) -> Fault | None:
+    """Wrap the trainer's parts that DDP_LAB_FAULT acts through, on the chosen rank only."""
+    fault = Fault.from_env()
+    if fault is None or trainer.env.rank != fault.rank:
+        return fault
+    rank = fault.rank
+
+    def step() -> int:  # the step being taken (1-based)
+        return trainer.step + 1
+
+    after_step, start_step = trainer._after_step, trainer.step_timer.start_step
+    loss_fn, sync = trainer.loss_fn, trainer.sync
+    during_backward, after_backward = sync.during_backward, sync.after_backward
+
+    def after_step_then_fire():
+        after_step()
+        fault.after_step(rank, trainer.step)
+
+    def start_step_then_sleep():  # the sleep counts as this rank's compute
+        start_step()
+        fault.slow_down(rank, step(), trainer.step_timer.last_compute)
+
+    trainer._after_step = after_step_then_fire
+    trainer.step_timer.start_step = start_step_then_sleep
+    trainer.loss_fn = lambda out, y: fault.loss(loss_fn(out, y), rank, step())
+    sync.during_backward = lambda last: during_backward(last and not fault.skips_sync(rank, step()))
+    sync.after_backward = lambda: None if fault.skipping(step()) else after_backward()
+    return fault
 
 
 def _factor(kind: str) -> float | None:

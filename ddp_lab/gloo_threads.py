@@ -1,7 +1,7 @@
 """gloo's threads: finding them among a process's threads by the names they
 give themselves, and changing how they are scheduled.
 
-ddp_lab.tuning decides whether they get real-time priority and calls these;
+ddp_lab.tuning (opt-in) decides whether they get real-time priority and calls these;
 the hand-written all-reduces run inside at_comm_priority so that the thread
 posting gloo's messages has the same priority as gloo's own (see there).
 """
@@ -65,7 +65,7 @@ def set_fifo(threads: list[int], priority: int) -> None:
     real-time was seen to starve them for ~1 s (the kernel's real-time throttle),
     so on failure the ones already changed go back to normal. A thread that has
     ended meanwhile is no failure: gloo starts short-lived threads while it
-    connects (one of 4 ranks across emulated hosts met one, 2026-11-25)."""
+    connects."""
     done = []
     try:
         for tid in threads:
@@ -94,11 +94,9 @@ def at_comm_priority(realtime: bool):
     For the hand-written all-reduces, which call gloo's send and recv from this
     thread: each call holds the connection's lock for a moment, and gloo's
     socket thread, finding it taken, tries again at once. At real-time priority
-    it would never let a normal thread run to release it (a 1 MiB ring
-    all-reduce took 50-137 ms instead of 0.3 on a 2-core Zen 5 VM, 2026-11-23).
-    At the same real-time priority neither preempts the other. Nested blocks
-    keep the outer one's priority. Costs 33 us of CPU per block (Zen 5,
-    2026-11-25).
+    it would never let a normal thread run to release it (a ring all-reduce
+    took hundreds of times as long). At the same real-time priority neither
+    preempts the other. Nested blocks keep the outer one's priority.
     """
     policy = os.sched_getscheduler(0) if realtime else None
     if policy is None or policy == os.SCHED_FIFO:

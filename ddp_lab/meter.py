@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from ddp_lab import mfu, stall, tuning
-from ddp_lab.distributed import DistEnv, all_reduce_sum
+from ddp_lab import mfu, stall
+from ddp_lab.distributed import DistEnv, all_reduce_sum, ranks_on_machine
 
 
 class Clock:
@@ -79,12 +79,11 @@ def flops_and_peak(model, image_shape: tuple, amp: str, env: DistEnv) -> tuple[f
     (or GPUs) the run uses, in the dtype it computes in (ddp_lab.mfu; the peak is cached).
 
     The ranks that share a machine's cores are one host's, or, under ddp_lab.cluster,
-    every emulated host's: 4 hosts x 1 rank on 2 cores counted as 4 machines of one
-    core each put 4 cores in the peak, and showed half the MFU of the same 4 ranks
-    on loopback (14.1% against 29.0%, LeNet bf16, zen4-2c, 2026-11-26).
+    every emulated host's: counting each emulated host as a machine of its own
+    would put cores in the peak that the hosts in fact share.
     """
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp, torch.float32)
-    sharing = tuning.ranks_on_machine(env.world_size)
+    sharing = ranks_on_machine(env.world_size)
     return (mfu.train_flops_per_image(model, image_shape, dtype),
             mfu.peak_for_run(env.device, dtype, env.world_size, sharing, torch.get_num_threads()))
 
@@ -134,9 +133,8 @@ class Meter:
         """Keep a short step (an epoch's last, partial batch) out of the window, as warm-up is.
 
         Its new shape makes torch.compile compile the model again, inside the
-        window: up to 7.5 s for LeNet on a 2-core CPU, whose steps take 50 ms;
-        a 10-epoch LeNet on an H200 read 62,929 img/s overall against
-        96,000-114,000 in every epoch after the first (2026-11-26).
+        window: seconds against a step's milliseconds (record
+        the GPU training record, docs/results/README.md).
         """
         self._short_step = images_on_this_rank < self.full_step_images
         if self._short_step:

@@ -130,7 +130,7 @@ class DistConfig:
     device: Device = MISSING
     timeout_s: float = MISSING
     stall_warn_s: float = 60.0
-    comm_threads: CommThreads = CommThreads.auto
+    comm_threads: CommThreads = CommThreads.normal
 
 
 @dataclass

@@ -44,10 +44,15 @@ def skew(compute_ms: list[float]) -> tuple[int, float]:
 
 
 class StepTimer:
-    """This rank's compute and sync-wait times per step (see the module docstring)."""
+    """This rank's compute and sync-wait times per step (see the module docstring).
+
+    On CUDA the hooks fire when kernels are queued, not done, so the three
+    moments are CUDA events, read at report time: no host sync in the step.
+    """
 
     def __init__(self, model: nn.Module, env: DistEnv):
         self.env = env
+        self.cuda = env.device.type == "cuda"
         self.grads_ready = 0.0
         for p in model.parameters():
             if p.requires_grad:
@@ -55,24 +60,43 @@ class StepTimer:
         self.window = torch.zeros(3, dtype=torch.float64)  # compute s, wait s, steps since report
         self.run = torch.zeros(3, dtype=torch.float64)  # the same over the whole run
         self._start = 0.0
-        self.last_compute = 0.0  # seconds, the last step's
+        self._events: list[torch.cuda.Event] = []  # CUDA: this step's start, grads ready, synced
+        self._unread: list[list[torch.cuda.Event]] = []  # CUDA: steps not yet added up
+        self.last_compute = 0.0  # seconds, the last step's (on CUDA: the last one read)
 
     def _grad_ready(self, _param) -> None:
-        self.grads_ready = time.perf_counter()
+        if self.cuda and self._events:
+            self._events[1].record()  # each gradient records it again: the last one stays
+        else:
+            self.grads_ready = time.perf_counter()
 
     def start_step(self) -> None:
-        self._start = self.grads_ready = time.perf_counter()
+        if self.cuda:
+            self._events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+            self._events[0].record()
+            self._events[1].record()  # a step without gradients: ready at once
+        else:
+            self._start = self.grads_ready = time.perf_counter()
 
     def synced(self) -> None:
         """The gradient sync of this step is done (before the optimizer step)."""
-        if self.env.device.type == "cuda":
-            torch.cuda.synchronize()  # the hooks fire when kernels are queued, not done
-        now = time.perf_counter()
-        self.last_compute = self.grads_ready - self._start
-        step = torch.tensor([self.last_compute, now - self.grads_ready, 1.0],
-                            dtype=torch.float64)
+        if self.cuda:
+            self._events[2].record()
+            self._unread.append(self._events)
+            return
+        self._add(self.grads_ready - self._start, time.perf_counter() - self.grads_ready)
+
+    def _add(self, compute: float, wait: float) -> None:
+        self.last_compute = compute
+        step = torch.tensor([compute, wait, 1.0], dtype=torch.float64)
         self.window += step
         self.run += step
+
+    def _read_events(self) -> None:
+        for start, ready, synced in self._unread:
+            synced.synchronize()
+            self._add(start.elapsed_time(ready) / 1000, ready.elapsed_time(synced) / 1000)
+        self._unread.clear()
 
     def gather(self, totals: torch.Tensor) -> list[tuple[float, float]]:
         """Every rank's (compute ms, sync wait ms) per step over `totals` (one all-gather)."""
@@ -90,6 +114,7 @@ class StepTimer:
 
     def report(self) -> dict[str, float]:
         """The window's TensorBoard scalars (every rank calls this at the same step)."""
+        self._read_events()
         per_rank = self.gather(self.window)
         self.window.zero_()
         scalars = {}
@@ -101,6 +126,7 @@ class StepTimer:
 
     def straggler(self, threshold: float) -> dict | None:
         """{"rank", "slowdown"} of the run's straggler, or None (a collective: every rank)."""
+        self._read_events()
         per_rank = self.gather(self.run)
         rank, slowdown = skew([c for c, _ in per_rank])
         if slowdown < threshold:

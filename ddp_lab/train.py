@@ -75,7 +75,9 @@ def main(cfg) -> dict:
     env = trainer = inspector = None
     stop_on_sigterm(run_dir)
     try:
-        env = tuning.start(cfg.dist, cfg.sync.poll)
+        d = cfg.dist  # machine tuning only where asked for (ddp_lab.tuning)
+        env = (tuning.start(d, cfg.sync.poll) if tuning.asked(d, cfg.sync.poll)
+               else distributed.setup(d.backend, d.device, d.timeout_s))
         quiet_other_ranks(env.rank)
         stall.log_fatal_signals()
         if env.distributed and rendezvous.attempt_store() is not None and cfg.dist.stall_warn_s > 0:

@@ -9,19 +9,18 @@ GradSync (ddp_lab.sync) averages gradients across ranks.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import sys
+import time
 from functools import partial
 from pathlib import Path
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from ddp_lab import schema, stall
+from ddp_lab import faults, schema, stall
 from ddp_lab.checkpoint import Checkpointer, rng_state, set_rng_state
 from ddp_lab.config import ConfigError
 from ddp_lab.data import build_loaders
@@ -29,7 +28,6 @@ from ddp_lab.distributed import DistEnv
 from ddp_lab.divergence import LossWatch
 from ddp_lab.evaluation import evaluate
 from ddp_lab.fast_path import amp_reason, autocast, resolve_amp, resolve_compile
-from ddp_lab.faults import Fault
 from ddp_lab.meter import Meter, flops_and_peak
 from ddp_lab.metrics import RunLogger, epoch_line, final_line
 from ddp_lab.models import build_model
@@ -93,8 +91,7 @@ class Trainer:
         self.meter = Meter(env, t.warmup_steps, *flops_and_peak(self.model, image, self.amp, env),
                            full_step_images=step_images)
         self.step_timer = StepTimer(self.model, env)  # compute and sync wait: stragglers
-        self.loss_watch = LossWatch(env, t.log_every, cfg.optim.lr, self.amp)
-        self.fault = Fault.from_env()
+        self.loss_watch = LossWatch(env, t.log_every, cfg.optim.lr, self.amp, self.model.parameters())
         self.profiler = StepProfiler(t.profile, t.profile_wait, t.profile_active, self.run_dir,
                                      env.rank, env.device.type == "cuda")
         self.step = self.epoch = self.batches_done = 0  # batches: of the current epoch
@@ -110,6 +107,7 @@ class Trainer:
             self.log.print(self.resumed.describe(self.step, self._position(), env.world_size))
         if not self._already_complete():
             self.checkpointer.record_launch()  # from here on, this launch writes into run_dir
+        faults.install(self)  # DDP_LAB_FAULT only: otherwise nothing is wrapped
 
     # ------------------------------------------------------------ the loop
     def fit(self) -> dict:
@@ -155,58 +153,40 @@ class Trainer:
         k = self.cfg.trainer.grad_accum
         batches = self.train_loader.epoch(epoch, start=self.batches_done)
         while not self.done:
-            t0 = self.meter.clock.now()
+            t0 = time.perf_counter()  # the host's wait for data: no device sync
             micro = [b for _, b in zip(range(k), batches)]
-            self.meter.data_seconds += self.meter.clock.now() - t0
+            self.meter.data_seconds += time.perf_counter() - t0
             if len(micro) < k:
                 return
             yield micro
 
     def _run_batch(self, micro: list) -> None:
         """One optimizer step over k micro-batches; only the last one communicates."""
-        step, rank = self.step + 1, self.env.rank
-        stall.at_step(step)
+        stall.at_step(self.step + 1)
         self.step_timer.start_step()
-        sync = self.fault is None or not self.fault.skips_sync(rank, step)
-        if self.fault is not None:
-            self.fault.slow_down(rank, step, self.step_timer.last_compute)
         for i, (x, y) in enumerate(micro):
-            last = i == len(micro) - 1 and sync
-            with (self._gradient_sync(in_backward=True) if last else self.sync.no_sync()):
+            with self.sync.during_backward(last=i == len(micro) - 1):
                 with self.autocast():
                     out = self.forward(x)
                 loss = self.loss_fn(out.float(), y)
-                if self.fault is not None:
-                    loss = self.fault.loss(loss, rank, step)
                 self.scaler.scale(loss / len(micro)).backward()
             self.meter.add_batch(loss, out, y)
-        self.last_loss = loss.detach()
-        if sync:
-            with self._gradient_sync(in_backward=False):
-                self.sync.after_backward()
+        self.sync.after_backward()
         self.step_timer.synced()
+        self.last_loss = loss.detach()
+        self.loss_watch.observe(self.last_loss, self.step + 1)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=self.sync.grads_set_to_none)
         self.scheduler.step()
 
-    def _gradient_sync(self, in_backward: bool):
-        """Marks where the gradients travel for the stall inspector: in the last
-        backward under DDP (its allreduces overlap it), else in after_backward."""
-        if in_backward == isinstance(self.forward, DistributedDataParallel):
-            return stall.collective("gradient sync")
-        return contextlib.nullcontext()
-
     def _after_step(self) -> None:
-        self.loss_watch.observe(self.last_loss, self.step)  # stops every rank if it diverged
         if self.step % self.cfg.trainer.log_every == 0:
             self.log.scalars({"loss/train_step": self.last_loss.item(),
                               "lr": self.scheduler.get_last_lr()[0],
                               **self.step_timer.report()}, self.step)
         if self.checkpointer.due(self.step, self.done, self._epoch_exhausted()):
             self._save_checkpoint()
-        if self.fault is not None:
-            self.fault.after_step(self.env.rank, self.step)
 
     def _end_epoch(self, metrics: dict) -> None:
         t = self.cfg.trainer

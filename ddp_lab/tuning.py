@@ -1,52 +1,21 @@
-"""Machine tuning: every setting that exists because of the machine a run is on.
+"""Opt-in machine tuning for CPU ranks on gloo: off unless asked for.
 
-There are two, both for CPU ranks on gloo, decided and applied once, at
-start-up, by `start()`, which logs one line saying what it did:
+* ``dist.comm_threads=realtime|auto`` (default normal): gloo's threads (its
+  socket loop and work queue) at real-time priority (SCHED_FIFO), so that a
+  woken communication thread does not wait for the next scheduler tick behind
+  a computing rank. It paid where the ranks fill every core of a small VM
+  (docs/defaults.md, "dist.comm_threads"); `auto` turns it on only there.
+* ``sync.poll=true|auto`` (default false): wait for the builtin all-reduce by
+  polling (os.sched_yield) instead of sleeping. It paid on one CPU of three
+  (docs/defaults.md, "sync.poll"); `auto` polls where the ranks fill the cores exactly.
 
-* ``dist.comm_threads=auto|realtime|normal``: gloo's threads (its socket loop
-  and its work queue) at real-time priority (SCHED_FIFO). An allreduce passes
-  from thread to thread, and on a CPU busy computing a woken normal thread can
-  wait for the next scheduler tick. On a 2-core Zen 5 VM (2026-11-23, HZ=250)
-  a 0.5 MB allreduce after 18 ms of computing took a median 0.55-0.8 ms (a
-  mean of 1.4-2.1, over 2 ms one time in four) at normal priority, 0.37-0.42
-  ms (never over 2 ms) at real-time priority, and 2 ranks of LeNet trained at
-  23,493-23,904 against 20,868-22,457 images/s (3 alternated pairs). On a
-  2-core Zen 1 VM (AVX2, no bf16) gloo's all-reduce alone, its threads at
-  normal priority, ran at 0.15-0.18x of its speed at real-time priority at
-  4-64 KiB, 0.28-0.35x at 1 MiB, 0.66-0.67x at 4 MiB (2 ranks; 3 ranks
-  0.25-0.26x, 0.48x, 0.79x; both in the same shuffled rounds, each twice).
-* ``sync.poll=auto|true|false`` (default false): CPU ranks wait for the
-  builtin allreduce by asking whether it is done, yielding the CPU between
-  questions (os.sched_yield), instead of sleeping until gloo wakes them. On
-  the same VM a 0.5 MB allreduce took a median 0.45 ms back to back but 2.1
-  ms right after 20 ms of computing, and polling made 2 ranks of LeNet train
-  10% faster with sync.mode=flat (within the noise with ddp). On the Zen 1
-  VM, 2 ranks of LeNet with both settings on against both off (1 epoch, 5
-  alternated pairs): a median 3,060 against 2,987 images/s, 0.65-1.20x per
-  pair: not told apart from the noise there. With 3 ranks on its 2 cores,
-  polling cost 15-25%: 2,084-2,495 images/s against 2,608-2,869 without
-  (record 2026-11-25_zen1-2c_poll-3-ranks), so `auto` polls only where the
-  ranks fill the cores exactly. On a 2-core Zen 4, 2 ranks: 10,142 against
-  10,464 images/s with real-time threads, 8,972 against 8,535 without
-  (medians of 4 shuffled rounds; record 2026-11-25_zen4-2c_poll-2-ranks).
-  Paying on one CPU of three, it is off unless asked for.
-
-Both address a woken thread waiting for a core that the ranks keep busy, as
-on those 2-core VMs; ``auto`` turns them on only where this launch's ranks
-fill every core the process may run on (the ranks on this machine >= the
-cores in its affinity mask; polling, where asked for with auto, only where
-they are equal), and the log line says so. The ranks on this machine are torchrun's LOCAL_WORLD_SIZE, or
-more where ddp_lab.cluster runs several emulated hosts on the same cores
-(ranks_on_machine). Where cores are to spare (a shared 64-core node, a container on one) a
-woken thread should find an idle core at once (no such machine was
-measured), while real-time threads, or ranks spinning, would take CPU from
-other people's work. Every rank gets real-time threads or none
-(agree_across_ranks).
-
-What came of it travels with each rank's DistEnv (env.comm_threads, env.poll).
-The rest of the code gets it by argument: `allreduce(name, env)` is the
-all-reduce a gradient sync or a benchmark calls, and `plan_for(env)` is the
-plan the tuned collectives take.
+Where cores are to spare a woken thread finds an idle one at once, while
+real-time threads or spinning ranks take CPU from other people's work: hence
+off by default. `start()` joins the process group (distributed.setup) and
+applies what was asked, with one log line saying what it did; every rank gets
+real-time threads or none (agree_across_ranks). What came of it travels in
+DistEnv (env.comm_threads, env.poll); `allreduce(name, env)` is the all-reduce
+a gradient sync or a benchmark calls, `plan_for(env)` the tuned collectives' plan.
 """
 from __future__ import annotations
 
@@ -62,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab import distributed
-from ddp_lab.cluster.sharing import RANKS_ON_MACHINE_ENV, usable_cores
+from ddp_lab.distributed import ranks_on_machine, usable_cores
 from ddp_lab.collectives import TUNED, TunedPlan, get_algorithm
 from ddp_lab.config import ConfigError
 from ddp_lab.gloo_threads import (
@@ -119,20 +88,9 @@ def decide(comm_threads: str, poll, *, backend: str, device_type: str,
     return Decision(threads, polls, f"dist.comm_threads={comm_threads} sync.poll={poll}: {why}")
 
 
-def ranks_on_machine(world_size: int) -> int:
-    """How many ranks share this machine's cores: torchrun's LOCAL_WORLD_SIZE, or
-    what ddp_lab.cluster's launcher says (RANKS_ON_MACHINE_ENV) where its
-    emulated hosts share them.
-
-    Counting one host's ranks, 8 hosts x 1 rank on 2 cores ran gloo's threads
-    at normal priority, as if each host had the cores to itself: at 1 Gbit/s,
-    4 MiB, shuffled rounds (Zen 1, 2026-11-25) gloo's all-reduce reached 92.7%
-    of the link, the ring 88.1%, halving-doubling 81.7%; at real-time priority
-    93.4%, 92.8% (with the ring's segments across hosts) and 86.8% (records
-    cluster-8-hosts-interleaved and cluster-realtime).
-    """
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    return max(local, int(os.environ.get(RANKS_ON_MACHINE_ENV, "0")))
+def asked(dist_cfg, poll) -> bool:
+    """Whether this run asked for any machine tuning (else entry points join with distributed.setup)."""
+    return dist_cfg.comm_threads != "normal" or check_choices(dist_cfg.comm_threads, poll) != "false"
 
 
 def start(dist_cfg, poll="false") -> distributed.DistEnv:
@@ -197,11 +155,9 @@ def apply(wanted: Decision, requested: str, new_threads: set[int] | None) -> tup
 def agree_across_ranks(threads: str, why: str) -> tuple[str, str, bool]:
     """Real-time threads on every rank or on none: (threads, why, overruled).
 
-    The tuned ring cuts its chunks by the plan (ring.ring_plan), so two
-    neighbours with different plans send messages of sizes the other does
-    not expect: gloo aborted the process when one of 4 emulated hosts was
-    refused real-time priority (2026-11-25). And on one machine a rank left
-    at normal priority waits behind its real-time peers.
+    The tuned ring cuts its chunks by the plan, so neighbours with different
+    plans would send messages the other does not expect (gloo aborts); and a
+    rank left at normal priority waits behind its real-time peers.
     """
     everyone = torch.tensor([1 if threads == "realtime" else 0])
     dist.all_reduce(everyone, op=dist.ReduceOp.MIN)
@@ -215,12 +171,9 @@ def raise_late_threads() -> list[int]:
     """Real-time priority for every gloo thread of this process still without it.
 
     apply() waits at most a second for gloo's new threads to name themselves;
-    one still unnamed then kept normal priority among real-time peers, and
-    its rank's all-reduce waited 14-60 ms a step instead of 1-3 (2 LeNet
-    ranks on a 2-core Zen 4, 2026-11-25: caught as gloo_tcp_loop at normal
-    priority in 1 of 3 runs of one study; record 2026-11-25_zen4-2c_cluster).
-    By now agree_across_ranks' all-reduce has run, so gloo's threads are
-    running and named.
+    one named later would keep normal priority among real-time peers and make
+    its rank's all-reduce wait (docs/defaults.md, "dist.comm_threads"). By now
+    agree_across_ranks' all-reduce has run, so gloo's threads are running and named.
     """
     late = below_realtime(gloo_threads(thread_ids(), 0))
     set_fifo(late, REALTIME_PRIORITY)

@@ -21,7 +21,7 @@ def test_a_learning_rate_that_cannot_train_is_refused(lr):
 
 
 def test_the_first_non_finite_loss_is_named(tmp_path):
-    watch = LossWatch(ALONE, every=50, lr=1e6, amp="off")
+    watch = LossWatch(ALONE, every=50, lr=1e6, amp="off")  # no params: judged by the loss
     for step, loss in enumerate([2.3, 1e30, math.inf, math.nan], start=1):
         if step < 3:
             watch.observe(torch.tensor(loss), step)
@@ -38,21 +38,44 @@ def test_the_first_non_finite_loss_is_named(tmp_path):
         fp16.observe(torch.tensor(math.nan), 1)
 
 
-def _rank1_nan_at_step_2(rank, world_size):
-    watch = LossWatch(DistEnv(rank, world_size, 0, torch.device("cpu"), "gloo"), 1, 0.2, "off")
+def _rank1_nan_at_step_2(rank, world_size, nan_grads_on_every_rank):
+    import torch.distributed as dist
+    weight = torch.nn.Parameter(torch.zeros(3))
+    watch = LossWatch(DistEnv(rank, world_size, 0, torch.device("cpu"), "gloo"), 1, 0.2, "off", [weight])
+
+    def no_collective(*args, **kwargs):
+        raise AssertionError("the watch all-reduced in a step")
+    all_reduce, dist.all_reduce = dist.all_reduce, no_collective
     try:
+        weight.grad = torch.ones(3)
         watch.observe(torch.tensor(1.0), 1)
+        # as after the gradient sync: rank 1's NaN is in every rank's averaged gradient
+        weight.grad = torch.tensor([1.0, math.nan if nan_grads_on_every_rank else 1.0, 1.0])
         watch.observe(torch.tensor(math.nan if rank == 1 else 1.0), 2)
     except RunFailed as e:
         return str(e)
+    finally:
+        dist.all_reduce = all_reduce
     return "went on"
 
 
-def test_every_rank_stops_at_the_step_one_rank_went_bad():
+def test_every_rank_stops_at_the_step_one_rank_went_bad_without_a_collective():
     from tests.multiproc import run_in_processes
-    got = run_in_processes(_rank1_nan_at_step_2, 3, timeout=60)
+    got = run_in_processes(_rank1_nan_at_step_2, 3, True, timeout=60)
     assert len(set(got)) == 1
     assert got[0].startswith("training diverged: the loss is not finite at step 2 (rank 1: nan)")
+
+
+def test_the_gradients_judge_a_step_and_a_finite_gradient_goes_on():
+    weight = torch.nn.Parameter(torch.zeros(2))
+    watch = LossWatch(ALONE, every=1, lr=0.1, amp="off", params=[weight])
+    weight.grad = torch.tensor([1.0, 2.0])
+    watch.observe(torch.tensor(math.inf), 1)  # a finite gradient: the step is good
+    weight.grad = torch.tensor([1.0, math.inf])
+    with pytest.raises(RunFailed) as e:
+        watch.observe(torch.tensor(2.5), 2)
+    assert str(e.value).startswith("training diverged: the gradients are not finite at step 2 "
+                                   "(loss rank 0: 2.5); the learning rate optim.lr=0.1")
 
 
 @pytest.mark.slow

@@ -2,7 +2,7 @@
 import torch
 
 from ddp_lab import meter, mfu
-from ddp_lab.cluster.sharing import RANKS_ON_MACHINE_ENV
+from ddp_lab.distributed import RANKS_ON_MACHINE_ENV
 from ddp_lab.distributed import DistEnv
 
 

@@ -37,6 +37,23 @@ def test_compute_ends_when_the_last_gradient_is_ready():
     assert timer.straggler(1.2) is None  # alone, nobody is slower than the others
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_times_are_events_read_at_report_time():
+    gpu = DistEnv(0, 1, 0, torch.device("cuda", 0), "none")
+    model = nn.Linear(4096, 4096).cuda()
+    timer = StepTimer(model, gpu)
+    x = torch.randn(4096, 4096, device="cuda")
+    for _ in range(3):
+        timer.start_step()
+        model(x).sum().backward()
+        torch.cuda._sleep(10_000_000)  # device work after the gradients: "waiting for the sync"
+        timer.synced()
+    assert timer.run.tolist() == [0.0, 0.0, 0.0] and len(timer._unread) == 3  # nothing read yet
+    report = timer.report()
+    assert report["perf/compute_ms/rank0"] > 0 and report["perf/sync_wait_ms/rank0"] > 1
+    assert timer.run[2].item() == 3 and not timer._unread
+
+
 @pytest.mark.slow
 def test_a_slow_rank_is_named_in_the_summary_and_in_tensorboard(tiny_fmnist, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

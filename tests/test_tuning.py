@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ddp_lab import collectives, gloo_threads, tuning
-from ddp_lab.cluster.sharing import RANKS_ON_MACHINE_ENV
+from ddp_lab.distributed import RANKS_ON_MACHINE_ENV
 from ddp_lab.collectives import TunedPlan
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
@@ -55,6 +55,15 @@ def test_start_checks_before_joining_and_tunes_nothing_alone(monkeypatch):
         tuning.start(cfg, poll="sometimes")
     env = tuning.start(cfg, poll="true")  # one process: no group, no gloo threads
     assert (env.backend, env.comm_threads, env.poll) == ("none", "normal", False)
+
+
+def test_tuning_is_asked_for_only_by_a_setting_off_its_default():
+    cfg = SimpleNamespace(comm_threads="normal")
+    assert not tuning.asked(cfg, False) and not tuning.asked(cfg, "false")
+    assert tuning.asked(cfg, True) and tuning.asked(cfg, "auto")
+    assert tuning.asked(SimpleNamespace(comm_threads="auto"), False)
+    with pytest.raises(ConfigError, match="sync.poll='sometimes'"):
+        tuning.asked(cfg, "sometimes")
 
 
 def test_ranks_on_machine_counts_every_emulated_host(monkeypatch):

@@ -11,10 +11,9 @@ machine conditions; that matters on a small or shared machine, where
 background load moves timings by tens of percent. The order is shuffled
 afresh each round (the same on every rank) rather than rotated, since a
 rotation puts each algorithm behind the same neighbour in almost every round:
-on a 2-core Zen 5 VM two names for the same ring plan in one rotated launch
-came out at 0.86 and 1.02 of gloo (2 MiB, 3 ranks); in shuffled rounds two
-such copies differed by 0.02 in the median and 0.08 at most (28 pairs:
-1-16 MiB, 3 and 4 ranks). Each block starts with `interleaved.warmup`
+two names for the same ring plan came out 0.16 apart in one rotated launch,
+at most 0.08 apart in shuffled rounds (docs/communication.md, "Interleaved
+timing against gloo"). Each block starts with `interleaved.warmup`
 untimed calls: the first calls after a switch of algorithm can be slower than
 the rest (seen there at 4 MiB, where a block is only 2 calls), which would
 charge whichever algorithm comes second.

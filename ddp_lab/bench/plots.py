@@ -4,15 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, Mapping
 
-
-def pyplot():
-    """matplotlib.pyplot on the non-interactive Agg backend (works on headless nodes)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from ddp_lab.figures import pyplot
 
 
 def human_bytes(n: float) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ddp_lab.bench.plots import pyplot
+from ddp_lab.figures import pyplot
 
 
 def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:

@@ -5,11 +5,11 @@ ddp_lab.costmodel.step_time. The compute of N ranks is, by default, the
 1-rank step scaled by the per-rank batch and by max(1, ranks x threads /
 cores) where ranks share the cores. That under-counts emulated hosts that
 share 2 cores: lock-step ranks taking turns on the cores also wait for each
-other (3 LeNet hosts at 1 Gbit/s: 125 ms predicted, 161 measured on a
-2-core Zen 1; 37.2 and 50.1 on a Zen 4). With --compute-from, the compute of
-N hosts is the measured step of the same study on loopback at N ranks: the
-same sharing, the all-reduce at memory speed (43.3 predicted on the Zen 4;
-record 2026-11-25_zen4-2c_cluster). It carries the loopback runs' noise.
+other (3 LeNet hosts at 1 Gbit/s: a step predicted a fifth short). With
+--compute-from, the compute of N hosts is the measured step of the same
+study on loopback at N ranks: the same sharing, the all-reduce at memory
+speed (docs/costmodel.md, "Against a network"). It carries the loopback
+runs' noise.
 """
 from __future__ import annotations
 

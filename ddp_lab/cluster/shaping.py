@@ -9,27 +9,20 @@ The burst is about 1 ms of the rate (at least 16 KiB): a real port sends no
 faster than its line rate, so the larger the burst, the more of a message
 passes at memory speed after an idle gap (a 4 ms burst would carry most of
 LeNet's 516 KB gradient at 1 Gbit/s), but every burst's worth of tokens costs
-the shaper a timer wake-up. Measured on 2 cores, gloo's all-reduce of 4 MiB
-over 4 hosts at 1gbit: 53.9 MB/s bus bandwidth with a 16 KiB burst, 116.3
-with 128 KiB (1 ms), 119.7 with 500 KiB (TCP's payload limit on a 125 MB/s
-link is 119.6). A 16 KiB bucket is also smaller than TCP's packets (below),
-which may be all of that loss; not measured again.
+the shaper a timer wake-up. With 1 ms, gloo's all-reduce came within 3% of
+TCP's payload limit; a 16 KiB burst held it under half, though that loss may
+all come from such a bucket being smaller than TCP's packets (below).
 
 A packet larger than the bucket never fits in it, and tbf then cuts it up
 itself, at a cost of most of the link. TCP hands a device packets of up to
 64 KiB (GSO: many segments passed down as one), more than 1 ms of any rate
 below about 520 Mbit/s, so every shaped device takes packets of at most 7/8
-of its burst (its gso_max_size; tbf counts each segment's headers too). 8
-hosts, gloo's all-reduce of 4 MiB, busbw over the link
-(docs/results/2026-11-26_zen4-2c_cluster-link-rates): 62-64% at 200 Mbit/s
-and 36-37% at 500 with 64 KiB packets, 95% and 94-95% with the cap; uncapped, a
-burst of 64,000 bytes gave 36-78%, one of 70,000 (a 64 KiB packet and its
-headers fit) 95%.
+of its burst (its gso_max_size; tbf counts each segment's headers too).
+Measurements: docs/communication.md, "Rates between 100 Mbit/s and 1 Gbit/s".
 
 `latency` bounds the queue behind the shaper: packets that would wait
-longer are dropped, as a switch with full buffers drops them (a 1 ms queue
-lost throughput to drops: 27.7-77.8 MB/s at 1-16 MiB, 2 hosts, 16 KiB
-burst, against 74.0-90.5 with 50 ms).
+longer are dropped, as a switch with full buffers drops them. 50 ms, since a
+1 ms queue lost much of the throughput to drops.
 
 Each frame carries the MTU's worth of IP packet plus a 14-byte Ethernet
 header, all of which tbf counts against the rate; TCP's payload is the MTU
@@ -57,11 +50,9 @@ MIN_BURST_BYTES = 16 * 1024
 GSO_MAX_BYTES = 65536  # Linux's default gso_max_size
 # Tried in order; reno is in every kernel. cubic is Linux's default and what
 # most clusters run. Inherited, the machine's own choice decides the figures:
-# on a kernel defaulting to bbr, one 2 MiB exchange of halving-doubling on 8
-# hosts at 100 Mbit/s took 178-253 ms where the link allows 176 (bbr paces at
-# its estimate of the rate, and each pair's connection idles between steps),
-# the whole 4 MiB all-reduce 735 ms; with reno 179-189 ms and 646 ms, with
-# cubic 179-189 ms and 666 ms (Zen 1, 2026-11-25, one launch each).
+# under bbr, which paces each connection at its estimate of the rate,
+# halving-doubling's exchanges (their connections idle between steps) ran
+# late and the all-reduce slower (docs/communication.md, "Across a network").
 CONGESTION_CONTROL = ("cubic", "reno")
 DEFAULT_MTU = 1500  # Linux's default, and most Ethernet networks' MTU
 # From IPv4's smallest datagram every host must take to the usual jumbo frame; a frame of

@@ -12,24 +12,18 @@ cores // workers threads (at least 1), unless OMP_NUM_THREADS is set already.
 GPUs: each host's LOCAL_RANK 0 takes cuda:0, so with `dist.device=auto` every
 host's first rank lands on the same GPU, and NCCL, seeing different
 hostnames, carries the all-reduce between them over its sockets on the
-emulated links: 8 hosts on one H200 ran at 9-83% of 1 Gbit/s where gloo on
-the CPU held 94-95% (docs/results/2026-11-26_xeon-amx-16c-h200x1_cluster-own-cores).
+emulated links, well below what gloo on the CPU gets from them
+(docs/communication.md, "Across a network").
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 # Every worker's environment says how many ranks all the hosts run on this
-# machine's cores, which torchrun's LOCAL_WORLD_SIZE (one host's) does not:
-# ddp_lab.tuning decides by it how gloo's threads are scheduled.
-RANKS_ON_MACHINE_ENV = "DDP_LAB_RANKS_ON_MACHINE"
+# machine's cores (the MFU's peak and opt-in machine tuning count them).
+from ddp_lab.distributed import RANKS_ON_MACHINE_ENV, usable_cores  # noqa: F401 (re-exported)
+
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one folder per GPU the driver has
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity mask), else all of them."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def thread_share(workers: int, cores: int | None = None) -> int:

@@ -14,9 +14,10 @@ function on dist.isend/dist.irecv with nothing kept between calls.
 (n ranks, an N-byte message: alpha is the per-message latency, beta the
 time per byte on a link, gamma the time per byte to add.)
 
-Then the same algorithms tuned for speed on gloo, each trick kept with what
-it measured and where: ``ring_allreduce`` (ring.py: segments pipelined, the
-messages of a call worked out once per buffer and kept) and
+Then the same algorithms tuned for speed on gloo, each trick kept with the
+reason for it (the measurements are in docs/communication.md):
+``ring_allreduce`` (ring.py: segments pipelined, the messages of a call
+worked out once per buffer and kept) and
 ``halving_doubling_allreduce`` (halving_doubling.py), plus
 ``naive_allreduce`` (naive.py: everyone sends to group rank 0, which adds
 and sends the sum back; 2(n-1)*(alpha + N*beta) + (n-1)*N*gamma at the

@@ -29,11 +29,8 @@ _TAG_AG = 400  # + level
 def _halving_doubling(flat: torch.Tensor, comm: Comm, plan: TunedPlan) -> None:
     # The steps for a buffer are worked out once and kept (p2p.prepared), as
     # the ring's messages are: building them again on every call (the views,
-    # the scratch lookup) made a 4 KiB call at 2 ranks 139-154 us instead of
-    # 119-126 us, against gloo's 127-134, on a 2-core Zen 5 VM (2026-11-25);
-    # on a 2-core Zen 1 VM 0.70-0.75x of gloo's speed at 4-64 KiB instead of
-    # 0.85-0.93x (a second copy of the shipped code 0.86-0.92x), 0.88-0.92x
-    # instead of 0.93-1.03x at 1 MiB (two launches each, shuffled rounds).
+    # the scratch lookup) made small calls slower than gloo's all-reduce
+    # instead of faster (docs/communication.md, "Halving-doubling").
     steps, early = prepared(flat, comm, plan, _prepare_halving_doubling)
     run_steps(comm, steps, early, each_step=plan.across_hosts)  # see run_steps
 

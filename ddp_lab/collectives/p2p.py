@@ -28,11 +28,8 @@ _CPU = torch.device("cpu")
 
 # Host scratch buffers, kept between calls (per thread, per purpose and
 # dtype). A fresh large CPU tensor costs a page fault per 4 KiB page on
-# first touch: on a 2-core AMD EPYC VM (2026-11-22) a fresh 32 MiB buffer
-# took 15 ms more to fill than a reused one, more than the time to add
-# 32 MiB, and made the ring 1.5x slower than gloo's own all-reduce at
-# 64 MiB; on a 2-core Zen 1 VM copying 32 MiB took 16.0-17.9 ms into a
-# fresh buffer, 5.5-5.8 ms into a reused one (adding it: 5.9-6.2). The price
+# first touch, which took longer than adding the data (docs/lab_notebook.md,
+# "Interleaved timings against gloo on the earlier machines"). The price
 # is memory: each thread that reduces keeps about the largest tensor it
 # reduced (twice that at naive's root), until free_scratch_buffers().
 # The same per-thread store keeps each group's Comm (comm_of) and the last
@@ -76,12 +73,10 @@ def prepared(flat: torch.Tensor, comm: Comm, plan: TunedPlan,
     Training reduces the same gradient buffers every step, and working out a
     ring call's messages (segment bounds, a tensor view per message) is
     Python work on the critical path: with 3-4 ranks sharing 2 cores, each
-    rank's delay before and between its sends holds up its neighbours too.
-    Keeping the prepared calls (with the group's Comm, see comm_of) took
-    the ring from 0.87-1.00x of gloo's all-reduce to 0.97-1.13x at 1-2 MiB,
-    and from 0.77-0.88x to 0.85-0.96x at 4 MiB (2-core Zen 5 VM, 2026-11-23;
-    3 and 4 ranks, old and new code in the same interleaved rounds, three
-    launches each); for halving-doubling see halving_doubling.py.
+    rank's delay before and between its sends holds up its neighbours too,
+    so the prepared calls are kept, with the group's Comm (see comm_of).
+    Measurements: docs/lab_notebook.md, "Interleaved timings against gloo
+    on the earlier machines"; for halving-doubling see halving_doubling.py.
 
     The key is the buffer's address, length, dtype and device, the group
     and the plan: the views kept hold the buffer's memory, so no other
@@ -111,13 +106,9 @@ class Comm:
     group's gloo backend itself (``comm.gloo.send([t], group_rank, tag)``,
     which is where ``dist.isend`` ends up), skipping ``dist.isend``'s own
     argument handling and the ProcessGroup's dispatch to its backend (see
-    `gloo`). Skipping dist.isend paid on two machines: on a 2-core Zen 5 VM
-    (2026-11-23) an exchange of 16 floats took 111 us instead of 157 (at
-    1-8 MiB within the noise there); on a 2-core Zen 1 VM (AVX2) the ring at
-    3 ranks ran at 0.93-0.97x of gloo's all-reduce at 1-2 MiB posting on
-    the ProcessGroup, 0.86-0.91x through dist.isend (three launches of 11
-    shuffled rounds). On NCCL, `exchange` translates them to the global
-    ranks that dist.P2POp expects.
+    `gloo`): a small exchange then costs about 30% less (docs/lab_notebook.md,
+    "Interleaved timings against gloo on the earlier machines"). On NCCL,
+    `exchange` translates them to the global ranks that dist.P2POp expects.
     """
 
     def __init__(self, group: dist.ProcessGroup | None, batched: bool):
@@ -155,17 +146,11 @@ class Comm:
         ProcessGroup, which dispatches to it.
 
         Each message saves the dispatch, through a private torch method
-        (`_get_backend`), so kept only because it paid on two machines. On a
-        2-core Zen 5 VM (2026-11-25) posting a receive took 6.4 instead of
-        7.5 us, and the ring ran 1.003-1.038x as fast at 2-8 MiB with 3 and
-        4 ranks (median 1.02; a second copy of the old code, as control,
-        0.95-1.01x; three launches of shuffled rounds). On a 2-core Zen 1
-        VM (AVX2) the ring at 3 ranks ran at 0.99-1.02x of gloo's
-        all-reduce at 1-2 MiB against 0.93-0.97x through the ProcessGroup
-        (a second copy 0.96-1.01x; at 4 MiB all three within 0.86-0.91x;
-        three launches of 11 shuffled rounds). Looked up on every use
-        (0.15 us) rather than kept, like the group itself, so that a kept
-        Comm never holds a destroyed group's backend.
+        (`_get_backend`), kept only because it measured faster (about 1 us
+        less per receive posted; docs/communication.md, "Tried against the
+        ring"). Looked up on every use (0.15 us) rather than kept, like the
+        group itself, so that a kept Comm never holds a destroyed group's
+        backend.
         """
         pg = self._pg()
         try:

@@ -38,35 +38,18 @@ def receives_first(flat: torch.Tensor, comm: Comm, plan: TunedPlan) -> bool:
     """Whether a pairwise exchange on gloo posts its receives before its sends (all of
     them at once, or each step's just before its send: see run_steps).
 
-    It depends on how gloo's threads are scheduled (plan.realtime_threads),
-    as the ring's plan does, measured on 2-core VMs in interleaved rounds
-    against dist.all_reduce:
+    Which order is cheaper depends on how gloo's threads are scheduled:
 
-    * real-time: always. A hand-off between threads is immediate, so a send
-      whose receive is already posted is the cheapest message whatever its
-      size. On a Zen 5 (2026-11-25) this alone took halving-doubling at 2
-      ranks from 0.60-0.66x of gloo's all-reduce to 0.77-0.89x at 4-64 KiB
-      (1.00-1.08x with its steps kept as well, see halving_doubling.py), and
-      from 0.81-0.88x to 0.92-1.16x at 1-4 MiB (two launches, shuffled
-      rounds). On a Zen 1, send-first came out at 0.76-0.88x at 4-64 KiB
-      against 0.85-0.93x (a second copy 0.86-0.92x), within the copies'
-      spread at 1 MiB (two launches of 15 rounds).
-    * across hosts (plan.across_hosts): always. Between two emulated hosts
-      on 1 Gbit/s links (ddp_lab.cluster, Zen 1, 2026-11-25), a 2 MiB
-      exchange each way ran at 112-120 MB/s each way with the receives
-      posted first, 68-69 MB/s send-first: posted late, the payload waits
-      for the receiver's "ready" and one direction at a time is carried.
-    * normal: with 3+ ranks up to EARLY_RECV_MAX_BYTES. On an AMD EPYC
-      (2026-11-22), with 4 ranks, receives first made halving-doubling
-      1.1-1.3x faster up to 1 MiB; with 2 ranks it made every size slower,
-      up to 3x at 16 KiB (0.6x of gloo's own all-reduce instead of 1.0x):
-      with only two processes, each blocked on the other, a send that goes
-      out at once beats one whose receive was announced first (see
-      run_steps for what each costs). On a Zen 1, at 4-64 KiB: 2 ranks,
-      receives first 0.43-0.46x of gloo against send-first 0.83-1.06x (a
-      second copy 0.74-1.00x); 3 ranks, send-first 0.80-1.94x against
-      receives first 1.38-2.84x (a copy 1.32-3.12x); at 4 MiB within the
-      copies' spread (one launch of 11 rounds each).
+    * real-time (plan.realtime_threads): always. A hand-off between threads is
+      immediate, so a send whose receive is already posted is the cheapest
+      message whatever its size.
+    * across hosts (plan.across_hosts): always. Posted late, the payload waits
+      for the receiver's "ready" and the link carries one direction at a time.
+    * normal: with 3+ ranks up to EARLY_RECV_MAX_BYTES. With only two
+      processes, each blocked on the other, a send that goes out at once beats
+      one whose receive was announced first (see run_steps for what each costs).
+
+    Measurements: docs/communication.md, "Halving-doubling" and "Across a network".
     """
     if plan.realtime_threads or plan.across_hosts:
         return True
@@ -89,12 +72,8 @@ def run_steps(comm: Comm, steps: list[Step], receives_first: bool, each_step: bo
       data can only arrive after the peer got what it needed from us).
       With each_step=True a step's receive is posted just before its send
       instead, so no partner of a later step sends before its turn: across
-      hosts, a later step's data arriving early shared the link with the
-      step under way. Halving-doubling on 8 emulated hosts at 1 Gbit/s
-      (Zen 1, 2026-11-25, three calls of each, alternated): 99-106 MB/s
-      busbw at 4 MiB against 67-78 with every receive posted at once,
-      85-106 against 71-80 at 16 MiB; on 4 hosts 112-116 against 86-112
-      at 4 MiB, alike at 16 MiB.
+      hosts, a later step's data arriving early shares the link with the
+      step under way (docs/communication.md, "Across a network").
     * receives_first=False (large tensors, threads at normal priority): each
       step posts its send, then its receive. In a pairwise exchange the peer
       usually has not posted its receive yet, so the payload is written by
@@ -102,9 +81,9 @@ def run_steps(comm: Comm, steps: list[Step], receives_first: bool, each_step: bo
       thread. Had the receive been posted first, our thread would write the
       payload itself while the peer's data arrives on the same connection,
       and gloo's I/O thread spins on the connection's lock until the write
-      is done (measured on an AMD EPYC VM: ~60% more CPU for a 4 MiB
-      exchange, which an oversubscribed machine pays in time). With the threads at real-time
-      priority, receives first measured faster at every size all the same.
+      is done: about 60% more CPU for a 4 MiB exchange, which an
+      oversubscribed machine pays in time. With the threads at real-time
+      priority, receives first is faster at every size all the same.
 
     On NCCL each step's send and receive are launched together as one batch.
     """

@@ -38,27 +38,14 @@ _TAG = 1000  # + unit index: each ring message has its own tag
 # (TunedPlan.realtime_threads), because that sets what a message costs. Smaller
 # segments overlap transfer, addition and forwarding better and stay in cache
 # between arriving and being added, but every message has a fixed cost:
-# thread wake-ups and lock hand-offs on both sides, and Python. All measured
-# on 2-core VMs with 2-4 processes, in interleaved rounds against gloo:
-# * normal: a woken thread may wait for a scheduler tick on a busy machine.
-#   On an AMD EPYC (2026-11-22) one message per chunk up to 4 MiB was as
-#   fast as 1 MiB segments or faster, and 256 KiB segments were clearly
-#   slower (0.6-0.75x gloo's own all-reduce at 4-16 MiB with 512 KiB); on a
-#   Zen 5 (2026-11-23) 2 or 4 segments per chunk were no faster either
-#   (0.44-1.12x of gloo against 0.68-1.15x, 1-8 MiB, 2 ranks).
+# thread wake-ups and lock hand-offs on both sides, and Python.
+# * normal: a woken thread may wait for a scheduler tick on a busy machine,
+#   so one message per chunk up to 4 MiB; smaller segments were no faster.
 # * realtime: hand-offs are immediate, so smaller segments pay off, two
-#   units in flight (WINDOW_REALTIME), as gloo's own ring does. On the Zen 5
-#   (2026-11-23), against 4 MiB segments, 512 KiB took the ring from
-#   0.75-0.91x of gloo's all-reduce to 0.96-1.26x (2 ranks, 4-16 MiB) and
-#   from 0.77-0.86x to 0.91-0.92x (3 and 4 ranks, 16 MiB); 768 KiB did as
-#   well at 2 ranks and better at 3 and 4 at 1-4 MiB (one launch of 15
-#   rounds: 0.87-0.88 against 0.74-0.85 at 3 ranks), and 256 KiB was slower
-#   again. On a Xeon (2026-11-24) and a Zen 5 (2026-11-25), segments of 384
-#   KiB to 1.5 MiB and windows of 1 or 4 were no better than 768 KiB and 2.
-#   gloo's own ring cuts every chunk in two, however small; done here too,
-#   it was slower on the Xeon at 4 ranks and 1-2 MiB (0.66-0.87x of gloo
-#   against 0.77-0.99x, two launches of 15 rounds): below a segment's size,
-#   a message saved beats overlap.
+#   units in flight (WINDOW_REALTIME), as gloo's own ring does; no other
+#   size or window tried beat 768 KiB and 2. Unlike gloo's ring, small chunks
+#   are not cut in two: below a segment's size, a message saved beats overlap.
+# Measurements: docs/communication.md, "How gloo's threads are scheduled".
 # Chunks above the size are cut into near-equal segments of at most this
 # size (TunedPlan.segment_bytes overrides it).
 SEGMENT_BYTES = {"normal": 4 * 1024 * 1024, "realtime": 768 * 1024}
@@ -66,13 +53,8 @@ WINDOW_REALTIME = 2
 # Across hosts (real-time threads), every chunk of at least twice this size is
 # cut in two or more segments, as gloo's own ring cuts them: while one segment
 # is added and forwarded the next is on the wire, and a link's time, not a
-# message's, is what counts there. 8 emulated hosts at 1 Gbit/s (Zen 1,
-# 2026-11-25, 7 shuffled rounds a launch), 4 MiB (512 KiB chunks): two
-# segments of 256 KiB reached 92.8-92.9% of the link where one message a
-# chunk reached 92.1-92.2% (two launches), 91.7% against 90.4% (a third),
-# 89.1% against 91.7% (a fourth, whose rounds ranged widely); 128 KiB
-# segments were slower again. At 16 MiB three segments of 683 KiB 94.7%,
-# four of 512 KiB 94.5%, eight of 256 KiB 94.0%.
+# message's, is what counts there; segments below this size were slower
+# (docs/communication.md, "Across a network").
 MIN_SPLIT_SEGMENT_BYTES = 256 * 1024
 
 
@@ -88,7 +70,7 @@ class RingPlan(NamedTuple):
 def ring_plan(comm: Comm, plan: TunedPlan, chunk_numel: int, element_size: int) -> RingPlan:
     """Segments and pacing for this call, from where the data is and how the
     threads that move it are scheduled (measured on 2 cores, 2-4 processes;
-    see SEGMENT_BYTES for the machines).
+    see SEGMENT_BYTES).
 
     * NCCL: one message per chunk, each launched with its receive; NCCL
       pipelines internally, and each extra message is a kernel launch.
@@ -106,8 +88,8 @@ def ring_plan(comm: Comm, plan: TunedPlan, chunk_numel: int, element_size: int) 
       neighbours are the same peer, a pairwise exchange: send before
       receive, k units in flight (see pairwise.receives_first), unless the
       two ranks are on different hosts: receives ahead then, or the link
-      carries one direction at a time (2 emulated hosts at 1 Gbit/s, 4 MiB:
-      52% of the link send-first).
+      carries one direction at a time (docs/communication.md, "Across a
+      network").
     """
     if comm.batched:
         return RingPlan(segments=1, window=1, send_first=False, receives_ahead=False)

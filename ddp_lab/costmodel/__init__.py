@@ -1,7 +1,9 @@
 """Alpha-beta-gamma cost model of allreduce: fit it to measurements, predict at scale.
 
-    # fit to benchmark runs (any world sizes), predict 8..4096 ranks for LeNet and ResNet-18
-    python -m ddp_lab.costmodel 'inputs=[docs/results/2026-11-25_zen5-2c_collectives-*]'
+    # fit to benchmark runs (any world sizes; files, run directories or glob patterns),
+    # predict 8..4096 ranks for LeNet and ResNet-18 (docs/costmodel.md, "The fit", runs
+    # it on recorded sweeps)
+    python -m ddp_lab.costmodel 'inputs=[outputs/bench/collectives/*/collectives.csv]'
     # fit to 2-3 ranks, check the prediction of every point measured at 4 and 8 (validation.csv),
     # and set 1/beta beside the links' rate (see ddp_lab.costmodel.validation)
     python -m ddp_lab.costmodel 'inputs=[h2/collectives.csv,h3/collectives.csv]' \

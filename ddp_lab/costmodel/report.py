@@ -7,6 +7,7 @@ from pathlib import Path
 from ddp_lab.costmodel.fitting import Fit, Point
 from ddp_lab.costmodel.formulas import MODELS
 from ddp_lab.costmodel.prediction import Prediction
+from ddp_lab.figures import pyplot
 
 
 def _fmt_s(s: float) -> str:
@@ -64,8 +65,6 @@ def write_csv(path: Path, rows: list[dict]) -> None:
 
 def plot_fits(fits: dict[str, Fit], path: Path) -> Path:
     """Measured points and fitted model, time against size, one panel per algorithm."""
-    from ddp_lab.bench.plots import pyplot
-
     plt = pyplot()
     n = len(fits)
     fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 4), squeeze=False)
@@ -85,8 +84,6 @@ def plot_fits(fits: dict[str, Fit], path: Path) -> Path:
 
 def plot_predictions(preds: list[Prediction], path: Path) -> Path:
     """Predicted allreduce time against world size (log-log); dashed: compute time per step."""
-    from ddp_lab.bench.plots import pyplot
-
     plt = pyplot()
     pnames = list(dict.fromkeys(p.params_name for p in preds))
     grads = list(dict.fromkeys(p.gradient for p in preds))

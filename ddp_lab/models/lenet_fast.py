@@ -5,7 +5,7 @@ channel layout whose kernels run on whole vectors.
 Its layers are lenet's (`lenet_layers`), so the state_dict keys are the same and
 weights move between the two models; tests/models/test_lenet_fast.py checks in
 float64 that the logits and gradients are equal. Which of the two trains faster
-depends on the machine (docs/results/2026-11-25_zen1-2c_lenet-variants/).
+depends on the machine (docs/defaults.md, "`model=lenet_fast`: `pad_channels_to=32`").
 """
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ class LeNetFast(nn.Sequential):
     pool 1's backward (with its ReLU) as one loop over each pixel's row of
     channels: with bf16 on an avx512_bf16 CPU, 20 channels became a 16-wide
     vector plus a slow 4-wide remainder, 32 channels one whole 32-wide vector.
-    In float32 the padding only added work (a Zen 1 with AVX2, compiled: fewer
-    images/s padded than not), and eager kernels gain nothing from it, so
-    float32, eager runs and other devices compute the 20 channels as they are.
+    In float32 the padding only added work (compiled, fewer images/s padded
+    than not), and eager kernels gain nothing from it, so float32, eager runs
+    and other devices compute the 20 channels as they are.
     """
 
     def __init__(self, *layers: nn.Module, crop_unused_border: bool = True,

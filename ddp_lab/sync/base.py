@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_lab import tuning
+from ddp_lab import stall, tuning
 from ddp_lab.distributed import DistEnv
 
 COMPRESS_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -91,8 +91,19 @@ class GradSync:
             yield
             self._seconds += time.perf_counter() - t0
 
+    # Where the gradients travel, for the stall inspector: in the last backward
+    # (DDP: its all-reduces overlap it) or in after_backward (the others).
+    syncs_in_backward = False
+
     def no_sync(self):
         return contextlib.nullcontext()
+
+    def during_backward(self, last: bool):
+        """The context of a micro-batch's forward and backward: no_sync() but for the
+        step's last one, which syncs where the strategy syncs in backward."""
+        if not last:
+            return self.no_sync()
+        return stall.collective("gradient sync") if self.syncs_in_backward else contextlib.nullcontext()
 
     def after_backward(self) -> None:
         pass

@@ -28,6 +28,8 @@ class DDPSync(AveragingSync):
     each bucket, synchronously, and hands DDP a completed future.
     """
 
+    syncs_in_backward = True
+
     def __init__(self, model: nn.Module, env: DistEnv, cfg):
         super().__init__(model, env, cfg)
         if _is_compiled(model) and cfg.bucket_cap_mb * 2**20 < DDP_FIRST_BUCKET_BYTES:

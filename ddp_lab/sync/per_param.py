@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ddp_lab import stall
 from ddp_lab.distributed import DistEnv
 from ddp_lab.sync.base import AveragingSync, broadcast_from_rank0
 from ddp_lab.sync.flat import flat_view
@@ -21,7 +22,7 @@ class PerParamSync(AveragingSync):
         self.params = [p for p in model.parameters() if p.requires_grad]
 
     def after_backward(self) -> None:
-        with self._timed():
+        with stall.collective("gradient sync"), self._timed():
             for p in self.params:
                 if p.grad is None:  # unused this step: a zero gradient on this rank
                     p.grad = torch.zeros_like(p)
