@@ -7,14 +7,15 @@ So every rank says where it is, and the waiting ones read it:
 
 * The training thread marks its place: `at_step(n)` and `with
   collective("gradient sync"): ...` around every collective (the gradient
-  sync, the loss check, the epoch's metrics, evaluation's counts,
+  sync, the loss check under fp16, the epoch's metrics, evaluation's counts,
   checkpoint agreements). That only sets a few attributes: it costs
   nanoseconds, whether or not anyone watches.
 * A watcher thread on each rank publishes that place to this attempt's
-  store (ddp_lab.rendezvous) as soon as the training thread enters a
-  collective: one small store write, off the training thread. (A rank that
-  dies at once, e.g. gloo aborting on a collective of the wrong size, can
-  then still be found where it was.)
+  store (ddp_lab.rendezvous) every PUBLISH_S when it changed: one small
+  store write, off the training thread and not once a step (a store round
+  trip each step would compete with the training thread for the GIL and
+  the CPU). A rank that dies at once is found where it was at most
+  PUBLISH_S before.
 * When the training thread has waited in one collective longer than
   `dist.stall_warn_s`, the watcher reads every rank's place and logs which
   ranks have not arrived, at which step and in which collective, and what
@@ -39,7 +40,7 @@ from ddp_lab.config import say
 
 log = logging.getLogger("ddp_lab")
 
-PUBLISH_S = 1.0  # how often a changed place is published
+PUBLISH_S = 0.5  # how often a changed place is published
 
 
 class Place:
@@ -50,7 +51,7 @@ class Place:
         self.phase = "starting"  # the collective entered last (or being waited in)
         self.inside = False  # waiting in that collective right now
         self.entered = time.monotonic()
-        self.changed = threading.Event()  # wakes the watcher
+        self.wake = threading.Event()  # wakes the watcher to close it
 
     def as_dict(self) -> dict:
         return {"step": self.step, "phase": self.phase, "inside": self.inside, "time": time.time()}
@@ -69,7 +70,6 @@ def collective(phase: str):
     """Mark the enclosed block as a wait for every rank (see the module docstring).
     If it raises, the rank stays marked as inside: that is where it stopped."""
     HERE.phase, HERE.inside, HERE.entered = phase, True, time.monotonic()
-    HERE.changed.set()  # the watcher publishes it now, not at its next tick
     yield
     HERE.inside = False
 
@@ -133,7 +133,7 @@ class StallInspector:
 
     def close(self) -> None:
         self._stop.set()
-        HERE.changed.set()
+        HERE.wake.set()
 
     def places(self) -> dict[int, dict | None]:
         """Every rank's last published place (None where nothing was published)."""
@@ -147,8 +147,8 @@ class StallInspector:
     def _watch(self) -> None:
         published, warned_for = None, None
         while not self._stop.is_set():
-            HERE.changed.wait(PUBLISH_S)
-            HERE.changed.clear()
+            HERE.wake.wait(PUBLISH_S)
+            HERE.wake.clear()
             try:
                 place = (HERE.step, HERE.phase, HERE.inside)
                 if place != published:

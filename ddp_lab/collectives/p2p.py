@@ -28,8 +28,9 @@ _CPU = torch.device("cpu")
 
 # Host scratch buffers, kept between calls (per thread, per purpose and
 # dtype). A fresh large CPU tensor costs a page fault per 4 KiB page on
-# first touch, which took longer than adding the data (docs/lab_notebook.md,
-# "Interleaved timings against gloo on the earlier machines"). The price
+# first touch, which took longer than adding the data (the lab notebook's
+# "Interleaved timings against gloo on the earlier machines", in git:
+# git show dac1b7d:docs/lab_notebook.md). The price
 # is memory: each thread that reduces keeps about the largest tensor it
 # reduced (twice that at naive's root), until free_scratch_buffers().
 # The same per-thread store keeps each group's Comm (comm_of) and the last
@@ -75,8 +76,9 @@ def prepared(flat: torch.Tensor, comm: Comm, plan: TunedPlan,
     Python work on the critical path: with 3-4 ranks sharing 2 cores, each
     rank's delay before and between its sends holds up its neighbours too,
     so the prepared calls are kept, with the group's Comm (see comm_of).
-    Measurements: docs/lab_notebook.md, "Interleaved timings against gloo
-    on the earlier machines"; for halving-doubling see halving_doubling.py.
+    Measurements: the lab notebook's "Interleaved timings against gloo on
+    the earlier machines" (git show dac1b7d:docs/lab_notebook.md); for
+    halving-doubling see halving_doubling.py.
 
     The key is the buffer's address, length, dtype and device, the group
     and the plan: the views kept hold the buffer's memory, so no other
@@ -106,8 +108,9 @@ class Comm:
     group's gloo backend itself (``comm.gloo.send([t], group_rank, tag)``,
     which is where ``dist.isend`` ends up), skipping ``dist.isend``'s own
     argument handling and the ProcessGroup's dispatch to its backend (see
-    `gloo`): a small exchange then costs about 30% less (docs/lab_notebook.md,
-    "Interleaved timings against gloo on the earlier machines"). On NCCL,
+    `gloo`): a small exchange then costs about 30% less (the lab notebook's
+    "Interleaved timings against gloo on the earlier machines", in git: git
+    show dac1b7d:docs/lab_notebook.md). On NCCL,
     `exchange` translates them to the global ranks that dist.P2POp expects.
     """
 

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Training across emulated hosts (ddp_lab.cluster) with the hosts' TCP
 # congestion control pinned to cubic (c74a13a): the LeNet runs of
-# ../2026-11-25_zen1-2c_cluster-training again, and ResNet-18 on 1-4 hosts
+# ../2026-11-25_zen1-2c_cluster-training (removed as superseded by this
+# record; git keeps it) again, and ResNet-18 on 1-4 hosts
 # (sync.compress none, and bf16 at 100mbit). Step times are predicted from the
 # fits of ../2026-11-25_zen1-2c_cluster-costmodel-cubic: LeNet's 516 KB of
 # gradients by the fit on every size, ResNet-18's 44.7 MB by the fit on
