@@ -1,6 +1,7 @@
 # Two commands set up a fresh machine and run ddp_lab:
 #   make train   # 2-process LeNet on CPU (gloo) on the local Fashion-MNIST, logs to TensorBoard
-#   make test    # the test suite
+#   make test    # unit and multi-process tests (a few minutes), and the linter
+#   make test-all  # everything: also torchrun end to end, namespaces, SLURM, full disks (CI)
 # Both create .venv (reusing torch if the system Python already has it) and
 # `pip install -e .` into it; `make train` also installs the Debian package
 # dataset-fashion-mnist when the data is not there yet.
@@ -12,7 +13,7 @@ ARGS   ?=
 PY     := $(VENV)/bin/python
 DATA   := /usr/share/datasets/fashion-mnist
 
-.PHONY: train test data
+.PHONY: train test test-all lint data
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -29,5 +30,11 @@ data:
 train: $(VENV)/.installed data
 	$(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m ddp_lab.train $(ARGS)
 
-test: $(VENV)/.installed
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check ddp_lab tests
+
+test: lint
+	$(PY) -m pytest -q -m "not system"
+
+test-all: lint
 	$(PY) -m pytest -q

@@ -52,9 +52,6 @@ def synthetic_splits(cfg, seed: int) -> tuple[Split, Split]:
     shape = tuple(cfg.image_shape)
     if len(shape) != 3 or min(shape) < 1:
         raise ConfigError(f"data.image_shape={list(shape)} must be [channels, height, width], all >= 1")
-    for key in ("num_train", "num_test", "num_classes"):
-        if cfg[key] < 1:
-            raise ConfigError(f"data.{key}={cfg[key]} must be >= 1")
     gen = torch.Generator().manual_seed(seed)
     splits = []
     for n in (cfg.num_train, cfg.num_test):
@@ -65,8 +62,6 @@ def synthetic_splits(cfg, seed: int) -> tuple[Split, Split]:
 
 
 def per_rank_batch(global_batch: int, world_size: int) -> int:
-    if global_batch < 1:
-        raise ConfigError(f"data.batch_size={global_batch} must be a positive global batch size")
     if global_batch % world_size:
         lo = global_batch // world_size * world_size or world_size
         sizes = [n for n in range(1, 17) if global_batch % n == 0]

@@ -26,14 +26,8 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab import stall
-from ddp_lab.config import ConfigError, RunFailed
+from ddp_lab.config import RunFailed
 from ddp_lab.distributed import DistEnv
-
-
-def check_learning_rate(lr) -> None:
-    """A NaN, infinite, zero or negative optim.lr is refused at start."""
-    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
-        raise ConfigError(f"optim.lr={lr} must be a positive, finite number (e.g. optim.lr=0.1)")
 
 
 def grad_total(params) -> torch.Tensor:

@@ -8,12 +8,10 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
 from ddp_lab.config import ConfigError
-from ddp_lab.divergence import check_learning_rate
 
 
 def build_optimizer(cfg, params):
     """The optimizer `cfg` (the optim group) names; the schedule keys are ddp_lab's own."""
-    check_learning_rate(cfg.lr)
     args = {k: v for k, v in cfg.items() if k not in ("schedule", "warmup_epochs")}
     try:
         return instantiate(args, params=params)
@@ -27,8 +25,6 @@ def build_optimizer(cfg, params):
 
 def build_schedule(optimizer, cfg, steps_per_epoch: int, total_steps: int):
     """Per-step learning-rate multiplier: linear warm-up, then constant or cosine decay."""
-    if cfg.warmup_epochs < 0:
-        raise ConfigError(f"optim.warmup_epochs={cfg.warmup_epochs} must be >= 0 (0: no warm-up)")
     warmup = int(cfg.warmup_epochs * steps_per_epoch)
 
     def factor(step: int) -> float:

@@ -1,22 +1,24 @@
-"""Typed schema of the training config.
+"""The training config: every key's type, default, help and valid range, in one place.
 
-The values and their comments live in conf/*.yaml; this file only gives each
-key a type, so Hydra itself rejects unknown keys, wrong types and values off
-a key's list when it composes the config (`trainer.epochs=ten` -> "Value
-'ten' of type 'str' could not be converted to Integer"; `trainer.amp=bf61` ->
-"Invalid value 'bf61', expected one of [auto, bf16, fp16, off]"). MISSING
-means "the YAML must set it".
-
-A key with a fixed list of values is a `Choice`: a str Enum, so the code
-compares it with plain strings ("bf16") and prints it as one. Two tri-state
-keys stay plain strings checked where they are used (trainer.compile,
-sync.poll: auto | true | false), because YAML reads `true` as a boolean.
+Hydra composes conf/train.yaml on top of TrainConfig below, so it rejects
+unknown keys, wrong types and values off a key's list itself (`trainer.amp=bf61`
+-> "Invalid value 'bf61', expected one of [auto, bf16, fp16, off]"). The YAML
+presets in conf/ (model=resnet18, data=synthetic, sync=ddp) state only what
+differs from these defaults. `check(cfg)` then refuses a value out of its
+range, on every rank, before any rank joins the process group. A key with a
+fixed list is a `Choice`, a str Enum compared with plain strings ("bf16").
+`python -m ddp_lab.schema` prints the reference (docs/configuration.md).
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import List, Optional
+from typing import Any, Callable, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
 
 
 class Choice(str, Enum):
@@ -44,117 +46,189 @@ Amp = choices("Amp", "auto bf16 fp16 off")
 Backend = choices("Backend", "auto gloo nccl")
 Device = choices("Device", "auto cpu cuda")
 CommThreads = choices("CommThreads", "auto realtime normal")
+TRI_STATE = ("auto", "true", "false")  # a plain string: YAML would read true/false as booleans
 
-from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+
+def key(default: Any, help: str, *, at_least: float | None = None,
+        ok: Callable[[Any], bool] | None = None, rule: str = "") -> Any:
+    """A config key: its default, one line of help, and what check() accepts.
+
+    at_least: the smallest value; ok/rule: any other test, and what it requires
+    ("a positive, finite number"), said in the error line.
+    """
+    if at_least is not None:
+        ok, rule = (lambda v, n=at_least: v >= n), rule or f">= {at_least:g}"
+    meta = {"help": help, "ok": ok, "rule": rule}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def one_of(values: tuple[str, ...]) -> Callable[[Any], bool]:
+    return lambda v: str(v).lower() in values
+
+
+def positive_finite(v) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v) and v > 0
 
 
 @dataclass
 class ModelConfig:
-    _target_: str = MISSING
-    name: str = MISSING
-    num_classes: int = MISSING
-    in_channels: int = MISSING
-    init: Init = MISSING
-    sync_bn: bool = MISSING
-    crop_unused_border: Optional[bool] = None  # lenet_fast only; None: the model has no such key
-    pad_channels_to: Optional[int] = None  # lenet_fast only, as above
+    _target_: str = key(MISSING, "the function that builds the model (set by each model preset)")
+    name: str = key(MISSING, "label used in logs and summary.json")
+    num_classes: int = key(10, "classes the model predicts (Fashion-MNIST: 10)", at_least=1)
+    in_channels: int = key(1, "input channels (Fashion-MNIST: 1, grayscale)", at_least=1)
+    init: Init = key(Init.default, "default (PyTorch's) | d2l (normal, std 0.01, as in the chapter)")
+    sync_bn: bool = key(False, "BatchNorm as SyncBatchNorm: statistics over the global batch (GPU ranks only)")
+    crop_unused_border: Optional[bool] = key(
+        None, "lenet_fast: skip the input's last 2 rows/cols, which never reach the output (null: no such key)")
+    pad_channels_to: Optional[int] = key(
+        None, "lenet_fast, compiled on CPU under bf16: conv1's channels computed as this many (0: off)")
 
 
 @dataclass
 class DataConfig:
-    name: DataName = MISSING
-    batch_size: int = MISSING
-    loader: Loader = MISSING
-    num_workers: int = MISSING
-    normalize: bool = MISSING
-    mean: float = MISSING
-    std: float = MISSING
-    root: Optional[str] = None
-    download: bool = False
-    cache_dir: str = "~/.cache/ddp_lab"
-    # synthetic only
-    image_shape: List[int] = field(default_factory=lambda: [1, 28, 28])
-    num_classes: int = 10
-    num_train: int = 60000
-    num_test: int = 10000
+    name: DataName = key(DataName.fashion_mnist, "fashion_mnist | synthetic (deterministic random images)")
+    batch_size: int = key(512, "GLOBAL batch, split evenly over the ranks (d2l: 256)", at_least=1,
+                          rule="a positive global batch size")
+    loader: Loader = key(Loader.device, "device: the whole split on the training device | dataloader: torch's")
+    num_workers: int = key(0, "DataLoader worker processes per rank (loader=dataloader only)", at_least=0)
+    normalize: bool = key(True, "scale pixels with mean and std (false: [0, 1], as d2l's ToTensor)")
+    mean: float = key(0.2860, "pixel mean to subtract (Fashion-MNIST's training set)")
+    std: float = key(0.3530, "pixel std to divide by (Fashion-MNIST's training set)", ok=positive_finite,
+                     rule="a positive, finite number")
+    root: Optional[str] = key(None, "folder with the four .gz IDX files, or a torchvision root; "
+                                    "null: the Debian package's folder")
+    download: bool = key(False, "let torchvision download the files when none are found locally")
+    cache_dir: str = key("~/.cache/ddp_lab", "where the gzipped files are unpacked once for torchvision")
+    image_shape: List[int] = key([1, 28, 28], "synthetic: [channels, height, width]")
+    num_classes: int = key(10, "synthetic: labels drawn from 0..num_classes-1", at_least=1)
+    num_train: int = key(60000, "synthetic: training images per epoch", at_least=1)
+    num_test: int = key(10000, "synthetic: test images", at_least=1)
 
 
 @dataclass
 class OptimConfig:
-    _target_: str = MISSING
-    lr: float = MISSING
-    momentum: float = MISSING
-    weight_decay: float = MISSING
-    nesterov: bool = MISSING
-    schedule: Schedule = MISSING
-    warmup_epochs: float = MISSING
+    _target_: str = key("torch.optim.SGD", "the optimizer class (torch.optim.SGD)")
+    lr: float = key(0.2, "peak learning rate for the global batch (0.1 per 256 images)", ok=positive_finite,
+                    rule="a positive, finite number (e.g. optim.lr=0.1)")
+    momentum: float = key(0.9, "0 gives d2l's plain SGD", at_least=0)
+    weight_decay: float = key(0.0005, "L2 penalty", at_least=0)
+    nesterov: bool = key(True, "Nesterov momentum (needs momentum > 0)")
+    schedule: Schedule = key(Schedule.cosine, "constant | cosine (decays to 0 over the run)")
+    warmup_epochs: float = key(0.5, "linear warm-up from about 0, in epochs (0: none)", at_least=0)
 
 
 @dataclass
 class SyncConfig:
-    mode: SyncMode = MISSING
-    algo: Algo = MISSING
-    bucket_cap_mb: float = MISSING
-    gradient_as_bucket_view: bool = MISSING
-    static_graph: bool = MISSING
-    compress: Compress = MISSING
-    poll: str = MISSING  # auto | true | false
+    mode: SyncMode = key(SyncMode.auto, "when and in what pieces gradients travel: auto (flat on CPU, "
+                                        "ddp on GPU) | ddp | flat | per_param")
+    algo: Algo = key(Algo.builtin, "how a buffer is all-reduced: builtin (gloo/NCCL) or a hand-written "
+                                   "one (ddp_lab.collectives)")
+    bucket_cap_mb: float = key(25.0, "ddp: DDP's bucket size; flat: buffers of at most this size (0: one)",
+                               at_least=0)
+    gradient_as_bucket_view: bool = key(True, "ddp: gradients alias DDP's buckets (saves a copy)")
+    static_graph: bool = key(False, "ddp: promise DDP the graph never changes")
+    compress: Compress = key(Compress.none, "none | bf16 | fp16: all-reduce 16-bit gradients (half the bytes)")
+    poll: str = key("false", "opt-in: CPU ranks wait for the builtin all-reduce by polling (auto: where the "
+                             "ranks fill the cores exactly)", ok=one_of(TRI_STATE), rule="one of auto, true, false")
 
 
 @dataclass
 class TrainerConfig:
-    epochs: int = MISSING
-    max_steps: int = MISSING
-    log_every: int = MISSING
-    warmup_steps: int = MISSING
-    eval_every: int = MISSING
-    amp: Amp = MISSING
-    channels_last: bool = MISSING
-    compile: str = MISSING  # auto | true | false
-    threads: int = MISSING
-    grad_accum: int = MISSING
-    progress: bool = MISSING
-    profile: bool = MISSING
-    profile_wait: int = MISSING
-    profile_active: int = MISSING
-    ckpt_every: int = MISSING
-    keep_ckpts: int = MISSING
-    resume: str = MISSING
-    straggler_threshold: float = 1.2
+    epochs: int = key(10, "passes over the training set", at_least=1)
+    max_steps: int = key(0, "stop after this many optimizer steps (0: no cap), for quick checks", at_least=0)
+    log_every: int = key(50, "write the step's loss, lr and straggler times to TensorBoard every N steps",
+                         at_least=1)
+    warmup_steps: int = key(5, "steps left out of the throughput figures", at_least=0)
+    eval_every: int = key(1, "evaluate every N epochs (the last always); 0: only at the end", at_least=0)
+    amp: Amp = key(Amp.auto, "auto (bf16 where the hardware runs it fast) | bf16 | fp16 (CUDA) | off")
+    channels_last: bool = key(True, "NHWC memory layout: faster convolutions with bf16")
+    compile: str = key("auto", "torch.compile: auto (where each rank trains on 250,000+ images and inductor "
+                               "can build kernels) | true | false", ok=one_of(TRI_STATE),
+                       rule="one of auto, true, false")
+    threads: int = key(0, "torch threads per rank (0: keep the default; torchrun sets 1)", at_least=0)
+    grad_accum: int = key(1, "micro-batches per optimizer step (no communication between them)", at_least=1)
+    progress: bool = key(True, "progress bar on rank 0 when attached to a terminal")
+    ckpt_every: int = key(0, "also checkpoint every N optimizer steps (0: only at epoch ends)", at_least=0)
+    keep_ckpts: int = key(2, "keep the newest N checkpoints in <run dir>/checkpoints (0: write none)",
+                          at_least=0)
+    resume: str = key("none", "none | auto (this run dir's newest checkpoint) | a step-N directory "
+                              "(into a new run dir)")
+    straggler_threshold: float = key(1.2, "name a rank whose compute per step is this many times the "
+                                          "others' median", at_least=1)
+    profile: bool = key(False, "write a torch.profiler Chrome trace per rank to <run dir>/profile/")
+    profile_wait: int = key(5, "steps skipped before profiling (plus one warm-up step)", at_least=0)
+    profile_active: int = key(3, "steps recorded in the trace", at_least=1)
 
 
 @dataclass
 class DistConfig:
-    backend: Backend = MISSING
-    device: Device = MISSING
-    timeout_s: float = MISSING
-    stall_warn_s: float = 60.0
-    comm_threads: CommThreads = CommThreads.normal
+    backend: Backend = key(Backend.auto, "auto (nccl on CUDA, gloo on CPU) | gloo | nccl")
+    device: Device = key(Device.auto, "auto (cuda if available) | cpu | cuda (one GPU per rank, by LOCAL_RANK)")
+    timeout_s: float = key(300.0, "a rank waiting longer than this (to join, or in a collective) names who "
+                                  "is missing and stops", ok=positive_finite, rule="a positive number of seconds")
+    stall_warn_s: float = key(60.0, "a rank waiting longer than this in a collective logs who has not "
+                                    "arrived (0: no stall inspector)", at_least=0)
+    comm_threads: CommThreads = key(CommThreads.normal, "opt-in: gloo's threads at real-time priority on "
+                                                        "CPU ranks (realtime; auto: where the ranks fill every core)")
 
 
 @dataclass
 class TrainConfig:
-    model: ModelConfig = MISSING
-    data: DataConfig = MISSING
-    optim: OptimConfig = MISSING
-    sync: SyncConfig = MISSING
-    trainer: TrainerConfig = MISSING
-    dist: DistConfig = MISSING
-    seed: int = MISSING
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    seed: int = key(0, "model init (the same on every rank) and the sampler's shuffle seed")
+
+
+GROUPS = {f.name: f.default_factory for f in dataclasses.fields(TrainConfig) if f.name != "seed"}
 
 
 def register() -> None:
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 
 
-def check_trainer(t) -> None:
-    """The trainer's counts must be in range (the schema only checks their types)."""
+def check(cfg) -> None:
+    """Refuse the first value out of its key's range, with one line naming the key and the range."""
     from ddp_lab.config import ConfigError
 
-    for key in ("epochs", "log_every", "grad_accum"):
-        if t[key] < 1:
-            raise ConfigError(f"trainer.{key}={t[key]} must be >= 1")
-    for key in ("ckpt_every", "keep_ckpts", "max_steps", "warmup_steps", "eval_every", "threads"):
-        if t[key] < 0:
-            raise ConfigError(f"trainer.{key}={t[key]} must be >= 0")
+    for group, schema in [*GROUPS.items(), (None, TrainConfig)]:
+        for f in dataclasses.fields(schema):
+            ok = f.metadata.get("ok")
+            value = (cfg[group] if group else cfg).get(f.name)
+            if ok is not None and value is not None and not ok(value):
+                name = f"{group}.{f.name}" if group else f.name
+                raise ConfigError(f"{name}={value} must be {f.metadata['rule']}")
+
+
+def reference() -> str:
+    """Every key of the training config as markdown tables, one per group."""
+    lines = []
+    for group, schema in [*GROUPS.items(), ("", TrainConfig)]:
+        lines += [f"### {group or 'top level'}", "", "| key | default | meaning |", "|---|---|---|"]
+        for f in dataclasses.fields(schema):
+            if group == "" and f.name in GROUPS:
+                continue
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            shown = "(the preset's)" if default == MISSING else f"`{_yaml(default)}`"
+            rule = f" Must be {f.metadata['rule']}." if f.metadata.get("rule") else ""
+            lines.append(f"| `{group + '.' if group else ''}{f.name}` | {shown} | "
+                         f"{f.metadata['help']}.{rule} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _yaml(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+if __name__ == "__main__":
+    print(reference(), end="")

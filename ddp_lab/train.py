@@ -75,6 +75,7 @@ def main(cfg) -> dict:
     env = trainer = inspector = None
     stop_on_sigterm(run_dir)
     try:
+        schema.check(cfg)  # every value in its range, before any rank waits for another
         d = cfg.dist  # machine tuning only where asked for (ddp_lab.tuning)
         env = (tuning.start(d, cfg.sync.poll) if tuning.asked(d, cfg.sync.poll)
                else distributed.setup(d.backend, d.device, d.timeout_s))

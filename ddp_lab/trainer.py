@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from ddp_lab import faults, schema, stall
+from ddp_lab import faults, stall
 from ddp_lab.checkpoint import Checkpointer, rng_state, set_rng_state
 from ddp_lab.config import ConfigError
 from ddp_lab.data import build_loaders
@@ -44,7 +44,6 @@ class Trainer:
     def __init__(self, cfg, env: DistEnv, run_dir: Path):
         self.cfg, self.env, self.run_dir = cfg, env, Path(run_dir)
         t = cfg.trainer
-        schema.check_trainer(t)
         if t.threads > 0:
             torch.set_num_threads(t.threads)
         self.amp = resolve_amp(t.amp, env.device)

@@ -31,9 +31,9 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab import distributed
-from ddp_lab.distributed import ranks_on_machine, usable_cores
 from ddp_lab.collectives import TUNED, TunedPlan, get_algorithm
 from ddp_lab.config import ConfigError
+from ddp_lab.distributed import ranks_on_machine, usable_cores
 from ddp_lab.gloo_threads import (
     REALTIME_PRIORITY,
     at_comm_priority,
@@ -44,11 +44,11 @@ from ddp_lab.gloo_threads import (
     set_normal,
     thread_ids,
 )
+from ddp_lab.schema import TRI_STATE
 
 log = logging.getLogger(__name__)
 
-COMM_THREADS = ("auto", "realtime", "normal")
-POLL = ("auto", "true", "false")
+POLL = TRI_STATE  # sync.poll, as the schema has it
 
 
 

@@ -19,6 +19,16 @@ from ddp_lab import config, schema  # noqa: F401  (registers the resolvers and t
 
 schema.register()
 
+# Tests that build network namespaces or a SLURM cluster through these fixtures are
+# system tests (make test-all), as the ones that launch torchrun are marked by hand.
+SYSTEM_FIXTURES = {"cluster_name", "two_hosts", "slurm"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if SYSTEM_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.system)
+
 
 def write_idx_images(path: Path, images: torch.Tensor) -> None:
     """IDX3 (magic 0x0803, big-endian dims) gzipped, as the real files are."""

@@ -158,12 +158,12 @@ def _collect(procs, results, timeout: float) -> list[Any]:
                     raise RuntimeError(
                         f"rank {r} of {world_size} exited with code {procs[r].exitcode} "
                         "without reporting a result"
-                    )
+                    ) from None
             if now > deadline:
                 missing = sorted(set(range(world_size)) - set(values))
                 raise TimeoutError(
                     f"ranks {missing} of {world_size} did not finish within {timeout:g} s"
-                )
+                ) from None
             continue
         if not ok:
             raise RuntimeError(f"rank {rank} of {world_size} failed:\n{value}")

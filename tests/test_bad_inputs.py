@@ -8,6 +8,7 @@ import time
 import pytest
 import torch
 
+from ddp_lab import schema
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv, resolve_backend
 from ddp_lab.trainer import Trainer
@@ -24,7 +25,7 @@ def _run(tiny_fmnist, tmp_path, extra, nproc=0, timeout=120):
 @pytest.mark.parametrize("extra,message", [
     (["dist.backend=nccl"], "dist.backend=nccl needs CUDA devices"),
     (["trainer.amp=fp16"], "trainer.amp=fp16 needs CUDA; on CPU use trainer.amp=bf16 or off"),
-    (["trainer.compile=maybe"], "trainer.compile='maybe' is not one of auto, true, false"),
+    (["trainer.compile=maybe"], "trainer.compile=maybe must be one of auto, true, false"),
     (["data.batch_size=0"], "data.batch_size=0 must be a positive global batch size"),
     (["model.in_channels=3"], "model.in_channels=3 but the data has 1 channel(s); set model.in_channels=1"),
     (["trainer.grad_accum=0"], "trainer.grad_accum=0 must be >= 1"),
@@ -37,8 +38,13 @@ def _run(tiny_fmnist, tmp_path, extra, nproc=0, timeout=120):
     (["optim.lr=-1"], "optim.lr=-1.0 must be a positive, finite number (e.g. optim.lr=0.1)"),
     (["optim.lr=nan"], "optim.lr=nan must be a positive, finite number"),
     (["optim.lr=0"], "optim.lr=0.0 must be a positive, finite number"),
-    (["optim.weight_decay=-1"], "optim: torch.optim.SGD refused these settings: Invalid weight_decay value: -1.0"),
-    (["optim.momentum=0"], "Nesterov momentum requires a momentum"),
+    (["optim.weight_decay=-1"], "optim.weight_decay=-1.0 must be >= 0"),
+    (["optim.momentum=0"], "optim: torch.optim.SGD refused these settings: Nesterov momentum requires a momentum"),
+    (["trainer.profile=true", "trainer.profile_active=0"], "trainer.profile_active=0 must be >= 1"),
+    (["sync.bucket_cap_mb=-1"], "sync.bucket_cap_mb=-1.0 must be >= 0"),
+    (["sync.poll=sometimes"], "sync.poll=sometimes must be one of auto, true, false"),
+    (["dist.timeout_s=0"], "dist.timeout_s=0.0 must be a positive number of seconds"),
+    (["data.std=0"], "data.std=0.0 must be a positive, finite number"),
     (["model=resnet18", "model.crop_unused_border=true"],
      "model.crop_unused_border does not apply to model 'resnet18'; drop the override"),
 ])
@@ -46,7 +52,8 @@ def test_bad_value_message(tiny_fmnist, tmp_path, compose_train, extra, message)
     overrides = [a for a in tiny_overrides(tiny_fmnist, tmp_path) if not a.startswith("hydra.")]
     cfg = compose_train(overrides + extra)
     with pytest.raises(ConfigError) as e:
-        # What the entry point builds, in its order: the backend first, then the Trainer.
+        # What the entry point does, in its order: the schema's ranges, the backend, the Trainer.
+        schema.check(cfg)
         resolve_backend(cfg.dist.backend, torch.device("cpu"))
         Trainer(cfg, DistEnv(0, 1, 0, torch.device("cpu"), "none"), tmp_path).close()
     assert message in str(e.value)
@@ -61,7 +68,7 @@ def test_sync_bn_on_cpu_ranks_is_refused_before_any_collective(tiny_fmnist, tmp_
     Trainer(cfg, DistEnv(0, 1, 0, torch.device("cpu"), "none"), tmp_path).close()  # alone: fine
 
 
-@pytest.mark.slow
+@pytest.mark.system
 @pytest.mark.parametrize("extra,message,code", [
     (["trainer.epoch=3"], "Key 'epoch' not in 'TrainerConfig'", 1),
     (["trainer.epochs=ten"], "Value 'ten' of type 'str' could not be converted to Integer", 1),
@@ -74,7 +81,7 @@ def test_entry_point_exits_non_zero_with_the_message(tiny_fmnist, tmp_path, extr
     assert message in out
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_missing_data_names_the_path_and_the_fixes(tmp_path):
     proc = run_module("ddp_lab.train", [f"data.root={tmp_path}/absent", f"hydra.run.dir={tmp_path}/r"],
                       nproc=0, timeout=120)
@@ -84,7 +91,7 @@ def test_missing_data_names_the_path_and_the_fixes(tmp_path):
     assert "data.download=true" in out
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_indivisible_batch_under_torchrun_stops_every_rank(tiny_fmnist, tmp_path):
     proc, out, seconds = _run(tiny_fmnist, tmp_path, ["data.batch_size=64"], nproc=3)
     assert proc.returncode != 0

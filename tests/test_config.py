@@ -3,9 +3,11 @@ an error line reaches the shared stderr whole."""
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
 from ddp_lab.config import say
@@ -130,3 +132,43 @@ def test_two_ranks_saying_at_once_keep_their_lines_whole():
     assert [p.wait() for p in procs] == [0, 0]
     assert sorted(set(lines)) == ["ddp_lab: error: rank 0 gave up", "ddp_lab: error: rank 1 gave up"]
     assert len(lines) == 10_000
+
+
+@pytest.mark.parametrize("lr", [float("nan"), float("inf"), 0.0, -0.1, "0.1"])
+def test_a_learning_rate_that_cannot_train_is_refused(compose_train, lr):
+    from ddp_lab import schema
+    from ddp_lab.config import ConfigError
+    cfg = compose_train()
+    cfg.optim.lr = 0.1
+    schema.check(cfg)
+    with pytest.raises(ConfigError, match=f"optim.lr={lr} must be a positive, finite number"):
+        schema.check(OmegaConf.merge(cfg, {"optim": {"lr": lr}}) if isinstance(lr, float) else _raw(cfg, lr))
+
+
+def _raw(cfg, lr):
+    """A config whose lr is not a number at all (as a hand-built config could hold)."""
+    plain = OmegaConf.to_container(cfg)
+    plain["optim"]["lr"] = lr
+    return OmegaConf.create(plain)
+
+
+def test_the_schema_is_the_one_source_of_defaults_and_help():
+    import dataclasses
+
+    from ddp_lab import schema
+    for group, node in schema.GROUPS.items():
+        for f in dataclasses.fields(node):
+            assert f.metadata.get("help"), f"{group}.{f.name} has no help"
+    # a preset file states only what differs: trainer and dist have none
+    conf = Path(schema.__file__).parents[1] / "conf"
+    for preset in ("trainer/default.yaml", "dist/default.yaml"):
+        assert [ln for ln in (conf / preset).read_text().splitlines() if not ln.startswith("#")] == ["{}"]
+
+
+def test_the_configuration_guide_holds_the_schema_reference():
+    from ddp_lab import schema
+    guide = (Path(schema.__file__).parents[1] / "docs" / "configuration.md").read_text()
+    begin, end = "<!-- reference: python -m ddp_lab.schema -->\n", "<!-- end of reference -->"
+    assert begin in guide and end in guide, "docs/configuration.md lacks the reference markers"
+    assert guide.split(begin, 1)[1].split(end, 1)[0] == schema.reference(), (
+        "docs/configuration.md is out of date: paste `python -m ddp_lab.schema` between its markers")

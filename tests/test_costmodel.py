@@ -171,7 +171,7 @@ def _compose(overrides):
 def test_run_end_to_end_on_synthetic_csvs(tmp_path):
     a = _write_csv(tmp_path / "a.csv", _bench_rows("ring", cm.ring, 2) + _bench_rows("builtin", cm.ring, 2)
                    + _bench_rows("naive", cm.naive, 2, wrong=3))
-    b = _write_csv(tmp_path / "b.csv", _bench_rows("ring", cm.ring, 4) + _bench_rows("builtin", cm.ring, 4)
+    _write_csv(tmp_path / "b.csv", _bench_rows("ring", cm.ring, 4) + _bench_rows("builtin", cm.ring, 4)
                    + _bench_rows("naive", cm.naive, 4) + _bench_rows("ring", cm.ring, 1))
     cfg = _compose([f"inputs=[{a},{tmp_path}/b*.csv]", f"gamma={GAMMA}", "params=[fitted,ib_100g]",
                     "gradients=[lenet,1000000]", "compute_ms.lenet=5", "+compute_ms.bytes_1000000=1",

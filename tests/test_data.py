@@ -1,5 +1,4 @@
 """Sharding Fashion-MNIST over ranks, and the two loaders agreeing."""
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +15,8 @@ def test_global_batch_is_split_over_ranks():
 
 
 def test_indivisible_global_batch_is_rejected_with_a_fix():
-    with pytest.raises(ConfigError, match=r"batch_size=256 .* 3 ranks; use a multiple of 3 \(e.g. 255 or 258\), or a world size that divides it \(1, 2, 4, 8, 16, ...\)"):
+    with pytest.raises(ConfigError, match=r"batch_size=256 .* 3 ranks; use a multiple of 3 \(e.g. 255 or 258\), "
+                                          r"or a world size that divides it \(1, 2, 4, 8, 16, ...\)"):
         per_rank_batch(256, 3)
 
 

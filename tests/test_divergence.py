@@ -5,19 +5,12 @@ import pytest
 import torch
 
 from ddp_lab import checkpoint
-from ddp_lab.config import ConfigError, RunFailed
+from ddp_lab.config import RunFailed
 from ddp_lab.distributed import DistEnv
-from ddp_lab.divergence import LossWatch, all_finite, check_learning_rate
+from ddp_lab.divergence import LossWatch, all_finite
 from tests.conftest import run_module, tiny_overrides
 
 ALONE = DistEnv(0, 1, 0, torch.device("cpu"), "none")
-
-
-@pytest.mark.parametrize("lr", [float("nan"), float("inf"), 0.0, -0.1, "0.1"])
-def test_a_learning_rate_that_cannot_train_is_refused(lr):
-    with pytest.raises(ConfigError, match=f"optim.lr={lr} must be a positive, finite number"):
-        check_learning_rate(lr)
-    check_learning_rate(0.1)
 
 
 def test_the_first_non_finite_loss_is_named(tmp_path):
@@ -78,7 +71,7 @@ def test_the_gradients_judge_a_step_and_a_finite_gradient_goes_on():
                                    "(loss rank 0: 2.5); the learning rate optim.lr=0.1")
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_a_diverging_run_saves_no_nan_and_keeps_the_last_good_checkpoint(tiny_fmnist, tmp_path):
     run = tmp_path / "run"
     proc = run_module("ddp_lab.train", tiny_overrides(tiny_fmnist, run) + [
@@ -99,7 +92,7 @@ def test_a_diverging_run_saves_no_nan_and_keeps_the_last_good_checkpoint(tiny_fm
         assert all_finite(shared["model"]) and all_finite(shared["optimizer"]["state"][0])
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_a_nan_on_one_rank_stops_both_at_that_step(tiny_fmnist, tmp_path):
     run = tmp_path / "run"
     proc = run_module("ddp_lab.train", tiny_overrides(tiny_fmnist, run) + [

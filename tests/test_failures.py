@@ -26,7 +26,7 @@ def test_fault_spec_parses_and_fires_on_the_first_attempt_only(monkeypatch):
             Fault.from_env()
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_a_rank_that_raises_ends_the_job_within_the_timeout(tiny_fmnist, tmp_path):
     timeout_s = 30  # the failure propagates in seconds; the margin is for a loaded machine
     run_dir = tmp_path / "run"

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from ddp_lab.distributed import DistEnv
 from ddp_lab import fast_path
+from ddp_lab.distributed import DistEnv
 from ddp_lab.fast_path import AUTO_COMPILE_MIN_IMAGES, resolve_compile
 from ddp_lab.trainer import Trainer
 from tests.conftest import tiny_overrides
@@ -110,7 +110,7 @@ def test_short_runs_are_not_compiled_by_default(compose_train, tiny_fmnist, tmp_
         trainer.close()
 
 
-@pytest.mark.slow  # torch.compile's first step generates and compiles C++: tens of seconds
+@pytest.mark.system  # torch.compile's first step generates and compiles C++: tens of seconds
 def test_compile_trains(compose_train, tiny_fmnist, tmp_path):
     trainer, summary, before, after, _ = train_with(
         compose_train, tiny_fmnist, tmp_path,

@@ -2,8 +2,7 @@
 import torch
 
 from ddp_lab import meter, mfu
-from ddp_lab.distributed import RANKS_ON_MACHINE_ENV
-from ddp_lab.distributed import DistEnv
+from ddp_lab.distributed import RANKS_ON_MACHINE_ENV, DistEnv
 
 
 def threads_asked_and_peak(monkeypatch, world_size: int, env_vars: dict) -> tuple[list, float]:

@@ -9,7 +9,7 @@ import torch
 
 from tests.conftest import free_port, read_summary, tiny_overrides
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.system
 
 
 def test_two_agents_share_one_run_directory(tiny_fmnist, tmp_path):

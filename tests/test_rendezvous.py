@@ -3,7 +3,6 @@ import datetime
 import threading
 import time
 
-import pytest
 import torch.distributed as dist
 
 from ddp_lab import rendezvous

@@ -90,7 +90,7 @@ def killed(tiny_fmnist, tmp_path_factory):
     return run_dir, proc
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_sigkilled_rank_restarts_and_ends_bit_identical(reference, killed):
     run_dir, proc = killed
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -113,7 +113,7 @@ def test_sigkilled_rank_restarts_and_ends_bit_identical(reference, killed):
         "meta.json", "rank0.pt", "rank1.pt", "state.pt"]
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_refuses_a_checkpoint_of_another_config(killed, tiny_fmnist, tmp_path):
     run_dir, _ = killed
     step = run_dir / "checkpoints" / "step-3"

@@ -64,7 +64,7 @@ def test_launches_are_recorded_and_recognised(tmp_path, monkeypatch):
     assert [x["resumed_from"] for x in launches] == [None, "ck/step-5"]
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_the_entry_point_refuses_an_unusable_run_dir_in_one_line(tiny_fmnist, tmp_path):
     (tmp_path / "afile").write_text("x")
     args = tiny_overrides(tiny_fmnist, tmp_path / "afile" / "run")
@@ -97,7 +97,7 @@ def _errors(text):
     return [ln for ln in text.splitlines() if ln.startswith("ddp_lab: error:")]
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_resume_auto_never_overwrites_a_finished_run(finished_without_checkpoints, tiny_fmnist):
     run = finished_without_checkpoints
     before = _snapshot(run)
@@ -117,7 +117,7 @@ def test_resume_auto_never_overwrites_a_finished_run(finished_without_checkpoint
     assert {k: v for k, v in after.items() if k in before} == before
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_a_refused_launch_stays_refused_when_torchrun_restarts_it(finished_without_checkpoints,
                                                                    tiny_fmnist):
     run = finished_without_checkpoints
@@ -133,7 +133,7 @@ def test_a_refused_launch_stays_refused_when_torchrun_restarts_it(finished_witho
     assert not any(k.startswith("tb/") for k in after if k not in before)
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_a_complete_run_resumed_writes_nothing(tiny_fmnist, tmp_path):
     run = tmp_path / "run"
     args = tiny_overrides(tiny_fmnist, run) + ["trainer.epochs=1"]

@@ -25,7 +25,7 @@ import pytest
 
 from tests.conftest import free_port, read_summary
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.system
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL = REPO / "scripts" / "slurm_local.sh"

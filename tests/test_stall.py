@@ -96,7 +96,7 @@ def _run_with_fault(tiny_fmnist, tmp_path, fault, extra=()):
     return run, proc, time.monotonic() - start
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_a_hung_rank_is_named_and_every_rank_is_gone_within_the_timeout(tiny_fmnist, tmp_path):
     run, proc, seconds = _run_with_fault(tiny_fmnist, tmp_path, "rank=1,step=3,kind=hang")
     assert proc.returncode != 0
@@ -113,7 +113,7 @@ def test_a_hung_rank_is_named_and_every_rank_is_gone_within_the_timeout(tiny_fmn
     assert seconds < 20 + 60  # the timeout, plus start-up and torchrun's stop on a busy machine
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_a_skipped_gradient_sync_is_named_as_a_desync(tiny_fmnist, tmp_path):
     run, proc, _ = _run_with_fault(tiny_fmnist, tmp_path, "rank=1,step=3,kind=mismatch")
     assert proc.returncode != 0

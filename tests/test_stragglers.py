@@ -54,7 +54,7 @@ def test_on_cuda_the_times_are_events_read_at_report_time():
     assert timer.run[2].item() == 3 and not timer._unread
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_a_slow_rank_is_named_in_the_summary_and_in_tensorboard(tiny_fmnist, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -7,7 +7,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from tests.conftest import failure, read_summary, run_module, tiny_overrides
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.system
 
 SCALARS = ["loss/train", "acc/train", "acc/test", "perf/samples_per_sec",
            "perf/samples_per_sec_per_rank", "perf/step_ms", "perf/data_ms", "perf/epoch_s", "lr",

@@ -8,10 +8,9 @@ import pytest
 import torch
 
 from ddp_lab import collectives, gloo_threads, tuning
-from ddp_lab.distributed import RANKS_ON_MACHINE_ENV
 from ddp_lab.collectives import TunedPlan
 from ddp_lab.config import ConfigError
-from ddp_lab.distributed import DistEnv
+from ddp_lab.distributed import RANKS_ON_MACHINE_ENV, DistEnv
 from tests.conftest import linux_only, may_use_realtime, needs_realtime
 from tests.multiproc import run_in_processes
 

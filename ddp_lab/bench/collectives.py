@@ -75,10 +75,17 @@ from ddp_lab.bench import collectives_interleaved as interleaved
 
 # The parts of a sweep, one concept per file, offered here too (where users and tests look).
 from ddp_lab.bench.collectives_check import count_wrong, expected_sum, fill_pattern, pattern_bound  # noqa: F401
-from ddp_lab.bench.collectives_output import (  # noqa: F401
-    CSV_COLUMNS, header, line, median_of_runs, sig, write_rows)
+from ddp_lab.bench.collectives_output import CSV_COLUMNS, header, line, median_of_runs, sig, write_rows  # noqa: F401
 from ddp_lab.bench.collectives_plan import (  # noqa: F401
-    DTYPES, Plan, algbw_gbps, busbw_factor, busbw_gbps, known_algorithms, message_sizes, validate)
+    DTYPES,
+    Plan,
+    algbw_gbps,
+    busbw_factor,
+    busbw_gbps,
+    known_algorithms,
+    message_sizes,
+    validate,
+)
 from ddp_lab.config import CONFIG_PATH, ConfigError, say
 from ddp_lab.distributed import DistEnv, resolve_backend, teardown
 from ddp_lab.provenance import hydra_command, write_record
@@ -265,7 +272,7 @@ def main(cfg: DictConfig) -> None:
         if os.environ.get("RANK", "0") == "0":
             say(f"ddp_lab.bench.collectives: error: {e}")
         get_error_handler().record_exception(e)
-        raise SystemExit(2)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

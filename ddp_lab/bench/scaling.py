@@ -47,7 +47,7 @@ import socket
 import statistics
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from ddp_lab.bench import fresh_out_dir

@@ -12,10 +12,26 @@ Open in this order:
 from ddp_lab.checkpoint.checkpointer import Checkpointer, Resumed
 from ddp_lab.checkpoint.choice import Choice, choose, pick
 from ddp_lab.checkpoint.compat import (
-    HASHED_GROUPS, NOT_HASHED, TRAINER_HASHED, config_diff, config_hash, config_subset, validate,
+    HASHED_GROUPS,
+    NOT_HASHED,
+    TRAINER_HASHED,
+    config_diff,
+    config_hash,
+    config_subset,
+    validate,
 )
 from ddp_lab.checkpoint.files import (
-    DIRNAME, META, STATE, load, newest, problem, prune, rank_file, read_meta, save, step_dirs,
+    DIRNAME,
+    META,
+    STATE,
+    load,
+    newest,
+    problem,
+    prune,
+    rank_file,
+    read_meta,
+    save,
+    step_dirs,
 )
 from ddp_lab.checkpoint.rng import rng_state, set_rng_state
 

@@ -26,8 +26,8 @@ In Python (tests, benchmarks):
 from ddp_lab.cluster.commands import ClusterError
 from ddp_lab.cluster.launch import Job, running
 from ddp_lab.cluster.network import Cluster, Host, clusters, create, destroy, emulated, find
-from ddp_lab.cluster.sharing import thread_share
 from ddp_lab.cluster.shaping import format_rate, parse_rate
+from ddp_lab.cluster.sharing import thread_share
 
 __all__ = ["Cluster", "ClusterError", "Host", "Job", "clusters", "create", "destroy", "emulated",
            "find", "format_rate", "parse_rate", "running", "thread_share"]

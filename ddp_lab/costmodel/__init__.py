@@ -52,9 +52,18 @@ plain textbook formulas.
 """
 from ddp_lab.costmodel.cli import run, validate
 from ddp_lab.costmodel.fitting import (
-    CSV_COLUMNS, Fit, Point, contention, expand_inputs, fit, fit_mixed, measure_gamma, nnls, read_points)
-from ddp_lab.costmodel.formulas import (
-    MODELS, Params, coefficients, get_model, halving_doubling, naive, ring, tree)
+    CSV_COLUMNS,
+    Fit,
+    Point,
+    contention,
+    expand_inputs,
+    fit,
+    fit_mixed,
+    measure_gamma,
+    nnls,
+    read_points,
+)
+from ddp_lab.costmodel.formulas import MODELS, Params, coefficients, get_model, halving_doubling, naive, ring, tree
 from ddp_lab.costmodel.prediction import Gradient, Prediction, measure_compute_s, predict, resolve_gradient
 
 __all__ = [

@@ -9,11 +9,11 @@ import statistics
 import sys
 from pathlib import Path
 
-import ddp_lab.config  # noqa: F401  (registers the ${ddp_lab.run_id:} resolver)
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+import ddp_lab.config  # noqa: F401  (registers the ${ddp_lab.run_id:} resolver)
 from ddp_lab.config import CONFIG_PATH, ConfigError
 from ddp_lab.costmodel.fitting import Fit, Point, expand_inputs, fit, fit_mixed, measure_gamma, read_points
 from ddp_lab.costmodel.formulas import MODELS, Params, get_model
@@ -239,7 +239,8 @@ def run(cfg, run_dir: Path, log=print) -> dict:
         log("# presets price the network only; compute times above are the same for every params "
             "set, so give compute_ms for the hardware a preset stands for")
     if "fitted" in s["params"]:
-        log(f"# fitted params come from world sizes {sorted({pt.world_size for f in fits.values() for pt in f.points})} "
+        worlds = sorted({pt.world_size for f in fits.values() for pt in f.points})
+        log(f"# fitted params come from world sizes {worlds} "
             "on one host; far larger worlds are an extrapolation of the formulas, not a measurement")
     write_csv(run_dir / "predictions.csv", [
         {"params": p.params_name, "params_from": p.params_from, "algo": p.algo, "gradient": p.gradient,
@@ -262,4 +263,4 @@ def main(cfg: DictConfig) -> None:
         run(cfg, run_dir)
     except ConfigError as e:
         print(f"ddp_lab.costmodel: error: {e}", file=sys.stderr, flush=True)
-        raise SystemExit(2)
+        raise SystemExit(2) from None

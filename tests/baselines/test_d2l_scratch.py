@@ -3,7 +3,9 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from ddp_lab.baselines import d2l, d2l_scratch as s, data_parallel as dp
+from ddp_lab.baselines import d2l
+from ddp_lab.baselines import d2l_scratch as s
+from ddp_lab.baselines import data_parallel as dp
 from tests.conftest import failure, read_summary, run_module
 
 CPU = torch.device("cpu")
@@ -65,6 +67,7 @@ def test_sgd_divides_by_the_batch_size():
     assert torch.equal(p.detach(), torch.zeros(3)) and torch.equal(p.grad, torch.zeros(3))
 
 
+@pytest.mark.system
 def test_end_to_end_run(tiny_fmnist, tmp_path):
     run_dir = tmp_path / "run"
     proc = run_module("ddp_lab.baselines.d2l_scratch", [

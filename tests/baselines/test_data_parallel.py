@@ -52,6 +52,7 @@ def test_loss_falls_on_one_batch():
     assert losses[3] < losses[0] - 0.5, losses
 
 
+@pytest.mark.system
 def test_end_to_end_run(tiny_fmnist, tmp_path):
     run_dir = tmp_path / "run"
     proc = run_module("ddp_lab.baselines.data_parallel", [

@@ -109,7 +109,7 @@ def test_bad_interleaved_input_names_the_key(overrides, message):
         bench.validate(_cfg(overrides))
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_torchrun_interleaved_two_processes(tmp_path):
     algos = ["builtin", "ring", "ring_textbook", "halving_doubling_textbook"]
     r = run_module("ddp_lab.bench.collectives",
@@ -142,7 +142,7 @@ def test_bad_input_single_process_exits_2(tmp_path):
     assert not (tmp_path / "collectives.csv").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_torchrun_sweep_two_processes(tmp_path):
     algos = ["builtin", "naive", "ring", "halving_doubling"]
     run_dir = tmp_path / "run"
@@ -184,7 +184,7 @@ def test_torchrun_sweep_two_processes(tmp_path):
     assert (run_dir / "collectives.csv").read_bytes() == before
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_torchrun_bad_input_fails_every_rank_quickly(tmp_path):
     r = run_module("ddp_lab.bench.collectives", ["algos=[ring,butterfly]", f"hydra.run.dir={tmp_path}"],
                    nproc=2, timeout=120)

@@ -15,7 +15,7 @@ def test_bad_arguments_are_refused(tmp_path, capsys):
     assert "exists: give a new folder" in capsys.readouterr().err
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_a_raise_is_timed_and_recorded(tmp_path, capsys):
     out = tmp_path / "faults"
     assert faults.main(["--kinds", "raise", "--timeout-s", "20", "--out", str(out)]) == 0

@@ -56,7 +56,7 @@ def test_bad_arguments_are_refused(capsys):
     assert "'flat/rng' is not mode/algo with mode one of ddp, flat, per_param" in capsys.readouterr().err
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_short_real_study(tmp_path):
     rows = main(["--worlds", "1,2", "--kinds", "weak", "--max-steps", "8", "--repeats", "1",
                  "--per-rank-batch", "32", "--out", str(tmp_path),

@@ -60,7 +60,8 @@ def test_compute_from_a_loopback_study_is_its_step_at_as_many_ranks(tmp_path, mo
 def test_compute_from_refuses_a_study_without_every_point(tmp_path, capsys):
     fit, loop = _fit_csv(tmp_path), _loopback_csv(tmp_path, {1: 10.0, 2: 11.0})
     for argv, said in (
-        (["--fit", str(fit), "--compute-from", str(loop), "--hosts", "1,2,3"], "no step for weak flat/builtin 3 rank(s) x 128"),
+        (["--fit", str(fit), "--compute-from", str(loop), "--hosts", "1,2,3"],
+         "no step for weak flat/builtin 3 rank(s) x 128"),
         (["--compute-from", str(loop), "--hosts", "1,2"], "--compute-from needs --fit"),
         (["--fit", str(fit), "--compute-from", str(fit), "--hosts", "1,2"], "not a bench.scaling scaling.csv"),
     ):
@@ -89,7 +90,7 @@ def test_mtu_needs_hosts_and_is_checked(capsys):
     assert parse_args(["--hosts", "1,2", "--rate", "1gbit", "--mtu", "9000"]).mtu == 9000
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_a_short_study_on_two_emulated_hosts(tiny_fmnist, tmp_path):
     namespaces_or_skip()
     overrides = [o for o in tiny_overrides(tiny_fmnist, tmp_path / "x") if not o.startswith("hydra.")]

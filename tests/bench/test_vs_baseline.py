@@ -254,7 +254,7 @@ def test_a_baselines_mfu_counts_its_network_against_the_peak_of_its_threads(monk
         vm.baseline_model("lenet")
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_a_tiny_real_run_gives_both_systems_an_mfu(tiny_fmnist, tmp_path):
     out, cache = tmp_path / "out", tmp_path / "cache"
     assert vb.main(["--out", str(out), "--epochs", "1", "--repeats", "1", "--batch", "64",

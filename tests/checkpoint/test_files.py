@@ -6,7 +6,6 @@ import random
 
 import pytest
 import torch
-from torch import nn
 
 from ddp_lab import checkpoint
 from ddp_lab.config import RunFailed

@@ -11,7 +11,7 @@ def small_disk(mount_tmpfs):
     return mount_tmpfs("size=2m")
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_a_full_disk_stops_every_rank_in_one_line_and_keeps_the_last_checkpoint(
         small_disk, tiny_fmnist, tmp_path):
     run = small_disk / "run"

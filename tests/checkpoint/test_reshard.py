@@ -71,7 +71,7 @@ def test_per_rank_state_is_reconciled(tmp_path):
     assert same["sums"].tolist() == [3.0, 4.0, 10.0]
 
 
-@pytest.mark.slow
+@pytest.mark.system
 @pytest.mark.parametrize("before,after", [(4, 2), (2, 3)])
 def test_a_run_stopped_on_n_ranks_finishes_on_m(tiny_fmnist, tmp_path, before, after):
     args = tiny_overrides(tiny_fmnist, tmp_path / "run") + [

@@ -10,7 +10,7 @@ from ddp_lab.cluster.network import kill_processes
 from tests.cluster.conftest import namespaces_or_skip, unique_name
 from tests.conftest import read_summary, tiny_overrides
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.system
 # 48 images a step divide over 2 and 3 ranks alike; 512 images: 11 steps an epoch.
 EPOCHS, STEPS_PER_EPOCH = 12, 11
 

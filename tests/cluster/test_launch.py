@@ -13,7 +13,7 @@ from ddp_lab.cluster.commands import ip
 from ddp_lab.cluster.network import set_link
 from tests.conftest import read_summary, run_module, tiny_overrides
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.system
 SAME = ["trainer.amp=off"]
 CKPT = ["trainer.ckpt_every=3", "trainer.keep_ckpts=10", "dist.timeout_s=60"]
 # Every worker says it is ready once its process group is up, then waits (or fails on rank 1).

@@ -1,15 +1,18 @@
 """Choosing a strategy: the config's checks, its presets, sync.mode=auto, one process."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
 import pytest
 import torch
+from hydra.errors import ConfigCompositionException
 
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
 from ddp_lab.models.lenet import lenet
+from ddp_lab.schema import Algo, SyncConfig
 from ddp_lab.sync import ALGOS, MODES, GradSync, build_sync, resolve_mode, validate
 from tests.multiproc import run_in_processes
 from tests.sync import sync_cfg
@@ -26,52 +29,45 @@ def test_every_combination_is_valid_and_bucket_sizes_are_checked():
     validate(sync_cfg("flat", bucket_cap_mb=0))  # one buffer
     with pytest.raises(ConfigError, match="must be > 0 with sync.mode=ddp"):
         validate(sync_cfg("ddp", bucket_cap_mb=0))
-    with pytest.raises(ConfigError, match="must be >= 0"):
-        validate(sync_cfg("per_param", bucket_cap_mb=-1))
 
 
 def _keys(name: str) -> dict[str, str]:
-    """A sync config file's own keys and their lines (its defaults list left out)."""
+    """A sync preset's own keys and their lines."""
     lines = (CONF / "sync" / f"{name}.yaml").read_text().splitlines()
-    return {ln.split(":")[0]: ln for ln in lines
-            if ln and not ln.startswith(("#", " ", "defaults:"))}
+    return {ln.split(":")[0]: ln for ln in lines if ln and not ln.startswith(("#", " "))}
 
 
-# What each preset states on top of base.yaml.
+# What each preset states on top of the schema's defaults (ddp_lab/schema.py).
 PRESETS = {"auto": {"mode": "auto"}, "ddp": {"mode": "ddp"},
            "flat": {"mode": "flat", "bucket_cap_mb": 0}, "per_param": {"mode": "per_param"}}
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))
-def test_presets_inherit_base_and_state_only_what_differs(compose_train, preset):
+def test_presets_state_only_what_differs_from_the_schema(compose_train, preset):
     cfg = compose_train([f"sync={preset}", "sync.algo=ring"])
     assert (cfg.sync.mode, cfg.sync.algo) == (preset, "ring")
     validate(cfg.sync)
-    assert (CONF / "sync" / f"{preset}.yaml").read_text().count("  - base\n  - _self_\n") == 1
     own = _keys(preset)
     assert set(own) == set(PRESETS[preset]) and all("#" in ln for ln in own.values())
-    base = compose_train(["sync=auto"]).sync
+    defaults = SyncConfig()
     for key, value in cfg.sync.items():
-        want = PRESETS[preset].get(key, "ring" if key == "algo" else base[key])
+        want = PRESETS[preset].get(key, "ring" if key == "algo" else getattr(defaults, key))
         assert value == want, (preset, key)
 
 
-def test_base_holds_every_key_with_a_true_choice_list():
-    base = _keys("base")
-    assert list(base) == ["mode", "algo", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph",
-                          "compress", "poll"]
-    assert all("#" in ln for ln in base.values())
-    comment = {key: ln.split("#", 1)[1] for key, ln in base.items()}
-    assert all(m in comment["mode"] for m in ("auto", *MODES))
-    listed = [w.split("(")[0].strip() for w in comment["algo"].split(" | ")]
-    assert listed == list(ALGOS)
-    assert comment["compress"].strip().startswith("none | bf16 | fp16")
-    assert comment["poll"].strip().startswith("auto | true | false")
+def test_the_schema_holds_every_sync_key_with_a_true_choice_list():
+    fields = {f.name: f.metadata["help"] for f in dataclasses.fields(SyncConfig)}
+    assert list(fields) == ["mode", "algo", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph",
+                            "compress", "poll"]
+    assert all(m in fields["mode"] for m in ("auto", *MODES))
+    assert [a.value for a in Algo] == list(ALGOS)
+    assert fields["compress"].startswith("none | bf16 | fp16")
+    assert "auto" in fields["poll"] and SyncConfig().poll == "false"
 
 
-def test_base_alone_is_not_a_preset(compose_train):
-    with pytest.raises(ConfigError, match="sync=base only holds the keys the presets share"):
-        validate(compose_train(["sync=base"]).sync)
+def test_base_is_no_longer_a_preset(compose_train):
+    with pytest.raises(ConfigCompositionException, match="sync/base"):
+        compose_train(["sync=base"])
 
 
 def test_single_process_has_nothing_to_communicate():

@@ -65,7 +65,8 @@ def _cases(world_size: int) -> list[tuple]:
         ("per_param/builtin polling", sync_cfg("per_param"), 1, {"poll": True}),
     ]
     for name, cfg in (("ddp/builtin", sync_cfg()), ("ddp/ring", sync_cfg("ddp", "ring")),
-                      ("flat/builtin", sync_cfg("flat")), ("flat/halving_doubling", sync_cfg("flat", "halving_doubling")),
+                      ("flat/builtin", sync_cfg("flat")),
+                      ("flat/halving_doubling", sync_cfg("flat", "halving_doubling")),
                       ("per_param/naive", sync_cfg("per_param", "naive"))):
         cases.append((f"{name} accum2", cfg, 2, {}))
     for name, cfg in (("ddp/builtin", sync_cfg()), ("ddp/ring", sync_cfg("ddp", "ring")),
@@ -159,7 +160,7 @@ def results(request):
 
 def test_every_mode_and_algo_matches_one_process(results):
     world_size, ranks = results
-    for name, _, micro, opts in _cases(world_size):
+    for name, _, _, _ in _cases(world_size):
         r = ranks[0][name]
         if "+" in name:
             continue
@@ -172,7 +173,7 @@ def test_compression_is_close_but_not_equal_and_halves_the_bytes(results):
     if world_size != EXTRAS_AT:
         pytest.skip(f"compression cases run at {EXTRAS_AT} ranks")
     n = num_parameters(lenet())
-    for name, cfg, micro, opts in _cases(world_size):
+    for name, _, _, _ in _cases(world_size):
         if "+" not in name:
             continue
         r = ranks[0][name]
@@ -190,7 +191,7 @@ def test_compression_is_close_but_not_equal_and_halves_the_bytes(results):
 
 def test_comm_time_is_measured_where_it_means_something(results):
     world_size, ranks = results
-    for name, cfg, micro, opts in _cases(world_size):
+    for name, cfg, _, opts in _cases(world_size):
         r = ranks[0][name]
         if cfg.mode == "ddp" and cfg.algo == "builtin":
             assert r["comm_timing"] == "unmeasured", name
@@ -203,7 +204,7 @@ def test_comm_time_is_measured_where_it_means_something(results):
 
 def test_flat_grads_stay_views_of_the_buffer(results):
     world_size, ranks = results
-    for name, cfg, micro, opts in _cases(world_size):
+    for name, cfg, _, opts in _cases(world_size):
         if cfg.mode == "flat" and "set_to_none" not in opts:
             assert ranks[0][name]["grads_are_views"], name
     if world_size == EXTRAS_AT:
@@ -214,7 +215,7 @@ def test_flat_grads_stay_views_of_the_buffer(results):
 E2E = ["ddp/builtin", "flat/ring", "ddp/halving_doubling", "per_param/naive", "flat/ring_textbook"]
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_strategies_train_as_well_as_builtin_ddp(tiny_fmnist, tmp_path):
     """Under torchrun, 2 ranks, 2 epochs of the tiny set: the same accuracy band as builtin DDP."""
     def launch(name):

@@ -25,7 +25,8 @@ def test_bucket_views_keep_the_param_layout_and_survive_set_to_none():
 def test_buckets_hold_consecutive_params_of_one_dtype_up_to_the_cap():
     f32 = [torch.nn.Parameter(torch.zeros(n)) for n in (100, 100, 300)]  # 400, 400, 1200 bytes
     f64 = torch.nn.Parameter(torch.zeros(10, dtype=torch.float64))
-    sizes = lambda buckets: [[p.numel() for p in b] for b in buckets]
+    def sizes(buckets):
+        return [[p.numel() for p in b] for b in buckets]
     assert sizes(bucketed(f32, 0)) == [[100, 100, 300]]          # 0: no cap
     assert sizes(bucketed(f32, 800)) == [[100, 100], [300]]      # a full bucket closes
     assert sizes(bucketed(f32, 500)) == [[100], [100], [300]]    # a param bigger than the cap: its own
