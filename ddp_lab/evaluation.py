@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_lab import stall
 from ddp_lab.distributed import DistEnv, all_reduce_sum
+from ddp_lab.guards import stall
 
 
 @torch.no_grad()

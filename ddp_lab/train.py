@@ -24,8 +24,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ddp_lab import config, distributed, rendezvous, schema, stall, tuning
+from ddp_lab import config, distributed, rendezvous, schema, tuning
 from ddp_lab.config import ConfigError, RunFailed, say
+from ddp_lab.guards import stall
 from ddp_lab.trainer import Trainer
 
 log = logging.getLogger("ddp_lab")

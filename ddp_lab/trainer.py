@@ -20,22 +20,22 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from ddp_lab import faults, stall
 from ddp_lab.checkpoint import Checkpointer, rng_state, set_rng_state
 from ddp_lab.config import ConfigError
 from ddp_lab.data import build_loaders
 from ddp_lab.distributed import DistEnv
-from ddp_lab.divergence import LossWatch
 from ddp_lab.evaluation import evaluate
 from ddp_lab.fast_path import amp_reason, autocast, resolve_amp, resolve_compile
-from ddp_lab.meter import Meter, flops_and_peak
-from ddp_lab.metrics import RunLogger, epoch_line, final_line
+from ddp_lab.guards import faults, stall
+from ddp_lab.guards.divergence import LossWatch
 from ddp_lab.models import build_model
 from ddp_lab.optim import build_optimizer, build_schedule
-from ddp_lab.profiling import StepProfiler
-from ddp_lab.results import is_complete, run_summary, write_results
-from ddp_lab.stragglers import StepTimer
 from ddp_lab.sync import build_sync
+from ddp_lab.telemetry.meter import Meter, flops_and_peak
+from ddp_lab.telemetry.metrics import RunLogger, epoch_line, final_line
+from ddp_lab.telemetry.profiling import StepProfiler
+from ddp_lab.telemetry.results import is_complete, run_summary, write_results
+from ddp_lab.telemetry.stragglers import StepTimer
 
 log = logging.getLogger("ddp_lab")
 

@@ -1,5 +1,5 @@
 """Process-group setup (ddp_lab/distributed.py): a world of one without torchrun,
-and the helpers every rank calls. The machine tuning on top is tested in test_tuning.py."""
+and the helpers every rank calls. The opt-in machine tuning on top is tested in tests/tuning/test_tuning.py."""
 import pytest
 import torch
 

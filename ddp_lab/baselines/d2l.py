@@ -23,8 +23,8 @@ from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
 
 from ddp_lab.data import locate_fashion_mnist
-from ddp_lab.meter import Clock, Throughput
-from ddp_lab.metrics import RunLogger, epoch_line, final_line, peak_memory_mb
+from ddp_lab.telemetry.meter import Clock, Throughput
+from ddp_lab.telemetry.metrics import RunLogger, epoch_line, final_line, peak_memory_mb
 
 
 @dataclass

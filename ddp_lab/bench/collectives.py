@@ -88,7 +88,7 @@ from ddp_lab.bench.collectives_plan import (  # noqa: F401
 )
 from ddp_lab.config import CONFIG_PATH, ConfigError, say
 from ddp_lab.distributed import DistEnv, resolve_backend, teardown
-from ddp_lab.provenance import hydra_command, write_record
+from ddp_lab.telemetry.provenance import hydra_command, write_record
 
 
 # ------------------------------------------------------------------ timing
@@ -172,7 +172,7 @@ def _refuse_an_earlier_sweep(run_dir: Path, env: DistEnv, name: str = "collectiv
 
 
 def _write_record(run_dir: Path, env: DistEnv, mode: str) -> None:
-    """record.json: the command and the machine beside the figures (ddp_lab.provenance)."""
+    """record.json: the command and the machine beside the figures (ddp_lab.telemetry.provenance)."""
     write_record(run_dir, hydra_command("ddp_lab.bench.collectives"),
                  {"mode": mode, "world_size": env.world_size, "backend": dist.get_backend(),
                   "device": str(env.device), "comm_threads": env.comm_threads})

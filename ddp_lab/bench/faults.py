@@ -3,12 +3,12 @@
     python -m ddp_lab.bench.faults                        # every kind, 2 ranks
     python -m ddp_lab.bench.faults --kinds hang,kill --timeout-s 30 --out DIR
 
-Each kind of DDP_LAB_FAULT (ddp_lab.faults) is injected into rank 1 of a
+Each kind of DDP_LAB_FAULT (ddp_lab.guards.faults) is injected into rank 1 of a
 short 2-rank run on synthetic data; the clock starts at the fault's own line
 on stderr (or, for kind=nan, at the start of the step it poisons) and stops
 when torchrun has exited. The table gives the seconds, the exit status and
 the first line each rank said (`ddp_lab: ...`). With --out, the raw lines
-and the table go to DIR with a record.json (ddp_lab.provenance).
+and the table go to DIR with a record.json (ddp_lab.telemetry.provenance).
 
 Also: with --overhead, the per-call cost of the stall inspector's marks
 (`stall.collective`) and of publishing a place to a TCP store.
@@ -69,7 +69,7 @@ def overhead(repeats: int = 7) -> dict:
     """Median per-call seconds of a collective() mark, and of one store.set of a place."""
     import torch.distributed as dist
 
-    from ddp_lab import stall
+    from ddp_lab.guards import stall
 
     def per_call(fn, n):
         t0 = time.perf_counter()
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
         print(f"stall.collective() mark: {o['collective_mark_s'] * 1e6:.1f} us; "
               f"publishing a place (TCPStore.set): {o['store_set_s'] * 1e6:.1f} us (medians)")
     if args.out is not None:
-        from ddp_lab.provenance import command_line, write_record
+        from ddp_lab.telemetry.provenance import command_line, write_record
         for r in results:
             (work / f"{r['kind']}.log").write_text("\n".join(r["lines"]) + "\n")
         (work / "results.json").write_text(json.dumps(extra, indent=2) + "\n")

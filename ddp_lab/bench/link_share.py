@@ -19,7 +19,7 @@ busbw over that best, the figure to hold each algorithm to.
 
 Prints one row per algorithm, rank count and size from --from up, and the
 smallest `of_allowed` of each (algorithm, ranks); with --out, writes
-link_share.csv, link_share.md and record.json (ddp_lab.provenance) there.
+link_share.csv, link_share.md and record.json (ddp_lab.telemetry.provenance) there.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from ddp_lab.cluster.commands import ClusterError
 from ddp_lab.cluster.shaping import format_rate, parse_rate
 from ddp_lab.config import ConfigError
 from ddp_lab.costmodel.formulas import MODELS
-from ddp_lab.provenance import RECORD_NAME, command_line, write_record
+from ddp_lab.telemetry.provenance import RECORD_NAME, command_line, write_record
 
 COLUMNS = ["algo", "world_size", "size_bytes", "busbw_gbps", "of_link", "allowed_of_link", "of_allowed"]
 

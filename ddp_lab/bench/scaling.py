@@ -16,7 +16,7 @@ every N. Arguments after `--` are Hydra overrides passed to every run.
   share shrinks with N: how much faster the same training gets.
 
 Scaling efficiency is throughput(N) / (N x throughput(1)), as Horovod reports
-it; MFU is each run's own (summary.json, ddp_lab.mfu). Results (the median of
+it; MFU is each run's own (summary.json, ddp_lab.telemetry.mfu). Results (the median of
 `--repeats` runs per point) go to `--out`
 (default outputs/bench/scaling/<time>/): scaling.csv, scaling.md, scaling.png.
 On a machine with C cores, more than C ranks oversubscribe the CPU: such
@@ -53,7 +53,7 @@ from pathlib import Path
 from ddp_lab.bench import fresh_out_dir
 from ddp_lab.bench.plots import plot_scaling
 from ddp_lab.bench.scaling_prediction import loopback_compute, predicted
-from ddp_lab.provenance import command_line, write_record
+from ddp_lab.telemetry.provenance import command_line, write_record
 
 COLUMNS = ["kind", "sync", "world_size", "global_batch", "per_rank_batch", "samples_per_sec",
            "samples_per_sec_per_rank", "mfu", "efficiency", "comm_frac", "test_acc", "runs",

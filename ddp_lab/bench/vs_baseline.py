@@ -28,7 +28,7 @@ which is where images/s, sec/epoch, test accuracy and peak_mem_mb come from:
   MFU           model FLOPs utilisation: training FLOPs per image x images/s over the
                 measured float32 (or bf16) matmul peak of the cores the run used; the
                 trainer's from its summary.json, the baseline's computed here from its
-                network and images/s with the same counter and peak (ddp_lab.mfu)
+                network and images/s with the same counter and peak (ddp_lab.telemetry.mfu)
   sec/epoch     wall time of the training loop per epoch (d2l's timer; evaluation left out)
   peak mem      peak RSS of one process (rank 0 for the trainer; on GPU: max CUDA memory allocated)
 The table gives the median over repeats of each, min and max of images/s, and
@@ -85,7 +85,7 @@ from ddp_lab.bench.vs_baseline_table import (  # noqa: F401
     summarize,
     write_outputs,
 )
-from ddp_lab.provenance import command_line, write_record
+from ddp_lab.telemetry.provenance import command_line, write_record
 
 
 def parse_args(argv=None):

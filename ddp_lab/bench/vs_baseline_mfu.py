@@ -2,7 +2,7 @@
 
 The trainer writes `mfu`, `peak_flops` and `flops_per_image` into its
 summary.json; the baselines do not. For them the benchmark computes the same
-three from the same counter and peak (ddp_lab.mfu): the FLOPs of one training
+three from the same counter and peak (ddp_lab.telemetry.mfu): the FLOPs of one training
 image through the baseline's own network (d2l_scratch's LeNet of a parameter
 list, data_parallel's ResNet-18), and the measured float32 matmul peak of the
 cores (or GPUs) the baseline's one process ran on. Both baselines compute in
@@ -16,7 +16,7 @@ from functools import cache
 import torch
 from torch import nn
 
-from ddp_lab import mfu
+from ddp_lab.telemetry import mfu
 
 IMAGE_SHAPE = (1, 28, 28)
 
@@ -49,7 +49,7 @@ def baseline_model(name: str) -> nn.Module:
 
 @cache
 def baseline_flops_per_image(name: str) -> int:
-    """Training FLOPs of one image (forward and backward), as ddp_lab.mfu counts the trainer's."""
+    """Training FLOPs of one image (forward and backward), as ddp_lab.telemetry.mfu counts the trainer's."""
     return mfu.train_flops_per_image(baseline_model(name), IMAGE_SHAPE, torch.float32)
 
 
@@ -71,4 +71,4 @@ def with_mfu(result: dict, name: str, threads: int) -> dict:
     rate = result.get("samples_per_sec")
     value = mfu.mfu(flops, rate, peak) if rate is not None and math.isfinite(rate) else math.nan
     return {**result, "flops_per_image": flops, "peak_flops": peak, "mfu": value,
-            "mfu_counted_by": "bench.vs_baseline (ddp_lab.mfu)"}
+            "mfu_counted_by": "bench.vs_baseline (ddp_lab.telemetry.mfu)"}

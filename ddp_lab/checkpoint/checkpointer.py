@@ -18,8 +18,8 @@ from ddp_lab.checkpoint.files import DIRNAME, load, read_meta, save
 from ddp_lab.checkpoint.reshard import load_own
 from ddp_lab.config import RunFailed
 from ddp_lab.distributed import DistEnv
-from ddp_lab.divergence import all_finite
-from ddp_lab.rundir import record_launch
+from ddp_lab.guards.divergence import all_finite
+from ddp_lab.guards.rundir import record_launch
 
 log = logging.getLogger("ddp_lab")
 

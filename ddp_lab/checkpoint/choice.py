@@ -25,13 +25,13 @@ import torch.distributed as dist
 from ddp_lab.checkpoint.files import DIRNAME, META, STEP_DIR, newest, problem
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
-from ddp_lab.rundir import earlier_results, launch_identity, owned_by
+from ddp_lab.guards.rundir import earlier_results, launch_identity, owned_by
 
 
 class Choice(NamedTuple):
     path: Path | None  # the checkpoint to continue from; None: start from scratch
     owned: bool  # this launch had already written into the run directory
-    owners: list[str]  # the identities of every rank's launch (see ddp_lab.rundir)
+    owners: list[str]  # the identities of every rank's launch (see ddp_lab.guards.rundir)
 
 
 def _explicit(path: Path) -> Path:

@@ -40,9 +40,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ddp_lab import stall
 from ddp_lab.config import ConfigError, RunFailed
 from ddp_lab.distributed import DistEnv
+from ddp_lab.guards import stall
 
 log = logging.getLogger("ddp_lab")
 

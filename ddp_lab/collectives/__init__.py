@@ -65,7 +65,7 @@ Shared rules:
   messages between calls, per thread; ``free_scratch_buffers()`` releases
   them.
 * With gloo's threads at real-time priority (dist.comm_threads), call them
-  inside ``ddp_lab.gloo_threads.at_comm_priority``: they post gloo's messages from
+  inside ``ddp_lab.tuning.gloo_threads.at_comm_priority``: they post gloo's messages from
   the calling thread (ddp_lab.tuning.allreduce does this for you).
 """
 from __future__ import annotations

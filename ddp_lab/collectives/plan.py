@@ -16,7 +16,7 @@ class TunedPlan:
     # sets what a message costs, and so how the ring cuts its chunks
     # (ring.ring_plan) and the order in which pairwise exchanges post their
     # messages (pairwise.receives_first). The caller then runs each call with
-    # its own thread at the same priority (ddp_lab.gloo_threads.at_comm_priority).
+    # its own thread at the same priority (ddp_lab.tuning.gloo_threads.at_comm_priority).
     realtime_threads: bool = False
     # Whether the ranks are on more than one host, with a network between them.
     # A link carries data both ways at once only if each side's receive is

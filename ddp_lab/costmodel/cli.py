@@ -20,7 +20,7 @@ from ddp_lab.costmodel.formulas import MODELS, Params, get_model
 from ddp_lab.costmodel.prediction import Prediction, measure_compute_s, predict, resolve_gradient
 from ddp_lab.costmodel.report import plot_fits, plot_predictions, print_fits, print_predictions, write_csv
 from ddp_lab.costmodel.validation import print_beta_against_link, validate_held_out
-from ddp_lab.provenance import hydra_command, write_record
+from ddp_lab.telemetry.provenance import hydra_command, write_record
 
 
 def _as_list(value) -> list:

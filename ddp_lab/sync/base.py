@@ -33,8 +33,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_lab import stall, tuning
+from ddp_lab import tuning
 from ddp_lab.distributed import DistEnv
+from ddp_lab.guards import stall
 
 COMPRESS_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ddp_lab import stall
 from ddp_lab.distributed import DistEnv
+from ddp_lab.guards import stall
 from ddp_lab.sync.base import AveragingSync, broadcast_from_rank0
 from ddp_lab.sync.flat import flat_view
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_lab import mfu
 from ddp_lab.bench import vs_baseline as vb
 from ddp_lab.bench import vs_baseline_mfu as vm
 from ddp_lab.models.lenet import lenet
 from ddp_lab.models.resnet import resnet18
+from ddp_lab.telemetry import mfu
 
 
 def result(system, rate, sec=10.0, acc=0.85, mem=700.0, repeat=0, batch=None, mfu=None):

@@ -3,7 +3,7 @@ import pytest
 
 from ddp_lab import checkpoint
 from ddp_lab.config import ConfigError
-from ddp_lab.rundir import launch_identity, record_launch
+from ddp_lab.guards.rundir import launch_identity, record_launch
 from tests.checkpoint.conftest import ALONE, save_small
 
 ELSEWHERE = "in another directory (hydra.run.dir=... or a new --rdzv_id)"

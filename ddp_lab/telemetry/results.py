@@ -2,7 +2,7 @@
 
 Both are written under a temporary name and renamed into place, so a kill
 or a full disk never leaves half a file, nor replaces a good one; weights
-that are not finite are never written (ddp_lab.divergence should have
+that are not finite are never written (ddp_lab.guards.divergence should have
 stopped the run first). summary.json comes last: its presence means the
 run completed.
 """
@@ -15,8 +15,8 @@ import torch
 
 from ddp_lab.checkpoint.files import nbytes, write_error
 from ddp_lab.config import RunFailed
-from ddp_lab.divergence import all_finite
-from ddp_lab.metrics import peak_memory_mb, write_json_atomic
+from ddp_lab.guards.divergence import all_finite
+from ddp_lab.telemetry.metrics import peak_memory_mb, write_json_atomic
 
 
 def run_summary(trainer) -> dict:

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ddp_lab.distributed import DistEnv
-from ddp_lab.stragglers import StepTimer, skew
+from ddp_lab.telemetry.stragglers import StepTimer, skew
 
 ALONE = DistEnv(0, 1, 0, torch.device("cpu"), "none")
 

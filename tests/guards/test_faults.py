@@ -7,7 +7,7 @@ import time
 import pytest
 
 from ddp_lab.config import ConfigError
-from ddp_lab.faults import Fault
+from ddp_lab.guards.faults import Fault
 from tests.conftest import free_port, tiny_overrides
 
 

@@ -1,6 +1,6 @@
 """Where, on what and from which code a measurement ran: record.json beside every result.
 
-    from ddp_lab.provenance import command_line, machine_facts, write_record
+    from ddp_lab.telemetry.provenance import command_line, machine_facts, write_record
 
     write_record(out_dir, command_line("ddp_lab.bench.scaling", argv), {"worlds": [1, 2]})
 
@@ -47,7 +47,7 @@ FLAGS_OF_INTEREST = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile"
 ENV_OF_INTEREST = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
                    "DNNL_MAX_CPU_ISA", "CUDA_VISIBLE_DEVICES", "TORCHINDUCTOR_CACHE_DIR")
 RECORD_NAME = "record.json"
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # ddp_lab/
 
 
 def cpu_facts(cpuinfo: str | None = None) -> dict:
@@ -192,6 +192,6 @@ def write_record(folder: str | Path, command: str | None, extra: dict | None = N
     return path
 
 
-if __name__ == "__main__":  # python -m ddp_lab.provenance: this machine's facts
+if __name__ == "__main__":  # python -m ddp_lab.telemetry.provenance: this machine's facts
     json.dump(machine_facts(), sys.stdout, indent=2)
     print()

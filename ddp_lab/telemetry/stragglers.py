@@ -28,8 +28,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_lab import stall
 from ddp_lab.distributed import DistEnv
+from ddp_lab.guards import stall
 
 log = logging.getLogger("ddp_lab")
 

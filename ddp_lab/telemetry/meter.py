@@ -7,7 +7,7 @@
   (loss x images, correct, images) and the time spent waiting for data, and
   turns an epoch into the metrics TensorBoard gets, MFU among them (the
   model's FLOPs per image times images/s over the cores' measured peak,
-  ddp_lab.mfu).
+  ddp_lab.telemetry.mfu).
 """
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import time
 
 import torch
 
-from ddp_lab import mfu, stall
 from ddp_lab.distributed import DistEnv, all_reduce_sum, ranks_on_machine
+from ddp_lab.guards import stall
+from ddp_lab.telemetry import mfu
 
 
 class Clock:
@@ -76,7 +77,7 @@ class Throughput:
 
 def flops_and_peak(model, image_shape: tuple, amp: str, env: DistEnv) -> tuple[float, float]:
     """The model's training FLOPs per image, and the measured matmul peak of the cores
-    (or GPUs) the run uses, in the dtype it computes in (ddp_lab.mfu; the peak is cached).
+    (or GPUs) the run uses, in the dtype it computes in (ddp_lab.telemetry.mfu; the peak is cached).
 
     The ranks that share a machine's cores are one host's, or, under ddp_lab.cluster,
     every emulated host's: counting each emulated host as a machine of its own

@@ -25,9 +25,9 @@ import math
 import torch
 import torch.distributed as dist
 
-from ddp_lab import stall
 from ddp_lab.config import RunFailed
 from ddp_lab.distributed import DistEnv
+from ddp_lab.guards import stall
 
 
 def grad_total(params) -> torch.Tensor:

@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from ddp_lab import stall
+from ddp_lab.guards import stall
 
 
 def _place(step, phase, inside, ago=0.0):

@@ -34,7 +34,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 from ddp_lab.config import ConfigError, say
-from ddp_lab.metrics import write_json_atomic
+from ddp_lab.telemetry.metrics import write_json_atomic
 
 LAUNCHES = "launches.json"
 

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from ddp_lab.provenance import cpu_facts
+from ddp_lab.telemetry.provenance import cpu_facts
 
 DEFAULT_CACHE = Path("~/.cache/ddp_lab/peak_flops.json")
 # The matmul size, unless given: grown by doubling from MIN_SIZE until one call takes

@@ -1,6 +1,6 @@
 """What a run reports: TensorBoard scalars, the console, summary.json.
 
-(What it measures is in ddp_lab.meter.)
+(What it measures is in ddp_lab.telemetry.meter.)
 
 Only rank 0 writes TensorBoard events and summary.json; every other rank gets
 the same object with writing switched off, so callers need no `if rank == 0`.

@@ -1,11 +1,11 @@
-"""gloo's threads (ddp_lab/gloo_threads.py): found by their names, given real-time
+"""gloo's threads (ddp_lab/tuning/gloo_threads.py): found by their names, given real-time
 priority all together or not at all, and the calling thread's priority for a block."""
 import os
 import threading
 
 import pytest
 
-from ddp_lab import gloo_threads
+from ddp_lab.tuning import gloo_threads
 from tests.conftest import linux_only, needs_realtime
 
 

@@ -16,11 +16,11 @@ import math
 import pytest
 import torch
 
-from ddp_lab import mfu as mfu_module
-from ddp_lab.mfu import mfu, peak_flops, peak_for_run, train_flops_per_image
 from ddp_lab.models.lenet import lenet
 from ddp_lab.models.lenet_fast import lenet_fast
 from ddp_lab.models.resnet import resnet18
+from ddp_lab.telemetry import mfu as mfu_module
+from ddp_lab.telemetry.mfu import mfu, peak_flops, peak_for_run, train_flops_per_image
 
 
 def conv(c_in, c_out, k, h_out, w_out=None):

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_lab import provenance as prov
+from ddp_lab.telemetry import provenance as prov
 
 ZEN1 = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -119,7 +119,7 @@ def test_write_record(tmp_path):
     assert called["command"] is None and called["command_note"] == "called from Python, not from the command line"
 
 
-RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 
 
 def test_every_result_folder_has_a_record_and_a_row_in_the_index():

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from ddp_lab import rundir
 from ddp_lab.config import ConfigError
+from ddp_lab.guards import rundir
 from tests.conftest import run_module, tiny_overrides
 
 

@@ -1,4 +1,4 @@
-"""Machine tuning (ddp_lab/tuning.py): the rule that decides dist.comm_threads and
+"""Machine tuning (ddp_lab/tuning/__init__.py): the rule that decides dist.comm_threads and
 sync.poll, how it is applied to gloo's threads, and what the rest of the code is handed."""
 import os
 import threading
@@ -7,10 +7,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ddp_lab import collectives, gloo_threads, tuning
+from ddp_lab import collectives, tuning
 from ddp_lab.collectives import TunedPlan
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import RANKS_ON_MACHINE_ENV, DistEnv
+from ddp_lab.tuning import gloo_threads
 from tests.conftest import linux_only, may_use_realtime, needs_realtime
 from tests.multiproc import run_in_processes
 

@@ -34,17 +34,19 @@ from ddp_lab import distributed
 from ddp_lab.collectives import TUNED, TunedPlan, get_algorithm
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import ranks_on_machine, usable_cores
-from ddp_lab.gloo_threads import (
+from ddp_lab.schema import TRI_STATE
+from ddp_lab.tuning.gloo_threads import (
     REALTIME_PRIORITY,
     at_comm_priority,
     below_realtime,
-    gloo_threads,
     policy,
     set_fifo,
     set_normal,
     thread_ids,
 )
-from ddp_lab.schema import TRI_STATE
+from ddp_lab.tuning.gloo_threads import (
+    gloo_threads as find_gloo_threads,
+)
 
 log = logging.getLogger(__name__)
 
@@ -132,14 +134,14 @@ def apply(wanted: Decision, requested: str, new_threads: set[int] | None) -> tup
     priority, and refused=True makes the log line a warning.
     """
     if new_threads is None:
-        got = "realtime" if any(policy(t) == os.SCHED_FIFO for t in gloo_threads(thread_ids(), 0)) else "normal"
+        got = "realtime" if any(policy(t) == os.SCHED_FIFO for t in find_gloo_threads(thread_ids(), 0)) else "normal"
         return got, f"{wanted.why}; gloo's threads as the first job of this sweep left them", False
     if wanted.comm_threads == "normal":
         return "normal", wanted.why, False
     try:
         if not sys.platform.startswith("linux"):
             raise OSError(f"threads are found through /proc, which {sys.platform} has not")
-        threads = gloo_threads(new_threads)
+        threads = find_gloo_threads(new_threads)
         if not threads:
             raise OSError("found no gloo threads among those the process group started")
         set_fifo(threads, REALTIME_PRIORITY)
@@ -162,7 +164,7 @@ def agree_across_ranks(threads: str, why: str) -> tuple[str, str, bool]:
     everyone = torch.tensor([1 if threads == "realtime" else 0])
     dist.all_reduce(everyone, op=dist.ReduceOp.MIN)
     if threads == "realtime" and not everyone.item():
-        set_normal(gloo_threads(thread_ids(), 0))
+        set_normal(find_gloo_threads(thread_ids(), 0))
         return "normal", f"{why}; another rank's are at normal priority, so every rank's are", True
     return threads, why, False
 
@@ -175,7 +177,7 @@ def raise_late_threads() -> list[int]:
     its rank's all-reduce wait (docs/defaults.md, "dist.comm_threads"). By now
     agree_across_ranks' all-reduce has run, so gloo's threads are running and named.
     """
-    late = below_realtime(gloo_threads(thread_ids(), 0))
+    late = below_realtime(find_gloo_threads(thread_ids(), 0))
     set_fifo(late, REALTIME_PRIORITY)
     return late
 

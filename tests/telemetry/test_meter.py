@@ -1,8 +1,8 @@
-"""ddp_lab.meter: the steps images/s is measured over, and the peak a run's MFU is measured against."""
+"""ddp_lab.telemetry.meter: the steps images/s is measured over, and the peak a run's MFU is measured against."""
 import torch
 
-from ddp_lab import meter, mfu
 from ddp_lab.distributed import RANKS_ON_MACHINE_ENV, DistEnv
+from ddp_lab.telemetry import meter, mfu
 
 
 def threads_asked_and_peak(monkeypatch, world_size: int, env_vars: dict) -> tuple[list, float]:
