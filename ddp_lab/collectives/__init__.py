@@ -16,15 +16,15 @@ time per byte on a link, gamma the time per byte to add.)
 
 Then the same algorithms tuned for speed on gloo, each trick kept with the
 reason for it (the measurements are in docs/communication.md):
-``ring_allreduce`` (ring.py: segments pipelined, the messages of a call
+``ring_allreduce`` (tuned/ring.py: segments pipelined, the messages of a call
 worked out once per buffer and kept) and
-``halving_doubling_allreduce`` (halving_doubling.py), plus
+``halving_doubling_allreduce`` (tuned/halving_doubling.py), plus
 ``naive_allreduce`` (naive.py: everyone sends to group rank 0, which adds
 and sends the sum back; 2(n-1)*(alpha + N*beta) + (n-1)*N*gamma at the
-root). Their shared machinery is in p2p.py (a rank's view of its group, host
-staging, what a thread keeps between calls) and pairwise.py (sequences of
+root). Their shared machinery is in tuned/p2p.py (a rank's view of its group, host
+staging, what a thread keeps between calls) and tuned/pairwise.py (sequences of
 two-rank exchanges). How they cut and order their messages depends on the
-machine, which they are told by argument: a TunedPlan (plan.py), decided at
+machine, which they are told by argument: a TunedPlan (tuned/plan.py), decided at
 start-up by ddp_lab.tuning; without one they plan for gloo's threads at
 normal priority. ``builtin_allreduce`` is ``dist.all_reduce``, the
 reference all of them are checked and timed against.
@@ -77,15 +77,15 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.collectives.basics import SUPPORTED_DTYPES, check_tensor
-from ddp_lab.collectives.halving_doubling import halving_doubling_allreduce
 from ddp_lab.collectives.halving_doubling_textbook import (
     halving_doubling_textbook_allreduce,
 )
 from ddp_lab.collectives.naive import naive_allreduce
-from ddp_lab.collectives.p2p import free_scratch_buffers
-from ddp_lab.collectives.plan import TunedPlan
-from ddp_lab.collectives.ring import ring_allreduce
 from ddp_lab.collectives.ring_textbook import ring_textbook_allreduce
+from ddp_lab.collectives.tuned.halving_doubling import halving_doubling_allreduce
+from ddp_lab.collectives.tuned.p2p import free_scratch_buffers
+from ddp_lab.collectives.tuned.plan import TunedPlan
+from ddp_lab.collectives.tuned.ring import ring_allreduce
 
 __all__ = [
     "ALGORITHMS",

@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ddp_lab.collectives.p2p import Comm, run_on_comm_device, scratch, wait_all
-from ddp_lab.collectives.pairwise import Step, receives_first, run_steps
-from ddp_lab.collectives.plan import DEFAULT_PLAN, TunedPlan
+from ddp_lab.collectives.tuned.p2p import Comm, run_on_comm_device, scratch, wait_all
+from ddp_lab.collectives.tuned.pairwise import Step, receives_first, run_steps
+from ddp_lab.collectives.tuned.plan import DEFAULT_PLAN, TunedPlan
 
 _TAG_GATHER = 101
 _TAG_BCAST = 102

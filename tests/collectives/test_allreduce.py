@@ -19,8 +19,8 @@ from ddp_lab.collectives import (
     SUPPORTED_DTYPES,
     TunedPlan,
     get_algorithm,
-    p2p,
 )
+from ddp_lab.collectives.tuned import p2p
 from tests.multiproc import run_in_processes
 
 BIG = 1_000_003  # ~4 MB of float32, odd length; above the size where pairwise

@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.collectives.basics import chunk_bounds
-from ddp_lab.collectives.p2p import Comm, prepared, run_on_comm_device, scratch
-from ddp_lab.collectives.pairwise import Step, receives_first, run_steps
-from ddp_lab.collectives.plan import DEFAULT_PLAN, TunedPlan
+from ddp_lab.collectives.tuned.p2p import Comm, prepared, run_on_comm_device, scratch
+from ddp_lab.collectives.tuned.pairwise import Step, receives_first, run_steps
+from ddp_lab.collectives.tuned.plan import DEFAULT_PLAN, TunedPlan
 
 _TAG_FOLD_IN = 201
 _TAG_FOLD_OUT = 202

@@ -1,4 +1,4 @@
-"""When pairwise exchanges post their receives first (ddp_lab/collectives/pairwise.py:
+"""When pairwise exchanges post their receives first (ddp_lab/collectives/tuned/pairwise.py:
 receives_first), from the TunedPlan they are handed. That naive and
 halving-doubling sum right under both orders is checked in real processes in
 test_allreduce.py."""
@@ -9,7 +9,8 @@ import types
 import pytest
 import torch
 
-from ddp_lab.collectives import TunedPlan, pairwise
+from ddp_lab.collectives import TunedPlan
+from ddp_lab.collectives.tuned import pairwise
 
 LIMIT = pairwise.EARLY_RECV_MAX_BYTES
 REALTIME, NORMAL = TunedPlan(realtime_threads=True), TunedPlan(realtime_threads=False)

@@ -13,8 +13,8 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from ddp_lab.collectives.p2p import Comm, wait_all
-from ddp_lab.collectives.plan import TunedPlan
+from ddp_lab.collectives.tuned.p2p import Comm, wait_all
+from ddp_lab.collectives.tuned.plan import TunedPlan
 
 # With gloo's threads at normal priority and 3+ ranks, exchanges post all
 # their receives first for tensors up to this size, and each send before its

@@ -1,11 +1,12 @@
-"""What the hand-written all-reduces keep between calls (ddp_lab/collectives/p2p.py):
+"""What the hand-written all-reduces keep between calls (ddp_lab/collectives/tuned/p2p.py):
 host scratch buffers, prepared calls, and each group's Comm."""
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from ddp_lab.collectives import TunedPlan, p2p
+from ddp_lab.collectives import TunedPlan
+from ddp_lab.collectives.tuned import p2p
 
 
 def test_host_scratch_is_reused_grown_and_freed():

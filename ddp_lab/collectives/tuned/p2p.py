@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.collectives.basics import check_tensor, group_rank, stages_through_host
-from ddp_lab.collectives.plan import TunedPlan
+from ddp_lab.collectives.tuned.plan import TunedPlan
 
 _CPU = torch.device("cpu")
 

@@ -23,14 +23,14 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.collectives.basics import chunk_bounds
-from ddp_lab.collectives.p2p import (
+from ddp_lab.collectives.tuned.p2p import (
     Comm,
     prepared,
     run_on_comm_device,
     scratch,
     wait_all,
 )
-from ddp_lab.collectives.plan import DEFAULT_PLAN, TunedPlan
+from ddp_lab.collectives.tuned.plan import DEFAULT_PLAN, TunedPlan
 
 _TAG = 1000  # + unit index: each ring message has its own tag
 

@@ -1,4 +1,4 @@
-"""How the ring cuts and paces its messages (ddp_lab/collectives/ring.py: ring_plan),
+"""How the ring cuts and paces its messages (ddp_lab/collectives/tuned/ring.py: ring_plan),
 from the TunedPlan it is handed. That the ring sums right under every plan is
 checked in real processes in test_allreduce.py."""
 from __future__ import annotations
@@ -7,7 +7,8 @@ import types
 
 import pytest
 
-from ddp_lab.collectives import TunedPlan, ring
+from ddp_lab.collectives import TunedPlan
+from ddp_lab.collectives.tuned import ring
 
 REALTIME, NORMAL = TunedPlan(realtime_threads=True), TunedPlan(realtime_threads=False)
 ACROSS_RT = TunedPlan(realtime_threads=True, across_hosts=True)
