@@ -18,7 +18,7 @@ from enum import Enum
 from typing import Any, Callable, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 
 class Choice(str, Enum):
@@ -168,8 +168,8 @@ class DistConfig:
     device: Device = key(Device.auto, "auto (cuda if available) | cpu | cuda (one GPU per rank, by LOCAL_RANK)")
     timeout_s: float = key(300.0, "a rank waiting longer than this (to join, or in a collective) names who "
                                   "is missing and stops", ok=positive_finite, rule="a positive number of seconds")
-    stall_warn_s: float = key(60.0, "a rank waiting longer than this in a collective logs who has not "
-                                    "arrived (0: no stall inspector)", at_least=0)
+    stall_warn_s: float = key(60.0, "training: a rank waiting longer than this in a collective logs who has "
+                                    "not arrived (0: no stall inspector)", at_least=0)
     comm_threads: CommThreads = key(CommThreads.normal, "opt-in: gloo's threads at real-time priority on "
                                                         "CPU ranks (realtime; auto: where the ranks fill every core)")
 
@@ -192,32 +192,50 @@ def register() -> None:
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 
 
-def check(cfg) -> None:
+def _nested(f) -> type | None:
+    """The dataclass a field holds (a config group), or None for a plain key."""
+    if f.default_factory is dataclasses.MISSING:
+        return None
+    value = f.default_factory()
+    return type(value) if dataclasses.is_dataclass(value) else None
+
+
+def _nodes(node: type, prefix: str = ""):
+    """(prefix, dataclass) for node and every group nested in it, depth first."""
+    yield prefix, node
+    for f in dataclasses.fields(node):
+        if (sub := _nested(f)) is not None:
+            yield from _nodes(sub, f"{prefix}{f.name}.")
+
+
+def check(cfg, node: type = TrainConfig) -> None:
     """Refuse the first value out of its key's range, with one line naming the key and the range."""
     from ddp_lab.config import ConfigError
 
-    for group, schema in [*GROUPS.items(), (None, TrainConfig)]:
+    for prefix, schema in _nodes(node):
+        values = OmegaConf.select(cfg, prefix[:-1]) if prefix else cfg
         for f in dataclasses.fields(schema):
             ok = f.metadata.get("ok")
-            value = (cfg[group] if group else cfg).get(f.name)
+            value = values.get(f.name)
             if ok is not None and value is not None and not ok(value):
-                name = f"{group}.{f.name}" if group else f.name
-                raise ConfigError(f"{name}={value} must be {f.metadata['rule']}")
+                shown = list(value) if OmegaConf.is_list(value) else value
+                raise ConfigError(f"{prefix}{f.name}={shown} must be {f.metadata['rule']}")
 
 
-def reference() -> str:
-    """Every key of the training config as markdown tables, one per group."""
+def reference(node: type = TrainConfig) -> str:
+    """Every key of a config as markdown tables, one per group."""
     lines = []
-    for group, schema in [*GROUPS.items(), ("", TrainConfig)]:
-        lines += [f"### {group or 'top level'}", "", "| key | default | meaning |", "|---|---|---|"]
-        for f in dataclasses.fields(schema):
-            if group == "" and f.name in GROUPS:
-                continue
+    for prefix, schema in _nodes(node):
+        keys = [f for f in dataclasses.fields(schema) if _nested(f) is None]
+        if not keys:
+            continue
+        lines += [f"### {prefix[:-1] or 'top level'}", "", "| key | default | meaning |", "|---|---|---|"]
+        for f in keys:
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default
             shown = "(the preset's)" if default == MISSING else f"`{_yaml(default)}`"
             rule = f" Must be {f.metadata['rule']}." if f.metadata.get("rule") else ""
-            lines.append(f"| `{group + '.' if group else ''}{f.name}` | {shown} | "
-                         f"{f.metadata['help']}.{rule} |")
+            meaning = f"{f.metadata['help']}.{rule}".replace("|", "\\|")  # a table cell
+            lines.append(f"| `{prefix}{f.name}` | {shown} | {meaning} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -227,6 +245,8 @@ def _yaml(value) -> str:
         return "null"
     if isinstance(value, bool):
         return str(value).lower()
+    if isinstance(value, list):
+        return "[" + ", ".join(_yaml(v) for v in value) + "]"
     return str(value)
 
 

@@ -82,7 +82,6 @@ from ddp_lab.bench.collectives_plan import (  # noqa: F401
     algbw_gbps,
     busbw_factor,
     busbw_gbps,
-    known_algorithms,
     message_sizes,
     validate,
 )

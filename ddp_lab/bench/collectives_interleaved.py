@@ -65,10 +65,6 @@ def sizes_of(cfg, elem_size: int) -> list[int]:
         if s < elem_size or s % elem_size:
             raise ConfigError(f"interleaved.sizes: {s} bytes is not a positive multiple of the "
                               f"{elem_size}-byte element size of dtype={cfg.dtype}")
-    for key, least in (("rounds", 1), ("warmup", 0), ("block_bytes", 1)):
-        value = cfg.interleaved[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ConfigError(f"interleaved.{key}={value!r} must be an integer >= {least}")
     return sizes
 
 

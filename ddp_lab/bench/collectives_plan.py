@@ -6,10 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from ddp_lab.bench import collectives_interleaved as interleaved
+from ddp_lab.bench.collectives_config import BenchCollectivesConfig
 from ddp_lab.config import ConfigError
+from ddp_lab.schema import check
 
 DTYPES = {
     "float32": torch.float32,
@@ -54,65 +56,30 @@ class Plan:
     elem_size: int
 
 
-def _int_key(cfg, key: str, minimum: int, hint: str) -> int:
-    value = cfg[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or float(value) != int(value):
-        raise ConfigError(f"{key}={value!r} must be an integer; {hint}")
-    if int(value) < minimum:
-        raise ConfigError(f"{key}={value!r} must be >= {minimum}; {hint}")
-    return int(value)
-
-
-def known_algorithms() -> list[str]:
-    from ddp_lab.collectives import ALGORITHMS
-
-    return list(ALGORITHMS)
-
-
-def validate(cfg: DictConfig, known_algos: list[str] | None = None) -> Plan:
+def validate(cfg: DictConfig) -> Plan:
     """Check the whole config before any collective; same verdict on every rank.
 
+    The schema (collectives_config) has refused wrong types, unknown choices and
+    values out of range; what is left depends on two keys at once.
     Raises ConfigError naming the key and the fix.
     """
-    known = known_algorithms() if known_algos is None else list(known_algos)
+    check(cfg, BenchCollectivesConfig)
     dtype_name = str(cfg.dtype)
-    if dtype_name not in DTYPES:
-        raise ConfigError(f"dtype={dtype_name!r} is not one of {', '.join(DTYPES)}; e.g. dtype=float32")
     elem = torch.empty((), dtype=DTYPES[dtype_name]).element_size()
-    min_b = _int_key(cfg, "min_bytes", 1, "e.g. min_bytes=4096")
-    max_b = _int_key(cfg, "max_bytes", 1, "e.g. max_bytes=67108864 (64 MiB)")
+    min_b, max_b = cfg.min_bytes, cfg.max_bytes
     if min_b > max_b:
         raise ConfigError(f"min_bytes={min_b} is larger than max_bytes={max_b}; "
                           "swap them or raise max_bytes")
-    factor = cfg.factor
-    if (isinstance(factor, bool) or not isinstance(factor, (int, float))
-            or float(factor) != int(factor) or int(factor) < 2):
-        raise ConfigError(f"factor={factor!r} must be an integer >= 2 (the size multiplier "
-                          "between steps, nccl-tests' -f); e.g. factor=2")
     for key, value in (("min_bytes", min_b), ("max_bytes", max_b)):
         if value % elem:
             raise ConfigError(
                 f"{key}={value} is not a multiple of the {elem}-byte element size of "
                 f"dtype={dtype_name}; use a multiple of {elem}, e.g. {key}={max(elem, value - value % elem)}")
-    _int_key(cfg, "warmup", 0, "e.g. warmup=5")
-    iters = _int_key(cfg, "iters", 1, "e.g. iters=50")
-    min_iters = _int_key(cfg, "min_iters", 1, "e.g. min_iters=3")
-    if min_iters > iters:
-        raise ConfigError(f"min_iters={min_iters} is larger than iters={iters}; lower min_iters or raise iters")
-    budget = cfg.time_budget_s
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0:
-        raise ConfigError(f"time_budget_s={budget!r} must be a positive number of seconds; e.g. time_budget_s=0.5")
-    algos = list(cfg.algos) if OmegaConf.is_list(cfg.algos) else [cfg.algos]
-    if not algos:
-        raise ConfigError(f"algos is empty; name at least one of {', '.join(known)}")
-    for a in algos:
-        if a not in known:
-            raise ConfigError(f"algos: unknown algorithm {a!r}; choose from {', '.join(known)}, "
-                              f"e.g. 'algos=[builtin,ring]'")
-    algos = list(dict.fromkeys(algos))  # drop repeats, keep order
+    if cfg.min_iters > cfg.iters:
+        raise ConfigError(f"min_iters={cfg.min_iters} is larger than iters={cfg.iters}; "
+                          "lower min_iters or raise iters")
+    algos = list(dict.fromkeys(str(a) for a in cfg.algos))  # drop repeats, keep order
     if cfg.mode == "interleaved":  # ratios to builtin: it always runs
         return Plan("interleaved", interleaved.sizes_of(cfg, elem), list(dict.fromkeys(["builtin", *algos])),
                     dtype_name, DTYPES[dtype_name], elem)
-    if cfg.mode != "sweep":
-        raise ConfigError(f"mode={cfg.mode!r} is not one of sweep, interleaved")
-    return Plan("sweep", message_sizes(min_b, max_b, int(factor)), algos, dtype_name, DTYPES[dtype_name], elem)
+    return Plan("sweep", message_sizes(min_b, max_b, cfg.factor), algos, dtype_name, DTYPES[dtype_name], elem)
