@@ -131,7 +131,8 @@ class SyncConfig:
     static_graph: bool = key(False, "ddp: promise DDP the graph never changes")
     compress: Compress = key(Compress.none, "none | bf16 | fp16: all-reduce 16-bit gradients (half the bytes)")
     poll: str = key("false", "opt-in: CPU ranks wait for the builtin all-reduce by polling (auto: where the "
-                             "ranks fill the cores exactly)", ok=one_of(TRI_STATE), rule="one of auto, true, false")
+                             "ranks fill the cores exactly); paid on one CPU of three (docs/defaults.md)",
+                    ok=one_of(TRI_STATE), rule="one of auto, true, false")
 
 
 @dataclass
@@ -170,8 +171,9 @@ class DistConfig:
                                   "is missing and stops", ok=positive_finite, rule="a positive number of seconds")
     stall_warn_s: float = key(60.0, "training: a rank waiting longer than this in a collective logs who has "
                                     "not arrived (0: no stall inspector)", at_least=0)
-    comm_threads: CommThreads = key(CommThreads.normal, "opt-in: gloo's threads at real-time priority on "
-                                                        "CPU ranks (realtime; auto: where the ranks fill every core)")
+    comm_threads: CommThreads = key(CommThreads.normal, "opt-in: gloo's threads at real-time priority on CPU "
+                                                        "ranks (realtime; auto: where the ranks fill every core); "
+                                                        "paid on 2-core VMs whose ranks fill them (docs/defaults.md)")
 
 
 @dataclass
