@@ -59,8 +59,8 @@ def key(default: Any, help: str, *, at_least: float | None = None,
     if at_least is not None:
         ok, rule = (lambda v, n=at_least: v >= n), rule or f">= {at_least:g}"
     meta = {"help": help, "ok": ok, "rule": rule}
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=meta)
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
@@ -249,6 +249,8 @@ def _yaml(value) -> str:
         return str(value).lower()
     if isinstance(value, list):
         return "[" + ", ".join(_yaml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_yaml(v)}" for k, v in value.items()) + "}"
     return str(value)
 
 

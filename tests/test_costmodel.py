@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -217,6 +218,21 @@ def test_run_end_to_end_on_synthetic_csvs(tmp_path):
 def test_bad_config_is_refused_with_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
         cm.validate(_compose(overrides))
+
+
+def test_the_configuration_guide_holds_the_cost_model_reference():
+    from ddp_lab.costmodel.config import markdown
+    guide = (Path(cm.__file__).parents[2] / "docs" / "configuration.md").read_text()
+    begin, end = "<!-- reference: python -m ddp_lab.costmodel.config -->\n", "<!-- end of reference -->"
+    assert guide.split(begin, 1)[1].split(end, 1)[0] == markdown(), (
+        "docs/configuration.md is out of date: paste `python -m ddp_lab.costmodel.config` there")
+
+
+def test_the_yaml_holds_only_the_presets_and_hydras_settings():
+    yaml = (Path(cm.__file__).parents[2] / "conf" / "costmodel.yaml").read_text()
+    assert [ln.split(":")[0] for ln in yaml.splitlines() if ln and not ln.startswith(("#", " "))] == [
+        "defaults", "presets", "hydra"]
+    assert set(_compose(["params=[ib_100g]"]).presets) == {"ib_100g", "eth_25g", "nvlink"}
 
 
 def test_cli_records_its_command_line(tmp_path):

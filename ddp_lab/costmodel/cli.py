@@ -11,24 +11,18 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 import ddp_lab.config  # noqa: F401  (registers the ${ddp_lab.run_id:} resolver)
 from ddp_lab.config import CONFIG_PATH, ConfigError
+from ddp_lab.costmodel.config import CostModelConfig
 from ddp_lab.costmodel.fitting import Fit, Point, expand_inputs, fit, fit_mixed, measure_gamma, read_points
 from ddp_lab.costmodel.formulas import MODELS, Params, get_model
 from ddp_lab.costmodel.prediction import Prediction, measure_compute_s, predict, resolve_gradient
 from ddp_lab.costmodel.report import plot_fits, plot_predictions, print_fits, print_predictions, write_csv
 from ddp_lab.costmodel.validation import print_beta_against_link, validate_held_out
+from ddp_lab.schema import check
 from ddp_lab.telemetry.provenance import hydra_command, write_record
-
-
-def _as_list(value) -> list:
-    if OmegaConf.is_list(value):
-        return list(value)
-    if value is None:
-        return []
-    return [value]
 
 
 def _gamma_setting(cfg) -> float | str:
@@ -47,15 +41,13 @@ def _gamma_setting(cfg) -> float | str:
 
 def validate(cfg) -> dict:
     """Check keys before doing any work; returns the parsed settings."""
-    params = [str(p) for p in _as_list(cfg.params)]
-    if not params:
-        raise ConfigError("params is empty; use params=[fitted] and/or preset names: "
-                          + ", ".join(cfg.presets))
+    check(cfg, CostModelConfig)  # types, choices and ranges; below, what needs more than one key
+    params = [str(p) for p in cfg.params]
     for p in params:
         if p != "fitted" and p not in cfg.presets:
             raise ConfigError(f"params: {p!r} is neither 'fitted' nor a preset; presets: "
                               + ", ".join(cfg.presets))
-    inputs = expand_inputs(_as_list(cfg.inputs))
+    inputs = expand_inputs(list(cfg.inputs))
     if "fitted" in params and not inputs:
         raise ConfigError("params=fitted needs measurements: inputs=[path/to/collectives.csv, ...] "
                           "(from ddp_lab.bench.collectives); or predict from a preset only, e.g. "
@@ -68,18 +60,11 @@ def validate(cfg) -> dict:
             v = pre.get(key)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
                 raise ConfigError(f"presets.{name}.{key}={v!r} must be a non-negative number")
-    algos = [str(a) for a in _as_list(cfg.algos)]
-    if not algos:
-        raise ConfigError(f"algos is empty; choose from {', '.join(MODELS)}")
+    algos = [str(a) for a in cfg.algos]
     for a in algos:
         get_model(a)
-    worlds = _as_list(cfg.world_sizes)
-    if not worlds or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in worlds):
-        raise ConfigError(f"world_sizes={worlds} must be a non-empty list of integers >= 1, "
-                          "e.g. 'world_sizes=[8,64,512,4096]'")
-    grads = [resolve_gradient(g) for g in _as_list(cfg.gradients)]
-    if not grads:
-        raise ConfigError("gradients is empty; e.g. 'gradients=[lenet,resnet18]' or a byte count")
+    worlds = list(cfg.world_sizes)
+    grads = [resolve_gradient(g) for g in cfg.gradients]
     compute_ms = dict(cfg.compute_ms or {})
     for g in grads:
         v = compute_ms.get(g.label)
@@ -88,26 +73,15 @@ def validate(cfg) -> dict:
                               f"measured; give it in ms per step, e.g. +compute_ms.{g.label}=50")
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
             raise ConfigError(f"compute_ms.{g.label}={v!r} must be a non-negative number of milliseconds")
-    cores = cfg.measured_cores
-    if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores < 1):
-        raise ConfigError(f"measured_cores={cores!r} must be null (textbook model) or the number of CPU "
-                          "cores the benchmark's ranks shared, e.g. measured_cores=2")
-    fit_min = cfg.get("fit_min_bytes")
-    if fit_min is not None and (isinstance(fit_min, bool) or not isinstance(fit_min, int) or fit_min < 1):
-        raise ConfigError(f"fit_min_bytes={fit_min!r} must be null (fit every size) or a size in bytes, "
-                          "e.g. fit_min_bytes=1048576")
-    for key in ("batch_size", "iters", "threads"):
-        v = cfg.compute[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"compute.{key}={v!r} must be an integer >= 1")
-    held_out = expand_inputs(_as_list(cfg.get("validate")))
+    cores, fit_min = cfg.measured_cores, cfg.fit_min_bytes
+    held_out = expand_inputs(list(cfg.validate))
     if held_out and "fitted" not in params:
         raise ConfigError("validate=[...] checks the fitted constants: add fitted to params")
-    from ddp_lab.cluster.shaping import DEFAULT_MTU, ClusterError, parse_mtu, parse_rate  # tc's units
-    link_bits, link_mtu = None, cfg.get("link_mtu", DEFAULT_MTU)
+    from ddp_lab.cluster.shaping import ClusterError, parse_mtu, parse_rate  # tc's units
+    link_bits, link_mtu = None, cfg.link_mtu
     try:
         link_mtu = parse_mtu(link_mtu)
-        if cfg.get("link_rate") is not None:
+        if cfg.link_rate is not None:
             link_bits = parse_rate(str(cfg.link_rate))
     except ClusterError as e:
         raise ConfigError(str(e).replace("--rate", "link_rate").replace("--mtu", "link_mtu")) from None

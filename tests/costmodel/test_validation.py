@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 
 import pytest
+from hydra.errors import ConfigCompositionException
 
 from ddp_lab import costmodel as cm
 from ddp_lab.config import ConfigError
@@ -70,8 +71,10 @@ def test_validate_needs_the_fit_and_a_link_rate_must_parse(tmp_path):
         cm.validate(_compose(["params=[ib_100g]", f"validate=[{held}]"]))
     with pytest.raises(ConfigError, match="link_rate"):
         cm.validate(_compose([f"inputs=[{held}]", "link_rate=fast"]))
-    with pytest.raises(ConfigError, match="link_mtu 'jumbo'"):
+    with pytest.raises(ConfigCompositionException, match="link_mtu"):  # typed: an integer
         cm.validate(_compose([f"inputs=[{held}]", "link_rate=1gbit", "link_mtu=jumbo"]))
+    with pytest.raises(ConfigError, match="link_mtu"):  # an integer tc cannot take
+        cm.validate(_compose([f"inputs=[{held}]", "link_rate=1gbit", "link_mtu=100"]))
     assert cm.validate(_compose([f"inputs=[{held}]", "link_rate=1gbit", "link_mtu=9000"]))["link_mtu"] == 9000
 
 
