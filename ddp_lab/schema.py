@@ -20,6 +20,8 @@ from typing import Any, Callable, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
+from ddp_lab.config import ConfigError
+
 
 class Choice(str, Enum):
     """A config value from a fixed list, equal to (and printed as) its name."""
@@ -212,8 +214,6 @@ def _nodes(node: type, prefix: str = ""):
 
 def check(cfg, node: type = TrainConfig) -> None:
     """Refuse the first value out of its key's range, with one line naming the key and the range."""
-    from ddp_lab.config import ConfigError
-
     for prefix, schema in _nodes(node):
         values = OmegaConf.select(cfg, prefix[:-1]) if prefix else cfg
         for f in dataclasses.fields(schema):

@@ -172,3 +172,9 @@ def test_the_configuration_guide_holds_the_schema_reference():
     assert begin in guide and end in guide, "docs/configuration.md lacks the reference markers"
     assert guide.split(begin, 1)[1].split(end, 1)[0] == schema.reference(), (
         "docs/configuration.md is out of date: paste `python -m ddp_lab.schema` between its markers")
+
+
+@pytest.mark.parametrize("model", ["lenet", "lenet_fast", "resnet18"])
+def test_a_tool_gets_a_model_config_as_a_run_composes_it(compose_train, model):
+    from ddp_lab.models import load_model_config
+    assert load_model_config(model) == compose_train([f"model={model}"]).model

@@ -2,10 +2,15 @@
 weight init and SyncBatchNorm, and the sizes the cost model and logs need."""
 from __future__ import annotations
 
+from importlib.resources import files
+
 from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
 from torch import nn
 
 from ddp_lab.config import ConfigError
+from ddp_lab.schema import ModelConfig
 
 
 def _d2l_init(m: nn.Module) -> None:
@@ -39,9 +44,6 @@ def build_model(cfg) -> nn.Module:
 
     Keys left at None are ones the schema knows but this model does not take.
     """
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-
     args = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True, enum_to_str=True).items()
             if k != "name" and v is not None}
     try:
@@ -57,14 +59,11 @@ def build_model(cfg) -> nn.Module:
 
 
 def load_model_config(name: str):
-    """The shipped conf/model/<name>.yaml, for tools that need a model outside a run."""
-    from importlib.resources import files
-
-    from omegaconf import OmegaConf
-
+    """The shipped conf/model/<name>.yaml over the schema's defaults, as a run composes it,
+    for tools that need a model outside a run."""
     path = files("ddp_lab.conf") / "model" / f"{name}.yaml"
     if not path.is_file():
         known = sorted(p.name[:-5] for p in (files("ddp_lab.conf") / "model").iterdir()
                        if p.name.endswith(".yaml"))
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(known)}")
-    return OmegaConf.load(str(path))
+    return OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(str(path)))
