@@ -10,10 +10,10 @@ the slowest rank's time), in a shuffled order, so all algorithms see the same
 machine conditions; that matters on a small or shared machine, where
 background load moves timings by tens of percent. The order is shuffled
 afresh each round (the same on every rank) rather than rotated, since a
-rotation puts each algorithm behind the same neighbour in almost every round:
-two names for the same ring plan came out 0.16 apart in one rotated launch,
-at most 0.08 apart in shuffled rounds (docs/communication.md, "Interleaved
-timing against gloo"). Each block starts with `interleaved.warmup`
+rotation puts each algorithm behind the same neighbour in almost every round,
+and two names for the same ring plan then read apart by more than shuffled
+rounds ever showed (docs/communication.md, "Interleaved timing against
+gloo"). Each block starts with `interleaved.warmup`
 untimed calls: the first calls after a switch of algorithm can be slower than
 the rest (seen there at 4 MiB, where a block is only 2 calls), which would
 charge whichever algorithm comes second.

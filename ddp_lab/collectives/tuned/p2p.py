@@ -149,9 +149,8 @@ class Comm:
         ProcessGroup, which dispatches to it.
 
         Each message saves the dispatch, through a private torch method
-        (`_get_backend`), kept only because it measured faster (about 1 us
-        less per receive posted; docs/communication.md, "Tried against the
-        ring"). Looked up on every use (0.15 us) rather than kept, like the
+        (`_get_backend`), kept only because it measured faster per receive
+        posted. Looked up on every use (a fraction of a microsecond) rather than kept, like the
         group itself, so that a kept Comm never holds a destroyed group's
         backend.
         """
