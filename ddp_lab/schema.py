@@ -70,6 +70,10 @@ def one_of(values: tuple[str, ...]) -> Callable[[Any], bool]:
     return lambda v: str(v).lower() in values
 
 
+def non_empty(v) -> bool:
+    return len(v) > 0
+
+
 def positive_finite(v) -> bool:
     return isinstance(v, (int, float)) and math.isfinite(v) and v > 0
 
@@ -224,14 +228,14 @@ def check(cfg, node: type = TrainConfig) -> None:
                 raise ConfigError(f"{prefix}{f.name}={shown} must be {f.metadata['rule']}")
 
 
-def reference(node: type = TrainConfig) -> str:
-    """Every key of a config as markdown tables, one per group."""
+def reference(node: type = TrainConfig, level: int = 3) -> str:
+    """Every key of a config as markdown tables, one per group, under headings of `level`."""
     lines = []
     for prefix, schema in _nodes(node):
         keys = [f for f in dataclasses.fields(schema) if _nested(f) is None]
         if not keys:
             continue
-        lines += [f"### {prefix[:-1] or 'top level'}", "", "| key | default | meaning |", "|---|---|---|"]
+        lines += [f"{'#' * level} {prefix[:-1] or 'top level'}", "", "| key | default | meaning |", "|---|---|---|"]
         for f in keys:
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default
             shown = "(the preset's)" if default == MISSING else f"`{_yaml(default)}`"

@@ -24,6 +24,14 @@ schema.register()
 SYSTEM_FIXTURES = {"cluster_name", "two_hosts", "slurm"}
 
 
+def guide_reference(command: str) -> str:
+    """What docs/configuration.md holds between the markers of `python -m <command>`'s reference."""
+    guide = (Path(__file__).parents[1] / "docs" / "configuration.md").read_text()
+    begin, end = f"<!-- reference: python -m {command} -->\n", "<!-- end of reference -->"
+    assert begin in guide, f"docs/configuration.md lacks the markers of `python -m {command}`"
+    return guide.split(begin, 1)[1].split(end, 1)[0]
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if SYSTEM_FIXTURES & set(getattr(item, "fixturenames", ())):

@@ -167,10 +167,8 @@ def test_the_schema_is_the_one_source_of_defaults_and_help():
 
 def test_the_configuration_guide_holds_the_schema_reference():
     from ddp_lab import schema
-    guide = (Path(schema.__file__).parents[1] / "docs" / "configuration.md").read_text()
-    begin, end = "<!-- reference: python -m ddp_lab.schema -->\n", "<!-- end of reference -->"
-    assert begin in guide and end in guide, "docs/configuration.md lacks the reference markers"
-    assert guide.split(begin, 1)[1].split(end, 1)[0] == schema.reference(), (
+    from tests.conftest import guide_reference
+    assert guide_reference("ddp_lab.schema") == schema.reference(), (
         "docs/configuration.md is out of date: paste `python -m ddp_lab.schema` between its markers")
 
 

@@ -222,9 +222,8 @@ def test_bad_config_is_refused_with_the_key(overrides, message):
 
 def test_the_configuration_guide_holds_the_cost_model_reference():
     from ddp_lab.costmodel.config import markdown
-    guide = (Path(cm.__file__).parents[2] / "docs" / "configuration.md").read_text()
-    begin, end = "<!-- reference: python -m ddp_lab.costmodel.config -->\n", "<!-- end of reference -->"
-    assert guide.split(begin, 1)[1].split(end, 1)[0] == markdown(), (
+    from tests.conftest import guide_reference
+    assert guide_reference("ddp_lab.costmodel.config") == markdown(), (
         "docs/configuration.md is out of date: paste `python -m ddp_lab.costmodel.config` there")
 
 

@@ -14,7 +14,7 @@ from typing import Any, List
 
 from hydra.core.config_store import ConfigStore
 
-from ddp_lab.schema import Algo, DistConfig, choices, key, positive_finite, reference
+from ddp_lab.schema import Algo, DistConfig, choices, key, non_empty, positive_finite, reference
 
 Mode = choices("Mode", "sweep interleaved")
 Dtype = choices("Dtype", "float32 float64 bfloat16 float16")
@@ -41,7 +41,7 @@ class BenchCollectivesConfig:
     factor: int = key(2, "each size is the previous one times this (nccl-tests -f)", at_least=2)
     dtype: Dtype = key(Dtype.float32, "element type (nccl-tests -d)")
     algos: List[Algo] = key([Algo.builtin, Algo.naive, Algo.ring, Algo.halving_doubling],
-                            "swept in this order (ddp_lab.collectives' names)", ok=lambda v: len(v) > 0,
+                            "swept in this order (ddp_lab.collectives' names)", ok=non_empty,
                             rule="at least one algorithm, e.g. 'algos=[builtin,ring]'")
     warmup: int = key(5, "untimed calls per size after the correctness call, cut to fit half of "
                          "time_budget_s (nccl-tests -w)", at_least=0)
@@ -59,10 +59,10 @@ class BenchCollectivesConfig:
 
 ConfigStore.instance().store(name="bench_collectives_schema", node=BenchCollectivesConfig)
 
+
 def markdown() -> str:
-    """The reference as docs/configuration.md holds it."""
-    text = reference(BenchCollectivesConfig)
-    return "\n".join("#" + ln if ln.startswith("### ") else ln for ln in text.split("\n"))
+    """The reference as docs/configuration.md holds it (under the tools' heading)."""
+    return reference(BenchCollectivesConfig, level=4)
 
 
 if __name__ == "__main__":

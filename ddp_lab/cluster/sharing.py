@@ -21,7 +21,7 @@ from pathlib import Path
 
 # Every worker's environment says how many ranks all the hosts run on this
 # machine's cores (the MFU's peak and opt-in machine tuning count them).
-from ddp_lab.distributed import RANKS_ON_MACHINE_ENV, usable_cores  # noqa: F401 (re-exported)
+from ddp_lab.distributed import RANKS_ON_MACHINE_ENV, usable_cores
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one folder per GPU the driver has
 

@@ -13,11 +13,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from ddp_lab.schema import key, reference
-
-
-def non_empty(v) -> bool:
-    return len(v) > 0
+from ddp_lab.schema import key, non_empty, reference
 
 
 @dataclass
@@ -77,8 +73,8 @@ ConfigStore.instance().store(name="costmodel_schema", node=CostModelConfig)
 
 
 def markdown() -> str:
-    """The reference as docs/configuration.md holds it."""
-    return "\n".join("#" + ln if ln.startswith("### ") else ln for ln in reference(CostModelConfig).split("\n"))
+    """The reference as docs/configuration.md holds it (under the tools' heading)."""
+    return reference(CostModelConfig, level=4)
 
 
 if __name__ == "__main__":

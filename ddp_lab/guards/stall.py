@@ -51,7 +51,6 @@ class Place:
         self.phase = "starting"  # the collective entered last (or being waited in)
         self.inside = False  # waiting in that collective right now
         self.entered = time.monotonic()
-        self.wake = threading.Event()  # wakes the watcher to close it
 
     def as_dict(self) -> dict:
         return {"step": self.step, "phase": self.phase, "inside": self.inside, "time": time.time()}
@@ -133,7 +132,6 @@ class StallInspector:
 
     def close(self) -> None:
         self._stop.set()
-        HERE.wake.set()
 
     def places(self) -> dict[int, dict | None]:
         """Every rank's last published place (None where nothing was published)."""
@@ -146,9 +144,7 @@ class StallInspector:
 
     def _watch(self) -> None:
         published, warned_for = None, None
-        while not self._stop.is_set():
-            HERE.wake.wait(PUBLISH_S)
-            HERE.wake.clear()
+        while not self._stop.wait(PUBLISH_S):  # a tick, or close()
             try:
                 place = (HERE.step, HERE.phase, HERE.inside)
                 if place != published:

@@ -97,9 +97,8 @@ def test_a_wrong_type_or_choice_is_refused_when_the_config_is_composed(override,
 
 def test_the_configuration_guide_holds_the_bench_reference():
     from ddp_lab.bench.collectives_config import markdown
-    guide = (Path(bench.__file__).parents[2] / "docs" / "configuration.md").read_text()
-    begin, end = "<!-- reference: python -m ddp_lab.bench.collectives_config -->\n", "<!-- end of reference -->"
-    assert guide.split(begin, 1)[1].split(end, 1)[0] == markdown(), (
+    from tests.conftest import guide_reference
+    assert guide_reference("ddp_lab.bench.collectives_config") == markdown(), (
         "docs/configuration.md is out of date: paste `python -m ddp_lab.bench.collectives_config` there")
 
 
