@@ -13,7 +13,7 @@ ARGS   ?=
 PY     := $(VENV)/bin/python
 DATA   := /usr/share/datasets/fashion-mnist
 
-.PHONY: train test test-all lint data
+.PHONY: train test test-all lint data references
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -38,3 +38,6 @@ test: lint
 
 test-all: lint
 	$(PY) -m pytest -q
+
+references: $(VENV)/.installed  # docs/configuration.md's generated tables, after a key changes
+	$(PY) scripts/update_references.py

@@ -162,6 +162,9 @@ class TrainerConfig:
                           at_least=0)
     resume: str = key("none", "none | auto (this run dir's newest checkpoint) | a step-N directory "
                               "(into a new run dir)")
+    preempt_save_s: float = key(20.0, "on SIGTERM or SIGINT (SLURM, Kubernetes, torchrun, Ctrl-C): finish the "
+                                      "step, save a checkpoint at it and exit 143 within this many seconds "
+                                      "(0: stop at once, no save)", at_least=0)
     straggler_threshold: float = key(1.2, "name a rank whose compute per step is this many times the "
                                           "others' median", at_least=1)
     profile: bool = key(False, "write a torch.profiler Chrome trace per rank to <run dir>/profile/")
