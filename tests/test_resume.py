@@ -127,3 +127,31 @@ def test_refuses_a_checkpoint_of_another_config(killed, tiny_fmnist, tmp_path):
     assert "optim.lr: 0.2 in the checkpoint vs 0.05 now" in errors[0]
     assert "start a new run directory" in errors[0]
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.system
+def test_resumed_at_its_last_step_a_run_writes_its_results(tmp_path):
+    """A finished run whose model.pt and summary.json are gone, launched again with
+    trainer.resume=auto: no step is left to run, so nothing is measured in this launch
+    (the straggler's ratio was 0/0, which the JSON writer refused); it must still end
+    with both files, the measured figures null and the carried ones kept."""
+    run_dir = tmp_path / "run"
+    args = ["data=synthetic", "data.num_train=2048", "data.num_test=512", "trainer.epochs=1",
+            "trainer.compile=false", "trainer.progress=false", f"hydra.run.dir={run_dir}"]
+    first = run_module("ddp_lab.train", args, nproc=2)
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = read_summary(run_dir)
+    (run_dir / "summary.json").unlink()
+    (run_dir / "model.pt").unlink()
+
+    again = run_module("ddp_lab.train", args + ["trainer.resume=auto"], nproc=2)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (run_dir / "model.pt").exists()
+    text = (run_dir / "summary.json").read_text()
+    after = json.loads(text, parse_constant=lambda c: pytest.fail(f"summary.json holds {c}"))
+    assert (after["steps"], after["epochs"], after["measured_steps"]) == (4, 1, 0)  # 2048 / 512
+    assert after["samples_per_sec"] is None and after["mfu"] is None and after["straggler"] is None
+    assert after["step_ms"] is None and after["data_ms"] is None
+    for carried in ("test_acc", "test_correct", "train_loss", "sec_per_epoch"):
+        assert after[carried] == before[carried], carried
+    assert "n/a img/s on 2 x cpu (gloo), MFU n/a" in again.stdout

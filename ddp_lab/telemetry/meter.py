@@ -68,7 +68,8 @@ class Throughput:
 
     @property
     def per_sec(self) -> float:
-        return self.images / self.seconds if self.seconds > 0 else float("nan")
+        # NaN, not 0, when no step was measured (all warm-up): the window opened at its end
+        return self.images / self.seconds if self.steps and self.seconds > 0 else float("nan")
 
     @property
     def step_ms(self) -> float:
@@ -163,7 +164,7 @@ class Meter:
         self.sums.zero_()
         tp = self.throughput
         window = tp.seconds - seconds0
-        rate = (tp.images - images0) / window if window > 0 else float("nan")
+        rate = (tp.images - images0) / window if window > 0 and tp.images > images0 else float("nan")
         comm_ms, comm_frac = sync.comm_figures(tp.steps, tp.seconds)
         comm = {} if math.isnan(comm_ms) else {"perf/comm_ms": comm_ms, "perf/comm_frac": comm_frac}
         return {

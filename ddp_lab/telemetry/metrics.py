@@ -8,6 +8,7 @@ the same object with writing switched off, so callers need no `if rank == 0`.
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 from pathlib import Path
@@ -99,14 +100,21 @@ class RunLogger:
 
 
 def _json_safe(v):
-    # NaN (e.g. no step after warm-up was measured) is not JSON: write null.
-    return None if isinstance(v, float) and v != v else v
+    """NaN or infinity (a figure with no measured step behind it) is not JSON: null,
+    at any depth (the straggler's slowdown is nested)."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json_safe(x) for x in v]
+    return v
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
     """Write to a temp file, then rename: readers see the old file or the new, never half."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    clean = {k: _json_safe(v) for k, v in data.items()}
+    clean = _json_safe(data)
     try:
         tmp.write_text(json.dumps(clean, indent=2, sort_keys=True, allow_nan=False) + "\n")
         os.replace(tmp, path)
@@ -114,8 +122,9 @@ def write_json_atomic(path: Path, data: dict) -> None:
         tmp.unlink(missing_ok=True)  # left only when the write failed (a full disk, say)
 
 
-def _rate(v: float) -> str:
-    return "n/a" if v != v else f"{v:,.0f}"  # n/a: every step of it was warm-up
+def _rate(v: float | None) -> str:
+    # n/a: every step of it was warm-up (NaN), or none ran in this launch (null)
+    return "n/a" if v is None or not math.isfinite(v) else f"{v:,.0f}"
 
 
 def epoch_line(epoch: int, epochs: int, m: dict) -> str:
@@ -129,5 +138,7 @@ def final_line(s: dict) -> str:
     """d2l's closing line, e.g. `test acc 0.85, 4.1 sec/epoch, 14,200 img/s on 2 x cpu (gloo)`."""
     line = (f"test acc {s['test_acc']:.2f}, {s['sec_per_epoch']:.1f} sec/epoch, "
             f"{_rate(s['samples_per_sec'])} img/s on {s['world_size']} x {s['device']} ({s['backend']})")
-    mfu = s.get("mfu")
-    return line if mfu is None or mfu != mfu else line + f", MFU {100 * mfu:.1f}%"
+    if "mfu" not in s:  # a summary without MFU at all (the d2l baselines')
+        return line
+    mfu = s["mfu"]  # n/a: no step measured, or no peak to measure it against
+    return line + f", MFU {'n/a' if mfu is None or not math.isfinite(mfu) else f'{100 * mfu:.1f}%'}"

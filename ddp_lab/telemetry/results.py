@@ -8,6 +8,7 @@ run completed.
 """
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -21,7 +22,12 @@ from ddp_lab.telemetry.metrics import peak_memory_mb, write_json_atomic
 
 def run_summary(trainer) -> dict:
     """What summary.json holds: results, speed over the post-warm-up window (null where
-    not measured), and the settings that tell runs apart. A collective (stragglers)."""
+    not measured), and the settings that tell runs apart. A collective (stragglers).
+
+    The figures of the run so far (accuracy, loss, sec/epoch) come from the checkpoint
+    of a resumed launch; the speed figures are this launch's own, null where it ran no
+    step (one resumed at its last step).
+    """
     cfg, env, last = trainer.cfg, trainer.env, trainer.last
     tp, sync = trainer.meter.throughput, trainer.sync
     rate = tp.per_sec
@@ -33,7 +39,7 @@ def run_summary(trainer) -> dict:
         "train_acc": last["acc/train"], "samples_per_sec": rate,
         "samples_per_sec_per_rank": rate / env.world_size,
         "sec_per_epoch": sum(seconds) / len(seconds), "step_ms": tp.step_ms,
-        "data_ms": 1000 * trainer.meter.data_seconds / max(tp.seen, 1),
+        "data_ms": 1000 * trainer.meter.data_seconds / tp.seen if tp.seen else math.nan,
         "epochs": trainer.epoch, "steps": trainer.step, "world_size": env.world_size,
         "world_sizes": trainer.world_sizes,
         "backend": env.backend if env.distributed else "none",

@@ -35,12 +35,16 @@ log = logging.getLogger("ddp_lab")
 
 
 def skew(compute_ms: list[float]) -> tuple[int, float]:
-    """(slowest rank, its compute over the median of the other ranks'); (0, 1.0) alone."""
+    """(slowest rank, its compute over the median of the other ranks'); (0, 1.0) alone.
+
+    NaN where the others timed no compute: no step ran (a launch resumed at its
+    last step), so there is nothing to compare.
+    """
     if len(compute_ms) < 2:
         return 0, 1.0
     slowest = max(range(len(compute_ms)), key=compute_ms.__getitem__)
     others = statistics.median(c for r, c in enumerate(compute_ms) if r != slowest)
-    return slowest, compute_ms[slowest] / others if others > 0 else float("inf")
+    return slowest, compute_ms[slowest] / others if others > 0 else float("nan")
 
 
 class StepTimer:
@@ -129,7 +133,7 @@ class StepTimer:
         self._read_events()
         per_rank = self.gather(self.run)
         rank, slowdown = skew([c for c, _ in per_rank])
-        if slowdown < threshold:
+        if not slowdown >= threshold:  # NaN too: nothing measured in this launch
             return None
         if self.env.is_main:
             log.warning("straggler: rank %d computed %.2fx as long per step as the median of the "

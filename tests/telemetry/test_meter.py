@@ -1,4 +1,6 @@
 """ddp_lab.telemetry.meter: the steps images/s is measured over, and the peak a run's MFU is measured against."""
+import math
+
 import torch
 
 from ddp_lab.distributed import RANKS_ON_MACHINE_ENV, DistEnv
@@ -55,3 +57,29 @@ def test_short_steps_stay_out_of_the_window(monkeypatch):
     assert measuring == [False, True, False, True]
     assert (tp.seen, tp.steps, tp.images) == (4, 2, 16)  # 2 whole steps x 4 images x 2 ranks
     assert tp.seconds == 2.0 and tp.per_sec == 8.0  # the short step's 10 s left out
+
+
+def test_a_run_that_is_all_warm_up_measures_no_rate(monkeypatch):
+    """The window opens as the last warm-up step ends; with no step after it, images/s and
+    MFU are unknown (NaN, null in summary.json), not 0."""
+    # two ranks' images, but no process group: the epoch's sums are not all-reduced
+    env = DistEnv(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"), backend="none")
+    m = meter.Meter(env, warmup_steps=2, flops_per_image=1e6, peak_flops=1e9, full_step_images=4)
+    clock = iter([0.0, 1.0, 3.0, 3.0])  # epoch start, window opens (after step 2), closes, epoch end
+    monkeypatch.setattr(m.clock, "now", lambda: next(clock))
+    m.start_epoch()
+    for _ in range(2):
+        m.start_step(4)
+        m.step_done(4)
+
+    class NoSync:
+        def comm_figures(self, steps, seconds):
+            return float("nan"), float("nan")
+
+    metrics = m.end_epoch(0.1, NoSync())
+    tp = m.throughput
+    assert (tp.seen, tp.steps, tp.images, tp.seconds) == (2, 0, 0, 2.0)
+    assert math.isnan(tp.per_sec) and math.isnan(tp.step_ms)
+    assert math.isnan(metrics["perf/samples_per_sec"]) and math.isnan(metrics["perf/mfu"])
+    assert math.isnan(m.mfu(tp.per_sec))
+    assert metrics["perf/epoch_s"] == 3.0

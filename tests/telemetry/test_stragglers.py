@@ -19,6 +19,15 @@ def test_skew_is_the_slowest_over_the_median_of_the_others():
     assert skew([10.0, 10.0, 10.0]) == (0, 1.0)
 
 
+def test_no_step_timed_names_no_straggler():
+    """A launch resumed at its last step times nothing: 0 over 0 is no ratio, and no straggler."""
+    rank, ratio = skew([0.0, 0.0])
+    assert rank == 0 and ratio != ratio  # NaN
+    timer = StepTimer(nn.Linear(2, 2), ALONE)
+    timer.gather = lambda totals: [(0.0, 0.0), (0.0, 0.0)]  # two ranks, no step each
+    assert timer.straggler(1.2) is None
+
+
 def test_compute_ends_when_the_last_gradient_is_ready():
     model = nn.Linear(8, 4)
     timer = StepTimer(model, ALONE)
