@@ -216,7 +216,8 @@ class Trainer:
                 "sampler_seed": self.cfg.seed, "world_size": self.env.world_size,
                 "total_steps": self.total_steps, "last": dict(self.last),
                 "world_sizes": self.world_sizes,
-                "epoch_seconds": list(self.meter.epoch_seconds)}
+                "epoch_seconds": list(self.meter.epoch_seconds),
+                "epoch_elapsed_s": self.meter.epoch_elapsed_s()}  # mid-epoch: its time so far
 
     def load_state_dict(self, shared: dict, own: dict) -> None:
         self.model.load_state_dict(shared["model"])
@@ -226,6 +227,7 @@ class Trainer:
         self.step, self.epoch = shared["step"], shared["epoch"]
         self.batches_done = shared["batches_done"]
         self.last, self.meter.epoch_seconds = dict(shared["last"]), list(shared["epoch_seconds"])
+        self.meter.epoch_carried_s = shared.get("epoch_elapsed_s", 0.0)  # (older checkpoints lack it)
         self.meter.sums.copy_(own["sums"])  # a resumed epoch's metrics go on
         self.world_sizes = [list(w) for w in shared.get("world_sizes", [[0, shared["world_size"]]])]
         if self.world_sizes[-1][1] != self.env.world_size:

@@ -5,6 +5,7 @@ slow ones launch torchrun on the tiny Fashion-MNIST (8 steps per epoch).
 """
 import json
 import re
+import time
 
 import pytest
 import torch
@@ -54,6 +55,32 @@ def test_resume_mid_epoch_matches_the_uninterrupted_run(compose_train, tiny_fmni
     assert resumed["train_acc"] == full["train_acc"]
     assert resumed["test_correct"] == full["test_correct"]
     assert (resumed["steps"], resumed["epochs"]) == (16, 2)
+
+
+def test_a_resumed_epoch_counts_its_time_before_the_restart(compose_train, tiny_fmnist, tmp_path,
+                                                             monkeypatch):
+    """sec/epoch of an epoch resumed mid-way adds the time it ran before the checkpoint
+    (carried in it), not only the resumed part's."""
+    run_batch = Trainer._run_batch
+
+    def slow_step_9(self, micro):  # epoch 2's first step takes 1 s more, before step-9's save
+        if self.step == 8:
+            time.sleep(1.0)
+        run_batch(self, micro)
+
+    monkeypatch.setattr(Trainer, "_run_batch", slow_step_9)
+    _fit(compose_train, tiny_fmnist, tmp_path / "full", ["trainer.ckpt_every=3", "trainer.keep_ckpts=10"])
+    monkeypatch.undo()
+    ckpts = tmp_path / "full" / "checkpoints"
+    state = {n: torch.load(ckpts / f"step-{n}" / "state.pt", weights_only=True) for n in (8, 9)}
+    assert state[8]["epoch_elapsed_s"] == 0.0  # saved at epoch 1's end: no epoch under way
+    carried = state[9]["epoch_elapsed_s"]  # epoch 2, after its first (slow) step
+    assert carried >= 1.0
+
+    resumed = _fit(compose_train, tiny_fmnist, tmp_path / "resumed", [f"trainer.resume={ckpts / 'step-9'}"])
+    epoch1 = state[9]["epoch_seconds"][0]
+    epoch2 = 2 * resumed["sec_per_epoch"] - epoch1  # the mean of the two epochs
+    assert epoch2 >= carried  # the resumed part alone takes a fraction of a second
 
 
 def test_stop_at_max_steps_then_resume_auto(compose_train, tiny_fmnist, tmp_path):
@@ -155,3 +182,40 @@ def test_resumed_at_its_last_step_a_run_writes_its_results(tmp_path):
     for carried in ("test_acc", "test_correct", "train_loss", "sec_per_epoch"):
         assert after[carried] == before[carried], carried
     assert "n/a img/s on 2 x cpu (gloo), MFU n/a" in again.stdout
+
+
+# ---------------------------------------------------------------- a preemption
+# synthetic, 256 steps an epoch: the agent's SIGTERM reaches the ranks mid-epoch
+LONG = ["data=synthetic", "data.num_train=16384", "data.num_test=512", "trainer.amp=off",
+        "trainer.compile=false", "trainer.log_every=50"]
+
+
+@pytest.mark.system
+def test_sigterm_to_the_agent_saves_the_step_in_flight_and_resume_ends_bit_identical(
+        tiny_fmnist, tmp_path):
+    def args(name):
+        return tiny_overrides(tiny_fmnist, tmp_path / name) + LONG
+
+    alone = run_module("ddp_lab.train", args("alone"), nproc=2)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    cut = run_module("ddp_lab.train", args("cut"), nproc=2,
+                     env={"DDP_LAB_FAULT": "rank=1,step=20,kind=term"})
+    assert cut.returncode != 0  # torchrun itself ends on the signal
+    logs = "".join((tmp_path / "cut" / f"rank{r}.log").read_text() for r in (0, 1))
+    saved = re.findall(r"rank (\d): saved checkpoint step-(\d+) ([\d.]+) s after SIGTERM to rank",
+                       logs)
+    assert sorted(r for r, _, _ in saved) == ["0", "1"], logs[-3000:]
+    step = int(saved[0][1])
+    assert saved[1][1] == saved[0][1] and 20 < step < 512
+    assert all(float(took) < 20 for _, _, took in saved)  # trainer.preempt_save_s
+    newest = max((tmp_path / "cut" / "checkpoints").iterdir(), key=lambda p: int(p.name[5:]))
+    assert newest.name == f"step-{step}" and (newest / "meta.json").exists()
+    assert not (tmp_path / "cut" / "summary.json").exists()
+
+    rest = run_module("ddp_lab.train", args("cut") + ["trainer.resume=auto"], nproc=2)
+    assert rest.returncode == 0, rest.stderr[-3000:]
+    assert f"resumed from {newest} (step {step}," in rest.stdout
+    _same_weights(tmp_path / "alone", tmp_path / "cut")
+    a, b = read_summary(tmp_path / "alone"), read_summary(tmp_path / "cut")
+    assert (b["steps"], b["train_loss"], b["test_correct"]) == (a["steps"], a["train_loss"],
+                                                                a["test_correct"])

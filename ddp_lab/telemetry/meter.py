@@ -108,8 +108,11 @@ class Meter:
         self.throughput = Throughput(self.clock, warmup_steps)
         self.sums = torch.zeros(3, dtype=torch.float64, device=env.device)  # loss*n, correct, n
         self.epoch_seconds: list[float] = []
+        # the current epoch's seconds in earlier launches (a mid-epoch resume carries them)
+        self.epoch_carried_s = 0.0
         self.data_seconds = 0.0
         self._epoch_start = (0.0, 0, 0.0)  # (clock, images, window seconds) at the epoch's start
+        self._in_epoch = False
 
     def mfu(self, images_per_sec: float) -> float:
         """Model FLOPs utilisation at that global rate (NaN where unknown)."""
@@ -123,7 +126,13 @@ class Meter:
     def start_epoch(self) -> None:
         tp = self.throughput
         self._epoch_start = (self.clock.now(), tp.images, tp.seconds)
+        self._in_epoch = True
         tp.resume()
+
+    def epoch_elapsed_s(self) -> float:
+        """The current epoch's wall time so far, earlier launches' part included
+        (what a checkpoint carries); 0 between epochs."""
+        return self.epoch_carried_s + self.clock.now() - self._epoch_start[0] if self._in_epoch else 0.0
 
     @torch.no_grad()
     def add_batch(self, loss: torch.Tensor, out: torch.Tensor, y: torch.Tensor) -> None:
@@ -155,9 +164,10 @@ class Meter:
         gradient sync, over the throughput window so far (like perf/step_ms);
         absent where not measured (see ddp_lab.sync)."""
         self.throughput.pause()
-        start, images0, seconds0 = self._epoch_start
-        seconds = self.clock.now() - start
+        seconds = self.epoch_elapsed_s()  # a resumed epoch's time counts its earlier part too
+        _, images0, seconds0 = self._epoch_start
         self.epoch_seconds.append(seconds)
+        self.epoch_carried_s, self._in_epoch = 0.0, False
         with stall.collective("epoch metrics"):
             all_reduce_sum(self.sums, self.env)
         loss_sum, correct, n = self.sums.tolist()
