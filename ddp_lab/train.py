@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from ddp_lab import config, distributed, rendezvous, schema, tuning
 from ddp_lab.config import ConfigError, RunFailed, say
 from ddp_lab.guards import stall
+from ddp_lab.guards.preemption import Preemption
 from ddp_lab.trainer import Trainer
 
 log = logging.getLogger("ddp_lab")
@@ -42,29 +42,10 @@ def quiet_other_ranks(rank: int) -> None:
             h.setLevel(logging.WARNING)
 
 
-class Terminated(SystemExit):
-    """Raised by the SIGTERM handler; exits with status 143 (128 + SIGTERM)."""
-
-
-def stop_on_sigterm(run_dir: Path) -> None:
-    """torchrun sends SIGTERM to every worker when one of them fails (SIGKILL
-    follows 30 s later), and so do SLURM and Kubernetes before killing a job.
-    Stop at once rather than finish the step: raise, so the `finally` below
-    closes the logs and the process group; nothing is saved (the newest
-    checkpoint is the resume point). A rank blocked inside a collective sees
-    the exception only once the collective returns, which it does when a peer
-    dies or after dist.timeout_s. First it writes every thread's Python stack
-    to <run dir>/stacks/rank<N>.txt: where a stuck rank was stuck.
-    """
-    def handler(signum, frame):
-        signal.signal(signum, signal.SIG_DFL)  # a second SIGTERM kills outright
-        rank = int(os.environ.get("RANK", "0"))
-        stacks = stall.dump_stacks(run_dir, rank)
-        stall.report_stop(rank, "SIGTERM (torchrun stops every rank when one fails)"
-                          + (f"; stacks in {stacks}" if stacks else ""), None)
-        raise Terminated(128 + signum)
-
-    signal.signal(signal.SIGTERM, handler)
+def _rank_before_setup() -> int:
+    """RANK as torchrun set it, for the lines a signal prints before setup checks it."""
+    rank = os.environ.get("RANK", "0")
+    return int(rank) if rank.isdigit() else 0
 
 
 # @record under @hydra.main: Hydra turns a task's exception into a printed line and
@@ -74,21 +55,25 @@ def stop_on_sigterm(run_dir: Path) -> None:
 def main(cfg) -> dict:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     env = trainer = inspector = None
-    stop_on_sigterm(run_dir)
+    # SIGTERM/SIGINT: finish the step, save, exit 143 (ddp_lab.guards.preemption)
+    preemption = Preemption(_rank_before_setup(), cfg.trainer.preempt_save_s, run_dir).install()
     try:
         schema.check(cfg)  # every value in its range, before any rank waits for another
         d = cfg.dist  # machine tuning only where asked for (ddp_lab.tuning)
         env = (tuning.start(d, cfg.sync.poll) if tuning.asked(d, cfg.sync.poll)
                else distributed.setup(d.backend, d.device, d.timeout_s))
         quiet_other_ranks(env.rank)
+        preemption.rank = env.rank
         stall.log_fatal_signals()
+        if env.distributed and rendezvous.attempt_store() is not None:
+            preemption.watch(rendezvous.attempt_store(), env.world_size)
         if env.distributed and rendezvous.attempt_store() is not None and cfg.dist.stall_warn_s > 0:
             inspector = stall.StallInspector(rendezvous.attempt_store(), env.rank,
                                              env.world_size, run_dir, cfg.dist.stall_warn_s,
                                              cfg.dist.timeout_s).start()
         log.info("rank %d/%d on %s (%s, %s comm threads), run dir %s", env.rank, env.world_size,
                  env.device, env.backend, env.comm_threads, run_dir)
-        trainer = Trainer(cfg, env, run_dir)
+        trainer = Trainer(cfg, env, run_dir, preemption)
         summary = trainer.fit()
         if env.is_main:
             print(f"TensorBoard logs: {run_dir / 'tb'}  (open with: tensorboard --logdir {run_dir.parent})")
@@ -104,6 +89,7 @@ def main(cfg) -> dict:
                           f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}", inspector)
         raise
     finally:
+        preemption.close()
         if inspector is not None:
             inspector.close()
         if trainer is not None:

@@ -28,6 +28,7 @@ from ddp_lab.evaluation import evaluate
 from ddp_lab.fast_path import amp_reason, autocast, resolve_amp, resolve_compile
 from ddp_lab.guards import faults, stall
 from ddp_lab.guards.divergence import LossWatch
+from ddp_lab.guards.preemption import Preemption
 from ddp_lab.models import build_model
 from ddp_lab.optim import build_optimizer, build_schedule
 from ddp_lab.sync import build_sync
@@ -41,8 +42,10 @@ log = logging.getLogger("ddp_lab")
 
 
 class Trainer:
-    def __init__(self, cfg, env: DistEnv, run_dir: Path):
+    def __init__(self, cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None):
         self.cfg, self.env, self.run_dir = cfg, env, Path(run_dir)
+        # a signal's save (ddp_lab.guards.preemption); not installed: never asks for one
+        self.preemption = preemption or Preemption(env.rank, cfg.trainer.preempt_save_s)
         t = cfg.trainer
         if t.threads > 0:
             torch.set_num_threads(t.threads)
@@ -94,6 +97,7 @@ class Trainer:
         self.profiler = StepProfiler(t.profile, t.profile_wait, t.profile_active, self.run_dir,
                                      env.rank, env.device.type == "cuda")
         self.step = self.epoch = self.batches_done = 0  # batches: of the current epoch
+        self.saved_step, self.saved_path = -1, None  # the newest checkpoint this launch wrote
         self.last: dict[str, float] = {}  # the newest metrics, for summary.json
         self.world_sizes = [[0, env.world_size]]  # [step, ranks] at every change
         self.checkpointer = Checkpointer(cfg, env, self.run_dir)
@@ -143,6 +147,8 @@ class Trainer:
             self.profiler.step()
             bar.update()
             self._after_step()
+            if self.preemption.stop_here(self.step) and not self.done:
+                self._save_and_stop()
         bar.close()
         return self.meter.end_epoch(self.scheduler.get_last_lr()[0], self.sync)
 
@@ -238,7 +244,7 @@ class Trainer:
                         shared["total_steps"], self.total_steps)
         set_rng_state(own["rng"], self.env.device)
 
-    def _save_checkpoint(self) -> None:
+    def _save_checkpoint(self) -> Path | None:
         """Every rank calls this at the same step; see ddp_lab.checkpoint for the layout."""
         self.meter.throughput.pause()  # saving is not training: keep it out of img/s
         self.loss_watch.check()  # never save weights a diverged step produced
@@ -248,6 +254,14 @@ class Trainer:
         if path is not None:
             self.log.print(f"checkpoint {path.name} ({self._position()})")
         self.meter.throughput.resume()
+        self.saved_step, self.saved_path = self.step, path
+        return path
+
+    def _save_and_stop(self) -> None:
+        """At the step every rank agreed to stop after a signal: save (unless the
+        checkpoint of this step was just written) and exit 128 + the signal."""
+        path = self.saved_path if self.saved_step == self.step else self._save_checkpoint()
+        raise self.preemption.saved(path)
 
     def _position(self) -> str:
         if self.batches_done == 0:

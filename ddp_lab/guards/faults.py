@@ -12,9 +12,11 @@ torchrun restart (--max-restarts) then runs clean. Kinds:
 * slow=F: from that step on, its forward and backward take F times as long.
 * mismatch: it skips that step's gradient sync: a desync.
 * nan: from that step on, this rank's loss is NaN, as a diverging run's is.
+* term: SIGTERM to its torchrun agent (its parent), which passes it to every
+  worker, as SLURM at a time limit or Kubernetes evicting a pod would.
 
-(hang, slow and mismatch act from step `step` itself; raise, kill and hang
-right after it.)
+(slow, mismatch and nan act from step `step` itself; raise, kill, hang and
+term right after it.)
 
 The trainer calls `install(trainer)` once: with DDP_LAB_FAULT set, it wraps
 the few trainer parts the fault acts through on the chosen rank; without it,
@@ -32,7 +34,7 @@ import torch
 
 from ddp_lab.config import ConfigError, say
 
-KINDS = ("raise", "kill", "hang", "slow=F", "mismatch", "nan")
+KINDS = ("raise", "kill", "hang", "slow=F", "mismatch", "nan", "term")
 
 
 @dataclass
@@ -71,6 +73,10 @@ class Fault:
             # failure first (the rank that hit the dead peer): say what happened here.
             say(f"DDP_LAB_FAULT: rank {rank} sends itself SIGKILL after step {step}")
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.kind == "term":
+            say(f"DDP_LAB_FAULT: rank {rank} sends its torchrun agent SIGTERM after step {step}")
+            os.kill(os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else os.getpid(),
+                    signal.SIGTERM)
         if self.kind == "raise":
             raise RuntimeError(f"DDP_LAB_FAULT: rank {rank} fails after step {step}")
         if self.kind == "hang":

@@ -1,0 +1,118 @@
+"""The save on the way out: one step every rank agrees on, a deadline, a second signal."""
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch.distributed as dist
+
+from ddp_lab.guards import preemption
+from ddp_lab.guards.preemption import Preemption, Terminated
+
+
+@pytest.fixture
+def handlers():
+    """Put SIGTERM's and SIGINT's handlers back after a test installs ours."""
+    saved = {s: signal.getsignal(s) for s in preemption.SIGNALS}
+    yield
+    for s, h in saved.items():
+        signal.signal(s, h)
+
+
+def test_alone_the_step_in_flight_is_saved_and_the_exit_is_143(tmp_path, handlers, caplog):
+    p = Preemption(0, 30.0, tmp_path).install()
+    assert not p.stop_here(6)  # no signal: never stop
+    signal.raise_signal(signal.SIGTERM)  # noted, not raised: the step goes on
+    assert p.requested and p.signal == "SIGTERM"
+    assert p.stop_here(7) and p.stop_after == 7
+    exit = p.saved(tmp_path / "checkpoints" / "step-7")
+    assert isinstance(exit, Terminated) and exit.code == 143
+    assert "rank 0: saved checkpoint step-7" in caplog.text
+    assert "after SIGTERM to rank 0; exit 143: continue with trainer.resume=auto" in caplog.text
+
+
+def test_a_second_signal_stops_at_once_with_the_stacks(tmp_path, handlers, capsys):
+    p = Preemption(1, 30.0, tmp_path).install()
+    signal.raise_signal(signal.SIGINT)  # Ctrl-C: the same save as SIGTERM
+    with pytest.raises(Terminated) as e:
+        signal.raise_signal(signal.SIGINT)
+    p.close()
+    assert e.value.code == 130
+    assert signal.getsignal(signal.SIGINT) == signal.SIG_DFL  # a third kills outright
+    assert "test_a_second_signal_stops_at_once" in (tmp_path / "stacks" / "rank1.txt").read_text()
+    assert "SIGINT (a second time: stopping at once, no save)" in capsys.readouterr().err
+
+
+def test_preempt_save_s_0_stops_at_once(tmp_path, handlers, capsys):
+    Preemption(0, 0.0, tmp_path).install()
+    with pytest.raises(Terminated) as e:
+        signal.raise_signal(signal.SIGTERM)
+    assert e.value.code == 143
+    assert "SIGTERM (trainer.preempt_save_s=0: stopping at once, no save)" in capsys.readouterr().err
+
+
+def test_ranks_agree_on_the_next_step_and_a_rank_without_a_signal_learns_it():
+    store = dist.HashStore()
+    signalled, other = Preemption(0, 30.0), Preemption(1, 30.0)
+    signalled.watch(store, 2)
+    other.watch(store, 2)
+    try:
+        signalled._on_signal(signal.SIGTERM, None)  # what the handler does on SIGTERM
+        # after step 10 it proposes 11 and holds there until rank 1's poll has read it
+        started = time.monotonic()
+        assert not signalled.stop_here(10)
+        assert time.monotonic() - started < preemption.ACK_S
+        assert store.get(preemption.KEY) == b"11 0 SIGTERM"
+        assert other.stop_after == 11 and other.signal is None and other.exit_code == 143
+        assert other.proposer == "SIGTERM to rank 0"
+        assert not other.stop_here(10) and other.stop_here(11) and signalled.stop_here(11)
+        # a later proposal (rank 1 gets its own signal after step 11) keeps the first one
+        late = Preemption(1, 30.0)
+        late.watch(store, 2)
+        late._on_signal(signal.SIGTERM, None)
+        assert late.stop_here(11) and late.stop_after == 11
+        late.close()
+    finally:
+        signalled.close()
+        other.close()
+
+
+def test_a_rank_that_never_reads_the_step_stops_the_proposer_at_once(monkeypatch, capsys):
+    monkeypatch.setattr(preemption, "ACK_S", 0.5)
+    p = Preemption(0, 30.0)
+    p.watch(dist.HashStore(), 3)  # ranks 1 and 2 never answer: dead, or stopped
+    p._on_signal(signal.SIGTERM, None)
+    try:
+        with pytest.raises(Terminated) as e:
+            p.stop_here(4)
+    finally:
+        p.close()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    assert e.value.code == 143
+    assert "ranks 1, 2 did not answer within 0.5 s, dead or stuck" in capsys.readouterr().err
+
+
+def test_the_deadline_ends_the_process_without_a_save(tmp_path):
+    """The step never ends (a stuck disk, a dead peer): out at trainer.preempt_save_s."""
+    code = ("import signal, time\n"
+            "from ddp_lab.guards.preemption import Preemption\n"
+            "Preemption(0, 0.5).install()\n"
+            "signal.raise_signal(signal.SIGTERM)\n"
+            "time.sleep(30)\n")
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 143, proc.stderr
+    assert time.monotonic() - started < 15
+    assert ("no checkpoint within trainer.preempt_save_s=0.5 of SIGTERM; exiting without one "
+            "(the previous checkpoint is the resume point)") in proc.stderr
+
+
+def test_without_a_signal_a_step_costs_no_store_access():
+    class Untouchable:
+        def __getattr__(self, name):
+            raise AssertionError(f"store.{name} called without a signal")
+
+    p = Preemption(0, 30.0)
+    p.store, p.world_size = Untouchable(), 2  # watch() without its poll thread
+    assert not any(p.stop_here(step) for step in range(1, 1000))
