@@ -61,6 +61,30 @@ def synthetic_splits(cfg, seed: int) -> tuple[Split, Split]:
     return splits[0], splits[1]
 
 
+FASHION_MNIST_SHAPE, FASHION_MNIST_CLASSES = (1, 28, 28), 10
+
+
+def image_shape(cfg) -> tuple[int, ...]:
+    """(channels, height, width) of the images `cfg` (the data group) describes."""
+    return tuple(cfg.image_shape) if cfg.name == "synthetic" else FASHION_MNIST_SHAPE
+
+
+def num_classes(cfg) -> int:
+    """How many classes the labels of `cfg` (the data group) take."""
+    return cfg.num_classes if cfg.name == "synthetic" else FASHION_MNIST_CLASSES
+
+
+def check_one_batch_fits(global_batch: int, n_train: int, name: str) -> None:
+    """The training set must hold a whole global batch: else every step is one partial
+    batch (or none), while summary.json reports the global batch asked for."""
+    if global_batch <= n_train:
+        return
+    synthetic = f" (data.num_train={n_train})" if name == "synthetic" else ""
+    more = f" (or raise data.num_train to {global_batch})" if name == "synthetic" else ""
+    raise ConfigError(f"data.batch_size={global_batch} is more than the training set's {n_train} "
+                      f"images{synthetic}: a global batch is at most {n_train}; lower data.batch_size{more}")
+
+
 def per_rank_batch(global_batch: int, world_size: int) -> int:
     if global_batch % world_size:
         lo = global_batch // world_size * world_size or world_size
@@ -178,6 +202,7 @@ def build_loaders(cfg, rank: int, world_size: int, device: torch.device, seed: i
         if cfg.loader == "dataloader":
             train_ds, test_ds = _TensorImages(train, mean, std), _TensorImages(test, mean, std)
     n_train, n_test = (len(train_ds), len(test_ds)) if cfg.loader == "dataloader" else (len(train), len(test))
+    check_one_batch_fits(cfg.batch_size, n_train, cfg.name)
     sampler = DistributedSampler(range(n_train), num_replicas=world_size, rank=rank,
                                  shuffle=True, seed=seed, drop_last=False)
     test_idx = eval_indices(n_test, rank, world_size)

@@ -86,14 +86,52 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
+LAUNCH = ("launch with torchrun, which sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT "
+          "(or unset RANK to run one process)")
+
+
+def _env_int(name: str, default: int, least: int) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        number = least - 1
+    if number < least:
+        raise ConfigError(f"{name}={value} must be an integer >= {least}; {LAUNCH}")
+    return number
+
+
+def launch_env() -> tuple[int, int, int, bool]:
+    """(rank, world size, local rank, whether to join a group) from torchrun's variables,
+    refused in one line where they cannot describe a launch: a rank outside the world
+    would wait for a store or peers that never come."""
+    rank, world_size = _env_int("RANK", 0, 0), _env_int("WORLD_SIZE", 1, 1)
+    local_rank = _env_int("LOCAL_RANK", 0, 0)
+    if "RANK" not in os.environ:  # plain `python -m`: nothing to join
+        return 0, 1, local_rank, False
+    if "WORLD_SIZE" not in os.environ:
+        raise ConfigError(f"RANK={rank} is set but WORLD_SIZE is not; {LAUNCH}")
+    if rank >= world_size:
+        raise ConfigError(f"RANK={rank} with WORLD_SIZE={world_size}: a rank must be below the world "
+                          f"size (0..{world_size - 1}); {LAUNCH}")
+    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
+    if missing and world_size > 1:
+        raise ConfigError(f"WORLD_SIZE={world_size} but {' and '.join(missing)} "
+                          f"{'is' if len(missing) == 1 else 'are'} not set: the ranks meet at "
+                          f"MASTER_ADDR:MASTER_PORT; {LAUNCH}")
+    if not missing:
+        _env_int("MASTER_PORT", 0, 1)
+    return rank, world_size, local_rank, not missing  # a world of one with no store: alone
+
+
 def setup(backend: str = "auto", device: str = "auto", timeout_s: float = 300) -> DistEnv:
     """Join the process group torchrun described, or run alone without one."""
-    rank = int(os.environ.get("RANK", "0"))
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    rank, world_size, local_rank, join = launch_env()
     dev = pick_device(device, local_rank)
     chosen = resolve_backend(backend, dev)
-    if "RANK" not in os.environ:  # plain `python -m`: nothing to join
+    if not join:
         return DistEnv(0, 1, 0, dev, "none")
     if dist.is_initialized():  # the next job of a sweep (see teardown)
         if dist.get_backend() != chosen:

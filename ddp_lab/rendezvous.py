@@ -123,7 +123,8 @@ def init_process_group(backend: str, rank: int, world_size: int, timeout_s: floa
                        device_id=None) -> str:
     """dist.init_process_group on this attempt's own prefix of the store, all of it
     within timeout_s; returns the attempt's token."""
-    with Deadline(timeout_s, rank, "the rendezvous store at MASTER_ADDR:MASTER_PORT") as deadline:
+    where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    with Deadline(timeout_s, rank, f"the rendezvous store at {where} (MASTER_ADDR:MASTER_PORT)") as deadline:
         store = agent_store(timeout_s)
         if rank == 0:
             token = _open_attempt(store, world_size, deadline)

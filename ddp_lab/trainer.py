@@ -29,7 +29,7 @@ from ddp_lab.fast_path import amp_reason, autocast, resolve_amp, resolve_compile
 from ddp_lab.guards import faults, stall
 from ddp_lab.guards.divergence import LossWatch
 from ddp_lab.guards.preemption import Preemption
-from ddp_lab.models import build_model
+from ddp_lab.models import build_model, check_fits_data
 from ddp_lab.optim import build_optimizer, build_schedule
 from ddp_lab.sync import build_sync
 from ddp_lab.telemetry.meter import Meter, flops_and_peak
@@ -59,6 +59,7 @@ class Trainer:
         if channels != cfg.model.in_channels:
             raise ConfigError(f"model.in_channels={cfg.model.in_channels} but the data has "
                               f"{channels} channel(s); set model.in_channels={channels}")
+        check_fits_data(cfg)  # image size and classes against the model, before any step
         self.steps_per_epoch = len(self.train_loader) // t.grad_accum
         if self.steps_per_epoch == 0:
             raise ConfigError(

@@ -3,6 +3,9 @@
 A few cases run the real entry point (exit status, torchrun); the rest check
 the message where it is raised, which is what the entry point prints.
 """
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -47,6 +50,23 @@ def _run(tiny_fmnist, tmp_path, extra, nproc=0, timeout=120):
     (["data.std=0"], "data.std=0.0 must be a positive, finite number"),
     (["model=resnet18", "model.crop_unused_border=true"],
      "model.crop_unused_border does not apply to model 'resnet18'; drop the override"),
+    (["data.num_workers=-1"], "data.num_workers=-1 must be >= 0"),
+    # the tiny Fashion-MNIST holds 512 training images
+    (["data.batch_size=100000"], "data.batch_size=100000 is more than the training set's 512 images: "
+                                 "a global batch is at most 512; lower data.batch_size"),
+    (["data=synthetic", "data.num_train=50"],
+     "data.batch_size=64 is more than the training set's 50 images (data.num_train=50): a global batch is "
+     "at most 50; lower data.batch_size (or raise data.num_train to 64)"),
+    (["data=synthetic", "data.num_classes=20"],
+     "data.num_classes=20 is more than model.num_classes=10, the classes model=lenet_fast predicts: "
+     "set model.num_classes=20 (or data.num_classes<=10)"),
+    (["model.num_classes=5"], "model.num_classes=5 is fewer than the 10 classes of Fashion-MNIST: "
+                              "set model.num_classes=10"),
+    (["data=synthetic", "model=lenet", "data.image_shape=[1,8,8]"],
+     "data.image_shape=[1, 8, 8] is too small for model=lenet: the smallest image it takes is [1, 26, 26] "
+     "and the largest [1, 29, 29]; set data.image_shape=[1, 26, 26] (or use another model)"),
+    (["data=synthetic", "data.image_shape=[1,32,32]"],  # LeNet's first linear layer wants 4x4 maps
+     "data.image_shape=[1, 32, 32] does not fit model=lenet_fast (a and b must have same reduction dim"),
 ])
 def test_bad_value_message(tiny_fmnist, tmp_path, compose_train, extra, message):
     overrides = [a for a in tiny_overrides(tiny_fmnist, tmp_path) if not a.startswith("hydra.")]
@@ -98,3 +118,77 @@ def test_indivisible_batch_under_torchrun_stops_every_rank(tiny_fmnist, tmp_path
     assert "data.batch_size=64 is the GLOBAL batch and must divide evenly over 3 ranks" in out
     assert "use a multiple of 3 (e.g. 63 or 66)" in out
     assert seconds < 100  # nobody waited for a collective that never comes
+
+
+def test_resnet_takes_small_images_and_lenet_its_own_sizes(tiny_fmnist, tmp_path, compose_train):
+    """The dry forward refuses only what the model cannot run."""
+    overrides = [a for a in tiny_overrides(tiny_fmnist, tmp_path) if not a.startswith("hydra.")]
+    for extra in (["model=resnet18", "data.image_shape=[1,8,8]"], ["model=lenet", "data.image_shape=[1,29,29]"],
+                  ["model.num_classes=12", "data.num_classes=12"]):
+        cfg = compose_train(overrides + ["data=synthetic", "data.num_train=64", "data.num_test=8"] + extra)
+        Trainer(cfg, DistEnv(0, 1, 0, torch.device("cpu"), "none"), tmp_path).close()
+
+
+def _one_error_line(proc, message: str) -> None:
+    """Exit 2, the message as the one `ddp_lab: error:` line on stderr, no traceback."""
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("ddp_lab: error:")]
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+SYNTHETIC = ["data=synthetic", "data.num_train=2048", "data.num_test=256", "trainer.compile=false"]
+
+
+@pytest.mark.system
+@pytest.mark.parametrize("extra,message", [
+    (["data.batch_size=1000000000"], "data.batch_size=1000000000 is more than the training set's 2048 images "
+                                     "(data.num_train=2048): a global batch is at most 2048"),
+    (["data.num_train=100", "data.batch_size=512"], "data.batch_size=512 is more than the training set's 100 "
+                                                    "images (data.num_train=100): a global batch is at most 100"),
+    (["data.num_classes=20"], "data.num_classes=20 is more than model.num_classes=10"),
+    (["model=lenet", "data.image_shape=[1,8,8]"], "data.image_shape=[1, 8, 8] is too small for model=lenet: "
+                                                  "the smallest image it takes is [1, 26, 26]"),
+    (["data.loader=dataloader", "data.num_workers=-1"], "data.num_workers=-1 must be >= 0"),
+    (["dist.timeout_s=0"], "dist.timeout_s=0.0 must be a positive number of seconds"),
+])
+def test_data_the_model_cannot_take_stops_before_training(tiny_fmnist, tmp_path, extra, message):
+    proc, _, _ = _run(tiny_fmnist, tmp_path, SYNTHETIC + extra)
+    _one_error_line(proc, message)
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+TORCHRUN_SAYS = "launch with torchrun, which sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT"
+
+
+@pytest.mark.system
+@pytest.mark.parametrize("env,message", [
+    ({"RANK": "1", "WORLD_SIZE": "1"}, "RANK=1 with WORLD_SIZE=1: a rank must be below the world size (0..0)"),
+    # with a store address, rank 1 used to wait dist.timeout_s (300 s) for a rank 0 that never comes
+    ({"RANK": "1", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555"},
+     "RANK=1 with WORLD_SIZE=1"),
+    ({"RANK": "one", "WORLD_SIZE": "2"}, "RANK=one must be an integer >= 0"),
+    ({"RANK": "0"}, "RANK=0 is set but WORLD_SIZE is not"),
+    ({"RANK": "0", "WORLD_SIZE": "2"}, "WORLD_SIZE=2 but MASTER_ADDR and MASTER_PORT are not set"),
+])
+def test_a_launch_environment_torchrun_did_not_make_is_refused(tmp_path, env, message):
+    full_env = {k: v for k, v in os.environ.items()
+                if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "ddp_lab.train", *SYNTHETIC, f"hydra.run.dir={tmp_path}/run"],
+                          capture_output=True, text=True, timeout=120, env={**full_env, **env})
+    _one_error_line(proc, message)
+    assert TORCHRUN_SAYS in proc.stderr
+    assert time.monotonic() - start < 60  # refused at once, not after dist.timeout_s
+
+
+@pytest.mark.system
+def test_data_the_model_cannot_take_under_torchrun_stops_every_rank(tiny_fmnist, tmp_path):
+    proc, _, seconds = _run(tiny_fmnist, tmp_path, SYNTHETIC + ["data.num_classes=20"], nproc=2)
+    errors = {line for line in proc.stderr.splitlines() if line.startswith("ddp_lab: error:")}
+    assert proc.returncode != 0
+    assert errors == {"ddp_lab: error: data.num_classes=20 is more than model.num_classes=10, the classes "
+                      "model=lenet_fast predicts: set model.num_classes=20 (or data.num_classes<=10)"}
+    for rank in (0, 1):  # each rank refused it on its own, before any collective
+        assert "data.num_classes=20 is more than" in (tmp_path / "run" / f"rank{rank}.log").read_text()
+    assert seconds < 100  # no rank waited for one that had stopped

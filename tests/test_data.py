@@ -5,7 +5,13 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from ddp_lab.config import ConfigError
-from ddp_lab.data import build_loaders, eval_indices, fashion_mnist_splits, per_rank_batch
+from ddp_lab.data import (
+    build_loaders,
+    check_one_batch_fits,
+    eval_indices,
+    fashion_mnist_splits,
+    per_rank_batch,
+)
 
 
 def test_global_batch_is_split_over_ranks():
@@ -88,10 +94,22 @@ def test_loader_starts_mid_epoch_at_the_exact_batch(tiny_fmnist, tmp_path, compo
 
 def test_synthetic_data_is_deterministic(compose_train):
     cfg = compose_train(["data=synthetic", "data.num_train=100", "data.num_test=10",
-                         "data.image_shape=[3,8,8]"]).data
+                         "data.batch_size=100", "data.image_shape=[3,8,8]"]).data
     a, _ = build_loaders(cfg, 0, 1, torch.device("cpu"), seed=5)
     b, _ = build_loaders(cfg, 0, 1, torch.device("cpu"), seed=5)
     xa, ya = next(iter(a.epoch(0)))
     xb, yb = next(iter(b.epoch(0)))
     assert xa.shape == (100, 3, 8, 8) and torch.equal(xa, xb) and torch.equal(ya, yb)
     assert 0.4 < xa.mean().item() < 0.6  # uniform bytes scaled to [0, 1]
+
+
+def test_the_training_set_must_hold_one_global_batch():
+    check_one_batch_fits(512, 512, "synthetic")  # exactly one: fine
+    with pytest.raises(ConfigError) as e:
+        check_one_batch_fits(512, 100, "synthetic")
+    assert str(e.value) == ("data.batch_size=512 is more than the training set's 100 images (data.num_train=100): "
+                            "a global batch is at most 100; lower data.batch_size (or raise data.num_train to 512)")
+    with pytest.raises(ConfigError) as e:
+        check_one_batch_fits(10**9, 60000, "fashion_mnist")
+    assert str(e.value) == ("data.batch_size=1000000000 is more than the training set's 60000 images: "
+                            "a global batch is at most 60000; lower data.batch_size")

@@ -5,14 +5,15 @@ names its function with `_target_`, so a new model is a function plus a YAML fil
     lenet_fast.py  the same function of the same weights, reshaped for less arithmetic
                    and for torch.compile's CPU kernels (model=lenet_fast)
     resnet.py      d2l's small-image ResNet-18 (model=resnet18)
-    build.py       building a model from its config; init, SyncBatchNorm; sizes
+    build.py       building a model from its config; init, SyncBatchNorm; sizes; whether it fits the data
 """
 from ddp_lab.models.build import (
     build_model,
+    check_fits_data,
     finish,
     gradient_bytes,
     load_model_config,
     num_parameters,
 )
 
-__all__ = ["build_model", "finish", "gradient_bytes", "load_model_config", "num_parameters"]
+__all__ = ["build_model", "check_fits_data", "finish", "gradient_bytes", "load_model_config", "num_parameters"]

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from importlib.resources import files
 
+import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch import nn
 
+from ddp_lab import data
 from ddp_lab.config import ConfigError
 from ddp_lab.schema import ModelConfig
 
@@ -56,6 +58,50 @@ def build_model(cfg) -> nn.Module:
             raise ConfigError(f"model.{key} does not apply to model {cfg.get('name')!r}; "
                               f"drop the override") from None
         raise
+
+
+def check_fits_data(cfg) -> None:
+    """Refuse, before training, data the model cannot take: images its layers do not fit,
+    labels beyond the classes it predicts. One image's forward pass on the meta device
+    (shapes only: no arithmetic, no memory) finds both, for any model."""
+    shape, classes, name = data.image_shape(cfg.data), data.num_classes(cfg.data), cfg.model.get("name")
+    with torch.device("meta"):
+        net = build_model(cfg.model).eval()
+    logits, error = _dry_forward(net, shape)
+    if logits is None:
+        raise ConfigError(_misfit(net, shape, name, error))
+    predicts = logits[-1]
+    if classes > predicts and cfg.data.name == "synthetic":
+        raise ConfigError(f"data.num_classes={classes} is more than model.num_classes={predicts}, the "
+                          f"classes model={name} predicts: set model.num_classes={classes} "
+                          f"(or data.num_classes<={predicts})")
+    if classes > predicts:
+        raise ConfigError(f"model.num_classes={predicts} is fewer than the {classes} classes of "
+                          f"Fashion-MNIST: set model.num_classes={classes}")
+
+
+def _dry_forward(net: nn.Module, shape: tuple) -> tuple[torch.Size | None, str]:
+    """(the logits' shape, "") for one image of `shape`, or (None, torch's error line)."""
+    try:
+        with torch.no_grad():
+            return net(torch.empty(1, *shape, device="meta")).shape, ""
+    except RuntimeError as e:  # a kernel larger than its input, a flattened size that does not match
+        return None, str(e).strip().splitlines()[0].rstrip(".")
+
+
+def _misfit(net: nn.Module, shape: tuple, name: str, error: str) -> str:
+    """The error line for images the model does not take, with the square ones it does."""
+    c, h, w = shape
+    limit = max(64, min(2 * max(h, w), 512))  # in the error path only: a few ms a size on meta
+    fits = [n for n in range(1, limit + 1) if _dry_forward(net, (c, n, n))[0] is not None]
+    if not fits:
+        return f"data.image_shape={list(shape)} does not fit model={name} ({error})"
+    smallest = [c, fits[0], fits[0]]
+    largest = f" and the largest {[c, fits[-1], fits[-1]]}" if fits[-1] < limit else ""
+    what = (f"is too small for model={name}" if h < fits[0] or w < fits[0]
+            else f"does not fit model={name} ({error})")
+    return (f"data.image_shape={list(shape)} {what}: the smallest image it takes is {smallest}{largest}; "
+            f"set data.image_shape={smallest} (or use another model)")
 
 
 def load_model_config(name: str):
