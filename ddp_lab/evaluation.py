@@ -27,7 +27,9 @@ def evaluate(model: nn.Module, loader, env: DistEnv,
     was_training = model.training
     model.eval()
     counts = torch.zeros(2, dtype=torch.int64, device=env.device)
+    stall.phase("evaluation")
     for x, y in loader.epoch(0):
+        stall.progress()
         with autocast():
             out = model(x)
         counts[0] += (out.argmax(1) == y).sum()

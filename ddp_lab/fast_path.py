@@ -90,3 +90,17 @@ def resolve_compile(setting, device: torch.device, images_per_rank: int) -> tupl
         need = "Triton" if device.type == "cuda" else "a C++ compiler (g++ or clang++)"
         return False, f"trainer.compile=auto: off, torch.compile needs {need}, not found"
     return True, f"trainer.compile=auto: on ({images_per_rank:,} images per rank)"
+
+
+def own_compile_cache(rank: int) -> str | None:
+    """Give this rank an inductor cache of its own (TORCHINDUCTOR_CACHE_DIR=<default>/rank<N>)
+    unless the user chose one; returns it. The ranks of a machine otherwise share one cache
+    guarded by file locks, and a rank stopped while holding a lock (SIGSTOP, a debugger)
+    held every other rank with it, outside any collective and any timeout. The cost: each
+    rank fills its own cache once (docs/failures.md gives the measured compile times)."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return None
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    path = os.path.join(default_cache_dir(), f"rank{rank}")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+    return path

@@ -176,10 +176,11 @@ class TrainerConfig:
 class DistConfig:
     backend: Backend = key(Backend.auto, "auto (nccl on CUDA, gloo on CPU) | gloo | nccl")
     device: Device = key(Device.auto, "auto (cuda if available) | cpu | cuda (one GPU per rank, by LOCAL_RANK)")
-    timeout_s: float = key(300.0, "a rank waiting longer than this (to join, or in a collective) names who "
-                                  "is missing and stops", ok=positive_finite, rule="a positive number of seconds")
+    timeout_s: float = key(300.0, "a rank waiting longer than this (to join, in a collective) or making no "
+                                  "progress (but for a first compile) names who is missing and stops",
+                           ok=positive_finite, rule="a positive number of seconds")
     stall_warn_s: float = key(60.0, "training: a rank waiting longer than this in a collective logs who has "
-                                    "not arrived (0: no stall inspector)", at_least=0)
+                                    "not arrived (0: no warning)", at_least=0)
     comm_threads: CommThreads = key(CommThreads.normal, "opt-in: gloo's threads at real-time priority on CPU "
                                                         "ranks (realtime; auto: where the ranks fill every core); "
                                                         "paid on 2-core VMs whose ranks fill them (docs/defaults.md)")

@@ -23,10 +23,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ddp_lab import config, distributed, rendezvous, schema, tuning
+from ddp_lab import config, distributed, fast_path, rendezvous, schema, tuning
 from ddp_lab.config import ConfigError, RunFailed, say
 from ddp_lab.guards import stall
 from ddp_lab.guards.preemption import Preemption
+from ddp_lab.guards.watchdog import Watchdog, note_failure
 from ddp_lab.trainer import Trainer
 
 log = logging.getLogger("ddp_lab")
@@ -54,7 +55,7 @@ def _rank_before_setup() -> int:
 @record
 def main(cfg) -> dict:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    env = trainer = inspector = None
+    env = trainer = watchdog = None
     # SIGTERM/SIGINT: finish the step, save, exit 143 (ddp_lab.guards.preemption)
     preemption = Preemption(_rank_before_setup(), cfg.trainer.preempt_save_s, run_dir).install()
     try:
@@ -64,13 +65,14 @@ def main(cfg) -> dict:
                else distributed.setup(d.backend, d.device, d.timeout_s))
         quiet_other_ranks(env.rank)
         preemption.rank = env.rank
+        fast_path.own_compile_cache(env.rank)  # no lock shared with another rank
         stall.log_fatal_signals()
-        if env.distributed and rendezvous.attempt_store() is not None:
-            preemption.watch(rendezvous.attempt_store(), env.world_size)
-        if env.distributed and rendezvous.attempt_store() is not None and cfg.dist.stall_warn_s > 0:
-            inspector = stall.StallInspector(rendezvous.attempt_store(), env.rank,
-                                             env.world_size, run_dir, cfg.dist.stall_warn_s,
-                                             cfg.dist.timeout_s).start()
+        store = rendezvous.attempt_store() if env.distributed else None
+        if store is not None:
+            preemption.watch(store, env.world_size)
+        if store is not None or "TORCHELASTIC_RUN_ID" in os.environ:  # ddp_lab.guards.watchdog
+            watchdog = Watchdog(store, env.rank, env.world_size, run_dir, d.stall_warn_s,
+                                d.timeout_s).start()
         log.info("rank %d/%d on %s (%s, %s comm threads), run dir %s", env.rank, env.world_size,
                  env.device, env.backend, env.comm_threads, run_dir)
         trainer = Trainer(cfg, env, run_dir, preemption)
@@ -85,13 +87,14 @@ def main(cfg) -> dict:
         say(f"ddp_lab: error: {e}")
         sys.exit(2 if isinstance(e, ConfigError) else 1)
     except Exception as e:  # anything else: say where and why in one line, then the traceback
-        stall.report_stop(env.rank if env else 0, f"{type(e).__name__}: "
-                          f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}", inspector)
+        cause = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        stall.report_stop(env.rank if env else 0, cause, watchdog)
+        note_failure(rendezvous.attempt_store(), f"rank {env.rank if env else 0}: {cause}")
         raise
     finally:
         preemption.close()
-        if inspector is not None:
-            inspector.close()
+        if watchdog is not None:
+            watchdog.close()
         if trainer is not None:
             trainer.close()
         distributed.teardown(keep_for_next_job=HydraConfig.get().mode == RunMode.MULTIRUN)

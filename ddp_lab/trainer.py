@@ -53,6 +53,7 @@ class Trainer:
         log.info(amp_reason(t.amp, self.amp, env.device))
         self.autocast = partial(autocast, self.amp, env.device)  # a context for the forward pass
         self.memory_format = torch.channels_last if t.channels_last else torch.contiguous_format
+        stall.phase("loading data")  # every stretch of a rank's life is named (guards/stall.py)
         self.train_loader, self.test_loader = build_loaders(
             cfg.data, env.rank, env.world_size, env.device, cfg.seed, t.channels_last)
         channels = cfg.data.image_shape[0] if cfg.data.name == "synthetic" else 1
@@ -70,6 +71,7 @@ class Trainer:
         self.total_steps = min(total, t.max_steps) if t.max_steps > 0 else total
 
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+        stall.phase("building the model")
         self.model = build_model(cfg.model).to(env.device, memory_format=self.memory_format)
         if env.distributed and env.device.type == "cpu" and any(
                 isinstance(m, nn.SyncBatchNorm) for m in self.model.modules()):
@@ -99,9 +101,11 @@ class Trainer:
                                      env.rank, env.device.type == "cuda")
         self.step = self.epoch = self.batches_done = 0  # batches: of the current epoch
         self.saved_step, self.saved_path = -1, None  # the newest checkpoint this launch wrote
+        self.stepped = False  # whether this process has taken a step yet
         self.last: dict[str, float] = {}  # the newest metrics, for summary.json
         self.world_sizes = [[0, env.world_size]]  # [step, ranks] at every change
         self.checkpointer = Checkpointer(cfg, env, self.run_dir)
+        stall.phase("resuming")
         self.resumed = self.checkpointer.resume()  # last: it overwrites state (and RNG) built above
         if self.resumed is not None:
             self.load_state_dict(self.resumed.shared, self.resumed.own)
@@ -159,6 +163,7 @@ class Trainer:
         k = self.cfg.trainer.grad_accum
         batches = self.train_loader.epoch(epoch, start=self.batches_done)
         while not self.done:
+            stall.phase("data loading")
             t0 = time.perf_counter()  # the host's wait for data: no device sync
             micro = [b for _, b in zip(range(k), batches)]
             self.meter.data_seconds += time.perf_counter() - t0
@@ -169,6 +174,9 @@ class Trainer:
     def _run_batch(self, micro: list) -> None:
         """One optimizer step over k micro-batches; only the last one communicates."""
         stall.at_step(self.step + 1)
+        # a compiled model's first step in this process builds its kernels
+        stall.phase("compile" if self.compiled and not self.stepped else "forward/backward")
+        self.stepped = True
         self.step_timer.start_step()
         for i, (x, y) in enumerate(micro):
             with self.sync.during_backward(last=i == len(micro) - 1):
@@ -178,6 +186,7 @@ class Trainer:
                 self.scaler.scale(loss / len(micro)).backward()
             self.meter.add_batch(loss, out, y)
         self.sync.after_backward()
+        stall.phase("optimizer step")
         self.step_timer.synced()
         self.last_loss = loss.detach()
         self.loss_watch.observe(self.last_loss, self.step + 1)
@@ -187,6 +196,7 @@ class Trainer:
         self.scheduler.step()
 
     def _after_step(self) -> None:
+        stall.phase("logging")
         if self.step % self.cfg.trainer.log_every == 0:
             self.log.scalars({"loss/train_step": self.last_loss.item(),
                               "lr": self.scheduler.get_last_lr()[0],
@@ -282,6 +292,7 @@ class Trainer:
     def finish(self) -> dict:
         """summary.json and model.pt (rank 0), the closing line; every rank returns the summary."""
         self.loss_watch.check()
+        stall.phase("writing results")
         summary = run_summary(self)
         self.log.hparams(self.cfg, self.env.world_size, summary["backend"],
                          {k: summary[k] for k in ("test_acc", "train_loss", "samples_per_sec")})

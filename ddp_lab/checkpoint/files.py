@@ -112,12 +112,13 @@ def write_error(what: str, folder: Path, needed: int, e: BaseException) -> str:
     return f"could not write {what} in {folder}: {type(e).__name__}: {e}"
 
 
-def _agree(env: DistEnv, error: str | None, what: str) -> None:
-    """A barrier that carries failures: every rank raises the first rank's error, if any."""
+def _agree(env: DistEnv, error: str | None, name: str) -> None:
+    """A barrier that carries failures: every rank raises the first rank's error, if any.
+    `name`: the collective's, as the stall lines say it (each agreement its own)."""
     errors = [error]
     if env.distributed:
         errors = [None] * env.world_size
-        with stall.collective(what):
+        with stall.collective(name):
             dist.all_gather_object(errors, error)
     failed = [(r, e) for r, e in enumerate(errors) if e is not None]
     if failed:
@@ -137,6 +138,7 @@ def save(root: Path, step: int, env: DistEnv, own: dict, shared: dict | None,
     tmp, final = root / f".tmp-step-{step}", root / f"step-{step}"
     what = f"checkpoint step-{step}"
     error = None
+    stall.phase(f"{what}: making its folder")
     if env.is_main:
         try:
             root.mkdir(parents=True, exist_ok=True)
@@ -144,7 +146,8 @@ def save(root: Path, step: int, env: DistEnv, own: dict, shared: dict | None,
             tmp.mkdir()
         except OSError as e:
             error = write_error(what, root, nbytes(shared), e)
-    _agree(env, error, what)  # the empty temp dir exists before any rank writes into it
+    _agree(env, error, f"{what}: folder made")  # before any rank writes into it
+    stall.phase(f"{what}: writing rank{env.rank}.pt" + (" and state.pt" if env.is_main else ""))
     try:
         if not tmp.is_dir():
             error = (f"rank {env.rank} cannot see {tmp}, which rank 0 just created: the run "
@@ -156,7 +159,8 @@ def save(root: Path, step: int, env: DistEnv, own: dict, shared: dict | None,
     except (OSError, RuntimeError) as e:  # torch.save reports a short write as RuntimeError
         error = write_error(what, root, nbytes(shared) + nbytes(own), e)
     try:
-        _agree(env, error, what)  # every rank's file is on disk: rank 0 may seal and publish
+        _agree(env, error, f"{what}: files written")  # rank 0 may seal and publish
+        stall.phase(f"{what}: publishing")
         if env.is_main:
             try:
                 _seal(tmp, step, env.world_size, meta)
@@ -164,7 +168,7 @@ def save(root: Path, step: int, env: DistEnv, own: dict, shared: dict | None,
                 _fsync_dir(root)
             except OSError as e:
                 error = write_error(what, root, 4096, e)
-        _agree(env, error, what)
+        _agree(env, error, f"{what}: published")
     except RunFailed:
         if env.is_main:
             shutil.rmtree(tmp, ignore_errors=True)  # give the space back; nothing reads it

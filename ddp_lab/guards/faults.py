@@ -14,9 +14,15 @@ torchrun restart (--max-restarts) then runs clean. Kinds:
 * nan: from that step on, this rank's loss is NaN, as a diverging run's is.
 * term: SIGTERM to its torchrun agent (its parent), which passes it to every
   worker, as SLURM at a time limit or Kubernetes evicting a pod would.
+* stop: SIGSTOP (after a second, for its watchdog to publish where it is),
+  as a debugger or `kill -STOP` would: a rank that cannot answer at all.
 
-(slow, mismatch and nan act from step `step` itself; raise, kill, hang and
-term right after it.)
+`phase=P` moves raise, kill, hang, term and stop from "after step N" to the
+moment the rank enters a phase whose name starts with P at step N or later
+(the phases of ddp_lab.guards.stall: compile, data loading, evaluation,
+checkpoint, ...): `rank=1,step=1,kind=stop,phase=compile`.
+
+(slow, mismatch and nan act from step `step` itself; the others right after it.)
 
 The trainer calls `install(trainer)` once: with DDP_LAB_FAULT set, it wraps
 the few trainer parts the fault acts through on the chosen rank; without it,
@@ -33,8 +39,10 @@ from dataclasses import dataclass
 import torch
 
 from ddp_lab.config import ConfigError, say
+from ddp_lab.guards import stall
 
-KINDS = ("raise", "kill", "hang", "slow=F", "mismatch", "nan", "term")
+KINDS = ("raise", "kill", "hang", "slow=F", "mismatch", "nan", "term", "stop")
+PHASED = ("raise", "kill", "hang", "term", "stop")  # the kinds that phase=P can place
 
 
 @dataclass
@@ -42,6 +50,7 @@ class Fault:
     rank: int
     step: int
     kind: str
+    phase: str | None = None  # fire on entering this phase rather than after the step
     slept_s: float = 0.0  # kind=slow: the sleep added to the last step's compute
 
     @staticmethod
@@ -49,12 +58,17 @@ class Fault:
         spec = os.environ.get("DDP_LAB_FAULT")
         if not spec or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
             return None
-        usage = f"expected rank=R,step=N,kind={'|'.join(KINDS)}"
+        usage = f"expected rank=R,step=N,kind={'|'.join(KINDS)}[,phase=P]"
         try:
             parts = dict(part.split("=", 1) for part in spec.split(","))
-            fault = Fault(int(parts["rank"]), int(parts["step"]), parts["kind"])
+            fault = Fault(int(parts.pop("rank")), int(parts.pop("step")), parts.pop("kind"),
+                          parts.pop("phase", None))
+            if parts:
+                raise KeyError(next(iter(parts)))
         except (KeyError, ValueError):
             raise ConfigError(f"DDP_LAB_FAULT={spec!r}: {usage}") from None
+        if fault.phase is not None and fault.kind not in PHASED:
+            raise ConfigError(f"DDP_LAB_FAULT={spec!r}: phase= goes with kind={'|'.join(PHASED)}")
         known = fault.kind in KINDS or (fault.kind.startswith("slow=") and _factor(fault.kind))
         if not known:
             raise ConfigError(f"DDP_LAB_FAULT={spec!r}: kind must be one of {', '.join(KINDS)} "
@@ -65,23 +79,38 @@ class Fault:
         return rank == self.rank and step >= self.step
 
     def after_step(self, rank: int, step: int) -> None:
-        """Fire, if this is the rank and the step (raise and kill)."""
-        if rank != self.rank or step != self.step:
-            return
+        """Fire, if this is the rank and the step and no phase was named."""
+        if self.phase is None and rank == self.rank and step == self.step:
+            self.fire(rank, f"after step {step}")
+
+    def entering(self, rank: int, phase: str, step: int) -> None:
+        """Fire (once) as the rank enters the named phase at step >= self.step."""
+        if self.phase is not None and self._here(rank, step) and phase.startswith(self.phase):
+            self.phase = None  # once
+            self.fire(rank, f"in {phase} at step {step}")
+
+    def fire(self, rank: int, when: str) -> None:
+        """raise, kill, hang, term or stop, now; says so on stderr (`when`: where)."""
         if self.kind == "kill":
             # A SIGKILLed rank leaves no traceback, and torchrun may name another rank's
             # failure first (the rank that hit the dead peer): say what happened here.
-            say(f"DDP_LAB_FAULT: rank {rank} sends itself SIGKILL after step {step}")
+            say(f"DDP_LAB_FAULT: rank {rank} sends itself SIGKILL {when}")
             os.kill(os.getpid(), signal.SIGKILL)
         if self.kind == "term":
-            say(f"DDP_LAB_FAULT: rank {rank} sends its torchrun agent SIGTERM after step {step}")
+            say(f"DDP_LAB_FAULT: rank {rank} sends its torchrun agent SIGTERM {when}")
             os.kill(os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else os.getpid(),
                     signal.SIGTERM)
         if self.kind == "raise":
-            raise RuntimeError(f"DDP_LAB_FAULT: rank {rank} fails after step {step}")
+            raise RuntimeError(f"DDP_LAB_FAULT: rank {rank} fails {when}")
         if self.kind == "hang":
-            say(f"DDP_LAB_FAULT: rank {rank} hangs after step {step}")
+            say(f"DDP_LAB_FAULT: rank {rank} hangs {when}")
             threading.Event().wait()  # forever; a signal (torchrun's SIGTERM) still ends it
+        if self.kind == "stop":
+            # a second first, so that its watchdog has published this place (it
+            # publishes every 0.5 s: an outside SIGSTOP finds it up to that stale)
+            time.sleep(1.0)
+            say(f"DDP_LAB_FAULT: rank {rank} sends itself SIGSTOP {when}")
+            os.kill(os.getpid(), signal.SIGSTOP)
 
     def slow_down(self, rank: int, step: int, last_compute_s: float) -> None:
         """kind=slow=F, at a step's start: sleep (F-1) times the last step's own compute
@@ -131,6 +160,14 @@ def install(trainer) -> Fault | None:
         start_step()
         fault.slow_down(rank, step(), trainer.step_timer.last_compute)
 
+    if fault.phase is not None:  # every caller reaches stall.phase through the module
+        phase = stall.phase
+
+        def phase_then_fire(name: str) -> None:
+            phase(name)
+            fault.entering(rank, name, stall.HERE.step)
+
+        stall.phase = phase_then_fire
     trainer._after_step = after_step_then_fire
     trainer.step_timer.start_step = start_step_then_sleep
     trainer.loss_fn = lambda out, y: fault.loss(loss_fn(out, y), rank, step())

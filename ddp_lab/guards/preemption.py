@@ -38,6 +38,7 @@ from pathlib import Path
 
 from ddp_lab.config import say
 from ddp_lab.guards import stall
+from ddp_lab.guards.watchdog import FAILED
 
 log = logging.getLogger("ddp_lab")
 
@@ -113,12 +114,18 @@ class Preemption:
             self._deadline.start()
 
     def _give_up(self) -> None:
+        self._no_save(f"the save did not end within trainer.preempt_save_s={self.budget_s:g} "
+                      f"of {self.proposer or self.signal}")
+
+    def _no_save(self, why: str) -> None:
+        """Out now, from a thread: the save cannot happen (a published checkpoint is
+        whole or absent, so nothing partial is left)."""
         if self._closed.is_set():
             return
-        where = stall.why_stopped(self.rank, f"no checkpoint within trainer.preempt_save_s="
-                                  f"{self.budget_s:g} of {self.proposer or self.signal}", None)
-        line = (f"ddp_lab: error: {where}; exiting without one (the previous checkpoint is "
-                "the resume point)")
+        stacks = stall.dump_stacks(self.run_dir, self.rank) if self.run_dir else None
+        line = (f"ddp_lab: error: {stall.why_stopped(self.rank, why, None)}; exiting without a "
+                "checkpoint (the previous one is the resume point)"
+                + (f"; stacks in {stacks}" if stacks else ""))
         log.error(line)
         say(line)
         for h in logging.getLogger().handlers:
@@ -149,13 +156,17 @@ class Preemption:
         """Hold step P until every rank has read it: a rank that got no signal may be
         inside step P already, but cannot finish it while this rank waits here."""
         keys = [f"{ACK}/{r}" for r in range(self.world_size)]
-        try:
-            self.store.wait(keys, timedelta(seconds=ACK_S))
-        except Exception:  # noqa: BLE001  (a timeout; or the store went with a dead rank 0)
-            silent = [str(r) for r, k in enumerate(keys) if not self._has(k)]
-            who = f"rank{'s' if len(silent) > 1 else ''} {', '.join(silent) or '?'}"
-            self._stop_now(signal.Signals[self.signal],
-                           f"{who} did not answer within {ACK_S:g} s, dead or stuck")
+        until = time.monotonic() + ACK_S
+        while time.monotonic() < until and not self._has(FAILED):
+            try:
+                self.store.wait(keys, timedelta(seconds=0.1))
+                return
+            except Exception:  # noqa: BLE001  (a timeout; or the store went with a dead rank 0)
+                pass
+        silent = [str(r) for r, k in enumerate(keys) if not self._has(k)]
+        who = f"rank{'s' if len(silent) > 1 else ''} {', '.join(silent) or '?'}"
+        self._stop_now(signal.Signals[self.signal],
+                       f"{who} did not answer within {ACK_S:g} s, dead or stuck")
 
     def _has(self, key: str) -> bool:
         try:
@@ -178,10 +189,12 @@ class Preemption:
             self._start_deadline()
 
     def _poll(self) -> None:
-        while self.stop_after is None and not self._closed.wait(POLL_S):
+        while not self._closed.wait(POLL_S):
             try:
                 if self.stop_after is None and self.store.check([KEY]):
                     self._learn(self.store.get(KEY).decode())
+                if self.requested and self.store.check([FAILED]):
+                    self._no_save(f"another rank gave up ({self.store.get(FAILED).decode()})")
             except Exception as e:  # noqa: BLE001  (a lost store must not kill training)
                 log.debug("preemption poll: %s", e)
 

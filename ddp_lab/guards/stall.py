@@ -1,37 +1,28 @@
-"""The stall inspector: when a rank waits too long in a collective, say who is missing.
+"""Where each rank is: the marks its training thread leaves, and the lines they make.
 
 A collective waits for its slowest rank, and a rank that hangs (a stuck
 kernel, a dead NFS mount, a stopped process) or skips a collective (a
 desync) leaves every other rank waiting with nothing to say but a timeout.
-So every rank says where it is, and the waiting ones read it:
+So the training thread marks its place, from start-up to exit:
 
-* The training thread marks its place: `at_step(n)` and `with
-  collective("gradient sync"): ...` around every collective (the gradient
-  sync, the loss check under fp16, the epoch's metrics, evaluation's counts,
-  checkpoint agreements). That only sets a few attributes: it costs
-  nanoseconds, whether or not anyone watches.
-* A watcher thread on each rank publishes that place to this attempt's
-  store (ddp_lab.rendezvous) every PUBLISH_S when it changed: one small
-  store write, off the training thread and not once a step (a store round
-  trip each step would compete with the training thread for the GIL and
-  the CPU). A rank that dies at once is found where it was at most
-  PUBLISH_S before.
-* When the training thread has waited in one collective longer than
-  `dist.stall_warn_s`, the watcher reads every rank's place and logs which
-  ranks have not arrived, at which step and in which collective, and what
-  they were last seen doing; at `dist.timeout_s` it writes this rank's
-  Python stacks to `<run dir>/stacks/rank<N>.txt`, prints one line naming
-  the missing ranks, and ends the process (exit 1), so torchrun stops the
-  job. (The process group's own timeout is set a little later, so that this
-  report, not gloo's "Timed out waiting ... for recv", is what users read.)
+* `at_step(n)` as optimizer step n begins;
+* `phase("data loading")` for each stretch of its own work (loading data,
+  compiling, forward/backward, evaluation, writing a checkpoint, ...), and
+  `progress()` inside a long one (each evaluation batch);
+* `with collective("gradient sync"): ...` around every collective (the
+  gradient sync, the epoch's metrics, evaluation's counts, each agreement of
+  a checkpoint save). Collectives are also counted: every rank enters the
+  same ones in the same order, so two ranks with the same count are at the
+  same collective, and a rank with a lower count has not reached it.
+
+A mark only sets a few attributes: nanoseconds, watched or not. The rank's
+watchdog thread (ddp_lab.guards.watchdog) publishes the place and acts on
+it; the functions below turn places into the lines users read.
 """
 from __future__ import annotations
 
 import faulthandler
-import json
 import logging
-import os
-import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,20 +31,26 @@ from ddp_lab.config import say
 
 log = logging.getLogger("ddp_lab")
 
-PUBLISH_S = 0.5  # how often a changed place is published
-
 
 class Place:
     """Where this process's training thread is. One per process (`HERE`)."""
 
     def __init__(self):
         self.step = 0
-        self.phase = "starting"  # the collective entered last (or being waited in)
+        self.phase = "starting"  # the stretch of work, or the collective, marked last
         self.inside = False  # waiting in that collective right now
-        self.entered = time.monotonic()
+        self.collective = False  # whether `phase` names a collective
+        self.seq = 0  # collectives entered so far
+        self.entered = time.monotonic()  # the last mark: progress
+        self.since = time.time()  # the same, as wall time (other ranks read it)
+
+    def mark(self, phase: str, inside: bool = False, collective: bool = False) -> None:
+        self.phase, self.inside, self.collective = phase, inside, collective
+        self.entered, self.since = time.monotonic(), time.time()
 
     def as_dict(self) -> dict:
-        return {"step": self.step, "phase": self.phase, "inside": self.inside, "time": time.time()}
+        return {"step": self.step, "phase": self.phase, "inside": self.inside,
+                "collective": self.collective, "seq": self.seq, "time": self.since}
 
 
 HERE = Place()
@@ -64,35 +61,59 @@ def at_step(step: int) -> None:
     HERE.step = step
 
 
+def phase(name: str) -> None:
+    """The training thread starts a stretch of its own work called `name`."""
+    HERE.mark(name)
+
+
+def progress() -> None:
+    """Still going, in the same phase (a long one: evaluation)."""
+    HERE.entered, HERE.since = time.monotonic(), time.time()
+
+
 @contextmanager
-def collective(phase: str):
+def collective(name: str):
     """Mark the enclosed block as a wait for every rank (see the module docstring).
     If it raises, the rank stays marked as inside: that is where it stopped."""
-    HERE.phase, HERE.inside, HERE.entered = phase, True, time.monotonic()
+    HERE.seq += 1
+    HERE.mark(name, inside=True, collective=True)
     yield
     HERE.inside = False
+    progress()
 
 
 def describe(rank: int, place: dict | None, now: float) -> str:
     if place is None:
         return f"rank {rank} (never seen)"
-    where = "waiting in" if place["inside"] else "last entered"
+    where = ("waiting in" if place["inside"] else
+             "after" if place.get("collective") else "in")
     return (f"rank {rank} ({where} {place['phase']} at step {place['step']}, "
             f"{now - place['time']:.0f} s ago)")
 
 
+def _same_collective(a: dict, b: dict) -> bool:
+    return (a["phase"], a["step"]) == (b["phase"], b["step"])
+
+
+def _out_of_step(me: dict, p: dict | None) -> bool:
+    """A desync: `p` went past the collective `me` waits in, or sits in another one
+    with the same count."""
+    return p is not None and (p["seq"] > me["seq"] or (
+        p["seq"] == me["seq"] and p["inside"] and not _same_collective(me, p)))
+
+
 def missing(me: dict, places: dict[int, dict | None]) -> list[int]:
-    """The ranks that have not reached the collective `me` is waiting in."""
+    """The ranks that have not reached the collective `me` is waiting in: never seen,
+    fewer collectives entered (still computing, or stuck before it), or out of step."""
     return [r for r, p in places.items()
-            if p is None or (p["step"], p["phase"], p["inside"]) != (me["step"], me["phase"], True)]
+            if p is None or p["seq"] < me["seq"] or _out_of_step(me, p)]
 
 
 def late_ranks(me: dict, places: dict[int, dict | None]) -> str:
     """The ranks not where `me` is, each with its place; a desync said as such."""
     late, now = missing(me, places), time.time()
     text = "; ".join(describe(r, places[r], now) for r in late) or "no rank (all arrived)"
-    if any(places[r] and places[r]["step"] == me["step"] and places[r]["phase"] != me["phase"]
-           for r in late):
+    if any(_out_of_step(me, places[r]) for r in late):
         text += ": the ranks are out of step (a rank skipped or added a collective: a desync)"
     return text
 
@@ -102,6 +123,14 @@ def stall_report(rank: int, waited: float, places: dict[int, dict | None]) -> st
     me = places[rank]
     return (f"rank {rank} has waited {waited:.0f} s in {me['phase']} at step {me['step']} "
             f"for {late_ranks(me, places)}")
+
+
+def no_progress_report(rank: int, waited: float, places: dict[int, dict | None]) -> str:
+    """`rank 1 has made no progress for 301 s in data loading at step 7 (others: ...)`."""
+    me, now = places[rank], time.time()
+    others = "; ".join(describe(r, p, now) for r, p in places.items() if r != rank)
+    return (f"rank {rank} has made no progress for {waited:.0f} s in {me['phase']} at step "
+            f"{me['step']}" + (f" (the others: {others})" if others else ""))
 
 
 def dump_stacks(run_dir: Path, rank: int) -> Path | None:
@@ -116,76 +145,15 @@ def dump_stacks(run_dir: Path, rank: int) -> Path | None:
     return path
 
 
-class StallInspector:
-    """The watcher thread of one rank (see the module docstring)."""
-
-    def __init__(self, store, rank: int, world_size: int, run_dir: Path, warn_s: float,
-                 timeout_s: float):
-        self.store, self.rank, self.world_size = store, rank, world_size
-        self.run_dir, self.warn_s, self.timeout_s = Path(run_dir), warn_s, timeout_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="ddp_lab_stall", daemon=True)
-
-    def start(self) -> StallInspector:
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        self._stop.set()
-
-    def places(self) -> dict[int, dict | None]:
-        """Every rank's last published place (None where nothing was published)."""
-        keys = [f"place/{r}" for r in range(self.world_size)]
-        found = {}
-        for r, key in enumerate(keys):
-            found[r] = json.loads(self.store.get(key)) if self.store.check([key]) else None
-        found[self.rank] = HERE.as_dict()  # our own, fresher than the store's copy
-        return found
-
-    def _watch(self) -> None:
-        published, warned_for = None, None
-        while not self._stop.wait(PUBLISH_S):  # a tick, or close()
-            try:
-                place = (HERE.step, HERE.phase, HERE.inside)
-                if place != published:
-                    self.store.set(f"place/{self.rank}", json.dumps(HERE.as_dict()))
-                    published = place
-                waited = time.monotonic() - HERE.entered
-                if not HERE.inside:
-                    continue
-                if waited >= self.timeout_s:
-                    self._give_up(waited)
-                if waited >= self.warn_s and warned_for != (HERE.step, HERE.phase, HERE.entered):
-                    warned_for = (HERE.step, HERE.phase, HERE.entered)
-                    log.warning("%s", stall_report(self.rank, waited, self.places()))
-            except Exception as e:  # noqa: BLE001  (a lost store must not kill training)
-                log.debug("stall inspector: %s", e)
-
-    def _give_up(self, waited: float) -> None:
-        try:
-            report = stall_report(self.rank, waited, self.places())
-        except Exception as e:  # noqa: BLE001  (the store itself may be gone with rank 0)
-            report = (f"rank {self.rank} has waited {waited:.0f} s in {HERE.phase} at step "
-                      f"{HERE.step} (the other ranks' places are unreadable: {e})")
-        stacks = dump_stacks(self.run_dir, self.rank)
-        line = (f"ddp_lab: error: {report}; giving up at dist.timeout_s={self.timeout_s:g}"
-                + (f"; stacks in {stacks.parent}" if stacks else ""))
-        log.error(line)
-        say(line)
-        for h in logging.getLogger().handlers:
-            h.flush()
-        os._exit(1)
-
-
-def why_stopped(rank: int, cause: str, inspector: StallInspector | None) -> str:
+def why_stopped(rank: int, cause: str, watchdog=None) -> str:
     """One line: where this rank stopped, why, and (after a failed collective) which
     ranks were not where it was."""
-    where = (f"{'in' if HERE.inside else 'after'} {HERE.phase}" if HERE.phase != "starting"
-             else "while starting")
+    where = ("while starting" if HERE.phase == "starting" else
+             f"{'after' if HERE.collective and not HERE.inside else 'in'} {HERE.phase}")
     line = f"rank {rank} stopped at step {HERE.step} {where}: {cause}"
-    if inspector is not None and HERE.inside:
+    if watchdog is not None and HERE.inside:
         try:
-            places = inspector.places()
+            places = watchdog.places()
             if missing(places[rank], places):
                 line += "; not there: " + late_ranks(places[rank], places)
         except Exception:  # noqa: BLE001  (the store may be gone with the peer)
@@ -202,8 +170,8 @@ def log_fatal_signals() -> None:
             return
 
 
-def report_stop(rank: int, cause: str, inspector: StallInspector | None) -> None:
+def report_stop(rank: int, cause: str, watchdog=None) -> None:
     """why_stopped() on stderr and in this rank's log, before torchrun's own report."""
-    line = why_stopped(rank, cause, inspector)
+    line = why_stopped(rank, cause, watchdog)
     log.error("%s", line)
     say(f"ddp_lab: {line}")

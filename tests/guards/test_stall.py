@@ -1,4 +1,5 @@
 """The stall inspector's reports: who has not arrived, a desync, why a rank stopped."""
+import subprocess
 import time
 
 import pytest
@@ -6,31 +7,59 @@ import pytest
 from ddp_lab.guards import stall
 
 
-def _place(step, phase, inside, ago=0.0):
-    return {"step": step, "phase": phase, "inside": inside, "time": time.time() - ago}
+def _place(step, phase, inside, ago=0.0, seq=10, collective=None):
+    return {"step": step, "phase": phase, "inside": inside, "seq": seq,
+            "collective": inside if collective is None else collective, "time": time.time() - ago}
 
 
 def test_a_waiting_rank_names_the_ranks_that_have_not_arrived():
-    places = {0: _place(120, "gradient sync", True), 1: _place(119, "loss check", False, ago=75),
+    places = {0: _place(120, "gradient sync", True), 1: _place(120, "data loading", False, ago=75, seq=9),
               2: _place(120, "gradient sync", True), 3: None}
     assert stall.missing(places[0], places) == [1, 3]
     assert stall.stall_report(0, 61.2, places) == (
-        "rank 0 has waited 61 s in gradient sync at step 120 for rank 1 (last entered loss "
-        "check at step 119, 75 s ago); rank 3 (never seen)")
+        "rank 0 has waited 61 s in gradient sync at step 120 for rank 1 (in data loading at "
+        "step 120, 75 s ago); rank 3 (never seen)")
 
 
-def test_a_rank_in_another_collective_at_the_same_step_is_a_desync():
+def test_a_rank_in_another_collective_with_the_same_count_is_a_desync():
     places = {0: _place(5, "gradient sync", True), 1: _place(5, "loss check", True, ago=30)}
     assert stall.stall_report(0, 30, places) == (
         "rank 0 has waited 30 s in gradient sync at step 5 for rank 1 (waiting in loss check "
         "at step 5, 30 s ago): the ranks are out of step (a rank skipped or added a "
         "collective: a desync)")
+    places[1] = _place(6, "gradient sync", True, seq=11)  # went past a collective rank 0 waits in
+    assert "a desync" in stall.stall_report(0, 30, places)
+
+
+def test_a_rank_computing_or_in_an_earlier_collective_is_late_not_a_desync():
+    for other in (_place(5, "forward/backward", False, seq=9),
+                  _place(5, "evaluation buffers", True, seq=9),  # its stale, last published place
+                  _place(4, "gradient sync", False, seq=9)):  # left step 4's, then stopped
+        places = {0: _place(5, "gradient sync", True), 1: other}
+        assert stall.missing(places[0], places) == [1]
+        assert "desync" not in stall.stall_report(0, 30, places)
+    left = _place(5, "gradient sync", False, seq=10)  # has just left the one rank 0 is in
+    assert stall.missing(_place(5, "gradient sync", True), {1: left}) == []
+
+
+def test_each_phase_of_a_save_has_its_own_name():
+    """Rank 0 stopped while writing; rank 1 waits in the agreement after the writes."""
+    places = {0: _place(10, "checkpoint step-10: writing rank0.pt and state.pt", False, ago=20,
+                        seq=20),
+              1: _place(10, "checkpoint step-10: files written", True, seq=21)}
+    assert stall.stall_report(1, 20, places) == (
+        "rank 1 has waited 20 s in checkpoint step-10: files written at step 10 for rank 0 "
+        "(in checkpoint step-10: writing rank0.pt and state.pt at step 10, 20 s ago)")
 
 
 def test_the_training_thread_marks_its_place():
     stall.at_step(7)
+    stall.phase("evaluation")
+    assert stall.why_stopped(0, "SIGTERM", None) == "rank 0 stopped at step 7 in evaluation: SIGTERM"
+    seq = stall.HERE.seq
     with stall.collective("evaluation counts"):
         assert (stall.HERE.step, stall.HERE.phase, stall.HERE.inside) == (7, "evaluation counts", True)
+        assert stall.HERE.seq == seq + 1
         assert stall.why_stopped(2, "RuntimeError: Connection closed by peer", None) == (
             "rank 2 stopped at step 7 in evaluation counts: RuntimeError: Connection closed by peer")
     assert not stall.HERE.inside
@@ -45,53 +74,18 @@ def test_stacks_are_written_per_rank(tmp_path):
     assert stall.dump_stacks(tmp_path / "file", 0) is None  # cannot: no crash either
 
 
-class _Store:
-    """A dict with the two store calls the inspector makes."""
-
-    def __init__(self):
-        self.data = {}
-
-    def set(self, key, value):
-        self.data[key] = value.encode() if isinstance(value, str) else value
-
-    def get(self, key):
-        return self.data[key]
-
-    def check(self, keys):
-        return all(k in self.data for k in keys)
-
-
-def test_the_inspector_publishes_and_reads_places(monkeypatch, tmp_path):
-    monkeypatch.setattr(stall, "PUBLISH_S", 0.05)
-    store = _Store()
-    store.set("place/1", '{"step": 3, "phase": "loss check", "inside": false, "time": 0}')
-    inspector = stall.StallInspector(store, 0, 2, tmp_path, warn_s=60, timeout_s=120).start()
-    try:
-        stall.at_step(4)
-        with stall.collective("gradient sync"):
-            deadline = time.monotonic() + 5
-            while b'"step": 4' not in store.data.get("place/0", b"") and time.monotonic() < deadline:
-                time.sleep(0.02)
-            places = inspector.places()
-    finally:
-        inspector.close()
-    assert places[0]["step"] == 4 and places[0]["phase"] == "gradient sync"
-    assert places[1] == {"step": 3, "phase": "loss check", "inside": False, "time": 0}
-    assert stall.missing(places[0], places) == [1]
-
-
 @pytest.fixture(autouse=True)
 def _fresh_place(monkeypatch):
     monkeypatch.setattr(stall, "HERE", stall.Place())
 
 
 # ---------------------------------------------------------------- through torchrun
-def _run_with_fault(tiny_fmnist, tmp_path, fault, extra=()):
+def _run_with_fault(tiny_fmnist, tmp_path, fault, extra=(), timeout_s=20):
     from tests.conftest import run_module, tiny_overrides
     run = tmp_path / "run"
     start = time.monotonic()
     proc = run_module("ddp_lab.train", tiny_overrides(tiny_fmnist, run) + [
-        "dist.timeout_s=20", "dist.stall_warn_s=4", *extra], nproc=2,
+        f"dist.timeout_s={timeout_s}", "dist.stall_warn_s=4", *extra], nproc=2,
         env={"DDP_LAB_FAULT": fault}, timeout=240)
     return run, proc, time.monotonic() - start
 
@@ -102,15 +96,48 @@ def test_a_hung_rank_is_named_and_every_rank_is_gone_within_the_timeout(tiny_fmn
     assert proc.returncode != 0
     assert "DDP_LAB_FAULT: rank 1 hangs after step 3" in proc.stderr
     rank0 = (run / "rank0.log").read_text()
-    assert "rank 0 has waited" in rank0 and "in gradient sync at step 4 for rank 1 (last " \
-        "entered gradient sync at step 3" in rank0  # the warning at stall_warn_s
+    assert "rank 0 has waited" in rank0 and "in gradient sync at step 4 for rank 1 (in " \
+        "logging at step 3" in rank0  # the warning at stall_warn_s
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("ddp_lab: error: rank 0 has")]
-    assert len(errors) == 1 and "for rank 1 (last entered gradient sync at step 3" in errors[0]
+    assert len(errors) == 1 and "for rank 1 (in logging at step 3" in errors[0]
     assert "giving up at dist.timeout_s=20" in errors[0]
-    assert "ddp_lab: rank 1 stopped at step 3 after gradient sync: SIGTERM" in proc.stderr
+    # rank 1's own watchdog: its training thread made no progress outside a collective
+    assert "ddp_lab: error: rank 1 has made no progress for 20 s in logging at step 3 (the " \
+        "others: rank 0 (waiting in gradient sync at step 4" in proc.stderr
     assert sorted(p.name for p in (run / "stacks").iterdir()) == ["rank0.txt", "rank1.txt"]
     assert "in after_step" in (run / "stacks" / "rank1.txt").read_text()  # where it hung
     assert seconds < 20 + 60  # the timeout, plus start-up and torchrun's stop on a busy machine
+
+
+STOPS = {  # where rank 1 is stopped: DDP_LAB_FAULT's step and phase, what rank 0 names
+    "steady state": ("step=3", "", "in gradient sync at step 4 for rank 1 (in logging at step 3"),
+    "compile": ("step=1", ",phase=compile", "in gradient sync at step 1 for rank 1 (in compile "
+                                            "at step 1"),
+    "evaluation": ("step=8", ",phase=evaluation", "in evaluation counts at step 8 for rank 1 (in "
+                                                  "evaluation at step 8"),
+    "checkpoint write": ("step=8", ",phase=checkpoint step-8: writing",
+                         "in checkpoint step-8: files written at step 8 for rank 1 (in "
+                         "checkpoint step-8: writing rank1.pt at step 8"),
+}
+
+
+@pytest.mark.system
+@pytest.mark.parametrize("where", STOPS)
+def test_a_stopped_rank_is_named_with_its_phase_and_the_job_ends(tiny_fmnist, tmp_path, where):
+    """SIGSTOP: rank 1 cannot answer at all, not even through its watchdog."""
+    step, phase, named = STOPS[where]
+    run, proc, seconds = _run_with_fault(
+        tiny_fmnist, tmp_path, f"rank=1,{step},kind=stop{phase}",
+        [f"trainer.compile={'true' if where == 'compile' else 'false'}"], timeout_s=10)
+    assert proc.returncode != 0
+    assert "DDP_LAB_FAULT: rank 1 sends itself SIGSTOP" in proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("ddp_lab: error: rank 0 has")]
+    assert len(errors) == 1 and named in errors[0], proc.stderr[-3000:]
+    assert "giving up at dist.timeout_s=10" in errors[0]
+    # torchrun SIGKILLs the stopped rank 30 s after its SIGTERM; a cold compile adds ~20 s
+    assert seconds < 10 + 30 + 60 + (30 if where == "compile" else 0)
+    leftover = subprocess.run(["pgrep", "-f", f"hydra.run.dir={run}"], capture_output=True)
+    assert leftover.stdout == b"", "a rank outlived the job"
 
 
 @pytest.mark.system

@@ -1,0 +1,136 @@
+"""A rank's watchdog: a thread that watches its training thread from start-up to exit.
+
+Every PUBLISH_S it reads the place the training thread marked
+(ddp_lab.guards.stall) and:
+
+* publishes it to this attempt's store (ddp_lab.rendezvous) when it changed:
+  one small write, off the training thread and never once a step, so the
+  other ranks can say where this one is, even after it stopped answering;
+* checks that the torchrun agent that started this rank is still its parent.
+  An agent gone (SIGKILL, the OOM killer) leaves nobody to stop the job, and
+  on a GPU node its workers would hold the GPUs for hours: the rank says so
+  and exits at once, writing no result;
+* when the training thread has waited in one collective longer than
+  `dist.stall_warn_s`, logs which ranks have not arrived and where they were
+  last seen; at `dist.timeout_s` it writes this rank's Python stacks to
+  `<run dir>/stacks/rank<N>.txt`, prints one line naming them and ends the
+  process (exit 1), so torchrun stops the job. (The process group's own
+  timeout is set a little later, so that this line is what users read.)
+* when the training thread has made no progress outside any collective for
+  `dist.timeout_s` (a read from a dead network filesystem, a stuck disk, a
+  deadlock), the same, naming this rank and its phase. The first step of a
+  compiled model (phase "compile") is exempt: a cold compile can take
+  minutes, and no other rank waits on it, since each compiles into its own
+  cache (ddp_lab.fast_path); the ranks waiting for it still name it.
+
+Why a thread in the rank and not torch.distributed.elastic.timer: elastic's
+timers are enforced by the torchrun agent, which can kill a worker that no
+longer answers, but only when the agent was started with its timer server
+(TORCHELASTIC_ENABLE_FILE_TIMER=1), and a timer knows one worker's deadline,
+not whom the other ranks wait for. This needs no setting and names the
+missing rank and its phase; a rank that cannot answer at all (stopped, hung
+in C) is named by the ranks waiting for it, which end the job.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+from ddp_lab.config import say
+from ddp_lab.guards import stall
+
+log = logging.getLogger("ddp_lab")
+
+PUBLISH_S = 0.5  # how often the place is looked at (and published when it changed)
+FAILED = "failed"  # store key: the first line of a rank that gave up (see note_failure)
+NO_TIMEOUT = ("compile",)  # phases with no timeout of their own (see the docstring)
+
+
+class Watchdog:
+    """The watchdog thread of one rank. `store` None: a rank alone (nothing to publish)."""
+
+    def __init__(self, store, rank: int, world_size: int, run_dir: Path, warn_s: float,
+                 timeout_s: float):
+        self.store, self.rank, self.world_size = store, rank, world_size
+        self.run_dir, self.warn_s, self.timeout_s = Path(run_dir), warn_s, timeout_s
+        # under torchrun our parent is the agent; a new parent means it is gone
+        self.agent = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="ddp_lab_watchdog", daemon=True)
+
+    def start(self) -> Watchdog:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def places(self) -> dict[int, dict | None]:
+        """Every rank's last published place (None where nothing was published)."""
+        found = {}
+        for r in range(self.world_size):
+            key = f"place/{r}"
+            found[r] = (json.loads(self.store.get(key))
+                        if self.store is not None and self.store.check([key]) else None)
+        found[self.rank] = stall.HERE.as_dict()  # our own, fresher than the store's copy
+        return found
+
+    def _watch(self) -> None:
+        published, warned_for = None, None
+        while not self._stop.is_set():
+            self._stop.wait(0 if published is None else PUBLISH_S)  # at once, then every tick
+            if self.agent is not None and os.getppid() != self.agent:
+                self._end(f"rank {self.rank}: its torchrun agent (process {self.agent}) is gone "
+                          "(killed, or out of memory) and nothing else would stop this rank; "
+                          "stopping now, writing no result", stacks=False)
+            here = stall.HERE
+            try:
+                place = (here.step, here.phase, here.inside, here.seq)
+                if self.store is not None and place != published:
+                    self.store.set(f"place/{self.rank}", json.dumps(here.as_dict()))
+                    published = place
+                waited = time.monotonic() - here.entered
+                if here.inside:
+                    if waited >= self.timeout_s:
+                        self._give_up(stall.stall_report, waited)
+                    if 0 < self.warn_s <= waited and warned_for != (place, here.entered):
+                        warned_for = (place, here.entered)
+                        log.warning("%s", stall.stall_report(self.rank, waited, self.places()))
+                elif waited >= self.timeout_s and here.phase not in NO_TIMEOUT:
+                    self._give_up(stall.no_progress_report, waited)
+            except Exception as e:  # noqa: BLE001  (a lost store must not kill training)
+                log.debug("watchdog: %s", e)
+
+    def _give_up(self, report, waited: float) -> None:
+        try:
+            line = report(self.rank, waited, self.places())
+        except Exception as e:  # noqa: BLE001  (the store itself may be gone with rank 0)
+            line = (f"rank {self.rank} has waited {waited:.0f} s in {stall.HERE.phase} at step "
+                    f"{stall.HERE.step} (the other ranks' places are unreadable: {e})")
+        self._end(f"{line}; giving up at dist.timeout_s={self.timeout_s:g}")
+
+    def _end(self, line: str, stacks: bool = True) -> None:
+        path = stall.dump_stacks(self.run_dir, self.rank) if stacks else None
+        line += f"; stacks in {path.parent}" if path else ""
+        log.error("ddp_lab: error: %s", line)
+        say(f"ddp_lab: error: {line}")
+        note_failure(self.store, line)
+        for h in logging.getLogger().handlers:
+            h.flush()
+        os._exit(1)
+
+
+def note_failure(store, line: str) -> None:
+    """Tell the other ranks this one is giving up (best effort): a rank told to stop by
+    torchrun then knows no checkpoint can be agreed on, and exits at once
+    (ddp_lab.guards.preemption) instead of at trainer.preempt_save_s."""
+    if store is None:
+        return
+    try:
+        store.set(FAILED, line)
+    except Exception:  # noqa: BLE001  (the store may be gone already)
+        pass

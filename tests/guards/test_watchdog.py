@@ -1,0 +1,116 @@
+"""The watchdog thread: publishes the place, ends a rank that makes no progress or lost its agent."""
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ddp_lab.guards import stall, watchdog
+from ddp_lab.guards.watchdog import Watchdog
+
+
+class _Store:
+    """A dict with the three store calls the watchdog makes."""
+
+    def __init__(self):
+        self.data = {}
+
+    def set(self, key, value):
+        self.data[key] = value.encode() if isinstance(value, str) else value
+
+    def get(self, key):
+        return self.data[key]
+
+    def check(self, keys):
+        return all(k in self.data for k in keys)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_place(monkeypatch):
+    monkeypatch.setattr(stall, "HERE", stall.Place())
+
+
+def test_the_watchdog_publishes_and_reads_places(monkeypatch, tmp_path):
+    monkeypatch.setattr(watchdog, "PUBLISH_S", 0.05)
+    store = _Store()
+    store.set("place/1", '{"step": 3, "phase": "data loading", "inside": false, "seq": 0, '
+                         '"collective": false, "time": 0}')
+    dog = Watchdog(store, 0, 2, tmp_path, warn_s=60, timeout_s=120).start()
+    try:
+        stall.at_step(4)
+        with stall.collective("gradient sync"):
+            deadline = time.monotonic() + 5
+            while b'"step": 4' not in store.data.get("place/0", b"") and time.monotonic() < deadline:
+                time.sleep(0.02)
+            places = dog.places()
+    finally:
+        dog.close()
+    assert places[0]["step"] == 4 and places[0]["phase"] == "gradient sync" and places[0]["seq"] == 1
+    assert places[1]["phase"] == "data loading" and places[1]["seq"] == 0
+    assert stall.missing(places[0], places) == [1]  # no collective entered yet: not there
+
+
+WATCHED = """
+import sys, time
+from ddp_lab.guards import stall, watchdog
+watchdog.PUBLISH_S = 0.05
+stall.at_step(3)
+stall.phase(sys.argv[1])
+watchdog.Watchdog(None, 0, 1, sys.argv[2], warn_s=0, timeout_s=0.5).start()
+time.sleep(3)
+print("still here")
+"""
+
+
+def test_no_progress_outside_a_collective_ends_the_rank_naming_its_phase(tmp_path):
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", WATCHED, "data loading", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "still here" not in proc.stdout
+    assert time.monotonic() - started < 3 + 10  # well before the sleep would have ended
+    assert re.search(r"ddp_lab: error: rank 0 has made no progress for [01] s in data loading at "
+                     r"step 3; giving up at dist.timeout_s=0.5; stacks in " + re.escape(
+                         str(tmp_path / "stacks")), proc.stderr), proc.stderr
+    assert 'File "<string>", line 8 in <module>' in (tmp_path / "stacks" / "rank0.txt").read_text()
+
+
+def test_a_first_compile_has_no_timeout_of_its_own(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", WATCHED, "compile", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "still here" in proc.stdout, proc.stderr
+
+
+ORPHAN = """
+import os, sys, time
+from ddp_lab.guards import watchdog
+watchdog.PUBLISH_S = 0.05
+watchdog.Watchdog(None, 1, 2, sys.argv[1], warn_s=0, timeout_s=300).start()
+print("ready", flush=True)
+time.sleep(60)
+"""
+AGENT = """
+import os, signal, subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]], stdout=subprocess.PIPE,
+                         stderr=open(sys.argv[3], "w"))
+assert child.stdout.readline() == b"ready\\n"
+print(child.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would
+"""
+
+
+def test_a_rank_whose_torchrun_agent_is_gone_stops_within_seconds(tmp_path):
+    err = tmp_path / "rank1.err"
+    env = {**os.environ, "TORCHELASTIC_RUN_ID": "test"}
+    agent = subprocess.run([sys.executable, "-c", AGENT, ORPHAN, str(tmp_path), str(err)],
+                           capture_output=True, text=True, timeout=60, env=env)
+    assert agent.returncode == -9, agent.stderr
+    pid, gone_at = int(agent.stdout.strip()), time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z" \
+            and time.monotonic() < gone_at:
+        time.sleep(0.05)
+    assert time.monotonic() < gone_at, "the orphaned rank is still running"
+    assert ("ddp_lab: error: rank 1: its torchrun agent (process" in err.read_text()
+            and "is gone (killed, or out of memory) and nothing else would stop this rank; "
+                "stopping now, writing no result" in err.read_text())
