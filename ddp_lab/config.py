@@ -5,8 +5,8 @@ evaluated by each rank on its own, seconds apart, so the ranks of one launch
 would write into different directories. torchrun gives every worker of a
 launch (and of its restarts, and of every node) the same TORCHELASTIC_RUN_ID,
 so the run directory is named after it. `--standalone` makes that id a random
-UUID; name a run with `--rdzv_id=NAME`, or pin the directory with
-`hydra.run.dir=...`. A launch without torchrun uses the start time instead.
+UUID and ignores `--rdzv_id`: name such a run with DDP_LAB_RUN_ID=NAME, or
+pin the directory with `hydra.run.dir=...`. A launch without torchrun uses the start time instead.
 """
 from __future__ import annotations
 

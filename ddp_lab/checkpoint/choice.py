@@ -6,17 +6,22 @@ The rules, decided once by rank 0 for all ranks:
   its torchrun agents or its SLURM job: a torchrun restart, a requeued job)
   continues from its newest intact checkpoint; if it died before its first
   checkpoint it starts again as it was told.
+* Starting again where an earlier launch left TensorBoard events but no
+  checkpoint and no result (stopped before its first save), the events are
+  moved aside to tb-before-<time>/, so the curves start clean; nothing else
+  was there to lose.
 * Any other launch may write there only to continue: `trainer.resume=auto`
   continues from the newest intact checkpoint (its config is checked by
   compat.validate). With nothing to continue from, a run directory that
-  holds an earlier result (model.pt, summary.json, TensorBoard events,
-  checkpoints) is refused in one line saying what is there and where to go
-  instead; an empty one starts afresh (a new SLURM job, say).
+  holds an earlier result (model.pt, summary.json, checkpoints) is refused
+  in one line saying what is there and where to go instead; an empty one
+  starts afresh (a new SLURM job, say).
 * `trainer.resume=<path>` loads that checkpoint into a run directory that
   holds nothing yet.
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import NamedTuple
 
@@ -25,7 +30,15 @@ import torch.distributed as dist
 from ddp_lab.checkpoint.files import DIRNAME, META, STEP_DIR, newest, problem
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
-from ddp_lab.guards.rundir import earlier_results, launch_identity, owned_by
+from ddp_lab.guards.rundir import (
+    EVENTS_ONLY,
+    earlier_results,
+    launch_identity,
+    owned_by,
+    set_events_aside,
+)
+
+log = logging.getLogger("ddp_lab")
 
 
 class Choice(NamedTuple):
@@ -54,10 +67,10 @@ def _explicit(path: Path) -> Path:
 def _refuse_if_taken(run_dir: Path, resume: str) -> None:
     """ConfigError if `run_dir` holds an earlier run that this launch would write over."""
     held = earlier_results(run_dir)
-    if not held:
+    if not held or (resume == "auto" and held == [EVENTS_ONLY]):
         return
     what = f"{run_dir} already holds an earlier run ({', '.join(held)})"
-    where = "in another directory (hydra.run.dir=... or a new --rdzv_id)"
+    where = "in another directory (hydra.run.dir=... or DDP_LAB_RUN_ID=<name>)"
     if resume == "auto":
         raise ConfigError(f"trainer.resume=auto: {what} but no intact checkpoint to continue "
                           f"from, and will not overwrite it; start afresh {where}")
@@ -78,6 +91,11 @@ def pick(resume: str, run_dir: Path, owned: bool) -> Path | None:
     if not owned:
         _refuse_if_taken(run_dir, resume)
     if resume in ("none", "auto"):
+        moved = set_events_aside(run_dir)
+        if moved is not None:
+            log.warning("%s holds an earlier launch's TensorBoard events but no checkpoint or "
+                        "result (it stopped before its first save): starting afresh, those "
+                        "events moved to %s", run_dir, moved.name)
         return None
     return _explicit(Path(resume).expanduser())
 

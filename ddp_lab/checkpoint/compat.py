@@ -83,4 +83,4 @@ def validate(step_dir, meta: dict, subset: dict) -> None:
         raise ConfigError(
             f"cannot resume from {step_dir}: config hash differs (" + "; ".join(diff) + "). "
             "Either set those keys back to the checkpoint's values, or start a new run "
-            "directory (a new --rdzv_id or hydra.run.dir, with trainer.resume=none)")
+            "directory (hydra.run.dir=... or DDP_LAB_RUN_ID=<name>, with trainer.resume=none)")

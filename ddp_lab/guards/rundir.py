@@ -14,6 +14,12 @@ it). Nothing a user saved there may ever be written over, so before training:
   id) finds itself there and carries on with its own files; any other
   launch is a stranger, and may only continue the run from a checkpoint
   of the same config (ddp_lab.checkpoint.choice decides).
+* `live_launch` finds a stranger still running: one job per run directory.
+  Two jobs in one directory would write the same checkpoints over each
+  other, so `RunDirCheck` refuses the second before it writes anything.
+  It can see the processes of its own host only (a job on another host
+  is not seen), and a launch is recorded once it has chosen what to resume
+  from, a few seconds into its start.
 
 Why not TORCHELASTIC_RESTART_COUNT alone: an attempt that was refused (it
 found an earlier run) is restarted by torchrun too, and must be refused
@@ -37,6 +43,7 @@ from ddp_lab.config import ConfigError, say
 from ddp_lab.telemetry.metrics import write_json_atomic
 
 LAUNCHES = "launches.json"
+EVENTS_ONLY = "TensorBoard events in tb/"  # what a launch stopped before its first save leaves
 
 
 # ---------------------------------------------------------------- usable at all
@@ -87,6 +94,11 @@ class RunDirCheck(Callback):
     def _check(path, key: str) -> None:
         try:
             check_usable(Path(str(path)).absolute(), key)
+            live = live_launch(Path(str(path)), launch_identity())
+            if live is not None:
+                raise ConfigError(f"run directory {path} is in use by a running job ({live}); "
+                                  f"wait for it to end or stop it, or choose another with "
+                                  f"{key}=<directory>")
         except ConfigError as e:
             say(f"ddp_lab: error: {e}")
             sys.exit(2)
@@ -97,9 +109,8 @@ def earlier_results(run_dir: Path) -> list[str]:
     """What an earlier run left in `run_dir`, in words ([] when nothing)."""
     run_dir = Path(run_dir)
     held = [name for name in ("model.pt", "summary.json") if (run_dir / name).exists()]
-    tb = run_dir / "tb"
-    if tb.is_dir() and any(p.name.startswith("events.") for p in tb.rglob("*")):
-        held.append("TensorBoard events in tb/")
+    if _has_events(run_dir / "tb"):
+        held.append(EVENTS_ONLY)
     ckpts = run_dir / "checkpoints"
     if ckpts.is_dir():
         steps = sorted(int(p.name[5:]) for p in ckpts.iterdir()
@@ -107,6 +118,23 @@ def earlier_results(run_dir: Path) -> list[str]:
         if steps:
             held.append(f"checkpoints up to step-{steps[-1]}")
     return held
+
+
+def _has_events(tb: Path) -> bool:
+    return tb.is_dir() and any(p.name.startswith("events.") for p in tb.rglob("*"))
+
+
+def set_events_aside(run_dir: Path) -> Path | None:
+    """Move tb/ to tb-before-<time>/ when it holds events; returns where, or None."""
+    tb = Path(run_dir) / "tb"
+    if not _has_events(tb):
+        return None
+    aside = tb.with_name(f"tb-before-{time.strftime('%Y%m%d-%H%M%S')}")
+    n = 1
+    while aside.exists():
+        aside, n = tb.with_name(f"tb-before-{time.strftime('%Y%m%d-%H%M%S')}-{n}"), n + 1
+    os.rename(tb, aside)
+    return aside
 
 
 # ---------------------------------------------------------------- whose it is
@@ -149,6 +177,33 @@ def owned_by(run_dir: Path, identities: list[str]) -> bool:
     """Whether a launch with any of these identities already wrote into `run_dir`."""
     mine = set(identities)
     return any(mine & set(launch.get("owners", [])) for launch in read_launches(run_dir))
+
+
+def _running(identity: str) -> str | None:
+    """`identity` (launch_identity's form) in words if it is a process running on this
+    host now, else None."""
+    kind, _, where = identity.partition(":")
+    parts = where.split("/")
+    if kind not in ("agent", "process") or len(parts) != 4 or not parts[2].isdigit():
+        return None
+    host, boot, pid, start = parts
+    if host != socket.gethostname() or boot != _boot_id() or _process_start(int(pid)) != start:
+        return None
+    return f"{'torchrun agent' if kind == 'agent' else 'process'} {pid} on {host}"
+
+
+def live_launch(run_dir: Path, identities: list[str]) -> str | None:
+    """Another launch that wrote into `run_dir` and still runs here, in words, or None."""
+    mine = set(identities)
+    for launch in read_launches(run_dir):
+        owners = set(launch.get("owners", []))
+        if owners & mine:
+            continue
+        for owner in sorted(owners):
+            running = _running(owner)
+            if running is not None:
+                return f"{running}, started {launch.get('started_at', '?')}"
+    return None
 
 
 def record_launch(run_dir: Path, identities: list[str], resumed_from: str | None) -> None:

@@ -6,7 +6,7 @@ from ddp_lab.config import ConfigError
 from ddp_lab.guards.rundir import launch_identity, record_launch
 from tests.checkpoint.conftest import ALONE, save_small
 
-ELSEWHERE = "in another directory (hydra.run.dir=... or a new --rdzv_id)"
+ELSEWHERE = "in another directory (hydra.run.dir=... or DDP_LAB_RUN_ID=<name>)"
 
 
 def _finished_run_without_checkpoints(run):
@@ -70,6 +70,20 @@ def test_events_alone_are_an_earlier_run(tmp_path):
     (run / "tb" / "sub" / "events.out.tfevents.1.host").write_bytes(b"events")
     with pytest.raises(ConfigError, match=r"\(TensorBoard events in tb/\)"):
         checkpoint.pick("none", run, owned=False)
+
+
+@pytest.mark.parametrize("resume, owned", [("auto", False), ("none", True)])
+def test_stopped_before_its_first_save_resume_auto_or_its_own_restart_starts_afresh(
+        tmp_path, resume, owned, caplog):
+    """A preemption before the first checkpoint left events only: set aside, start again."""
+    run = tmp_path / "run"
+    (run / "tb").mkdir(parents=True)
+    (run / "tb" / "events.out.tfevents.1.host").write_bytes(b"events")
+    assert checkpoint.pick(resume, run, owned=owned) is None
+    aside = [p for p in run.iterdir() if p.name.startswith("tb-before-")]
+    assert len(aside) == 1 and (aside[0] / "events.out.tfevents.1.host").read_bytes() == b"events"
+    assert not (run / "tb").exists()
+    assert f"starting afresh, those events moved to {aside[0].name}" in caplog.text
 
 
 def test_an_explicit_checkpoint_goes_into_an_empty_directory_only(tmp_path):

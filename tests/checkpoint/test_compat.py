@@ -33,8 +33,8 @@ def test_validate_names_every_differing_key(compose_train):
     assert str(e.value) == (
         "cannot resume from ck: config hash differs (optim.lr: 0.2 in the checkpoint vs 0.05 "
         "now; seed: 0 in the checkpoint vs 3 now). Either set those keys back to the "
-        "checkpoint's values, or start a new run directory (a new --rdzv_id or hydra.run.dir, "
-        "with trainer.resume=none)")
+        "checkpoint's values, or start a new run directory (hydra.run.dir=... or "
+        "DDP_LAB_RUN_ID=<name>, with trainer.resume=none)")
 
 
 def test_a_checkpoint_that_hashed_a_key_now_left_out_still_resumes(compose_train):

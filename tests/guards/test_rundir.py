@@ -64,6 +64,23 @@ def test_launches_are_recorded_and_recognised(tmp_path, monkeypatch):
     assert [x["resumed_from"] for x in launches] == [None, "ck/step-5"]
 
 
+def test_a_launch_still_running_here_is_found_and_a_dead_or_own_one_is_not(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    running = rundir.launch_identity()  # this test's process: alive
+    host, boot, pid, start = running[0].split(":", 1)[1].split("/")
+    dead = f"agent:{host}/{boot}/{pid}/{int(start) + 1}"  # the same pid, another start: reused
+    rundir.record_launch(tmp_path, [dead], resumed_from=None)
+    assert rundir.live_launch(tmp_path, ["agent:me/1/2/3"]) is None
+    rundir.record_launch(tmp_path, running, resumed_from=None)
+    started = rundir.read_launches(tmp_path)[-1]["started_at"]
+    assert rundir.live_launch(tmp_path, ["agent:me/1/2/3"]) == (
+        f"process {os.getpid()} on {host}, started {started}")
+    assert rundir.live_launch(tmp_path, running) is None  # our own launch, restarted
+    elsewhere = f"agent:not-{host}/{boot}/{pid}/{start}"
+    assert rundir._running(elsewhere) is None  # another host: not seen from here
+
+
 @pytest.mark.system
 def test_the_entry_point_refuses_an_unusable_run_dir_in_one_line(tiny_fmnist, tmp_path):
     (tmp_path / "afile").write_text("x")
@@ -107,8 +124,8 @@ def test_resume_auto_never_overwrites_a_finished_run(finished_without_checkpoint
     assert _errors(proc.stderr) == [
         f"ddp_lab: error: trainer.resume=auto: {run} already holds an earlier run (model.pt, "
         "summary.json, TensorBoard events in tb/) but no intact checkpoint to continue from, and "
-        "will not overwrite it; start afresh in another directory (hydra.run.dir=... or a new "
-        "--rdzv_id)"]
+        "will not overwrite it; start afresh in another directory (hydra.run.dir=... or "
+        "DDP_LAB_RUN_ID=<name>)"]
     assert "Traceback" not in proc.stdout + proc.stderr
     after = _snapshot(run)
     # Hydra recorded the refused launch beside the first one's record, not over it
@@ -146,3 +163,42 @@ def test_a_complete_run_resumed_writes_nothing(tiny_fmnist, tmp_path):
     after = _snapshot(run)
     assert {k: v for k, v in after.items() if not k.startswith(".hydra/launch-")} == before
     assert (run / "launches.json").read_text() == launches
+
+
+@pytest.mark.system
+def test_a_second_launch_into_a_live_run_directory_is_refused_and_writes_nothing(
+        tiny_fmnist, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import free_port
+    run = tmp_path / "run"
+    args = tiny_overrides(tiny_fmnist, run) + [
+        "data=synthetic", "data.num_train=60000", "data.num_test=512", "trainer.compile=false",
+        "trainer.epochs=5", "trainer.amp=off"]
+    first = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+         "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{free_port()}", "-m",
+         "ddp_lab.train", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "launches.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert first.poll() is None and (run / "launches.json").exists()
+        hydra_before = sorted(p.name for p in (run / ".hydra").iterdir())
+        second = run_module("ddp_lab.train", args + ["trainer.resume=auto"], nproc=2, timeout=120)
+        assert second.returncode != 0
+        errors = set(_errors(second.stderr))
+        assert len(errors) == 1, second.stderr[-3000:]  # both ranks, the same line
+        assert errors.pop().startswith(
+            f"ddp_lab: error: run directory {run} is in use by a running job (torchrun agent "
+            f"{first.pid} on ")
+        assert sorted(p.name for p in (run / ".hydra").iterdir()) == hydra_before
+        assert len(rundir.read_launches(run)) == 1
+    finally:
+        first.send_signal(signal.SIGTERM)  # the first job saves on its way out
+        first.wait(timeout=60)
+    assert any(p.name.startswith("step-") for p in (run / "checkpoints").iterdir())
