@@ -29,7 +29,7 @@ from ddp_lab.fast_path import amp_reason, autocast, resolve_amp, resolve_compile
 from ddp_lab.guards import faults, stall
 from ddp_lab.guards.divergence import LossWatch
 from ddp_lab.guards.preemption import Preemption
-from ddp_lab.models import build_model, check_fits_data
+from ddp_lab.models import build_model, check_fits_data, check_sync_bn
 from ddp_lab.optim import build_optimizer, build_schedule
 from ddp_lab.sync import build_sync
 from ddp_lab.telemetry.meter import Meter, flops_and_peak
@@ -56,11 +56,7 @@ class Trainer:
         stall.phase("loading data")  # every stretch of a rank's life is named (guards/stall.py)
         self.train_loader, self.test_loader = build_loaders(
             cfg.data, env.rank, env.world_size, env.device, cfg.seed, t.channels_last)
-        channels = cfg.data.image_shape[0] if cfg.data.name == "synthetic" else 1
-        if channels != cfg.model.in_channels:
-            raise ConfigError(f"model.in_channels={cfg.model.in_channels} but the data has "
-                              f"{channels} channel(s); set model.in_channels={channels}")
-        check_fits_data(cfg)  # image size and classes against the model, before any step
+        check_fits_data(cfg)  # channels, image size and classes against the model, before any step
         self.steps_per_epoch = len(self.train_loader) // t.grad_accum
         if self.steps_per_epoch == 0:
             raise ConfigError(
@@ -73,11 +69,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         stall.phase("building the model")
         self.model = build_model(cfg.model).to(env.device, memory_format=self.memory_format)
-        if env.distributed and env.device.type == "cpu" and any(
-                isinstance(m, nn.SyncBatchNorm) for m in self.model.modules()):
-            raise ConfigError("model.sync_bn=true needs GPU ranks: torch's SyncBatchNorm does not "
-                              "run on CPU. Set model.sync_bn=false (each rank then normalises "
-                              "with its own batch's statistics)")
+        check_sync_bn(self.model, env.distributed, env.device)
         step_images = t.grad_accum * self.train_loader.batch_size  # a rank's, in a whole step
         self.compiled, why = resolve_compile(t.compile, env.device, self.total_steps * step_images)
         log.info(why)

@@ -10,10 +10,12 @@ names its function with `_target_`, so a new model is a function plus a YAML fil
 from ddp_lab.models.build import (
     build_model,
     check_fits_data,
+    check_sync_bn,
     finish,
     gradient_bytes,
     load_model_config,
     num_parameters,
 )
 
-__all__ = ["build_model", "check_fits_data", "finish", "gradient_bytes", "load_model_config", "num_parameters"]
+__all__ = ["build_model", "check_fits_data", "check_sync_bn", "finish", "gradient_bytes", "load_model_config",
+           "num_parameters"]

@@ -60,11 +60,23 @@ def build_model(cfg) -> nn.Module:
         raise
 
 
+def check_sync_bn(model: nn.Module, distributed: bool, device: torch.device) -> None:
+    """torch's SyncBatchNorm runs on GPU ranks only."""
+    if distributed and device.type == "cpu" and any(
+            isinstance(m, nn.SyncBatchNorm) for m in model.modules()):
+        raise ConfigError("model.sync_bn=true needs GPU ranks: torch's SyncBatchNorm does not "
+                          "run on CPU. Set model.sync_bn=false (each rank then normalises "
+                          "with its own batch's statistics)")
+
+
 def check_fits_data(cfg) -> None:
-    """Refuse, before training, data the model cannot take: images its layers do not fit,
-    labels beyond the classes it predicts. One image's forward pass on the meta device
+    """Refuse, before training, data the model cannot take: another number of channels,
+    images its layers do not fit, labels beyond the classes it predicts. One image's forward pass on the meta device
     (shapes only: no arithmetic, no memory) finds both, for any model."""
     shape, classes, name = data.image_shape(cfg.data), data.num_classes(cfg.data), cfg.model.get("name")
+    if shape[0] != cfg.model.in_channels:
+        raise ConfigError(f"model.in_channels={cfg.model.in_channels} but the data has "
+                          f"{shape[0]} channel(s); set model.in_channels={shape[0]}")
     with torch.device("meta"):
         net = build_model(cfg.model).eval()
     logits, error = _dry_forward(net, shape)

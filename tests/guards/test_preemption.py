@@ -116,3 +116,26 @@ def test_without_a_signal_a_step_costs_no_store_access():
     p = Preemption(0, 30.0)
     p.store, p.world_size = Untouchable(), 2  # watch() without its poll thread
     assert not any(p.stop_here(step) for step in range(1, 1000))
+
+
+def test_a_signal_after_another_rank_gave_up_exits_at_once_without_a_save(tmp_path):
+    """torchrun stops the survivors with SIGTERM when a rank failed: no save can be agreed
+    on, so a rank that reads the failure in the store leaves at once."""
+    code = ("import signal, sys, time, torch.distributed as dist\n"
+            "from ddp_lab.guards import preemption\n"
+            "from ddp_lab.guards.watchdog import note_failure\n"
+            "preemption.POLL_S = 0.05\n"
+            "store = dist.HashStore()\n"
+            "p = preemption.Preemption(1, 30.0, sys.argv[1]).install()\n"
+            "p.watch(store, 2)\n"
+            "note_failure(store, 'rank 0 has waited 20 s in gradient sync at step 4')\n"
+            "signal.raise_signal(signal.SIGTERM)\n"
+            "time.sleep(30)\n")
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 143, proc.stderr
+    assert time.monotonic() - started < 15  # not trainer.preempt_save_s=30
+    assert ("another rank gave up (rank 0 has waited 20 s in gradient sync at step 4); exiting "
+            "without a checkpoint (the previous one is the resume point); stacks in "
+            f"{tmp_path / 'stacks' / 'rank1.txt'}") in proc.stderr
