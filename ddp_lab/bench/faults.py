@@ -1,12 +1,13 @@
 """How a job fails: the time from each injected fault to the last rank's exit, and what it says.
 
-    python -m ddp_lab.bench.faults                        # every kind, 2 ranks
+    python -m ddp_lab.bench.faults                        # every fault, 2 ranks
     python -m ddp_lab.bench.faults --kinds hang,kill --timeout-s 30 --out DIR
 
-Each kind of DDP_LAB_FAULT (ddp_lab.guards.faults) is injected into rank 1 of a
-short 2-rank run on synthetic data; the clock starts at the fault's own line
-on stderr (or, for kind=nan, at the start of the step it poisons) and stops
-when torchrun has exited. The table gives the seconds, the exit status and
+Each fault of FAULTS below (a DDP_LAB_FAULT of ddp_lab.guards.faults, at a
+step and maybe in a phase) is injected into rank 1 of a short 2-rank run on
+synthetic data (64 steps, one epoch); the clock starts at the fault's own
+line on stderr (or, for kind=nan, at the start of the step it poisons) and
+stops when torchrun has exited. The table gives the seconds, the exit status and
 the first line each rank said (`ddp_lab: ...`). With --out, the raw lines
 and the table go to DIR with a record.json (ddp_lab.telemetry.provenance).
 
@@ -27,7 +28,22 @@ import threading
 import time
 from pathlib import Path
 
-KINDS = ("raise", "kill", "hang", "mismatch", "nan")
+# name: (DDP_LAB_FAULT without rank=, extra overrides). Step 64 is the epoch's last:
+# its evaluation and the epoch-end checkpoint follow it.
+FAULTS = {
+    "raise": ("step=5,kind=raise", []),
+    "kill": ("step=5,kind=kill", []),
+    "hang": ("step=5,kind=hang", []),
+    "mismatch": ("step=5,kind=mismatch", []),
+    "nan": ("step=5,kind=nan", []),
+    "term": ("step=5,kind=term", []),  # a preemption: the save on the way out
+    "stop": ("step=5,kind=stop", []),
+    "stop@compile": ("step=1,kind=stop,phase=compile", ["trainer.compile=true"]),
+    "stop@evaluation": ("step=64,kind=stop,phase=evaluation", []),
+    "stop@checkpoint": ("step=64,kind=stop,phase=checkpoint step-64: writing", []),
+    "hang@data": ("step=5,kind=hang,phase=data loading", []),
+}
+KINDS = tuple(FAULTS)
 
 
 def free_port() -> int:
@@ -36,16 +52,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_fault(kind: str, run_dir: Path, timeout_s: float, step: int = 5) -> dict:
-    """One 2-rank run with DDP_LAB_FAULT=rank=1,step=<step>,kind=<kind>; its timings."""
+def run_fault(kind: str, run_dir: Path, timeout_s: float) -> dict:
+    """One 2-rank run with FAULTS[kind] on rank 1; its timings."""
+    fault, overrides = FAULTS[kind]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
            "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{free_port()}",
            "-m", "ddp_lab.train", "data=synthetic", "data.num_train=4096", "data.num_test=256",
            "data.batch_size=64", "trainer.epochs=1", "trainer.progress=false",
            f"dist.timeout_s={timeout_s}", f"dist.stall_warn_s={max(1.0, timeout_s / 4)}",
-           f"hydra.run.dir={run_dir}"]
+           f"hydra.run.dir={run_dir}", *overrides]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-           "DDP_LAB_FAULT": f"rank=1,step={step},kind={kind}"}
+           "DDP_LAB_FAULT": f"rank=1,{fault}"}
     lines: list[tuple[float, str]] = []
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -55,11 +72,12 @@ def run_fault(kind: str, run_dir: Path, timeout_s: float, step: int = 5) -> dict
     rc = proc.wait(timeout=timeout_s * 4 + 300)
     end = time.monotonic()
     reader.join(5)
-    marker = "DDP_LAB_FAULT" if kind != "nan" else f"step {step}"
+    marker = "DDP_LAB_FAULT" if kind != "nan" else "step 5"
     fault_at = next((t for t, ln in lines if marker in ln and "ddp_lab:" not in ln), None)
     if kind == "nan":  # no line of its own: the step before it ends with a checkpoint-free log
         fault_at = next((t for t, ln in lines if "training diverged" in ln), None)
     said = [ln for _, ln in lines if ln.startswith("ddp_lab:")]
+    said += [ln.split(" - ", 1)[-1] for _, ln in lines if "saved checkpoint" in ln]  # term
     return {"kind": kind, "exit_status": rc, "total_s": round(end - start, 1),
             "fault_to_exit_s": None if fault_at is None else round(end - fault_at, 1),
             "said": said[:4], "lines": [ln for _, ln in lines]}

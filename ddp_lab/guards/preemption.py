@@ -62,7 +62,7 @@ class Preemption:
         self.signal: str | None = None  # the signal this rank got, by name
         self.exit_code = 128 + signal.SIGTERM
         self.stop_after: int | None = None  # P, once proposed or learned
-        self.proposer = ""  # "rank 1 (SIGTERM)": who asked, for the lines we print
+        self.proposer = ""  # "SIGTERM to rank 1": who asked, for the lines we print
         self.store, self.world_size = None, 1
         self._lock = threading.Lock()
         self.got_at = 0.0  # monotonic time of the signal (or of learning P)

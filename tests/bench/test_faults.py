@@ -9,7 +9,8 @@ from ddp_lab.bench import faults
 def test_bad_arguments_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         faults.main(["--kinds", "explode"])
-    assert "--kinds: explode not among raise, kill, hang, mismatch, nan" in capsys.readouterr().err
+    assert ("--kinds: explode not among raise, kill, hang, mismatch, nan, term, stop, stop@compile, "
+            "stop@evaluation, stop@checkpoint, hang@data") in capsys.readouterr().err
     with pytest.raises(SystemExit):
         faults.main(["--out", str(tmp_path)])  # exists already
     assert "exists: give a new folder" in capsys.readouterr().err
