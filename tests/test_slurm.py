@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import free_port, read_summary
 
@@ -45,9 +46,12 @@ class Slurm:
     def run(self, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
         return subprocess.run(args, capture_output=True, text=True, env=self.env, cwd=cwd, timeout=60)
 
-    def submit(self, workdir: Path, overrides: list[str], **env: str) -> str:
-        proc = subprocess.run(["sbatch", "--parsable", str(SBATCH), *overrides], capture_output=True,
-                              text=True, cwd=workdir, env={**self.env, **env}, timeout=60)
+    def submit(self, workdir: Path, overrides: list[str], options: tuple[str, ...] = (),
+               **env: str) -> str:
+        """sbatch [options] the script [Hydra overrides], from workdir; returns the job id."""
+        proc = subprocess.run(["sbatch", "--parsable", *options, str(SBATCH), *overrides],
+                              capture_output=True, text=True, cwd=workdir, env={**self.env, **env},
+                              timeout=60)
         assert proc.returncode == 0, proc.stderr
         return proc.stdout.strip().split(";")[0]
 
@@ -165,12 +169,92 @@ def test_requeue_resumes_from_the_newest_checkpoint(slurm, tmp_path, cancel_on_f
     run_dir = tmp_path / "outputs" / job_id
     resumed = re.findall(r"resumed from (\S+)/checkpoints/step-(\d+) \(step (\d+)", text)
     assert len(resumed) == 1 and resumed[0][0] == str(run_dir), text[-3000:]
-    assert resumed[0][1] == resumed[0][2] and int(resumed[0][1]) in (10, 20, 30)
+    step = int(resumed[0][1])
+    assert resumed[0][1] == resumed[0][2] and 10 <= step < 40
+    # the newest checkpoint at the requeue: a periodic one (ckpt_every), or the ranks' own save
+    # on SLURM's SIGTERM, made only where the rank read SLURM's and its agent's as one
+    assert step % 10 == 0 or f"saved checkpoint step-{step}" in text, text[-3000:]
     assert read_summary(run_dir)["steps"] == 40  # trainer.max_steps, counted across both attempts
     assert [p.name for p in (tmp_path / "outputs").iterdir()] == [job_id]
     # both attempts belong to one launch (the same SLURM job): two agents each
     [launch] = owners(run_dir)
     assert f"slurm:{job_id}" in launch and sum(o.startswith("agent:") for o in launch) == 4
+
+
+# About 55 s of training (320 steps of 0.17 s on 2 nodes x 1 rank here) and 10 s of start-up:
+# more than a time limit of one minute, the shortest SLURM has (--time counts whole minutes).
+LONGER_THAN_A_MINUTE = [*(o for o in QUICK if not o.startswith("trainer.epochs=")), "trainer.epochs=4",
+                        "data.num_train=40960", "trainer.preempt_save_s=5"]
+
+
+def test_the_time_limit_warning_saves_requeues_and_the_job_ends_bit_identical(
+        slurm, tmp_path, cancel_on_failure):
+    """--time=1 and the warning 10 s before it (a save takes under 1 s here, bounded by
+    trainer.preempt_save_s=5). slurmctld sends the warning at its first look (every 30 s) that
+    finds the limit within 10 + 30 s, i.e. 20-50 s into an attempt, and a requeued job starts
+    again some 10 s later (slurm_local.sh: cred_expire): each attempt trains 10-40 s, so the job
+    takes 2-6 attempts."""
+    ref_dir, cut_dir = tmp_path / "ref", tmp_path / "cut"
+    ref_dir.mkdir()
+    cut_dir.mkdir()
+    # the same training without a time limit in its way, first in the queue: nothing else
+    # takes the nodes while the job under test waits to start again
+    reference = slurm.submit(ref_dir, LONGER_THAN_A_MINUTE)
+    cancel_on_failure.append(reference)
+    job_id = slurm.submit(cut_dir, LONGER_THAN_A_MINUTE, ("--time=1", "--signal=B:USR1@10"))
+    cancel_on_failure.append(job_id)
+    ref = slurm.wait(reference, ref_dir / f"slurm-{reference}.out", timeout=240)
+    assert (ref["JobState"], ref["ExitCode"], ref["Restarts"]) == ("COMPLETED", "0:0", "0"), \
+        tail(ref_dir / f"slurm-{reference}.out")
+
+    log = cut_dir / f"slurm-{job_id}.out"
+    states, deadline = [], time.monotonic() + 480  # (seconds, JobState, Restarts) at each change
+    while time.monotonic() < deadline:
+        job = slurm.job(job_id)
+        now = (job.get("JobState"), job.get("Restarts"))
+        if not states or states[-1][1:] != now:
+            states.append((time.monotonic(), *now))
+        if now[0] in ENDED:
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"job {job_id} did not end within 480 s; its log:\n{tail(log)}")
+    text = log.read_text()
+    assert (job["JobState"], job["ExitCode"]) == ("COMPLETED", "0:0"), tail(log)
+    restarts = int(job["Restarts"])
+    assert restarts >= 1, tail(log)
+
+    # each attempt but the last: the warning, every rank's save, the requeue; the next resumes there
+    assert len(re.findall(rf"job {job_id}: SIGUSR1 at ", text)) == restarts, tail(log)
+    assert len(re.findall(rf"job {job_id}: the step ended \(\d+\) at .*; requeued", text)) == restarts
+    saved = re.findall(r"rank 0: saved checkpoint step-(\d+) ([\d.]+) s after SIGTERM", text)
+    resumed = re.findall(r"resumed from \S+/checkpoints/step-(\d+) \(step (\d+)", text)
+    assert len(saved) == restarts and all(float(took) < 5 for _, took in saved), tail(log)
+    assert [s for s, _ in saved] == [r for r, _ in resumed], tail(log)  # each from the one just saved
+    assert "stopping at once, no save" not in text  # each rank got one SIGTERM, from its agent
+    assert f"job {job_id} (restart {restarts})" in text
+
+    run_dir = cut_dir / "outputs" / job_id
+    a, b = read_summary(ref_dir / "outputs" / reference), read_summary(run_dir)
+    assert (b["steps"], b["train_loss"], b["test_correct"]) == (a["steps"], a["train_loss"],
+                                                                a["test_correct"])
+    wa = torch.load(ref_dir / "outputs" / reference / "model.pt", weights_only=True)
+    wb = torch.load(run_dir / "model.pt", weights_only=True)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    [launch] = owners(run_dir)  # every attempt belongs to the one launch of this SLURM job
+    assert f"slurm:{job_id}" in launch
+
+    # for the record (pytest -s): how long after the warning the ranks saved, how long a
+    # requeued job waited to run again
+    pending = {r: t for t, state, r in reversed(states) if state == "PENDING"}
+    running = {r: t for t, state, r in reversed(states) if state == "RUNNING"}
+    waits = [round(running[r] - pending[r], 1) for r in map(str, range(1, restarts + 1))
+             if r in pending and r in running]
+    warned = re.findall(rf"job {job_id}: SIGUSR1 at (\S+),", text)
+    got = re.findall(r"\[[\d-]+ ([\d:]+),\d+\]\[ddp_lab\]\[WARNING\] - rank 0 got SIGTERM", text)
+    print(f"\njob {job_id}: {restarts} requeues; warnings at {warned}, rank 0 got SIGTERM at {got} "
+          f"and saved {[float(t) for _, t in saved]} s later, at steps {[int(s) for s, _ in saved]}; "
+          f"requeued to running again in {waits} s")
 
 
 def machine_state() -> tuple:
