@@ -24,7 +24,9 @@ the signal, and:
 
 A second signal, or `trainer.preempt_save_s=0`, stops at once without a save:
 this rank's Python stacks go to <run dir>/stacks/rank<N>.txt and one line
-says where it stopped.
+says where it stopped. The same signal again within REPEAT_S is not a second
+one: SLURM signals every process of a job (scancel, its time limit), so a
+rank gets SIGTERM from SLURM and, a moment later, from its torchrun agent.
 """
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ KEY = "preempt/stop_after"  # "<step> <rank> <signal>": the step every rank stop
 ACK = "preempt/read"  # /<rank>: that rank knows the step
 POLL_S = 0.5  # how often a rank with no signal looks for a proposal
 ACK_S = 5.0  # how long the proposer waits for every rank to read it
+REPEAT_S = 2.0  # the same signal within this is the same request (see the docstring)
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -66,6 +69,7 @@ class Preemption:
         self.store, self.world_size = None, 1
         self._lock = threading.Lock()
         self.got_at = 0.0  # monotonic time of the signal (or of learning P)
+        self.signalled_at = 0.0  # of this rank's own signal
         self._closed = threading.Event()
         self._deadline: threading.Timer | None = None
 
@@ -90,9 +94,14 @@ class Preemption:
     # ---------------------------------------------------------- the signal
     def _on_signal(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
+        if name == self.signal and time.monotonic() - self.signalled_at < REPEAT_S:
+            log.info("rank %d: %s again (from SLURM and torchrun both): the same request",
+                     self.rank, name)
+            return
         if self.requested or self.budget_s == 0:
             self._stop_now(signum, "a second time" if self.requested else "trainer.preempt_save_s=0")
         self.signal, self.exit_code, self.got_at = name, 128 + signum, time.monotonic()
+        self.signalled_at = self.got_at
         line = (f"rank {self.rank} got {name} at step {stall.HERE.step}: finishing the step and "
                 f"saving a checkpoint within trainer.preempt_save_s={self.budget_s:g} "
                 f"(a second {name} stops at once)")

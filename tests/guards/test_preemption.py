@@ -32,9 +32,13 @@ def test_alone_the_step_in_flight_is_saved_and_the_exit_is_143(tmp_path, handler
     assert "after SIGTERM to rank 0; exit 143: continue with trainer.resume=auto" in caplog.text
 
 
-def test_a_second_signal_stops_at_once_with_the_stacks(tmp_path, handlers, capsys):
+def test_a_second_signal_stops_at_once_with_the_stacks(tmp_path, handlers, capsys, monkeypatch):
+    monkeypatch.setattr(preemption, "REPEAT_S", 0.2)
     p = Preemption(1, 30.0, tmp_path).install()
     signal.raise_signal(signal.SIGINT)  # Ctrl-C: the same save as SIGTERM
+    signal.raise_signal(signal.SIGINT)  # at once again: from SLURM and torchrun both, one request
+    assert p.signal == "SIGINT" and not p.stop_after
+    time.sleep(0.3)
     with pytest.raises(Terminated) as e:
         signal.raise_signal(signal.SIGINT)
     p.close()
