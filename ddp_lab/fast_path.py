@@ -98,9 +98,12 @@ def own_compile_cache(rank: int) -> str | None:
     guarded by file locks, and a rank stopped while holding a lock (SIGSTOP, a debugger)
     held every other rank with it, outside any collective and any timeout. The cost: each
     rank fills its own cache once (docs/failures.md gives the measured compile times)."""
-    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
-        return None
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-    path = os.path.join(default_cache_dir(), f"rank{rank}")
+    default = default_cache_dir()
+    # importing torch._inductor sets the variable to the default itself: only another
+    # value is the user's choice
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR", default) != default:
+        return None
+    path = os.path.join(default, f"rank{rank}")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
     return path

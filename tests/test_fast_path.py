@@ -5,6 +5,7 @@ loss on a fixed set of training batches, trains two short epochs, and checks
 that the knob is really in effect and that the same batches' loss fell.
 """
 import math
+import os
 
 import pytest
 import torch
@@ -127,3 +128,18 @@ def test_the_amp_decision_is_said_in_one_line():
     assert amp_reason("auto", "bf16", CPU) == ("trainer.amp=auto: bf16, this CPU runs bf16 "
                                                "natively (avx512_bf16 or AMX)")
     assert amp_reason("bf16", "bf16", CPU) == "trainer.amp=bf16"
+
+
+def test_each_rank_compiles_into_its_own_cache_unless_the_user_chose_one(monkeypatch):
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from ddp_lab.fast_path import own_compile_cache
+    default = default_cache_dir()
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    assert own_compile_cache(3) == os.path.join(default, "rank3")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == os.path.join(default, "rank3")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default)  # what importing inductor sets
+    assert own_compile_cache(1) == os.path.join(default, "rank1")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/shared")  # the user's choice
+    assert own_compile_cache(1) is None
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/shared"
