@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import faulthandler
 import logging
+import os
+import socket
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,7 +52,24 @@ class Place:
 
     def as_dict(self) -> dict:
         return {"step": self.step, "phase": self.phase, "inside": self.inside,
-                "collective": self.collective, "seq": self.seq, "time": self.since}
+                "collective": self.collective, "seq": self.seq, "time": self.since,
+                "process": process_identity()}
+
+
+def process_identity() -> str:
+    """host/pid/start of this process: another rank on the same host can find it, and a
+    reused pid does not match (its start differs)."""
+    pid = os.getpid()
+    if _IDENTITY[0] != pid:
+        try:
+            start = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        except (OSError, IndexError):
+            start = "?"
+        _IDENTITY[:] = [pid, f"{socket.gethostname()}/{pid}/{start}"]
+    return _IDENTITY[1]
+
+
+_IDENTITY: list = [None, ""]
 
 
 HERE = Place()

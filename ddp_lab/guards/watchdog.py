@@ -36,6 +36,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -106,12 +108,16 @@ class Watchdog:
                 log.debug("watchdog: %s", e)
 
     def _give_up(self, report, waited: float) -> None:
+        killed = ""
         try:
-            line = report(self.rank, waited, self.places())
+            places = self.places()
+            line = report(self.rank, waited, places)
+            if stall.HERE.inside:
+                killed = end_stopped(places, stall.missing(places[self.rank], places))
         except Exception as e:  # noqa: BLE001  (the store itself may be gone with rank 0)
             line = (f"rank {self.rank} has waited {waited:.0f} s in {stall.HERE.phase} at step "
                     f"{stall.HERE.step} (the other ranks' places are unreadable: {e})")
-        self._end(f"{line}; giving up at dist.timeout_s={self.timeout_s:g}")
+        self._end(f"{line}; giving up at dist.timeout_s={self.timeout_s:g}{killed}")
 
     def _end(self, line: str, stacks: bool = True) -> None:
         path = stall.dump_stacks(self.run_dir, self.rank) if stacks else None
@@ -134,3 +140,26 @@ def note_failure(store, line: str) -> None:
         store.set(FAILED, line)
     except Exception:  # noqa: BLE001  (the store may be gone already)
         pass
+
+
+def end_stopped(places: dict[int, dict | None], ranks: list[int]) -> str:
+    """SIGKILL those of `ranks` that are stopped (SIGSTOP) on this host; says which.
+    A stopped rank cannot end itself, and torchrun's SIGTERM would wait in it for 30 s
+    before its SIGKILL: the job would outlive dist.timeout_s by that much."""
+    host = socket.gethostname()
+    ended = []
+    for r in ranks:
+        where = (places.get(r) or {}).get("process", "").split("/")
+        if len(where) != 3 or where[0] != host or not where[1].isdigit():
+            continue
+        pid = int(where[1])
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            if fields[0] == "T" and fields[19] == where[2]:  # stopped, and the same process
+                os.kill(pid, signal.SIGKILL)
+                ended.append(str(r))
+        except (OSError, IndexError):
+            continue
+    if not ended:
+        return ""
+    return f"; rank {', '.join(ended)} was stopped (SIGSTOP) on this host: killed it"

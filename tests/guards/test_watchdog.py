@@ -114,3 +114,33 @@ def test_a_rank_whose_torchrun_agent_is_gone_stops_within_seconds(tmp_path):
     assert ("ddp_lab: error: rank 1: its torchrun agent (process" in err.read_text()
             and "is gone (killed, or out of memory) and nothing else would stop this rank; "
                 "stopping now, writing no result" in err.read_text())
+
+
+def test_a_rank_stopped_on_this_host_is_killed_when_the_others_give_up():
+    """It cannot end itself, and torchrun's SIGTERM would wait in it for 30 s."""
+    import signal
+    import socket
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+             for _ in range(3)]
+    try:
+        def where(p, start=None):
+            fields = open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()
+            return {"process": f"{socket.gethostname()}/{p.pid}/{start or fields[19]}"}
+
+        stopped, running, reused = procs
+        os.kill(stopped.pid, signal.SIGSTOP)
+        os.kill(reused.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while open(f"/proc/{stopped.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "T" \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)
+        places = {0: None, 1: where(stopped), 2: where(running), 3: where(reused, start="1"),
+                  4: {"process": "another-host/1/1"}}
+        assert watchdog.end_stopped(places, [0, 1, 2, 3, 4]) == (
+            "; rank 1 was stopped (SIGSTOP) on this host: killed it")
+        assert stopped.wait(timeout=10) == -signal.SIGKILL
+        assert running.poll() is None and reused.poll() is None  # not stopped / not the same process
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
