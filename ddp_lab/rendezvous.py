@@ -133,7 +133,7 @@ def init_process_group(backend: str, rank: int, world_size: int, timeout_s: floa
         deadline.what = "the other ranks to connect (the process group's own handshake)"
         prefixed = dist.PrefixStore(f"ddp_lab/{token}", store)
         # The group's own timeout comes a little after dist.timeout_s, so that the stall
-        # inspector (ddp_lab.guards.stall), which names the missing ranks, speaks first.
+        # watchdog (ddp_lab.guards.watchdog), which names the missing ranks, speaks first.
         dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world_size,
                                 device_id=device_id,
                                 timeout=datetime.timedelta(seconds=timeout_s + GROUP_GRACE_S))
@@ -145,6 +145,6 @@ def init_process_group(backend: str, rank: int, world_size: int, timeout_s: floa
 
 
 def attempt_store() -> dist.Store | None:
-    """This attempt's store (under its own prefix), for the stall inspector; None
+    """This attempt's store (under its own prefix), for the watchdog and preemption; None
     before init_process_group, or without one."""
     return _attempt_store

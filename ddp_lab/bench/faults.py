@@ -11,7 +11,7 @@ stops when torchrun has exited. The table gives the seconds, the exit status and
 the first line each rank said (`ddp_lab: ...`). With --out, the raw lines
 and the table go to DIR with a record.json (ddp_lab.telemetry.provenance).
 
-Also: with --overhead, the per-call cost of the stall inspector's marks
+Also: with --overhead, the per-call cost of the watchdog's marks
 (`stall.collective`) and of publishing a place to a TCP store.
 """
 from __future__ import annotations
@@ -116,7 +116,7 @@ def main(argv=None) -> int:
     p.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)}")
     p.add_argument("--timeout-s", type=float, default=20, help="dist.timeout_s of the runs")
     p.add_argument("--out", type=Path, default=None, help="a new folder for the results and record.json")
-    p.add_argument("--overhead", action="store_true", help="also time the stall inspector's marks")
+    p.add_argument("--overhead", action="store_true", help="also time the watchdog's marks")
     args = p.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
     bad = [k for k in kinds if k not in KINDS]

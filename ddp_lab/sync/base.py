@@ -92,7 +92,7 @@ class GradSync:
             yield
             self._seconds += time.perf_counter() - t0
 
-    # Where the gradients travel, for the stall inspector: in the last backward
+    # Where the gradients travel, for the watchdog's marks: in the last backward
     # (DDP: its all-reduces overlap it) or in after_backward (the others).
     syncs_in_backward = False
 
