@@ -132,7 +132,7 @@ def init_process_group(backend: str, rank: int, world_size: int, timeout_s: floa
             token = _join_attempt(store, rank, deadline)
         deadline.what = "the other ranks to connect (the process group's own handshake)"
         prefixed = dist.PrefixStore(f"ddp_lab/{token}", store)
-        # The group's own timeout comes a little after dist.timeout_s, so that the stall
+        # The group's own timeout comes a little after dist.timeout_s, so that the
         # watchdog (ddp_lab.guards.watchdog), which names the missing ranks, speaks first.
         dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world_size,
                                 device_id=device_id,
