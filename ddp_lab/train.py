@@ -27,6 +27,7 @@ from ddp_lab import config, distributed, fast_path, rendezvous, schema, tuning
 from ddp_lab.config import ConfigError, RunFailed, say
 from ddp_lab.guards import stall
 from ddp_lab.guards.preemption import Preemption
+from ddp_lab.guards.rundir import LaunchTrace, RunDirTaken
 from ddp_lab.guards.watchdog import Watchdog, note_failure
 from ddp_lab.trainer import Trainer
 
@@ -56,6 +57,9 @@ def _rank_before_setup() -> int:
 def main(cfg) -> dict:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     env = trainer = watchdog = None
+    hydra = HydraConfig.get()  # what Hydra wrote here for this launch, taken back if refused
+    trace = LaunchTrace(run_dir, _rank_before_setup(), hydra.output_subdir) \
+        if hydra.mode == RunMode.RUN else None
     # SIGTERM/SIGINT: finish the step, save, exit 143 (ddp_lab.guards.preemption)
     preemption = Preemption(_rank_before_setup(), cfg.trainer.preempt_save_s, run_dir).install()
     try:
@@ -85,6 +89,8 @@ def main(cfg) -> dict:
         # stderr and in the rank's log, on every rank, and no traceback.
         log.error("%s", e)
         say(f"ddp_lab: error: {e}")
+        if isinstance(e, RunDirTaken) and trace is not None:
+            trace.take_back()  # a refused launch leaves the directory it protects as it was
         sys.exit(2 if isinstance(e, ConfigError) else 1)
     except Exception as e:  # anything else: say where and why in one line, then the traceback
         cause = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"

@@ -32,6 +32,7 @@ from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
 from ddp_lab.guards.rundir import (
     EVENTS_ONLY,
+    RunDirTaken,
     earlier_results,
     launch_identity,
     owned_by,
@@ -72,13 +73,13 @@ def _refuse_if_taken(run_dir: Path, resume: str) -> None:
     what = f"{run_dir} already holds an earlier run ({', '.join(held)})"
     where = "in another directory (hydra.run.dir=... or DDP_LAB_RUN_ID=<name>)"
     if resume == "auto":
-        raise ConfigError(f"trainer.resume=auto: {what} but no intact checkpoint to continue "
+        raise RunDirTaken(f"trainer.resume=auto: {what} but no intact checkpoint to continue "
                           f"from, and will not overwrite it; start afresh {where}")
     if resume == "none":
         fix = ("Continue it with trainer.resume=auto, or start afresh"
                if newest(run_dir / DIRNAME) else "Start afresh")
-        raise ConfigError(f"{what}, which a new run there would overwrite. {fix} {where}")
-    raise ConfigError(f"{what}, which this run would overwrite: resume from {resume} {where}")
+        raise RunDirTaken(f"{what}, which a new run there would overwrite. {fix} {where}")
+    raise RunDirTaken(f"{what}, which this run would overwrite: resume from {resume} {where}")
 
 
 def pick(resume: str, run_dir: Path, owned: bool) -> Path | None:
@@ -112,16 +113,16 @@ def choose(resume: str, run_dir: Path, env: DistEnv) -> Choice:
         gathered = [None] * env.world_size
         dist.all_gather_object(gathered, owners)
         owners = sorted({i for ids in gathered for i in ids})
-    answer = [None, None, False]  # [path, error, owned]
+    answer = [None, None, False, False]  # [path, error, owned, whether the error is RunDirTaken]
     if env.is_main:
         try:
             owned = owned_by(run_dir, owners)
             found = pick(resume, run_dir, owned)
-            answer = [None if found is None else str(found), None, owned]
+            answer = [None if found is None else str(found), None, owned, False]
         except ConfigError as e:
-            answer[1] = str(e)
+            answer[1], answer[3] = str(e), isinstance(e, RunDirTaken)
     if env.distributed:
         dist.broadcast_object_list(answer, src=0, device=env.device)
     if answer[1] is not None:
-        raise ConfigError(answer[1])
+        raise (RunDirTaken if answer[3] else ConfigError)(answer[1])
     return Choice(None if answer[0] is None else Path(answer[0]), answer[2], owners)

@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
+import shutil
 import socket
 import sys
 import time
@@ -43,6 +45,10 @@ from ddp_lab.config import ConfigError, say
 from ddp_lab.telemetry.metrics import write_json_atomic
 
 LAUNCHES = "launches.json"
+
+
+class RunDirTaken(ConfigError):
+    """Refused: the run directory holds an earlier run this launch would write over."""
 EVENTS_ONLY = "TensorBoard events in tb/"  # what a launch stopped before its first save leaves
 
 
@@ -102,6 +108,35 @@ class RunDirCheck(Callback):
         except ConfigError as e:
             say(f"ddp_lab: error: {e}")
             sys.exit(2)
+
+
+class LaunchTrace:
+    """What Hydra wrote into the run directory for this launch before ddp_lab could
+    look at it: rank 0's record under .hydra/launch-<time>/ and each rank's log lines.
+    A launch refused for an earlier run there takes them back (`take_back`), so the
+    directory is left as it was found."""
+
+    def __init__(self, run_dir: Path, rank: int, hydra_subdir: str | None):
+        self.log = Path(run_dir) / f"rank{rank}.log"
+        self.log_size = self.log.stat().st_size if self.log.exists() else 0
+        self.record = (Path(run_dir) / hydra_subdir if hydra_subdir and
+                       hydra_subdir.startswith(".hydra/launch-") else None)
+
+    def take_back(self) -> None:
+        root = logging.getLogger()
+        for h in list(root.handlers):  # close this rank's log before cutting it back
+            if isinstance(h, logging.FileHandler) and Path(h.baseFilename) == self.log.absolute():
+                h.close()
+                root.removeHandler(h)
+        try:
+            if self.log_size == 0:
+                self.log.unlink(missing_ok=True)  # Hydra made it for this launch
+            else:
+                os.truncate(self.log, self.log_size)
+        except OSError:
+            pass
+        if self.record is not None:
+            shutil.rmtree(self.record, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- what it holds
