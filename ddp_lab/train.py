@@ -57,11 +57,11 @@ def _rank_before_setup() -> int:
 def main(cfg) -> dict:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     env = trainer = watchdog = None
-    hydra = HydraConfig.get()  # what Hydra wrote here for this launch, taken back if refused
-    trace = LaunchTrace(run_dir, _rank_before_setup(), hydra.output_subdir) \
-        if hydra.mode == RunMode.RUN else None
+    hydra, rank = HydraConfig.get(), _rank_before_setup()
+    # what Hydra wrote here for this launch, taken back if it is refused
+    trace = LaunchTrace(run_dir, rank, hydra.output_subdir) if hydra.mode == RunMode.RUN else None
     # SIGTERM/SIGINT: finish the step, save, exit 143 (ddp_lab.guards.preemption)
-    preemption = Preemption(_rank_before_setup(), cfg.trainer.preempt_save_s, run_dir).install()
+    preemption = Preemption(rank, cfg.trainer.preempt_save_s, run_dir).install()
     try:
         schema.check(cfg)  # every value in its range, before any rank waits for another
         d = cfg.dist  # machine tuning only where asked for (ddp_lab.tuning)

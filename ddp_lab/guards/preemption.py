@@ -31,14 +31,12 @@ rank gets SIGTERM from SLURM and, a moment later, from its torchrun agent.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 import time
 from datetime import timedelta
 from pathlib import Path
 
-from ddp_lab.config import say
 from ddp_lab.guards import stall
 from ddp_lab.guards.watchdog import FAILED
 
@@ -132,14 +130,9 @@ class Preemption:
         if self._closed.is_set():
             return
         stacks = stall.dump_stacks(self.run_dir, self.rank) if self.run_dir else None
-        line = (f"ddp_lab: error: {stall.why_stopped(self.rank, why, None)}; exiting without a "
-                "checkpoint (the previous one is the resume point)"
-                + (f"; stacks in {stacks}" if stacks else ""))
-        log.error(line)
-        say(line)
-        for h in logging.getLogger().handlers:
-            h.flush()
-        os._exit(self.exit_code)
+        stall.end_process(f"ddp_lab: error: {stall.why_stopped(self.rank, why, None)}; exiting "
+                          "without a checkpoint (the previous one is the resume point)"
+                          + (f"; stacks in {stacks}" if stacks else ""), self.exit_code)
 
     # ---------------------------------------------------------- the agreement
     def stop_here(self, step: int) -> bool:

@@ -42,6 +42,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 from ddp_lab.config import ConfigError, say
+from ddp_lab.guards.stall import process_state
 from ddp_lab.telemetry.metrics import write_json_atomic
 
 LAUNCHES = "launches.json"
@@ -175,10 +176,7 @@ def set_events_aside(run_dir: Path) -> Path | None:
 # ---------------------------------------------------------------- whose it is
 def _process_start(pid: int) -> str:
     """When process `pid` started (clock ticks since boot): a pid is reused, this pair is not."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return "?"
+    return process_state(pid)[1]
 
 
 def _boot_id() -> str:

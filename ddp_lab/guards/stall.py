@@ -56,16 +56,22 @@ class Place:
                 "process": process_identity()}
 
 
+def process_state(pid: int) -> tuple[str, str]:
+    """(state, start) of process `pid` from /proc: "T" for stopped; the start in clock
+    ticks since boot (a pid is reused, the pair is not). ("?", "?") if unreadable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return fields[0], fields[19]
+    except (OSError, IndexError):
+        return "?", "?"
+
+
 def process_identity() -> str:
     """host/pid/start of this process: another rank on the same host can find it, and a
     reused pid does not match (its start differs)."""
     pid = os.getpid()
     if _IDENTITY[0] != pid:
-        try:
-            start = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-        except (OSError, IndexError):
-            start = "?"
-        _IDENTITY[:] = [pid, f"{socket.gethostname()}/{pid}/{start}"]
+        _IDENTITY[:] = [pid, f"{socket.gethostname()}/{pid}/{process_state(pid)[1]}"]
     return _IDENTITY[1]
 
 
@@ -187,6 +193,16 @@ def log_fatal_signals() -> None:
         if isinstance(h, logging.FileHandler) and h.stream is not None:
             faulthandler.enable(file=h.stream, all_threads=True)
             return
+
+
+def end_process(line: str, code: int) -> None:
+    """The last word of a rank that must stop now, from any thread: `line` on stderr and
+    in its log (flushed), then exit with `code` without unwinding the training thread."""
+    log.error("%s", line)
+    say(line)
+    for h in logging.getLogger().handlers:
+        h.flush()
+    os._exit(code)
 
 
 def report_stop(rank: int, cause: str, watchdog=None) -> None:

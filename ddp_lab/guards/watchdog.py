@@ -42,7 +42,6 @@ import threading
 import time
 from pathlib import Path
 
-from ddp_lab.config import say
 from ddp_lab.guards import stall
 
 log = logging.getLogger("ddp_lab")
@@ -122,12 +121,8 @@ class Watchdog:
     def _end(self, line: str, stacks: bool = True) -> None:
         path = stall.dump_stacks(self.run_dir, self.rank) if stacks else None
         line += f"; stacks in {path.parent}" if path else ""
-        log.error("ddp_lab: error: %s", line)
-        say(f"ddp_lab: error: {line}")
         note_failure(self.store, line)
-        for h in logging.getLogger().handlers:
-            h.flush()
-        os._exit(1)
+        stall.end_process(f"ddp_lab: error: {line}", 1)
 
 
 def note_failure(store, line: str) -> None:
@@ -153,13 +148,12 @@ def end_stopped(places: dict[int, dict | None], ranks: list[int]) -> str:
         if len(where) != 3 or where[0] != host or not where[1].isdigit():
             continue
         pid = int(where[1])
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            if fields[0] == "T" and fields[19] == where[2]:  # stopped, and the same process
+        if stall.process_state(pid) == ("T", where[2]):  # stopped, and the same process
+            try:
                 os.kill(pid, signal.SIGKILL)
                 ended.append(str(r))
-        except (OSError, IndexError):
-            continue
+            except OSError:
+                continue
     if not ended:
         return ""
     return f"; rank {', '.join(ended)} was stopped (SIGSTOP) on this host: killed it"
