@@ -1,88 +1,83 @@
-"""Data: shard Fashion-MNIST (found by ddp_lab.fashion_mnist) over the ranks, hand out batches.
+"""Data: build the datasets `data._target_` names, check them, shard them over the ranks.
 
 `data.batch_size` is the GLOBAL batch, as in d2l: 256 over 2 ranks is 128 per
 rank. Two loaders yield the same batches for the same sampler:
 
-* DeviceLoader (default): the whole split as one uint8 tensor on the training
-  device; each rank gathers its batch by index. No per-sample PIL work, no
-  worker processes, no host-to-device copy per step.
-* data.loader=dataloader: torchvision transforms + torch DataLoader, the
-  classic path, kept for comparison.
+* DeviceLoader: a split held as tensors (ddp_lab.datasets.TensorPairs) on the
+  training device; each rank gathers its batch by index. No per-sample Python,
+  no worker processes, no host-to-device copy per step.
+* TorchLoader: torch's DataLoader over any Dataset (data.loader=dataloader, or
+  auto where the data is not tensors or does not fit).
 
 Training shards come from DistributedSampler (seeded, set_epoch every epoch).
-Evaluation uses `eval_indices`, which never pads: every test image counts once.
+Evaluation uses `eval_indices`, which never pads: every test sample counts once.
 """
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
-from pathlib import Path
+import os
 from typing import Iterator
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, Subset
-from torchvision import datasets, transforms
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
+from ddp_lab import targets
 from ddp_lab.config import ConfigError
-from ddp_lab.fashion_mnist import locate_fashion_mnist
+from ddp_lab.datasets import TensorPairs, as_tensor_pairs
+
+# loader=auto keeps a split on the device while both splits take at most this share of its memory
+DEVICE_SHARE = 0.25
 
 
-# ---------------------------------------------------------------- the splits
-@dataclass
-class Split:
-    images: torch.Tensor  # uint8, (N, C, H, W)
-    labels: torch.Tensor  # int64, (N,)
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-
-def fashion_mnist_splits(cfg) -> tuple[Split, Split]:
-    root = locate_fashion_mnist(cfg.root, cfg.download, cfg.cache_dir)
-    out = []
-    for train in (True, False):
-        # FashionMNIST parses the IDX files; .data/.targets are its tensors.
-        ds = datasets.FashionMNIST(str(root), train=train, download=cfg.download)
-        out.append(Split(ds.data.unsqueeze(1).contiguous(), ds.targets.long()))
+# ---------------------------------------------------------------- the datasets
+def build_datasets(cfg) -> tuple[Dataset, Dataset]:
+    """(train, test) from `cfg._target_` (the data group), checked before any step."""
+    out = targets.build("data", cfg)
+    name = cfg["_target_"]
+    if not (isinstance(out, (tuple, list)) and len(out) == 2):
+        raise ConfigError(f"data._target_={name} returned {type(out).__name__}, not (train, test): "
+                          f"return two Datasets of (input, target) pairs")
+    for split, ds in zip(("train", "test"), out):
+        check_dataset(ds, split, name)
     return out[0], out[1]
 
 
-def synthetic_splits(cfg, seed: int) -> tuple[Split, Split]:
-    """Deterministic random images: the same on every rank and every run with this seed."""
-    shape = tuple(cfg.image_shape)
-    if len(shape) != 3 or min(shape) < 1:
-        raise ConfigError(f"data.image_shape={list(shape)} must be [channels, height, width], all >= 1")
-    gen = torch.Generator().manual_seed(seed)
-    splits = []
-    for n in (cfg.num_train, cfg.num_test):
-        images = torch.randint(0, 256, (n, *shape), dtype=torch.uint8, generator=gen)
-        labels = torch.randint(0, cfg.num_classes, (n,), generator=gen)
-        splits.append(Split(images, labels))
-    return splits[0], splits[1]
+def check_dataset(ds, split: str, name: str) -> None:
+    """A Dataset with a length, not empty, whose samples are (input tensor, target) pairs."""
+    if not (hasattr(ds, "__getitem__") and hasattr(ds, "__len__")):
+        raise ConfigError(f"data._target_={name}: its {split} split is a {type(ds).__name__}, not a "
+                          f"Dataset with a length (a map-style torch Dataset)")
+    if len(ds) == 0:
+        raise ConfigError(f"data._target_={name}: its {split} split is empty")
+    sample = ds[0]
+    if not (isinstance(sample, (tuple, list)) and len(sample) == 2):
+        got = f"a {len(sample)}-tuple" if isinstance(sample, (tuple, list)) else type(sample).__name__
+        raise ConfigError(f"data._target_={name}: its {split} split yields {got}, not (input, target): "
+                          f"make __getitem__ return (input, target)")
+    x, y = sample
+    if not isinstance(x, torch.Tensor) or not isinstance(torch.as_tensor(y), torch.Tensor):
+        raise ConfigError(f"data._target_={name}: its {split} inputs are {type(x).__name__}, not tensors")
+    if torch.as_tensor(y).is_floating_point():
+        raise ConfigError(f"data._target_={name}: its {split} targets are floats; ddp_lab's tasks "
+                          f"(classification, language_model) take integer class or token ids")
 
 
-FASHION_MNIST_SHAPE, FASHION_MNIST_CLASSES = (1, 28, 28), 10
+def example(ds) -> tuple[torch.Tensor, torch.Tensor]:
+    """One (input, target) sample, targets as a tensor."""
+    x, y = ds[0]
+    return x, torch.as_tensor(y)
 
 
-def image_shape(cfg) -> tuple[int, ...]:
-    """(channels, height, width) of the images `cfg` (the data group) describes."""
-    return tuple(cfg.image_shape) if cfg.name == "synthetic" else FASHION_MNIST_SHAPE
-
-
-def num_classes(cfg) -> int:
-    """How many classes the labels of `cfg` (the data group) take."""
-    return cfg.num_classes if cfg.name == "synthetic" else FASHION_MNIST_CLASSES
-
-
-def check_one_batch_fits(global_batch: int, n_train: int, name: str) -> None:
+def check_one_batch_fits(global_batch: int, n_train: int, cfg=None) -> None:
     """The training set must hold a whole global batch: else every step is one partial
     batch (or none), while summary.json reports the global batch asked for."""
     if global_batch <= n_train:
         return
-    synthetic = f" (data.num_train={n_train})" if name == "synthetic" else ""
-    more = f" (or raise data.num_train to {global_batch})" if name == "synthetic" else ""
+    sized = cfg is not None and "num_train" in cfg  # a dataset whose size is a key
+    which = f" (data.num_train={n_train})" if sized else ""
+    more = f" (or raise data.num_train to {global_batch})" if sized else " (or use a larger dataset)"
     raise ConfigError(f"data.batch_size={global_batch} is more than the training set's {n_train} "
-                      f"images{synthetic}: a global batch is at most {n_train}; lower data.batch_size{more}")
+                      f"samples{which}: a global batch is at most {n_train}; lower data.batch_size{more}")
 
 
 def per_rank_batch(global_batch: int, world_size: int) -> int:
@@ -108,19 +103,22 @@ def eval_indices(n: int, rank: int, world_size: int) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------- loaders
+def _layout(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    # channels_last is a layout of image batches (N, C, H, W) only
+    return x.contiguous(memory_format=torch.channels_last) if channels_last and x.dim() == 4 else x
+
+
 class DeviceLoader:
     """Batches gathered by index from a split held on the training device."""
 
-    def __init__(self, split: Split, batch_size: int, device: torch.device,
+    def __init__(self, split: TensorPairs, batch_size: int, device: torch.device,
                  sampler: DistributedSampler | None = None, indices: torch.Tensor | None = None,
-                 mean: float = 0.0, std: float = 1.0, channels_last: bool = False):
-        self.images = split.images.to(device)
-        self.labels = split.labels.to(device)
+                 channels_last: bool = False):
+        self.split = split.to(device)
         self.batch_size = batch_size
         self.sampler = sampler
         self.indices = indices if indices is not None else torch.arange(len(split))
-        self.mean, self.std = mean, std
-        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        self.channels_last = channels_last
 
     def __len__(self) -> int:
         n = len(self.sampler) if self.sampler is not None else len(self.indices)
@@ -133,23 +131,21 @@ class DeviceLoader:
             order = torch.tensor(list(self.sampler), dtype=torch.long)
         else:
             order = self.indices
-        order = order.to(self.images.device)
+        order = order.to(self.split.targets.device)
         for i in range(start * self.batch_size, len(order), self.batch_size):
-            idx = order[i:i + self.batch_size]
-            x = self.images.index_select(0, idx).float().div_(255)
-            x = x.sub_(self.mean).div_(self.std).contiguous(memory_format=self.memory_format)
-            yield x, self.labels.index_select(0, idx)
+            x, y = self.split.batch(order[i:i + self.batch_size])
+            yield _layout(x, self.channels_last), y
 
 
 class TorchLoader:
-    """The classic path: torchvision transforms in a torch DataLoader."""
+    """Any Dataset through torch's DataLoader."""
 
     def __init__(self, dataset, batch_size: int, device: torch.device, num_workers: int,
                  sampler: DistributedSampler | None = None, channels_last: bool = False):
         self.sampler = sampler
         self.batch_size = batch_size
         self.device = device
-        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        self.channels_last = channels_last
         self.loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=False,
                                  num_workers=num_workers, pin_memory=device.type == "cuda",
                                  persistent_workers=num_workers > 0)
@@ -161,55 +157,46 @@ class TorchLoader:
         if self.sampler is not None:
             self.sampler.set_epoch(epoch)
         for x, y in itertools.islice(self.loader, start, None):
-            x = x.to(self.device, non_blocking=True).contiguous(memory_format=self.memory_format)
-            yield x, y.to(self.device, non_blocking=True)
+            x = _layout(x.to(self.device, non_blocking=True), self.channels_last)
+            yield x, torch.as_tensor(y).to(self.device, non_blocking=True)
 
 
-class _TensorImages(torch.utils.data.Dataset):
-    """Split as a Dataset of (image, label) with the same scaling as DeviceLoader."""
-
-    def __init__(self, split: Split, mean: float, std: float):
-        self.split = split
-        self.transform = transforms.Compose([transforms.ConvertImageDtype(torch.float32),
-                                             transforms.Normalize((mean,), (std,))])
-
-    def __len__(self) -> int:
-        return len(self.split)
-
-    def __getitem__(self, i):
-        return self.transform(self.split.images[i]), self.split.labels[i]
+def _fits_device(nbytes: int, device: torch.device) -> bool:
+    if device.type == "cuda":
+        return nbytes <= DEVICE_SHARE * torch.cuda.get_device_properties(device).total_memory
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return True
+    return nbytes <= DEVICE_SHARE * memory
 
 
-def _fashion_mnist_dataset(root: Path, train: bool, mean: float, std: float):
-    tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize((mean,), (std,))])
-    return datasets.FashionMNIST(str(root), train=train, transform=tf)
+def choose_loader(cfg, train, test, device: torch.device) -> str:
+    """device or dataloader, as data.loader asks (auto: device where both splits are
+    tensors that take at most DEVICE_SHARE of the device's memory)."""
+    pairs = [as_tensor_pairs(ds) for ds in (train, test)]
+    tensors = all(p is not None for p in pairs)
+    if cfg.loader == "device" and not tensors:
+        raise ConfigError(f"data.loader=device needs both splits as tensors (ddp_lab.datasets.TensorPairs "
+                          f"or a TensorDataset of two); data._target_={cfg['_target_']} returned "
+                          f"{type(train).__name__}: use data.loader=auto or dataloader")
+    if cfg.loader != "auto":
+        return str(cfg.loader)
+    return "device" if tensors and _fits_device(sum(p.nbytes for p in pairs), device) else "dataloader"
 
 
-def build_loaders(cfg, rank: int, world_size: int, device: torch.device, seed: int,
+def build_loaders(cfg, train, test, rank: int, world_size: int, device: torch.device, seed: int,
                   channels_last: bool = False):
-    """(train loader, test loader) for this rank, as `cfg` (the data group) describes."""
+    """(train loader, test loader) for this rank over the datasets `cfg` (the data group) built."""
     batch = per_rank_batch(cfg.batch_size, world_size)
-    mean, std = (cfg.mean, cfg.std) if cfg.normalize else (0.0, 1.0)
-    if cfg.name == "fashion_mnist" and cfg.loader == "dataloader":
-        # The classic path: PIL images through torchvision transforms, per sample.
-        root = locate_fashion_mnist(cfg.root, cfg.download, cfg.cache_dir)
-        train_ds = _fashion_mnist_dataset(root, True, mean, std)
-        test_ds = _fashion_mnist_dataset(root, False, mean, std)
-    elif cfg.name == "fashion_mnist":
-        train, test = fashion_mnist_splits(cfg)
-    else:
-        train, test = synthetic_splits(cfg, seed)
-        if cfg.loader == "dataloader":
-            train_ds, test_ds = _TensorImages(train, mean, std), _TensorImages(test, mean, std)
-    n_train, n_test = (len(train_ds), len(test_ds)) if cfg.loader == "dataloader" else (len(train), len(test))
-    check_one_batch_fits(cfg.batch_size, n_train, cfg.name)
-    sampler = DistributedSampler(range(n_train), num_replicas=world_size, rank=rank,
+    check_one_batch_fits(cfg.batch_size, len(train), cfg)
+    sampler = DistributedSampler(range(len(train)), num_replicas=world_size, rank=rank,
                                  shuffle=True, seed=seed, drop_last=False)
-    test_idx = eval_indices(n_test, rank, world_size)
-    if cfg.loader == "device":
-        kw = dict(device=device, mean=mean, std=std, channels_last=channels_last)
-        return (DeviceLoader(train, batch, sampler=sampler, **kw),
-                DeviceLoader(test, batch, indices=test_idx, **kw))
+    test_idx = eval_indices(len(test), rank, world_size)
+    if choose_loader(cfg, train, test, device) == "device":
+        kw = dict(device=device, channels_last=channels_last)
+        return (DeviceLoader(as_tensor_pairs(train), batch, sampler=sampler, **kw),
+                DeviceLoader(as_tensor_pairs(test), batch, indices=test_idx, **kw))
     kw = dict(device=device, num_workers=cfg.num_workers, channels_last=channels_last)
-    return (TorchLoader(train_ds, batch, sampler=sampler, **kw),
-            TorchLoader(Subset(test_ds, test_idx.tolist()), batch, **kw))
+    return (TorchLoader(train, batch, sampler=sampler, **kw),
+            TorchLoader(Subset(test, test_idx.tolist()), batch, **kw))

@@ -1,8 +1,9 @@
-"""Exact test accuracy across ranks.
+"""Exact held-out figures across ranks.
 
-Each rank scores its own disjoint shard of the test set (ddp_lab.data's
-eval_indices: no sampler padding, every image counted once) and the counts
-are summed, so accuracy at 3 ranks equals accuracy at 1.
+Each rank scores its own disjoint shard of the held-out set (ddp_lab.data's
+eval_indices: no sampler padding, every sample counted once) and the sums
+(loss x targets, correct, targets) are added up, so accuracy and loss at 3
+ranks equal those at 1.
 """
 from __future__ import annotations
 
@@ -14,28 +15,28 @@ from torch import nn
 
 from ddp_lab.distributed import DistEnv, all_reduce_sum
 from ddp_lab.guards import stall
+from ddp_lab.tasks import CLASSIFICATION, Task
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader, env: DistEnv,
-             autocast=contextlib.nullcontext) -> tuple[int, int]:
-    """(correct, total) over the whole test set, the same on every rank."""
+def evaluate(model: nn.Module, loader, env: DistEnv, task: Task = CLASSIFICATION,
+             autocast=contextlib.nullcontext) -> tuple[float, int, int]:
+    """(loss sum, correct, targets) over the whole held-out set, the same on every rank."""
     if env.distributed:  # BatchNorm statistics drift apart per rank: use rank 0's
         with stall.collective("evaluation buffers"):
             for b in model.buffers():
                 dist.broadcast(b, src=0)
     was_training = model.training
     model.eval()
-    counts = torch.zeros(2, dtype=torch.int64, device=env.device)
+    sums = torch.zeros(3, dtype=torch.float64, device=env.device)
     stall.phase("evaluation")
     for x, y in loader.epoch(0):
         stall.progress()
         with autocast():
             out = model(x)
-        counts[0] += (out.argmax(1) == y).sum()
-        counts[1] += len(y)
+        sums += task.sums(task.loss(out, y), out, y)
     with stall.collective("evaluation counts"):
-        all_reduce_sum(counts, env)
+        all_reduce_sum(sums, env)
     model.train(was_training)
-    correct, total = counts.tolist()
-    return correct, total
+    loss_sum, correct, total = sums.tolist()
+    return loss_sum, int(correct), int(total)

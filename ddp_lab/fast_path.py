@@ -84,12 +84,12 @@ def resolve_compile(setting, device: torch.device, images_per_rank: int) -> tupl
     if value != "auto":
         return value == "true", f"trainer.compile={value}"
     if images_per_rank < AUTO_COMPILE_MIN_IMAGES:
-        return False, (f"trainer.compile=auto: off, {images_per_rank:,} images per rank are too "
+        return False, (f"trainer.compile=auto: off, {images_per_rank:,} samples per rank are too "
                        f"few to repay compiling (needs {AUTO_COMPILE_MIN_IMAGES:,})")
     if not inductor_available(device):
         need = "Triton" if device.type == "cuda" else "a C++ compiler (g++ or clang++)"
         return False, f"trainer.compile=auto: off, torch.compile needs {need}, not found"
-    return True, f"trainer.compile=auto: on ({images_per_rank:,} images per rank)"
+    return True, f"trainer.compile=auto: on ({images_per_rank:,} samples per rank)"
 
 
 def own_compile_cache(rank: int) -> str | None:

@@ -5,16 +5,15 @@ import math
 
 import torch
 from hydra.errors import InstantiationException
-from hydra.utils import instantiate
 
+from ddp_lab import targets
 from ddp_lab.config import ConfigError
 
 
 def build_optimizer(cfg, params):
-    """The optimizer `cfg` (the optim group) names; the schedule keys are ddp_lab's own."""
-    args = {k: v for k, v in cfg.items() if k not in ("schedule", "warmup_epochs")}
+    """The optimizer `cfg._target_` (the optim group) names; the schedule keys are ddp_lab's own."""
     try:
-        return instantiate(args, params=params)
+        return targets.build("optim", cfg, params=params)
     except InstantiationException as e:
         # torch.optim checks its own arguments ("Invalid learning rate: -1.0"): pass that on
         if isinstance(e.__cause__, ValueError):
@@ -23,9 +22,14 @@ def build_optimizer(cfg, params):
         raise
 
 
+def warmup_steps(cfg, steps_per_epoch: int) -> int:
+    """optim.warmup_steps where set, else optim.warmup_epochs in steps."""
+    return cfg.warmup_steps if cfg.warmup_steps > 0 else int(cfg.warmup_epochs * steps_per_epoch)
+
+
 def build_schedule(optimizer, cfg, steps_per_epoch: int, total_steps: int):
     """Per-step learning-rate multiplier: linear warm-up, then constant or cosine decay."""
-    warmup = int(cfg.warmup_epochs * steps_per_epoch)
+    warmup = warmup_steps(cfg, steps_per_epoch)
 
     def factor(step: int) -> float:
         if step < warmup:

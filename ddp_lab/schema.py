@@ -12,35 +12,18 @@ fixed list is a `Choice`, a str Enum compared with plain strings ("bf16").
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any, Callable, List, Optional
+from importlib.resources import files
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import ValidationError
 
+from ddp_lab import presets
 from ddp_lab.config import ConfigError
+from ddp_lab.keys import TRI_STATE, choices, key, one_of, positive_finite
 
-
-class Choice(str, Enum):
-    """A config value from a fixed list, equal to (and printed as) its name."""
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
-
-
-def choices(name: str, values: str) -> type[Choice]:
-    return Choice(name, [(v, v) for v in values.split()])
-
-
-Init = choices("Init", "default d2l")
-DataName = choices("DataName", "fashion_mnist synthetic")
-Loader = choices("Loader", "device dataloader")
-Schedule = choices("Schedule", "constant cosine")
 SyncMode = choices("SyncMode", "auto ddp flat per_param")
 Algo = choices("Algo", "builtin naive ring halving_doubling ring_textbook halving_doubling_textbook")
 Compress = choices("Compress", "none bf16 fp16")
@@ -48,83 +31,6 @@ Amp = choices("Amp", "auto bf16 fp16 off")
 Backend = choices("Backend", "auto gloo nccl")
 Device = choices("Device", "auto cpu cuda")
 CommThreads = choices("CommThreads", "auto realtime normal")
-TRI_STATE = ("auto", "true", "false")  # a plain string: YAML would read true/false as booleans
-
-
-def key(default: Any, help: str, *, at_least: float | None = None,
-        ok: Callable[[Any], bool] | None = None, rule: str = "") -> Any:
-    """A config key: its default, one line of help, and what check() accepts.
-
-    at_least: the smallest value; ok/rule: any other test, and what it requires
-    ("a positive, finite number"), said in the error line.
-    """
-    if at_least is not None:
-        ok, rule = (lambda v, n=at_least: v >= n), rule or f">= {at_least:g}"
-    meta = {"help": help, "ok": ok, "rule": rule}
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def one_of(values: tuple[str, ...]) -> Callable[[Any], bool]:
-    return lambda v: str(v).lower() in values
-
-
-def non_empty(v) -> bool:
-    return len(v) > 0
-
-
-def positive_finite(v) -> bool:
-    return isinstance(v, (int, float)) and math.isfinite(v) and v > 0
-
-
-@dataclass
-class ModelConfig:
-    _target_: str = key(MISSING, "the function that builds the model (set by each model preset)")
-    name: str = key(MISSING, "label used in logs and summary.json")
-    num_classes: int = key(10, "classes the model predicts (Fashion-MNIST: 10)", at_least=1)
-    in_channels: int = key(1, "input channels (Fashion-MNIST: 1, grayscale)", at_least=1)
-    init: Init = key(Init.default, "default (PyTorch's) | d2l (normal, std 0.01, as in the chapter)")
-    sync_bn: bool = key(False, "BatchNorm as SyncBatchNorm: statistics over the global batch (GPU ranks only)")
-    crop_unused_border: Optional[bool] = key(
-        None, "lenet_fast: skip the input's last 2 rows/cols, which never reach the output (null: no such key)")
-    pad_channels_to: Optional[int] = key(
-        None, "lenet_fast, compiled on CPU under bf16: conv1's channels computed as this many (0: off)")
-
-
-@dataclass
-class DataConfig:
-    name: DataName = key(DataName.fashion_mnist, "fashion_mnist | synthetic (deterministic random images)")
-    batch_size: int = key(512, "GLOBAL batch, split evenly over the ranks (d2l: 256)", at_least=1,
-                          rule="a positive global batch size")
-    loader: Loader = key(Loader.device, "device: the whole split on the training device | dataloader: torch's")
-    num_workers: int = key(0, "DataLoader worker processes per rank (loader=dataloader only)", at_least=0)
-    normalize: bool = key(True, "scale pixels with mean and std (false: [0, 1], as d2l's ToTensor)")
-    mean: float = key(0.2860, "pixel mean to subtract (Fashion-MNIST's training set)")
-    std: float = key(0.3530, "pixel std to divide by (Fashion-MNIST's training set)", ok=positive_finite,
-                     rule="a positive, finite number")
-    root: Optional[str] = key(None, "folder with the four .gz IDX files, or a torchvision root; "
-                                    "null: the Debian package's folder")
-    download: bool = key(False, "let torchvision download the files when none are found locally")
-    cache_dir: str = key("~/.cache/ddp_lab", "where the gzipped files are unpacked once for torchvision")
-    image_shape: List[int] = key([1, 28, 28], "synthetic: [channels, height, width]")
-    num_classes: int = key(10, "synthetic: labels drawn from 0..num_classes-1", at_least=1)
-    num_train: int = key(60000, "synthetic: training images per epoch", at_least=1)
-    num_test: int = key(10000, "synthetic: test images", at_least=1)
-
-
-@dataclass
-class OptimConfig:
-    _target_: str = key("torch.optim.SGD", "the optimizer class (torch.optim.SGD)")
-    lr: float = key(0.2, "peak learning rate for the global batch (0.1 per 256 images)", ok=positive_finite,
-                    rule="a positive, finite number (e.g. optim.lr=0.1)")
-    momentum: float = key(0.9, "0 gives d2l's plain SGD", at_least=0)
-    weight_decay: float = key(0.0005, "L2 penalty", at_least=0)
-    nesterov: bool = key(True, "Nesterov momentum (needs momentum > 0)")
-    schedule: Schedule = key(Schedule.cosine, "constant | cosine (decays to 0 over the run)")
-    warmup_epochs: float = key(0.5, "linear warm-up from about 0, in epochs (0: none)", at_least=0)
-
-
 @dataclass
 class SyncConfig:
     mode: SyncMode = key(SyncMode.auto, "when and in what pieces gradients travel: auto (flat on CPU, "
@@ -188,24 +94,30 @@ class DistConfig:
 
 @dataclass
 class TrainConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
+    # open: a preset (ddp_lab.presets) or a user's YAML says which keys they hold
+    model: Any = field(default_factory=lambda: presets.base_defaults("model"))
+    data: Any = field(default_factory=lambda: presets.base_defaults("data"))
+    optim: Any = field(default_factory=lambda: presets.base_defaults("optim"))
     sync: SyncConfig = field(default_factory=SyncConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     seed: int = key(0, "model init (the same on every rank) and the sampler's shuffle seed")
 
 
-GROUPS = {f.name: f.default_factory for f in dataclasses.fields(TrainConfig) if f.name != "seed"}
+# every group's schema: the open ones (model, data, optim) by their base
+GROUPS = {f.name: presets.BASES.get(f.name) or f.default_factory
+          for f in dataclasses.fields(TrainConfig) if f.name != "seed"}
 
 
 def register() -> None:
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+    presets.register()
 
 
 def _nested(f) -> type | None:
     """The dataclass a field holds (a config group), or None for a plain key."""
+    if f.name in presets.BASES:
+        return presets.BASES[f.name]
     if f.default_factory is dataclasses.MISSING:
         return None
     value = f.default_factory()
@@ -220,10 +132,28 @@ def _nodes(node: type, prefix: str = ""):
             yield from _nodes(sub, f"{prefix}{f.name}.")
 
 
+def _schema_of(values, declared: type) -> type:
+    """A group's node is typed by its preset's dataclass; a user's own preset is an open
+    dict, checked against the group's base (the keys ddp_lab reads itself)."""
+    actual = OmegaConf.get_type(values)
+    if dataclasses.is_dataclass(actual) and issubclass(actual, declared):
+        return actual
+    if declared in presets.BASES.values():
+        try:  # a user's preset is not typed by Hydra: type ddp_lab's own keys here
+            OmegaConf.merge(OmegaConf.structured(declared),
+                            {k: values[k] for k in values if k in {f.name for f in dataclasses.fields(declared)}})
+        except ValidationError as e:
+            raise ConfigError(f"{e.full_key or 'a key'}={e.value!r}: {str(e).splitlines()[0]}") from None
+    return declared
+
+
 def check(cfg, node: type = TrainConfig) -> None:
     """Refuse the first value out of its key's range, with one line naming the key and the range."""
-    for prefix, schema in _nodes(node):
+    for prefix, declared in _nodes(node):
         values = OmegaConf.select(cfg, prefix[:-1]) if prefix else cfg
+        if values is None:
+            continue
+        schema = _schema_of(values, declared) if prefix else declared
         for f in dataclasses.fields(schema):
             ok = f.metadata.get("ok")
             value = values.get(f.name)
@@ -232,22 +162,44 @@ def check(cfg, node: type = TrainConfig) -> None:
                 raise ConfigError(f"{prefix}{f.name}={shown} must be {f.metadata['rule']}")
 
 
+def _table(prefix: str, schema: type, level: int, title: str = "", only_new: bool = False) -> list[str]:
+    base = {f.name for f in dataclasses.fields(schema.__mro__[1])} if only_new else set()
+    keys = [f for f in dataclasses.fields(schema) if _nested(f) is None and f.name not in base]
+    if not keys:
+        return []
+    lines = [f"{'#' * level} {title or prefix[:-1] or 'top level'}", "",
+             "| key | default | meaning |", "|---|---|---|"]
+    for f in keys:
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        shown = "(the preset's)" if default == MISSING else f"`{_yaml(default)}`"
+        rule = f" Must be {f.metadata['rule']}." if f.metadata.get("rule") else ""
+        meaning = f"{f.metadata['help']}.{rule}".replace("|", "\\|")  # a table cell
+        lines.append(f"| `{prefix}{f.name}` | {shown} | {meaning} |")
+    return lines + [""]
+
+
 def reference(node: type = TrainConfig, level: int = 3) -> str:
-    """Every key of a config as markdown tables, one per group, under headings of `level`."""
+    """Every key of a config as markdown tables, one per group, under headings of `level`;
+    for the open groups, their base keys, then each shipped preset's own keys."""
     lines = []
     for prefix, schema in _nodes(node):
-        keys = [f for f in dataclasses.fields(schema) if _nested(f) is None]
-        if not keys:
-            continue
-        lines += [f"{'#' * level} {prefix[:-1] or 'top level'}", "", "| key | default | meaning |", "|---|---|---|"]
-        for f in keys:
-            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-            shown = "(the preset's)" if default == MISSING else f"`{_yaml(default)}`"
-            rule = f" Must be {f.metadata['rule']}." if f.metadata.get("rule") else ""
-            meaning = f"{f.metadata['help']}.{rule}".replace("|", "\\|")  # a table cell
-            lines.append(f"| `{prefix}{f.name}` | {shown} | {meaning} |")
-        lines.append("")
+        lines += _table(prefix, schema, level)
+        group = prefix[:-1]
+        for name, preset in presets.PRESETS.get(group, {}).items():
+            users = ", ".join(f"{group}={p}" for p in _presets_on(group, f"schema_{name}"))
+            lines += _table(prefix, preset, level, f"{group}.* of {users}", only_new=True)
     return "\n".join(lines)
+
+
+def _presets_on(group: str, schema: str) -> list[str]:
+    """The shipped presets of `group` built on `schema`, directly or through another preset."""
+    folder = files("ddp_lab.conf") / group
+    defaults = {p.name[:-5]: [str(d) for d in OmegaConf.load(str(p)).get("defaults", [])]
+                for p in folder.iterdir() if p.name.endswith(".yaml")}
+    on = {n for n, d in defaults.items() if schema in d}
+    while more := {n for n, d in defaults.items() if n not in on and on & set(d)}:
+        on |= more
+    return sorted(on)
 
 
 def _yaml(value) -> str:

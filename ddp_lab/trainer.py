@@ -17,26 +17,26 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from torch import nn
 from tqdm import tqdm
 
 from ddp_lab.checkpoint import Checkpointer, rng_state, set_rng_state
 from ddp_lab.config import ConfigError
-from ddp_lab.data import build_loaders
 from ddp_lab.distributed import DistEnv
 from ddp_lab.evaluation import evaluate
 from ddp_lab.fast_path import amp_reason, autocast, resolve_amp, resolve_compile
 from ddp_lab.guards import faults, stall
 from ddp_lab.guards.divergence import LossWatch
 from ddp_lab.guards.preemption import Preemption
-from ddp_lab.models import build_model, check_fits_data, check_sync_bn
+from ddp_lab.models import build_model, check_sync_bn
 from ddp_lab.optim import build_optimizer, build_schedule
 from ddp_lab.sync import build_sync
+from ddp_lab.tasks import summary_name
 from ddp_lab.telemetry.meter import Meter, flops_and_peak
 from ddp_lab.telemetry.metrics import RunLogger, epoch_line, final_line
 from ddp_lab.telemetry.profiling import StepProfiler
 from ddp_lab.telemetry.results import is_complete, run_summary, write_results
 from ddp_lab.telemetry.stragglers import StepTimer
+from ddp_lab.workload import build_workload
 
 log = logging.getLogger("ddp_lab")
 
@@ -52,11 +52,11 @@ class Trainer:
         self.amp = resolve_amp(t.amp, env.device)
         log.info(amp_reason(t.amp, self.amp, env.device))
         self.autocast = partial(autocast, self.amp, env.device)  # a context for the forward pass
-        self.memory_format = torch.channels_last if t.channels_last else torch.contiguous_format
         stall.phase("loading data")  # every stretch of a rank's life is named (guards/stall.py)
-        self.train_loader, self.test_loader = build_loaders(
-            cfg.data, env.rank, env.world_size, env.device, cfg.seed, t.channels_last)
-        check_fits_data(cfg)  # channels, image size and classes against the model, before any step
+        # the datasets, their task, checked against the model before any step (ddp_lab.workload)
+        self.work = build_workload(cfg, env)
+        self.train_loader, self.test_loader, self.task = self.work.train_loader, self.work.test_loader, self.work.task
+        self.memory_format = torch.channels_last if self.work.channels_last else torch.contiguous_format
         self.steps_per_epoch = len(self.train_loader) // t.grad_accum
         if self.steps_per_epoch == 0:
             raise ConfigError(
@@ -70,8 +70,8 @@ class Trainer:
         stall.phase("building the model")
         self.model = build_model(cfg.model).to(env.device, memory_format=self.memory_format)
         check_sync_bn(self.model, env.distributed, env.device)
-        step_images = t.grad_accum * self.train_loader.batch_size  # a rank's, in a whole step
-        self.compiled, why = resolve_compile(t.compile, env.device, self.total_steps * step_images)
+        step_samples = t.grad_accum * self.train_loader.batch_size  # a rank's, in a whole step
+        self.compiled, why = resolve_compile(t.compile, env.device, self.total_steps * step_samples)
         log.info(why)
         # Compile the bare model and let DDP wrap the compiled one: compiling the
         # DDP wrapper instead breaks the graph inside DDP's forward and, with
@@ -82,13 +82,13 @@ class Trainer:
         self.sync = build_sync(cfg.sync, net, env)
         self.forward = self.sync.module
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp == "fp16")
-        self.loss_fn = nn.CrossEntropyLoss()
-
-        image = tuple(cfg.data.image_shape) if cfg.data.name == "synthetic" else (1, 28, 28)
-        self.meter = Meter(env, t.warmup_steps, *flops_and_peak(self.model, image, self.amp, env),
-                           full_step_images=step_images)
+        self.meter = Meter(env, t.warmup_steps, *flops_and_peak(self.model, self.work.input_example,
+                                                                self.amp, env),
+                           full_step_images=step_samples, task=self.task,
+                           targets_per_sample=self.work.targets_per_sample)
         self.step_timer = StepTimer(self.model, env)  # compute and sync wait: stragglers
-        self.loss_watch = LossWatch(env, t.log_every, cfg.optim.lr, self.amp, self.model.parameters())
+        self.loss_watch = LossWatch(env, t.log_every, self.optimizer.defaults.get("lr", 0.0), self.amp,
+                                    self.model.parameters())
         self.profiler = StepProfiler(t.profile, t.profile_wait, t.profile_active, self.run_dir,
                                      env.rank, env.device.type == "cuda")
         self.step = self.epoch = self.batches_done = 0  # batches: of the current epoch
@@ -174,9 +174,9 @@ class Trainer:
             with self.sync.during_backward(last=i == len(micro) - 1):
                 with self.autocast():
                     out = self.forward(x)
-                loss = self.loss_fn(out.float(), y)
+                loss = self.task.loss(out, y)
                 self.scaler.scale(loss / len(micro)).backward()
-            self.meter.add_batch(loss, out, y)
+            self.meter.add_batch(self.task.sums(loss, out, y))
         self.sync.after_backward()
         stall.phase("optimizer step")
         self.step_timer.synced()
@@ -200,10 +200,11 @@ class Trainer:
         t = self.cfg.trainer
         if self.epoch + 1 == t.epochs or self.done or (
                 t.eval_every > 0 and (self.epoch + 1) % t.eval_every == 0):
-            correct, total = self.evaluate()
-            metrics["acc/test"] = correct / total
-            self.last.update(test_correct=correct, test_total=total)
-            self.log.print(epoch_line(self.epoch, t.epochs, metrics))
+            loss_sum, correct, total = self.evaluate()
+            metrics.update(self.task.metrics(loss_sum, correct, total, self.task.held_out))
+            split = self.task.held_out  # the counts under the split's name: test_correct, val_total
+            self.last.update({f"{split}_correct": int(correct), f"{split}_total": int(total)})
+            self.log.print(epoch_line(self.epoch, t.epochs, metrics, self.task))
         self.log.scalars(metrics, self.step)
         self.last.update(metrics)
         complete = self._epoch_exhausted()  # else max_steps cut it (saved in the loop)
@@ -275,10 +276,10 @@ class Trainer:
         """Resumed where the run had already ended and written its results: write nothing."""
         return self.resumed is not None and self.done and is_complete(self.run_dir)
 
-    def evaluate(self) -> tuple[int, int]:
-        """Exact test accuracy over all ranks (ddp_lab.evaluation)."""
+    def evaluate(self) -> tuple[float, int, int]:
+        """Exact held-out (loss sum, correct, targets) over all ranks (ddp_lab.evaluation)."""
         self.meter.throughput.pause()
-        return evaluate(self.model, self.test_loader, self.env, self.autocast)
+        return evaluate(self.model, self.test_loader, self.env, self.task, self.autocast)
 
     # ------------------------------------------------------------ the end
     def finish(self) -> dict:
@@ -286,11 +287,12 @@ class Trainer:
         self.loss_watch.check()
         stall.phase("writing results")
         summary = run_summary(self)
+        headline = summary_name(self.task.headline)
         self.log.hparams(self.cfg, self.env.world_size, summary["backend"],
-                         {k: summary[k] for k in ("test_acc", "train_loss", "samples_per_sec")})
+                         {k: summary[k] for k in (headline, "train_loss", "samples_per_sec")})
         if self.env.is_main:
             write_results(self.run_dir, self.model.state_dict(), summary)
-        self.log.print(final_line(summary))
+        self.log.print(final_line(summary, headline))
         return summary
 
     def close(self) -> None:

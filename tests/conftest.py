@@ -111,7 +111,7 @@ def compose_train():
     """compose_train(overrides) -> the training config, as `python -m ddp_lab.train` would get it."""
     def _compose(overrides=()):
         with initialize_config_module(version_base="1.3", config_module="ddp_lab.conf"):
-            return compose(config_name="train", overrides=list(overrides))
+            return compose(config_name="train", overrides=for_the_data(overrides))
     return _compose
 
 
@@ -129,11 +129,23 @@ def tiny_overrides(data_root: Path, run_dir: Path, cache: Path | None = None) ->
             "trainer.log_every=2", "trainer.progress=false", "optim.warmup_epochs=0"]
 
 
+FASHION_MNIST_KEYS = ("data.root=", "data.cache_dir=")
+
+
+def for_the_data(args) -> list[str]:
+    """`args` without tiny_overrides' Fashion-MNIST keys where another dataset is chosen
+    (data=synthetic has no data.root, and Hydra refuses a key a preset lacks)."""
+    args = list(args)
+    other = any(a.startswith("data=") and a != "data=fashion_mnist" for a in args)
+    return [a for a in args if not (other and a.startswith(FASHION_MNIST_KEYS))]
+
+
 def run_module(module: str, args, nproc: int = 1, timeout: float = 240,
                torchrun_args=(), env=None) -> subprocess.CompletedProcess:
     """Run `python -m module` (nproc=0) or `torchrun --nproc_per_node=nproc -m module`."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     full_env.pop("RANK", None)
+    args = for_the_data(args)
     if nproc == 0:
         cmd = [sys.executable, "-m", module, *args]
     else:

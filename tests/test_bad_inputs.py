@@ -48,19 +48,17 @@ def _run(tiny_fmnist, tmp_path, extra, nproc=0, timeout=120):
     (["sync.poll=sometimes"], "sync.poll=sometimes must be one of auto, true, false"),
     (["dist.timeout_s=0"], "dist.timeout_s=0.0 must be a positive number of seconds"),
     (["data.std=0"], "data.std=0.0 must be a positive, finite number"),
-    (["model=resnet18", "model.crop_unused_border=true"],
-     "model.crop_unused_border does not apply to model 'resnet18'; drop the override"),
     (["data.num_workers=-1"], "data.num_workers=-1 must be >= 0"),
     # the tiny Fashion-MNIST holds 512 training images
-    (["data.batch_size=100000"], "data.batch_size=100000 is more than the training set's 512 images: "
+    (["data.batch_size=100000"], "data.batch_size=100000 is more than the training set's 512 samples: "
                                  "a global batch is at most 512; lower data.batch_size"),
     (["data=synthetic", "data.num_train=50"],
-     "data.batch_size=64 is more than the training set's 50 images (data.num_train=50): a global batch is "
+     "data.batch_size=64 is more than the training set's 50 samples (data.num_train=50): a global batch is "
      "at most 50; lower data.batch_size (or raise data.num_train to 64)"),
     (["data=synthetic", "data.num_classes=20"],
      "data.num_classes=20 is more than model.num_classes=10, the classes model=lenet_fast predicts: "
      "set model.num_classes=20 (or data.num_classes<=10)"),
-    (["model.num_classes=5"], "model.num_classes=5 is fewer than the 10 classes of Fashion-MNIST: "
+    (["model.num_classes=5"], "model.num_classes=5 is fewer than the 10 classes of the data: "
                               "set model.num_classes=10"),
     (["data=synthetic", "model=lenet", "data.image_shape=[1,8,8]"],
      "data.image_shape=[1, 8, 8] is too small for model=lenet: the smallest image it takes is [1, 26, 26] "
@@ -142,10 +140,10 @@ SYNTHETIC = ["data=synthetic", "data.num_train=2048", "data.num_test=256", "trai
 
 @pytest.mark.system
 @pytest.mark.parametrize("extra,message", [
-    (["data.batch_size=1000000000"], "data.batch_size=1000000000 is more than the training set's 2048 images "
+    (["data.batch_size=1000000000"], "data.batch_size=1000000000 is more than the training set's 2048 samples "
                                      "(data.num_train=2048): a global batch is at most 2048"),
     (["data.num_train=100", "data.batch_size=512"], "data.batch_size=512 is more than the training set's 100 "
-                                                    "images (data.num_train=100): a global batch is at most 100"),
+                                                    "samples (data.num_train=100): a global batch is at most 100"),
     (["data.num_classes=20"], "data.num_classes=20 is more than model.num_classes=10"),
     (["model=lenet", "data.image_shape=[1,8,8]"], "data.image_shape=[1, 8, 8] is too small for model=lenet: "
                                                   "the smallest image it takes is [1, 26, 26]"),

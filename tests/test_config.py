@@ -19,7 +19,7 @@ from ddp_lab.models import build_model, num_parameters
 def test_every_model_and_data_config_composes(compose_train, model, params, data):
     cfg = compose_train([f"model={model}", f"data={data}"])
     assert cfg.model.name == model
-    assert cfg.data.name == data
+    assert cfg.data._target_ == f"ddp_lab.datasets.{'fashion_mnist' if data == 'fashion_mnist' else 'synthetic_images'}"
     assert cfg.data.batch_size == 512  # the GLOBAL batch (d2l: 256)
     assert num_parameters(build_model(cfg.model)) == params
 
@@ -27,8 +27,8 @@ def test_every_model_and_data_config_composes(compose_train, model, params, data
 @pytest.mark.parametrize("override,choices", [
     ("trainer.amp=bf61", "[auto, bf16, fp16, off]"),
     ("model.init=bogus", "[default, d2l]"),
-    ("data.loader=magic", "[device, dataloader]"),
-    ("data.name=mnist", "[fashion_mnist, synthetic]"),
+    ("data.loader=magic", "[auto, device, dataloader]"),
+    ("data.task=regression", "[auto, classification, language_model]"),
     ("sync.mode=allgather", "[auto, ddp, flat, per_param]"),
     ("sync.algo=tree", "[builtin, naive, ring, halving_doubling, ring_textbook, "
                        "halving_doubling_textbook]"),
@@ -63,15 +63,15 @@ def test_a_choice_reads_as_its_string(compose_train):
 
 def test_defaults(compose_train):
     cfg = compose_train()
-    assert (cfg.model.name, cfg.data.name, cfg.sync.mode, cfg.sync.algo) == (
-        "lenet_fast", "fashion_mnist", "auto", "builtin")
+    assert (cfg.model.name, cfg.data._target_, cfg.sync.mode, cfg.sync.algo) == (
+        "lenet_fast", "ddp_lab.datasets.fashion_mnist", "auto", "builtin")
     assert cfg.trainer.epochs == 10
     assert cfg.dist.backend == "auto"
     assert cfg.optim._target_ == "torch.optim.SGD"
 
 
 def test_overrides_are_typed(compose_train):
-    cfg = compose_train(["trainer.epochs=3", "optim.lr=0.05", "data.image_shape=[3,32,32]"])
+    cfg = compose_train(["trainer.epochs=3", "optim.lr=0.05", "data=synthetic", "data.image_shape=[3,32,32]"])
     assert cfg.trainer.epochs == 3 and isinstance(cfg.trainer.epochs, int)
     assert cfg.optim.lr == 0.05
     assert list(cfg.data.image_shape) == [3, 32, 32]
@@ -80,6 +80,13 @@ def test_overrides_are_typed(compose_train):
 def test_unknown_key_is_rejected(compose_train):
     with pytest.raises(ConfigCompositionException, match="trainer.epoch"):
         compose_train(["trainer.epoch=3"])
+
+
+def test_a_key_of_another_preset_is_rejected(compose_train):
+    # lenet_fast's own key is no key of resnet18's: Hydra names it and the preset's schema
+    with pytest.raises(ConfigCompositionException, match="crop_unused_border") as e:
+        compose_train(["model=resnet18", "model.crop_unused_border=true"])
+    assert "Key 'crop_unused_border' not in 'ImageModelConfig'" in str(e.value.__cause__)
 
 
 def test_wrong_type_is_rejected(compose_train):

@@ -30,7 +30,7 @@ def probe_loss(trainer, batches) -> float:
     for x, y in batches:
         with trainer.autocast():
             out = trainer.model(x)
-        total += trainer.loss_fn(out.float(), y).item()
+        total += trainer.task.loss(out, y).item()
     trainer.model.train()
     return total / len(batches)
 
@@ -87,7 +87,7 @@ def test_compile_setting_true_false_and_auto(monkeypatch):
     on, why = resolve_compile("auto", CPU, AUTO_COMPILE_MIN_IMAGES)
     assert on and "auto: on" in why
     on, why = resolve_compile("auto", CPU, AUTO_COMPILE_MIN_IMAGES - 1)
-    assert not on and f"{AUTO_COMPILE_MIN_IMAGES - 1:,} images per rank are too few" in why
+    assert not on and f"{AUTO_COMPILE_MIN_IMAGES - 1:,} samples per rank are too few" in why
     monkeypatch.setattr(fast_path, "inductor_available", lambda device: False)
     on, why = resolve_compile("auto", CPU, 10 ** 6)
     assert not on and "needs a C++ compiler" in why

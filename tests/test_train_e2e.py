@@ -42,9 +42,9 @@ def test_summary_holds_the_run(two_rank_run):
     assert s["samples_per_sec"] > 0
     assert s["test_acc"] > 0.5  # the tiny set is easy: it must have learned something
     # MFU: LeNet's FLOPs per image (torch's counter) x images/s over the measured peak
-    assert s["flops_per_image"] > 0 and s["peak_flops"] > 0
+    assert s["flops_per_sample"] > 0 and s["peak_flops"] > 0
     assert 0 < s["mfu"] < 1
-    assert s["mfu"] == pytest.approx(s["flops_per_image"] * s["samples_per_sec"] / s["peak_flops"])
+    assert s["mfu"] == pytest.approx(s["flops_per_sample"] * s["samples_per_sec"] / s["peak_flops"])
     assert s["straggler"] is None or s["straggler"]["rank"] in (0, 1)
 
 

@@ -14,7 +14,8 @@ from typing import Any, List
 
 from hydra.core.config_store import ConfigStore
 
-from ddp_lab.schema import Algo, DistConfig, choices, key, non_empty, positive_finite, reference
+from ddp_lab.keys import choices, key, non_empty, positive_finite
+from ddp_lab.schema import Algo, DistConfig, reference
 
 Mode = choices("Mode", "sweep interleaved")
 Dtype = choices("Dtype", "float32 float64 bfloat16 float16")

@@ -70,5 +70,5 @@ def with_mfu(result: dict, name: str, threads: int) -> dict:
     peak = baseline_peak(result, threads)
     rate = result.get("samples_per_sec")
     value = mfu.mfu(flops, rate, peak) if rate is not None and math.isfinite(rate) else math.nan
-    return {**result, "flops_per_image": flops, "peak_flops": peak, "mfu": value,
+    return {**result, "flops_per_sample": flops, "peak_flops": peak, "mfu": value,
             "mfu_counted_by": "bench.vs_baseline (ddp_lab.telemetry.mfu)"}

@@ -13,7 +13,8 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from ddp_lab.schema import key, non_empty, reference
+from ddp_lab.keys import key, non_empty
+from ddp_lab.schema import reference
 
 
 @dataclass

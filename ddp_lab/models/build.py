@@ -5,14 +5,11 @@ from __future__ import annotations
 from importlib.resources import files
 
 import torch
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch import nn
 
-from ddp_lab import data
+from ddp_lab import presets, targets
 from ddp_lab.config import ConfigError
-from ddp_lab.schema import ModelConfig
 
 
 def _d2l_init(m: nn.Module) -> None:
@@ -41,23 +38,18 @@ def gradient_bytes(net: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in net.parameters() if p.requires_grad)
 
 
-def build_model(cfg) -> nn.Module:
-    """Instantiate `cfg.model`; its `name` key labels the run and is not an argument.
+def model_name(cfg) -> str:
+    """The model's label: `model.name`, else its callable's name (torchvision.models.resnet18 -> resnet18)."""
+    return cfg.get("name") or str(cfg.get("_target_", "model")).rsplit(".", 1)[-1]
 
-    Keys left at None are ones the schema knows but this model does not take.
-    """
-    args = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True, enum_to_str=True).items()
-            if k != "name" and v is not None}
-    try:
-        return instantiate(args)
-    except InstantiationException as e:
-        if isinstance(e.__cause__, ConfigError):  # a bad value, not a bug: say it plainly
-            raise e.__cause__ from None
-        if isinstance(e.__cause__, TypeError) and "unexpected keyword" in str(e.__cause__):
-            key = str(e.__cause__).rsplit("'", 2)[-2]
-            raise ConfigError(f"model.{key} does not apply to model {cfg.get('name')!r}; "
-                              f"drop the override") from None
-        raise
+
+def build_model(cfg) -> nn.Module:
+    """Call `cfg._target_` (the model group) with every key but `name` as an argument."""
+    net = targets.build("model", cfg)
+    if not isinstance(net, nn.Module):
+        raise ConfigError(f"model._target_={cfg['_target_']} returned {type(net).__name__}, not an "
+                          f"nn.Module: return the network")
+    return net
 
 
 def check_sync_bn(model: nn.Module, distributed: bool, device: torch.device) -> None:
@@ -69,43 +61,60 @@ def check_sync_bn(model: nn.Module, distributed: bool, device: torch.device) -> 
                           "with its own batch's statistics)")
 
 
-def check_fits_data(cfg) -> None:
-    """Refuse, before training, data the model cannot take: another number of channels,
-    images its layers do not fit, labels beyond the classes it predicts. One image's forward pass on the meta device
-    (shapes only: no arithmetic, no memory) finds both, for any model."""
-    shape, classes, name = data.image_shape(cfg.data), data.num_classes(cfg.data), cfg.model.get("name")
-    if shape[0] != cfg.model.in_channels:
-        raise ConfigError(f"model.in_channels={cfg.model.in_channels} but the data has "
-                          f"{shape[0]} channel(s); set model.in_channels={shape[0]}")
+def check_fits_data(cfg, x: torch.Tensor, y: torch.Tensor, task, classes: int) -> None:
+    """Refuse, before training, data the model cannot take: inputs its layers do not fit,
+    outputs of another shape than the targets, targets beyond the classes it predicts.
+    One sample's forward pass on the meta device (shapes only: no arithmetic, no
+    memory) finds them all, for any model. x, y: one sample; classes: the largest
+    target + 1."""
+    m, name = cfg.model, model_name(cfg.model)
+    image = x.dim() == 3 and x.is_floating_point()
+    if image and "in_channels" in m and x.shape[0] != m.in_channels:
+        raise ConfigError(f"model.in_channels={m.in_channels} but the data has "
+                          f"{x.shape[0]} channel(s); set model.in_channels={x.shape[0]}")
     with torch.device("meta"):
-        net = build_model(cfg.model).eval()
-    logits, error = _dry_forward(net, shape)
-    if logits is None:
-        raise ConfigError(_misfit(net, shape, name, error))
-    predicts = logits[-1]
-    if classes > predicts and cfg.data.name == "synthetic":
+        net = build_model(m).eval()
+    out, error = _dry_forward(net, x)
+    if out is None and image and "image_shape" in cfg.data:
+        raise ConfigError(_misfit(net, tuple(x.shape), name, error))
+    if out is None:
+        raise ConfigError(f"model={name} cannot take the data's inputs (one is {list(x.shape)}, "
+                          f"{str(x.dtype).removeprefix('torch.')}): {error}; fix the model's settings or the data")
+    if tuple(out[:-1]) != (1, *y.shape):
+        raise ConfigError(f"model={name} outputs {list(out)} for one input, but a {task.name} target is "
+                          f"{list(y.shape) or 'one class id'}: the model must output {[1, *y.shape, 'classes']}")
+    _check_classes(cfg, name, out[-1], classes)
+
+
+def _check_classes(cfg, name: str, predicts: int, classes: int) -> None:
+    if classes <= predicts:
+        return
+    if "num_classes" in cfg.data and "num_classes" in cfg.model:
         raise ConfigError(f"data.num_classes={classes} is more than model.num_classes={predicts}, the "
                           f"classes model={name} predicts: set model.num_classes={classes} "
                           f"(or data.num_classes<={predicts})")
-    if classes > predicts:
-        raise ConfigError(f"model.num_classes={predicts} is fewer than the {classes} classes of "
-                          f"Fashion-MNIST: set model.num_classes={classes}")
+    for key in ("num_classes", "vocab_size"):
+        if key in cfg.model:
+            raise ConfigError(f"model.{key}={predicts} is fewer than the {classes} classes of the data: "
+                              f"set model.{key}={classes}")
+    raise ConfigError(f"the data's targets go up to {classes - 1} but model={name} predicts {predicts} "
+                      f"classes: widen the model's output to {classes}")
 
 
-def _dry_forward(net: nn.Module, shape: tuple) -> tuple[torch.Size | None, str]:
-    """(the logits' shape, "") for one image of `shape`, or (None, torch's error line)."""
+def _dry_forward(net: nn.Module, x: torch.Tensor) -> tuple[torch.Size | None, str]:
+    """(the output's shape, "") for one input like `x`, or (None, torch's error line)."""
     try:
         with torch.no_grad():
-            return net(torch.empty(1, *shape, device="meta")).shape, ""
-    except RuntimeError as e:  # a kernel larger than its input, a flattened size that does not match
-        return None, str(e).strip().splitlines()[0].rstrip(".")
+            return net(torch.empty(1, *x.shape, dtype=x.dtype, device="meta")).shape, ""
+    except (RuntimeError, ValueError, IndexError, TypeError, AssertionError) as e:
+        return None, (str(e).strip().splitlines() or [type(e).__name__])[0].rstrip(".")
 
 
 def _misfit(net: nn.Module, shape: tuple, name: str, error: str) -> str:
     """The error line for images the model does not take, with the square ones it does."""
     c, h, w = shape
     limit = max(64, min(2 * max(h, w), 512))  # in the error path only: a few ms a size on meta
-    fits = [n for n in range(1, limit + 1) if _dry_forward(net, (c, n, n))[0] is not None]
+    fits = [n for n in range(1, limit + 1) if _dry_forward(net, torch.empty(c, n, n, device="meta"))[0] is not None]
     if not fits:
         return f"data.image_shape={list(shape)} does not fit model={name} ({error})"
     smallest = [c, fits[0], fits[0]]
@@ -124,4 +133,9 @@ def load_model_config(name: str):
         known = sorted(p.name[:-5] for p in (files("ddp_lab.conf") / "model").iterdir()
                        if p.name.endswith(".yaml"))
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(known)}")
-    return OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(str(path)))
+    preset = OmegaConf.load(str(path))
+    defaults = preset.pop("defaults", [])  # the schema it starts from, or another preset
+    base = next(str(d) for d in defaults if str(d) != "_self_")
+    schema = (OmegaConf.structured(presets.PRESETS["model"][base.removeprefix("schema_")])
+              if base.startswith("schema_") else load_model_config(base))
+    return OmegaConf.merge(schema, preset)

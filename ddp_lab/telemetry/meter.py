@@ -18,6 +18,7 @@ import torch
 
 from ddp_lab.distributed import DistEnv, all_reduce_sum, ranks_on_machine
 from ddp_lab.guards import stall
+from ddp_lab.tasks import CLASSIFICATION, Task
 from ddp_lab.telemetry import mfu
 
 
@@ -76,8 +77,8 @@ class Throughput:
         return 1000 * self.seconds / self.steps if self.steps else float("nan")
 
 
-def flops_and_peak(model, image_shape: tuple, amp: str, env: DistEnv) -> tuple[float, float]:
-    """The model's training FLOPs per image, and the measured matmul peak of the cores
+def flops_and_peak(model, example: torch.Tensor, amp: str, env: DistEnv) -> tuple[float, float]:
+    """The model's training FLOPs per sample like `example` (one input), and the measured matmul peak of the cores
     (or GPUs) the run uses, in the dtype it computes in (ddp_lab.telemetry.mfu; the peak is cached).
 
     The ranks that share a machine's cores are one host's, or, under ddp_lab.cluster,
@@ -86,7 +87,8 @@ def flops_and_peak(model, image_shape: tuple, amp: str, env: DistEnv) -> tuple[f
     """
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp, torch.float32)
     sharing = ranks_on_machine(env.world_size)
-    return (mfu.train_flops_per_image(model, image_shape, dtype),
+    return (mfu.train_flops_per_image(model, tuple(example.shape), dtype,
+                                      input_dtype=None if example.is_floating_point() else example.dtype),
             mfu.peak_for_run(env.device, dtype, env.world_size, sharing, torch.get_num_threads()))
 
 
@@ -99,14 +101,15 @@ class Meter:
     """A rank's running measurements; end_epoch() turns them into an epoch's metrics."""
 
     def __init__(self, env: DistEnv, warmup_steps: int, flops_per_image: float = 0.0,
-                 peak_flops: float = 0.0, full_step_images: int = 0):
-        self.env = env
+                 peak_flops: float = 0.0, full_step_images: int = 0, task: Task = CLASSIFICATION,
+                 targets_per_sample: int = 1):
+        self.env, self.task, self.targets_per_sample = env, task, targets_per_sample
         self.full_step_images = full_step_images  # a rank's images in a whole step (0: every step counts)
         self._short_step = False
         self.flops_per_image, self.peak_flops = flops_per_image, peak_flops
         self.clock = Clock(env.device)
         self.throughput = Throughput(self.clock, warmup_steps)
-        self.sums = torch.zeros(3, dtype=torch.float64, device=env.device)  # loss*n, correct, n
+        self.sums = torch.zeros(3, dtype=torch.float64, device=env.device)  # loss*n, correct, n (targets)
         self.epoch_seconds: list[float] = []
         # the current epoch's seconds in earlier launches (a mid-epoch resume carries them)
         self.epoch_carried_s = 0.0
@@ -135,10 +138,9 @@ class Meter:
         return self.epoch_carried_s + self.clock.now() - self._epoch_start[0] if self._in_epoch else 0.0
 
     @torch.no_grad()
-    def add_batch(self, loss: torch.Tensor, out: torch.Tensor, y: torch.Tensor) -> None:
-        self.sums[0] += loss.detach() * len(y)
-        self.sums[1] += (out.argmax(1) == y).sum()
-        self.sums[2] += len(y)
+    def add_batch(self, sums: torch.Tensor) -> None:
+        """A batch's (loss x targets, correct, targets), from its task (ddp_lab.tasks)."""
+        self.sums += sums
 
     def start_step(self, images_on_this_rank: int) -> None:
         """Keep a short step (an epoch's last, partial batch) out of the window, as warm-up is.
@@ -177,9 +179,10 @@ class Meter:
         rate = (tp.images - images0) / window if window > 0 and tp.images > images0 else float("nan")
         comm_ms, comm_frac = sync.comm_figures(tp.steps, tp.seconds)
         comm = {} if math.isnan(comm_ms) else {"perf/comm_ms": comm_ms, "perf/comm_frac": comm_frac}
+        if self.task.name == "language_model":
+            comm["perf/tokens_per_sec"] = rate * self.targets_per_sample
         return {
-            "loss/train": loss_sum / max(n, 1),
-            "acc/train": correct / max(n, 1),
+            **self.task.metrics(loss_sum, correct, n, "train"),
             "perf/samples_per_sec": rate,
             "perf/samples_per_sec_per_rank": rate / self.env.world_size,
             "perf/step_ms": tp.step_ms,

@@ -127,17 +127,26 @@ def _rate(v: float | None) -> str:
     return "n/a" if v is None or not math.isfinite(v) else f"{v:,.0f}"
 
 
-def epoch_line(epoch: int, epochs: int, m: dict) -> str:
-    return (f"epoch {epoch + 1}/{epochs}  loss {m['loss/train']:.4f}  "
-            f"train acc {m['acc/train']:.3f}  test acc {m['acc/test']:.3f}  "
-            f"{_rate(m['perf/samples_per_sec'])} img/s ({_rate(m['perf/samples_per_sec_per_rank'])}/rank)  "
-            f"{m['perf/epoch_s']:.1f} s")
+def epoch_line(epoch: int, epochs: int, m: dict, task=None) -> str:
+    if task is not None and task.name == "language_model":
+        held = (f"val loss {m['loss/val']:.4f}  ppl {m['ppl/val']:.2f}  token acc {m['token_acc/val']:.3f}  "
+                f"{_rate(m.get('perf/tokens_per_sec'))} tok/s")
+    else:
+        held = (f"train acc {m['acc/train']:.3f}  test acc {m['acc/test']:.3f}  "
+                f"{_rate(m['perf/samples_per_sec'])} img/s ({_rate(m['perf/samples_per_sec_per_rank'])}/rank)")
+    return f"epoch {epoch + 1}/{epochs}  loss {m['loss/train']:.4f}  {held}  {m['perf/epoch_s']:.1f} s"
 
 
-def final_line(s: dict) -> str:
-    """d2l's closing line, e.g. `test acc 0.85, 4.1 sec/epoch, 14,200 img/s on 2 x cpu (gloo)`."""
-    line = (f"test acc {s['test_acc']:.2f}, {s['sec_per_epoch']:.1f} sec/epoch, "
-            f"{_rate(s['samples_per_sec'])} img/s on {s['world_size']} x {s['device']} ({s['backend']})")
+def final_line(s: dict, headline: str = "test_acc") -> str:
+    """d2l's closing line, e.g. `test acc 0.85, 4.1 sec/epoch, 14,200 img/s on 2 x cpu (gloo)`;
+    a language model's: `val loss 1.52 (ppl 4.57), 20.1 sec/epoch, 41,000 tok/s on ...`."""
+    if headline == "val_loss":
+        first = f"val loss {s['val_loss']:.2f} (ppl {s['val_ppl']:.2f})"
+        rate = f"{_rate(s.get('tokens_per_sec'))} tok/s"
+    else:
+        first, rate = f"test acc {s['test_acc']:.2f}", f"{_rate(s['samples_per_sec'])} img/s"
+    line = (f"{first}, {s['sec_per_epoch']:.1f} sec/epoch, "
+            f"{rate} on {s['world_size']} x {s['device']} ({s['backend']})")
     if "mfu" not in s:  # a summary without MFU at all (the d2l baselines')
         return line
     mfu = s["mfu"]  # n/a: no step measured, or no peak to measure it against

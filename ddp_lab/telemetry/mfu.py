@@ -42,11 +42,12 @@ TIMED_S = 5.0   # the timed calls stop after this long, at 3 calls or more
 
 # ---------------------------------------------------------------- model FLOPs
 def train_flops_per_image(model: nn.Module, input_shape, dtype: torch.dtype = torch.float32,
-                          batch: int = 2) -> int:
-    """FLOPs of one training image's forward and backward pass, as torch counts them.
+                          batch: int = 2, input_dtype: torch.dtype | None = None) -> int:
+    """FLOPs of one training sample's forward and backward pass, as torch counts them.
 
     model: the bare model (a DDP wrapper or a torch.compile'd module is unwrapped).
-    input_shape: one image's shape, e.g. (1, 28, 28). Nothing is computed: the pass
+    input_shape: one sample's shape, e.g. (1, 28, 28); input_dtype: the input's, where it
+    is not the compute dtype (token ids: torch.long). Nothing is computed: the pass
     runs on the meta device with stand-ins for the parameters, so the model, its
     gradients and its BatchNorm statistics are left as they were.
 
@@ -65,7 +66,7 @@ def train_flops_per_image(model: nn.Module, input_shape, dtype: torch.dtype = to
     leaves = [stand_ins[name] for name, p in params.items() if p.requires_grad]
     for t in leaves:
         t.requires_grad_(True)
-    x = torch.empty((batch, *input_shape), dtype=dtype, device="meta")
+    x = torch.zeros((batch, *input_shape), dtype=input_dtype or dtype, device="meta")
     modes = {m: m.training for m in model.modules()}
     model.eval()
     try:

@@ -17,7 +17,10 @@ import torch
 from ddp_lab.checkpoint.files import nbytes, write_error
 from ddp_lab.config import RunFailed
 from ddp_lab.guards.divergence import all_finite
+from ddp_lab.tasks import summary_name
 from ddp_lab.telemetry.metrics import peak_memory_mb, write_json_atomic
+
+FIGURES = ("loss", "acc", "ppl", "token_acc")  # a task's figures (ddp_lab.tasks), by TensorBoard name
 
 
 def run_summary(trainer) -> dict:
@@ -34,9 +37,10 @@ def run_summary(trainer) -> dict:
     comm_ms, comm_frac = sync.comm_figures(tp.steps, tp.seconds)
     seconds = trainer.meter.epoch_seconds
     return {
-        "test_acc": last["acc/test"], "test_correct": last["test_correct"],
-        "test_total": last["test_total"], "train_loss": last["loss/train"],
-        "train_acc": last["acc/train"], "samples_per_sec": rate,
+        # the task's figures, named by it: test_acc, train_loss (classification); val_ppl, ...
+        **{summary_name(k): v for k, v in last.items() if k.split("/")[0] in FIGURES},
+        **{k: v for k, v in last.items() if k.endswith(("_correct", "_total"))},
+        "task": trainer.task.name, "samples_per_sec": rate,
         "samples_per_sec_per_rank": rate / env.world_size,
         "sec_per_epoch": sum(seconds) / len(seconds), "step_ms": tp.step_ms,
         "data_ms": 1000 * trainer.meter.data_seconds / tp.seen if tp.seen else math.nan,
@@ -52,7 +56,9 @@ def run_summary(trainer) -> dict:
         "peak_mem_mb": peak_memory_mb(env.device),  # rank 0's process (ranks are alike)
         "straggler": trainer.step_timer.straggler(cfg.trainer.straggler_threshold),
         "mfu": trainer.meter.mfu(rate), "peak_flops": trainer.meter.peak_flops,
-        "flops_per_image": trainer.meter.flops_per_image,
+        "flops_per_sample": trainer.meter.flops_per_image,
+        **({"tokens_per_sec": rate * trainer.work.targets_per_sample}
+           if trainer.task.name == "language_model" else {}),
     }
 
 

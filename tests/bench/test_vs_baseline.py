@@ -239,7 +239,7 @@ def test_a_baselines_mfu_counts_its_network_against_the_peak_of_its_threads(monk
     lenet_flops = mfu.train_flops_per_image(lenet(num_classes=10, in_channels=1), (1, 28, 28))
     assert lenet_flops == 13_258_800  # d2l_scratch's LeNet is the chapter's, as model=lenet
     r = vm.with_mfu({"samples_per_sec": 1000.0, "device": "cpu", "test_acc": 0.8}, "d2l_scratch", 2)
-    assert r["flops_per_image"] == lenet_flops and r["peak_flops"] == 2e10 and r["test_acc"] == 0.8
+    assert r["flops_per_sample"] == lenet_flops and r["peak_flops"] == 2e10 and r["test_acc"] == 0.8
     assert r["mfu"] == pytest.approx(13_258_800 * 1000 / 2e10)
     assert calls == [("cpu", torch.float32, 1, 1, 2)]
     # threads 0: torch's default, which the baseline's own process had
@@ -247,7 +247,7 @@ def test_a_baselines_mfu_counts_its_network_against_the_peak_of_its_threads(monk
     assert calls[-1][-1] == torch.get_num_threads()
     # data_parallel: d2l's ResNet-18; on GPUs, one peak per device it used
     r = vm.with_mfu({"samples_per_sec": 10.0, "device": "cuda", "num_devices": 2}, "data_parallel", 0)
-    assert r["flops_per_image"] == mfu.train_flops_per_image(resnet18(num_classes=10, in_channels=1),
+    assert r["flops_per_sample"] == mfu.train_flops_per_image(resnet18(num_classes=10, in_channels=1),
                                                              (1, 28, 28))
     assert calls[-1] == ("cuda", torch.float32, 2, 2, 0)
     with pytest.raises(ValueError, match="expected d2l_scratch or data_parallel"):
@@ -269,5 +269,5 @@ def test_a_tiny_real_run_gives_both_systems_an_mfu(tiny_fmnist, tmp_path):
     header = (out / "table.md").read_text().splitlines()[0]
     assert "| max | MFU | sec/epoch |" in header
     saved = json.loads((out / "results.json").read_text())["results"]
-    assert saved[0]["flops_per_image"] == 13_258_800  # the baseline's, counted by the benchmark
-    assert saved[1]["flops_per_image"] == 10_636_800  # the trainer's lenet_fast, from its summary
+    assert saved[0]["flops_per_sample"] == 13_258_800  # the baseline's, counted by the benchmark
+    assert saved[1]["flops_per_sample"] == 10_636_800  # the trainer's lenet_fast, from its summary

@@ -4,7 +4,7 @@ import torch
 
 from ddp_lab import checkpoint
 from ddp_lab.checkpoint.reshard import load_own
-from ddp_lab.data import build_loaders
+from ddp_lab.data import build_datasets, build_loaders
 from tests.conftest import read_summary, run_module, tiny_overrides
 
 CPU = torch.device("cpu")
@@ -16,7 +16,7 @@ def _indices(cfg, world_size, epoch, start, stop=None):
     """Sample indices (not labels) the ranks take from batch `start` to `stop`."""
     out = []
     for rank in range(world_size):
-        train, _ = build_loaders(cfg, rank, world_size, CPU, seed=0)
+        train, _ = build_loaders(cfg, *build_datasets(cfg), rank, world_size, CPU, seed=0)
         train.sampler.set_epoch(epoch)
         order = list(train.sampler)
         b = train.batch_size

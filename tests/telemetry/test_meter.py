@@ -19,7 +19,7 @@ def threads_asked_and_peak(monkeypatch, world_size: int, env_vars: dict) -> tupl
         monkeypatch.setenv(k, v)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     env = DistEnv(rank=0, world_size=world_size, local_rank=0, device=torch.device("cpu"), backend="gloo")
-    _, peak = meter.flops_and_peak(torch.nn.Linear(4, 2), (4,), "none", env)
+    _, peak = meter.flops_and_peak(torch.nn.Linear(4, 2), torch.zeros(4), "none", env)
     return asked, peak
 
 

@@ -1,0 +1,12 @@
+"""Datasets ddp_lab ships, each a callable returning (train, test) Datasets of
+(input, target) pairs, named by a data preset's `_target_` (conf/data/):
+
+    images.py  fashion_mnist (data=fashion_mnist), synthetic_images (data=synthetic)
+    text.py    text_corpus (data=text): bytes of plain text for a language model
+    pairs.py   TensorPairs: a dataset held as two tensors, batched on the device
+"""
+from ddp_lab.datasets.images import fashion_mnist, synthetic_images
+from ddp_lab.datasets.pairs import ScaledPixels, TensorPairs, as_tensor_pairs
+from ddp_lab.datasets.text import text_corpus
+
+__all__ = ["ScaledPixels", "TensorPairs", "as_tensor_pairs", "fashion_mnist", "synthetic_images", "text_corpus"]

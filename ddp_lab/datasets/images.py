@@ -1,0 +1,48 @@
+"""Image datasets: Fashion-MNIST (the chapter's) and deterministic random images."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torchvision import datasets
+
+from ddp_lab.config import ConfigError
+from ddp_lab.datasets.pairs import ScaledPixels, TensorPairs
+from ddp_lab.fashion_mnist import locate_fashion_mnist
+
+
+def _scaling(normalize: bool, mean: float, std: float) -> ScaledPixels:
+    return ScaledPixels(mean, std) if normalize else ScaledPixels()
+
+
+def fashion_mnist(root: str | None = None, download: bool = False, cache_dir: str = "~/.cache/ddp_lab",
+                  normalize: bool = True, mean: float = 0.2860, std: float = 0.3530
+                  ) -> tuple[TensorPairs, TensorPairs]:
+    """(train, test): 60,000 and 10,000 28x28 grayscale images of 10 classes, as uint8
+    tensors scaled per batch (found as ddp_lab.fashion_mnist says)."""
+    folder = locate_fashion_mnist(root, download, cache_dir)
+    out = []
+    for train in (True, False):
+        # FashionMNIST parses the IDX files; .data/.targets are its tensors.
+        ds = datasets.FashionMNIST(str(folder), train=train, download=download)
+        out.append(TensorPairs(ds.data.unsqueeze(1).contiguous(), ds.targets.long(),
+                               _scaling(normalize, mean, std)))
+    return out[0], out[1]
+
+
+def synthetic_images(image_shape: Sequence[int] = (1, 28, 28), num_classes: int = 10,
+                     num_train: int = 60000, num_test: int = 10000, seed: int = 0,
+                     normalize: bool = False, mean: float = 0.0, std: float = 1.0
+                     ) -> tuple[TensorPairs, TensorPairs]:
+    """Deterministic random images and labels: the same on every rank and every run with
+    this seed, for throughput runs (nothing to learn)."""
+    shape = tuple(image_shape)
+    if len(shape) != 3 or min(shape) < 1:
+        raise ConfigError(f"data.image_shape={list(shape)} must be [channels, height, width], all >= 1")
+    gen = torch.Generator().manual_seed(seed)
+    splits = []
+    for n in (num_train, num_test):
+        images = torch.randint(0, 256, (n, *shape), dtype=torch.uint8, generator=gen)
+        labels = torch.randint(0, num_classes, (n,), generator=gen)
+        splits.append(TensorPairs(images, labels, _scaling(normalize, mean, std)))
+    return splits[0], splits[1]

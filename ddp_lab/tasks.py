@@ -1,0 +1,81 @@
+"""What the model is trained to do, and the metrics that say how well.
+
+    classification   a target is one class id per input: accuracy and loss
+    language_model   a target is the input's next token at each position:
+                     loss, perplexity (exp of the loss), token accuracy, tokens/s
+
+Both minimise cross-entropy over every target, so one loss and one set of
+sums (loss x targets, correct, targets) serve both; only the names and the
+derived figures differ. `data.task=auto` picks by the targets' shape.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ddp_lab.config import ConfigError
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    held_out: str      # what the held-out split is called in metric names
+    correct_name: str  # what a correct prediction is called
+
+    def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy over every target: (N, C) against (N,), or (N, T, V) against (N, T)."""
+        return F.cross_entropy(out.float().flatten(0, -2), y.flatten())
+
+    @torch.no_grad()
+    def sums(self, loss: torch.Tensor, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """(loss x targets, correct predictions, targets) of one batch, on the device."""
+        n = y.numel()
+        correct = (out.argmax(-1) == y).sum()
+        return torch.stack([loss.detach().double() * n, correct.double(), torch.tensor(float(n),
+                                                                                     dtype=torch.float64,
+                                                                                     device=y.device)])
+
+    def metrics(self, loss_sum: float, correct: float, n: float, split: str) -> dict:
+        """The split's figures under their TensorBoard names, e.g. loss/val, ppl/val, token_acc/val."""
+        loss = loss_sum / max(n, 1)
+        out = {f"loss/{split}": loss, f"{self.correct_name}/{split}": correct / max(n, 1)}
+        if self.name == "language_model":
+            out[f"ppl/{split}"] = math.exp(min(loss, 700.0))  # (exp overflows past ~709)
+        return out
+
+    @property
+    def headline(self) -> str:
+        """The held-out figure a run is judged by (in the closing line and the hparams table)."""
+        return f"acc/{self.held_out}" if self.name == "classification" else f"loss/{self.held_out}"
+
+
+CLASSIFICATION = Task("classification", "test", "acc")
+LANGUAGE_MODEL = Task("language_model", "val", "token_acc")
+TASKS = {t.name: t for t in (CLASSIFICATION, LANGUAGE_MODEL)}
+
+
+def summary_name(tb_name: str) -> str:
+    """summary.json's name of a TensorBoard figure: acc/test -> test_acc, ppl/val -> val_ppl."""
+    what, split = tb_name.split("/")
+    return f"{split}_{what}"
+
+
+def choose_task(setting: str, target: torch.Tensor) -> Task:
+    """The task `data.task` names, or for auto the one one sample's target implies."""
+    if setting != "auto":
+        task = TASKS[str(setting)]
+    elif target.dim() == 0:
+        task = CLASSIFICATION
+    elif target.dim() == 1:
+        task = LANGUAGE_MODEL
+    else:
+        raise ConfigError(f"a target of shape {list(target.shape)} is neither a class id (a scalar) nor a "
+                          f"token sequence (1-D): return one of these per input")
+    wants = 0 if task is CLASSIFICATION else 1
+    if target.dim() != wants:
+        raise ConfigError(f"data.task={task.name} takes targets of {wants} dimension(s) per input, but the "
+                          f"data's have shape {list(target.shape)}: set data.task=auto or fix the targets")
+    return task
