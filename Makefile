@@ -3,8 +3,8 @@
 #   make test    # unit and multi-process tests (a few minutes), and the linter
 #   make test-all  # everything: also torchrun end to end, namespaces, SLURM, full disks (CI)
 # Both create .venv (reusing torch if the system Python already has it) and
-# `pip install -e .` into it; `make train` also installs the Debian package
-# dataset-fashion-mnist when the data is not there yet.
+# `pip install -e .` into it; `make train` also installs the Debian packages
+# dataset-fashion-mnist and fortunes (`make data`) when they are not there yet.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -21,11 +21,15 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
+TEXT   := /usr/share/games/fortunes
+
+# Fashion-MNIST (data=fashion_mnist) and plain text for data=text, both Debian packages
 data:
-	@if [ -d $(DATA) ]; then echo "Fashion-MNIST: $(DATA)"; \
+	@if [ -d $(DATA) ] && [ -d $(TEXT) ]; then echo "Fashion-MNIST: $(DATA); text: $(TEXT)"; \
 	elif command -v apt-get >/dev/null; then \
-	  apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist; \
-	else echo "No $(DATA) and no apt-get: run with ARGS='data.root=<folder with the four .gz files>'"; fi
+	  apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist fortunes; \
+	else echo "No $(DATA) or $(TEXT) and no apt-get: set data.root=<folder with the four .gz files>" \
+	  "or data.path=<a text file>"; fi
 
 train: $(VENV)/.installed data
 	$(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m ddp_lab.train $(ARGS)

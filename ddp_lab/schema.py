@@ -132,7 +132,7 @@ def _nodes(node: type, prefix: str = ""):
             yield from _nodes(sub, f"{prefix}{f.name}.")
 
 
-def _schema_of(values, declared: type) -> type:
+def _schema_of(values, declared: type, group: str) -> type:
     """A group's node is typed by its preset's dataclass; a user's own preset is an open
     dict, checked against the group's base (the keys ddp_lab reads itself)."""
     actual = OmegaConf.get_type(values)
@@ -140,10 +140,10 @@ def _schema_of(values, declared: type) -> type:
         return actual
     if declared in presets.BASES.values():
         try:  # a user's preset is not typed by Hydra: type ddp_lab's own keys here
-            OmegaConf.merge(OmegaConf.structured(declared),
-                            {k: values[k] for k in values if k in {f.name for f in dataclasses.fields(declared)}})
+            own = {f.name for f in dataclasses.fields(declared)} - {"_target_"}
+            OmegaConf.merge(OmegaConf.structured(declared), {k: values[k] for k in values if k in own})
         except ValidationError as e:
-            raise ConfigError(f"{e.full_key or 'a key'}={e.value!r}: {str(e).splitlines()[0]}") from None
+            raise ConfigError(f"{group}.{e.full_key}={e.value!r}: {str(e).splitlines()[0]}") from None
     return declared
 
 
@@ -153,9 +153,11 @@ def check(cfg, node: type = TrainConfig) -> None:
         values = OmegaConf.select(cfg, prefix[:-1]) if prefix else cfg
         if values is None:
             continue
-        schema = _schema_of(values, declared) if prefix else declared
+        schema = _schema_of(values, declared, prefix[:-1]) if prefix else declared
         for f in dataclasses.fields(schema):
             ok = f.metadata.get("ok")
+            if f.name not in values or OmegaConf.is_missing(values, f.name):
+                continue  # (an unset _target_ is said by who builds it)
             value = values.get(f.name)
             if ok is not None and value is not None and not ok(value):
                 shown = list(value) if OmegaConf.is_list(value) else value

@@ -20,8 +20,9 @@ def arguments(group: str, node) -> dict:
 
 def resolve(group: str, node):
     """The callable `group._target_` names, or one line saying why it is not one."""
-    target = node.get("_target_") if node is not None else None
-    if not target or target == "???":
+    missing = node is None or "_target_" not in node or OmegaConf.is_missing(node, "_target_")
+    target = None if missing else node["_target_"]
+    if not target:
         raise ConfigError(f"{group}._target_ is not set: name the callable that builds it, "
                           f"e.g. {group}._target_=my_package.my_module.my_function")
     try:

@@ -74,10 +74,32 @@ def config_diff(saved: dict, now: dict) -> list[str]:
             for k in sorted(set(a) | set(b)) if a.get(k, missing) != b.get(k, missing)]
 
 
+# Checkpoints written before datasets were named by _target_ chose them by data.name
+OLD_DATA_NAMES = {"fashion_mnist": "ddp_lab.datasets.fashion_mnist",
+                  "synthetic": "ddp_lab.datasets.synthetic_images"}
+
+
+def _upgraded(saved: dict) -> dict:
+    """An older checkpoint's config as today's keys say the same thing: data.name as the
+    dataset's _target_, the keys added since at the values that train the same way."""
+    data, optim = dict(saved.get("data", {})), dict(saved.get("optim", {}))
+    if "name" in data and "_target_" not in data:
+        name = data.pop("name")
+        data["_target_"] = OLD_DATA_NAMES.get(name, name)
+        data.setdefault("task", "auto")
+        if name == "synthetic":
+            data.setdefault("seed", saved.get("seed"))
+        else:  # synthetic's own keys, which every data config used to hold
+            for k in ("image_shape", "num_classes", "num_train", "num_test"):
+                data.pop(k, None)
+        optim.setdefault("warmup_steps", 0)
+    return {**saved, "data": data, "optim": optim}
+
+
 def validate(step_dir, meta: dict, subset: dict) -> None:
     """Refuse a checkpoint of another training config. (Another world size is
     fine: see reshard.py.)"""
-    saved = _without_unhashed(meta["config"])
+    saved = _without_unhashed(_upgraded(meta["config"]))
     if config_hash(saved) != config_hash(subset):
         diff = config_diff(saved, subset)
         raise ConfigError(

@@ -5,6 +5,7 @@ names its function with `_target_`, so a new model is a function plus a YAML fil
     lenet_fast.py  the same function of the same weights, reshaped for less arithmetic
                    and for torch.compile's CPU kernels (model=lenet_fast)
     resnet.py      d2l's small-image ResNet-18 (model=resnet18)
+    gpt.py         a small decoder-only transformer, after nanoGPT (model=gpt, gpt_small, gpt2)
     build.py       building a model from its config; init, SyncBatchNorm; sizes; whether it fits the data
 """
 from ddp_lab.models.build import (
@@ -14,8 +15,9 @@ from ddp_lab.models.build import (
     finish,
     gradient_bytes,
     load_model_config,
+    model_name,
     num_parameters,
 )
 
 __all__ = ["build_model", "check_fits_data", "check_sync_bn", "finish", "gradient_bytes", "load_model_config",
-           "num_parameters"]
+           "model_name", "num_parameters"]

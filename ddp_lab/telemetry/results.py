@@ -17,6 +17,7 @@ import torch
 from ddp_lab.checkpoint.files import nbytes, write_error
 from ddp_lab.config import RunFailed
 from ddp_lab.guards.divergence import all_finite
+from ddp_lab.models import model_name
 from ddp_lab.tasks import summary_name
 from ddp_lab.telemetry.metrics import peak_memory_mb, write_json_atomic
 
@@ -48,7 +49,7 @@ def run_summary(trainer) -> dict:
         "world_sizes": trainer.world_sizes,
         "backend": env.backend if env.distributed else "none",
         "comm_threads": env.comm_threads, "device": env.device.type,
-        "model": cfg.model.name, "sync": sync.describe(),
+        "model": model_name(cfg.model), "sync": sync.describe(),
         "global_batch": cfg.data.batch_size, "amp": trainer.amp, "seed": cfg.seed,
         "threads": torch.get_num_threads(), "compile": trainer.compiled,
         "measured_steps": tp.steps, "comm_timing": sync.comm_timing,

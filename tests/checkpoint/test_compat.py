@@ -46,3 +46,17 @@ def test_a_checkpoint_that_hashed_a_key_now_left_out_still_resumes(compose_train
     older["optim"]["lr"] = 0.05  # a key that still counts still refuses
     with pytest.raises(ConfigError, match="optim.lr: 0.05 in the checkpoint vs 0.2 now"):
         checkpoint.validate("ck", meta, now)
+
+
+@pytest.mark.parametrize("data", ["fashion_mnist", "synthetic"])
+def test_a_checkpoint_from_before_datasets_had_a_target_still_resumes(compose_train, data):
+    now = checkpoint.config_subset(compose_train([f"data={data}"]))
+    old = {**now, "data": {k: v for k, v in now["data"].items() if k not in ("_target_", "task", "seed")},
+           "optim": {k: v for k, v in now["optim"].items() if k != "warmup_steps"}}
+    old["data"].update(name=data, image_shape=[1, 28, 28], num_classes=10, num_train=60000, num_test=10000)
+    meta = {"world_size": 2, "config_hash": "old", "config": old}
+    checkpoint.validate("ck", meta, now)  # the same training: no error
+    other = checkpoint.config_subset(compose_train(["data=synthetic" if data == "fashion_mnist"
+                                                    else "data=fashion_mnist"]))
+    with pytest.raises(ConfigError, match="data._target_"):
+        checkpoint.validate("ck", meta, other)
