@@ -2,7 +2,11 @@
 data-parallel under torchrun (a test's vectors, the examples/spirals project, the GPT)."""
 from __future__ import annotations
 
+import csv
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -143,3 +147,17 @@ def test_the_gpt_trains_on_two_ranks_and_its_validation_loss_falls(tmp_path):
     losses = _scalars(run, "loss/train_step")
     assert len(losses) == 8 and losses[-1] < 0.7 * losses[0]  # every 5 steps: falling
     assert s["val_loss"] < 4.0  # ln(256) = 5.5 at chance over bytes
+
+
+@pytest.mark.system
+def test_the_scaling_benchmark_takes_the_example_project(tmp_path):
+    env = {**os.environ, "PYTHONPATH": f"{EXAMPLE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddp_lab.bench.scaling", "--worlds", "1,2", "--max-steps", "10", "--repeats", "1",
+         "--kinds", "weak", "--out", str(tmp_path), "--", "--config-dir", str(EXAMPLE / "conf"), "model=mlp",
+         "data=spirals", "optim=adam"], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = list(csv.DictReader((tmp_path / "scaling.csv").open()))
+    assert [int(r["world_size"]) for r in rows] == [1, 2]
+    assert all(json.loads((run / "summary.json").read_text())["model"] == "mlp"
+               for run in (tmp_path / "runs").iterdir())

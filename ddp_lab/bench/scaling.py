@@ -130,8 +130,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+HYDRA_FLAGS = ("--config-dir", "-cd", "--config-name", "-cn")  # flags that take a value
+
+
+def flags_first(args: list[str]) -> list[str]:
+    """Hydra's flags (--config-dir DIR: a user's own model and data) before the overrides,
+    where its command line parser wants them."""
+    flags, rest, i = [], [], 0
+    while i < len(args):
+        if args[i] in HYDRA_FLAGS and i + 1 < len(args):
+            flags += args[i:i + 2]
+            i += 2
+        else:
+            (flags if args[i].startswith(tuple(f + "=" for f in HYDRA_FLAGS)) else rest).append(args[i])
+            i += 1
+    return flags + rest
+
+
 def run_trainer(world: int, overrides: list[str], run_dir: Path, timeout: float, cluster=None) -> dict:
     """One torchrun launch of the trainer (on `world` hosts of `cluster`, if given); its summary.json."""
+    overrides = flags_first(overrides)
     if cluster is not None:
         from ddp_lab.cluster import running
 

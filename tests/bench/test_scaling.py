@@ -78,3 +78,9 @@ def test_short_real_study(tmp_path):
     assert record["command"].startswith("python -m ddp_lab.bench.scaling --worlds 1,2 --kinds weak")
     assert record["worlds"] == [1, 2] and record["syncs"] == ["ddp/builtin"]
     assert {"date", "machine", "git_commit", "torch", "cpu_model", "cores", "cpu_flags"} <= set(record)
+
+
+def test_hydra_flags_go_before_the_overrides():
+    from ddp_lab.bench.scaling import flags_first
+    assert flags_first(["sync.mode=ddp", "--config-dir", "my/conf", "model=mlp", "--config-name=train"]) == [
+        "--config-dir", "my/conf", "--config-name=train", "sync.mode=ddp", "model=mlp"]

@@ -5,8 +5,9 @@ process training on the same global batches (the check PyTorch's own DDP
 tests make); at 3 ranks also with grad_accum=2 (= one step on the doubled
 batch), channels_last, zero_grad(set_to_none=True), and bf16/fp16 compression
 (close, not equal, half the bytes); at 2 ranks also a torch.compile'd model
-under DDP buckets smaller than DDP's first. One spawn of processes per world size runs
-every case. The slow test trains under torchrun and compares test accuracy.
+under DDP buckets smaller than DDP's first; the small GPT (tied embedding, AdamW)
+under every mode at 2 ranks. One spawn of processes per world size runs every case.
+The slow test trains under torchrun and compares test accuracy.
 """
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from ddp_lab.distributed import DistEnv
 from ddp_lab.models import num_parameters
+from ddp_lab.models.gpt import gpt
 from ddp_lab.models.lenet import lenet
 from ddp_lab.sync import ALGOS, MODES, GradSync, build_sync
+from ddp_lab.tasks import LANGUAGE_MODEL
 from tests.conftest import failure, read_summary, run_module, tiny_overrides
 from tests.multiproc import run_in_processes
 from tests.sync import sync_cfg
@@ -210,6 +213,50 @@ def test_flat_grads_stay_views_of_the_buffer(results):
     if world_size == EXTRAS_AT:
         # after zero_grad(set_to_none=True) the grads are fresh tensors, yet the steps were right
         assert ranks[0]["flat/builtin set_to_none"]["ref_diff"] < 1e-5
+
+
+# ---------------------------------------------------------------- the GPT
+GPT_ARGS = dict(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=16)  # tied embedding included
+GPT_CASES = [f"{mode}/{algo}" for mode in MODES for algo in ("builtin", "ring")] + ["flat/halving_doubling"]
+
+
+def _run_gpt_cases(rank: int, world_size: int) -> dict:
+    """Every mode of the language model's steps, against one process on the whole batch."""
+    g = torch.Generator().manual_seed(7)
+    tokens = torch.randint(0, 16, (STEPS, BATCH, 9), generator=g)
+    x, y = tokens[..., :-1], tokens[..., 1:]  # next-token targets
+
+    def train(sync, model, steps):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for xs, ys in steps:
+            LANGUAGE_MODEL.loss(sync.module(xs), ys).backward()
+            sync.after_backward()
+            opt.step()
+            opt.zero_grad(set_to_none=sync.grads_set_to_none)
+        return [p.detach().clone() for p in model.parameters()]
+
+    torch.manual_seed(0)
+    ref_model = gpt(**GPT_ARGS)
+    ref = train(GradSync(ref_model, SINGLE), ref_model, list(zip(x, y)))
+    per, out = BATCH // world_size, {}
+    for name in GPT_CASES:
+        torch.manual_seed(0)
+        model = gpt(**GPT_ARGS)
+        env = DistEnv(rank, world_size, 0, CPU, "gloo")
+        sync = build_sync(sync_cfg(*name.split("/")), model, env)
+        mine = [(x[s, rank * per:(rank + 1) * per], y[s, rank * per:(rank + 1) * per]) for s in range(STEPS)]
+        params = train(sync, model, mine)
+        out[name] = {"ref_diff": max((a - b).abs().max().item() for a, b in zip(params, ref)),
+                     "sha1": hashlib.sha1(b"".join(p.numpy().tobytes() for p in params)).hexdigest()}
+    return out
+
+
+def test_the_gpt_under_every_mode_matches_one_process():
+    ranks = run_in_processes(_run_gpt_cases, 2, timeout=240)
+    for name in GPT_CASES:
+        r = ranks[0][name]
+        assert r["ref_diff"] < 1e-5, (name, r["ref_diff"])  # float32 sums in another order
+        assert {x[name]["sha1"] for x in ranks} == {r["sha1"]}, name  # every rank the same weights
 
 
 E2E = ["ddp/builtin", "flat/ring", "ddp/halving_doubling", "per_param/naive", "flat/ring_textbook"]
