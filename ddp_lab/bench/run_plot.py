@@ -2,8 +2,10 @@
 
     python -m ddp_lab.bench.run_plot outputs/<run id> run.png
 
-Three panels over the epochs: the training loss, train and test accuracy,
-and images/s with the share of each step spent in gradient communication.
+Three panels: for a classifier, over the epochs, the training loss, train and
+test accuracy, and images/s with the share of each step spent in gradient
+communication; for a language model, over the steps, the training loss of the
+logged steps with the validation loss, the validation perplexity, and tokens/s.
 """
 from __future__ import annotations
 
@@ -21,8 +23,27 @@ def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
+def _language_model(data: dict, axes) -> None:
+    def series(tag):
+        return [s for s, _ in data.get(tag, [])], [v for _, v in data.get(tag, [])]
+
+    axes[0].plot(*series("loss/train_step"), label="train (logged steps)")
+    axes[0].plot(*series("loss/val"), marker="o", label="validation")
+    axes[0].set(title="loss (nats per token)", xlabel="step")
+    axes[0].legend()
+    axes[1].plot(*series("ppl/val"), marker="o")
+    axes[1].set(title="validation perplexity", xlabel="step")
+    axes[2].plot(*series("perf/tokens_per_sec"), marker="o", color="tab:green")
+    axes[2].set(title="tokens/s (all ranks)", xlabel="step")
+
+
 def plot_run(run_dir: Path, path: Path, title: str | None = None) -> Path:
     data = scalars(run_dir)
+    if "loss/val" in data:  # a language model (ddp_lab.tasks)
+        plt = pyplot()
+        fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+        _language_model(data, axes)
+        return _save(plt, fig, path, title)
     missing = [t for t in ("loss/train", "acc/train", "perf/samples_per_sec") if t not in data]
     if missing:
         raise SystemExit(f"{run_dir}/tb has no {', '.join(missing)}: not a ddp_lab.train run "
@@ -48,6 +69,10 @@ def plot_run(run_dir: Path, path: Path, title: str | None = None) -> Path:
         x, y = series("perf/comm_frac")
         share.plot(x, [100 * v for v in y], marker=".", color="tab:red")
         share.set_ylabel("% of the step in gradient sync", color="tab:red")
+    return _save(plt, fig, path, title)
+
+
+def _save(plt, fig, path: Path, title: str | None) -> Path:
     if title:
         fig.suptitle(title)
     fig.tight_layout()
