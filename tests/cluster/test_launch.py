@@ -4,6 +4,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -152,3 +153,18 @@ def test_a_host_whose_link_goes_down_ends_the_job(two_hosts, tmp_path):
     for host in two_hosts.hosts:
         assert ip("netns", "pids", host.netns).split() == []
     print(f"job ended {ended:.1f} s after the link went down")
+
+
+def test_a_users_project_trains_across_two_hosts(two_hosts, tmp_path, monkeypatch):
+    """examples/spirals (its own model, a DataLoader dataset) on two emulated hosts."""
+    example = Path(__file__).parents[2] / "examples" / "spirals"
+    monkeypatch.setenv("PYTHONPATH", str(example))  # every host's agent inherits it
+    run_dir = tmp_path / "run"
+    command = ["-m", "ddp_lab.train", "--config-dir", str(example / "conf"), "model=mlp", "data=spirals",
+               "optim=adam", "trainer.epochs=2", "trainer.progress=false", f"hydra.run.dir={run_dir}"]
+    with running(two_hosts, command, out=None, err=None) as job:
+        rc = job.wait(timeout=240)
+    assert rc == 0, job.output()[-3000:]
+    s = read_summary(run_dir)
+    assert (s["model"], s["world_size"], s["test_total"]) == ("mlp", 2, 2048)
+    assert s["test_acc"] > 0.6  # three arms: chance is 1/3

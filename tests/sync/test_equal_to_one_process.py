@@ -217,7 +217,7 @@ def test_flat_grads_stay_views_of_the_buffer(results):
 
 # ---------------------------------------------------------------- the GPT
 GPT_ARGS = dict(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=16)  # tied embedding included
-GPT_CASES = [f"{mode}/{algo}" for mode in MODES for algo in ("builtin", "ring")] + ["flat/halving_doubling"]
+GPT_CASES = [f"{mode}/{algo}" for mode in MODES for algo in ALGOS]
 
 
 def _run_gpt_cases(rank: int, world_size: int) -> dict:
