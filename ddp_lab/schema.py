@@ -4,7 +4,9 @@ Hydra composes conf/train.yaml on top of TrainConfig below, so it rejects
 unknown keys, wrong types and values off a key's list itself (`trainer.amp=bf61`
 -> "Invalid value 'bf61', expected one of [auto, bf16, fp16, off]"). The YAML
 presets in conf/ (model=resnet18, data=synthetic, sync=ddp) state only what
-differs from these defaults. `check(cfg)` then refuses a value out of its
+differs from these defaults. The model, data and optim groups are open
+(ddp_lab.presets): each names a callable with `_target_`, the shipped presets
+are typed by their own dataclass, a user's own preset may hold any keys. `check(cfg)` then refuses a value out of its
 range, on every rank, before any rank joins the process group. A key with a
 fixed list is a `Choice`, a str Enum compared with plain strings ("bf16").
 `python -m ddp_lab.schema` prints the reference (docs/configuration.md).

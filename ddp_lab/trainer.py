@@ -2,7 +2,7 @@
 
 Read top to bottom: __init__ builds the parts from config, fit() runs epochs,
 _run_epoch() runs optimizer steps, _run_batch() is one of them, evaluate()
-counts correct test images across all ranks, finish() writes the results.
+scores the held-out set across all ranks, finish() writes the results.
 Each concern is one object: the Meter measures, the RunLogger reports, the
 Checkpointer saves and resumes, the LossWatch stops a diverging run, the
 GradSync (ddp_lab.sync) averages gradients across ranks.
@@ -53,9 +53,8 @@ class Trainer:
         log.info(amp_reason(t.amp, self.amp, env.device))
         self.autocast = partial(autocast, self.amp, env.device)  # a context for the forward pass
         stall.phase("loading data")  # every stretch of a rank's life is named (guards/stall.py)
-        # the datasets, their task, checked against the model before any step (ddp_lab.workload)
-        self.work = build_workload(cfg, env)
-        self.train_loader, self.test_loader, self.task = self.work.train_loader, self.work.test_loader, self.work.task
+        self.work = build_workload(cfg, env)  # the data and its task, checked against the model
+        self.train_loader, self.test_loader, self.task = self.work.loaders() + (self.work.task,)
         self.memory_format = torch.channels_last if self.work.channels_last else torch.contiguous_format
         self.steps_per_epoch = len(self.train_loader) // t.grad_accum
         if self.steps_per_epoch == 0:

@@ -26,6 +26,9 @@ class Workload:
     targets_per_sample: int       # 1 for classification, the sequence length for a language model
     channels_last: bool           # the images' layout (off for other inputs)
 
+    def loaders(self) -> tuple:
+        return self.train_loader, self.test_loader
+
 
 def num_classes(train) -> int:
     """The largest target + 1: the classes (or tokens) the model must predict."""
