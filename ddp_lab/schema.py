@@ -33,6 +33,8 @@ Amp = choices("Amp", "auto bf16 fp16 off")
 Backend = choices("Backend", "auto gloo nccl")
 Device = choices("Device", "auto cpu cuda")
 CommThreads = choices("CommThreads", "auto realtime normal")
+
+
 @dataclass
 class SyncConfig:
     mode: SyncMode = key(SyncMode.auto, "when and in what pieces gradients travel: auto (flat on CPU, "
