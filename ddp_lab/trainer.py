@@ -3,9 +3,9 @@
 Read top to bottom: __init__ builds the parts from config, fit() runs epochs,
 _run_epoch() runs optimizer steps, _run_batch() is one of them, evaluate()
 scores the held-out set across all ranks, finish() writes the results.
-Each concern is one object: the Meter measures, the RunLogger reports, the
-Checkpointer saves and resumes, the LossWatch stops a diverging run, the
-GradSync (ddp_lab.sync) averages gradients across ranks.
+Each concern is one object: the Workload holds the data and its task, the Meter
+measures, the RunLogger reports, the Checkpointer saves and resumes, the LossWatch
+stops a diverging run, the GradSync (ddp_lab.sync) averages gradients across ranks.
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ class Trainer:
         # a signal's save (ddp_lab.guards.preemption); not installed: never asks for one
         self.preemption = preemption or Preemption(env.rank, cfg.trainer.preempt_save_s)
         t = cfg.trainer
-        if t.threads > 0:
+        if t.threads > 0:  # (0: keep torch's, torchrun's 1)
             torch.set_num_threads(t.threads)
         self.amp = resolve_amp(t.amp, env.device)
         log.info(amp_reason(t.amp, self.amp, env.device))
@@ -58,10 +58,9 @@ class Trainer:
         self.memory_format = torch.channels_last if self.work.channels_last else torch.contiguous_format
         self.steps_per_epoch = len(self.train_loader) // t.grad_accum
         if self.steps_per_epoch == 0:
-            raise ConfigError(
-                f"trainer.grad_accum={t.grad_accum} takes {t.grad_accum} batches per optimizer "
-                f"step, but each rank has only {len(self.train_loader)} per epoch: lower "
-                f"trainer.grad_accum (or data.batch_size)")
+            raise ConfigError(f"trainer.grad_accum={t.grad_accum} takes {t.grad_accum} batches per optimizer "
+                              f"step, but each rank has only {len(self.train_loader)} per epoch: lower "
+                              f"trainer.grad_accum (or data.batch_size)")
         total = self.steps_per_epoch * t.epochs
         self.total_steps = min(total, t.max_steps) if t.max_steps > 0 else total
 
@@ -81,6 +80,7 @@ class Trainer:
         self.sync = build_sync(cfg.sync, net, env)
         self.forward = self.sync.module
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp == "fp16")
+        self.loss_fn = self.task.loss  # cross-entropy over every target (a seam for guards.faults)
         self.meter = Meter(env, t.warmup_steps, *flops_and_peak(self.model, self.work.input_example,
                                                                 self.amp, env),
                            full_step_images=step_samples, task=self.task,
@@ -173,7 +173,7 @@ class Trainer:
             with self.sync.during_backward(last=i == len(micro) - 1):
                 with self.autocast():
                     out = self.forward(x)
-                loss = self.task.loss(out, y)
+                loss = self.loss_fn(out, y)
                 self.scaler.scale(loss / len(micro)).backward()
             self.meter.add_batch(self.task.sums(loss, out, y))
         self.sync.after_backward()

@@ -172,11 +172,11 @@ def test_a_second_launch_into_a_live_run_directory_is_refused_and_writes_nothing
     import sys
     import time
 
-    from tests.conftest import free_port
+    from tests.conftest import for_the_data, free_port
     run = tmp_path / "run"
-    args = tiny_overrides(tiny_fmnist, run) + [
+    args = for_the_data(tiny_overrides(tiny_fmnist, run) + [
         "data=synthetic", "data.num_train=60000", "data.num_test=512", "trainer.compile=false",
-        "trainer.epochs=5", "trainer.amp=off"]
+        "trainer.epochs=5", "trainer.amp=off"])
     first = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
          "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{free_port()}", "-m",
