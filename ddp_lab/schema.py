@@ -60,8 +60,8 @@ class TrainerConfig:
     warmup_steps: int = key(5, "steps left out of the throughput figures", at_least=0)
     eval_every: int = key(1, "evaluate every N epochs (the last always); 0: only at the end", at_least=0)
     amp: Amp = key(Amp.auto, "auto (bf16 where the hardware runs it fast) | bf16 | fp16 (CUDA) | off")
-    channels_last: bool = key(True, "NHWC memory layout: faster convolutions with bf16")
-    compile: str = key("auto", "torch.compile: auto (where each rank trains on 250,000+ images and inductor "
+    channels_last: bool = key(True, "NHWC layout of image batches (other inputs as they are): faster bf16 convolutions")
+    compile: str = key("auto", "torch.compile: auto (where each rank trains on 250,000+ samples and inductor "
                                "can build kernels) | true | false", ok=one_of(TRI_STATE),
                        rule="one of auto, true, false")
     threads: int = key(0, "torch threads per rank (0: keep the default; torchrun sets 1)", at_least=0)

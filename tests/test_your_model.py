@@ -102,7 +102,8 @@ def _scalars(run_dir: Path, tag: str) -> list[float]:
 def test_vectors_defined_in_a_test_train_on_two_ranks_to_a_set_accuracy(tmp_path):
     _train([*VECTORS, *QUICK, "trainer.epochs=4", "optim.lr=0.05", f"hydra.run.dir={tmp_path}"])
     s = read_summary(tmp_path)
-    assert (s["model"], s["task"], s["world_size"], s["test_total"]) == ("linear", "classification", 2, 256)
+    assert (s["model"], s["data"], s["task"], s["world_size"], s["test_total"]) == (
+        "linear", "blobs", "classification", 2, 256)
     assert s["test_acc"] >= 0.95  # four well-separated clusters
     assert s["flops_per_sample"] == 3 * 2 * (8 * 32 + 32 * 4) - 2 * 8 * 32  # forward, weight and input grads
     assert (tmp_path / "checkpoints").is_dir()
