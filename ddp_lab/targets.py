@@ -20,7 +20,8 @@ def arguments(group: str, node) -> dict:
 
 def resolve(group: str, node):
     """The callable `group._target_` names, or one line saying why it is not one."""
-    missing = node is None or "_target_" not in node or OmegaConf.is_missing(node, "_target_")
+    missing = node is None or "_target_" not in node or (
+        OmegaConf.is_config(node) and OmegaConf.is_missing(node, "_target_"))
     target = None if missing else node["_target_"]
     if not target:
         raise ConfigError(f"{group}._target_ is not set: name the callable that builds it, "

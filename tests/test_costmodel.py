@@ -140,6 +140,9 @@ def test_measure_gamma_is_plausible():
 def test_model_names_give_gradient_bytes():
     assert cm.resolve_gradient("lenet").nbytes == 129068 * 4
     assert cm.resolve_gradient("resnet18").nbytes == 11172810 * 4
+    assert cm.resolve_gradient("gpt").nbytes == 834304 * 4
+    # a user's model by its callable (compute then given as compute_ms.linear=...)
+    assert cm.resolve_gradient("tests.workloads.linear") == cm.Gradient("linear", (8 * 32 + 32 + 32 * 4 + 4) * 4, None)
     assert cm.resolve_gradient(1000) == cm.Gradient("bytes_1000", 1000, None)
     with pytest.raises(ConfigError, match="unknown model"):
         cm.resolve_gradient("vgg")

@@ -59,7 +59,8 @@ class CostModelConfig:
     world_sizes: List[int] = key([8, 64, 512, 4096], "ranks to predict for",
                                  ok=lambda v: non_empty(v) and min(v) >= 1,
                                  rule="a non-empty list of integers >= 1, e.g. 'world_sizes=[8,64,512,4096]'")
-    gradients: List[Any] = key(["lenet", "resnet18"], "model names (conf/model) or byte counts", ok=non_empty,
+    gradients: List[Any] = key(["lenet", "resnet18"], "model names (conf/model), a model callable's dotted "
+                                                      "path (my_pkg.model.net), or byte counts", ok=non_empty,
                                rule="at least one model name or byte count")
     compute_ms: Dict[str, Optional[float]] = key(
         {"lenet": None, "resnet18": None}, "compute ms per training step, by gradient; null: measure it "

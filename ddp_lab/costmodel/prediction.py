@@ -25,7 +25,8 @@ class Gradient:
 
 
 def resolve_gradient(entry) -> Gradient:
-    """'lenet' / 'resnet18' (a conf/model name) -> its gradient bytes; an integer -> itself."""
+    """'lenet' / 'gpt' (a conf/model name) or 'my_package.model.net' (any callable, at its default
+    arguments) -> its gradient bytes; an integer -> itself."""
     if isinstance(entry, bool):
         raise ConfigError(f"gradients: {entry!r} is neither a model name nor a byte count")
     if isinstance(entry, int) or (isinstance(entry, str) and entry.isdigit()):
@@ -35,6 +36,9 @@ def resolve_gradient(entry) -> Gradient:
         return Gradient(f"bytes_{n}", n, None)
     from ddp_lab.models import build_model, gradient_bytes, load_model_config
 
+    if "." in str(entry):  # a callable of your own (my_package.model.net), at its default arguments
+        net = build_model({"_target_": str(entry)})
+        return Gradient(str(entry).rsplit(".", 1)[-1], gradient_bytes(net), None)
     try:
         cfg = load_model_config(str(entry))
     except ValueError as e:
