@@ -34,7 +34,7 @@ def evaluate(model: nn.Module, loader, env: DistEnv, task: Task = CLASSIFICATION
         stall.progress()
         with autocast():
             out = model(x)
-        sums += task.sums(task.loss(out, y), out, y)
+        task.accumulate(sums, task.loss(out, y), out, y)
     with stall.collective("evaluation counts"):
         all_reduce_sum(sums, env)
     model.train(was_training)

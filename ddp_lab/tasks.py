@@ -30,13 +30,13 @@ class Task:
         return F.cross_entropy(out.float().flatten(0, -2), y.flatten())
 
     @torch.no_grad()
-    def sums(self, loss: torch.Tensor, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """(loss x targets, correct predictions, targets) of one batch, on the device."""
+    def accumulate(self, sums: torch.Tensor, loss: torch.Tensor, out: torch.Tensor, y: torch.Tensor) -> None:
+        """Add one batch's (loss x targets, correct predictions, targets) to `sums`, on the
+        device: in place and with the count a Python int, so no step waits for the device."""
         n = y.numel()
-        correct = (out.argmax(-1) == y).sum()
-        return torch.stack([loss.detach().double() * n, correct.double(), torch.tensor(float(n),
-                                                                                     dtype=torch.float64,
-                                                                                     device=y.device)])
+        sums[0] += loss.detach().double() * n
+        sums[1] += (out.argmax(-1) == y).sum()
+        sums[2] += n
 
     def metrics(self, loss_sum: float, correct: float, n: float, split: str) -> dict:
         """The split's figures under their TensorBoard names, e.g. loss/val, ppl/val, token_acc/val."""

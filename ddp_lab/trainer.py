@@ -175,7 +175,7 @@ class Trainer:
                     out = self.forward(x)
                 loss = self.loss_fn(out, y)
                 self.scaler.scale(loss / len(micro)).backward()
-            self.meter.add_batch(self.task.sums(loss, out, y))
+            self.meter.add_batch(loss, out, y)
         self.sync.after_backward()
         stall.phase("optimizer step")
         self.step_timer.synced()

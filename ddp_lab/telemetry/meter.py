@@ -137,10 +137,9 @@ class Meter:
         (what a checkpoint carries); 0 between epochs."""
         return self.epoch_carried_s + self.clock.now() - self._epoch_start[0] if self._in_epoch else 0.0
 
-    @torch.no_grad()
-    def add_batch(self, sums: torch.Tensor) -> None:
-        """A batch's (loss x targets, correct, targets), from its task (ddp_lab.tasks)."""
-        self.sums += sums
+    def add_batch(self, loss: torch.Tensor, out: torch.Tensor, y: torch.Tensor) -> None:
+        """A batch's (loss x targets, correct, targets), as its task counts them (ddp_lab.tasks)."""
+        self.task.accumulate(self.sums, loss, out, y)
 
     def start_step(self, images_on_this_rank: int) -> None:
         """Keep a short step (an epoch's last, partial batch) out of the window, as warm-up is.
