@@ -26,9 +26,9 @@ from ddp_lab import presets
 from ddp_lab.config import ConfigError
 from ddp_lab.keys import TRI_STATE, choices, key, one_of, positive_finite
 
-SyncMode = choices("SyncMode", "auto ddp flat per_param")
+SyncMode = choices("SyncMode", "auto ddp flat per_param local_sgd diloco")
 Algo = choices("Algo", "builtin naive ring halving_doubling ring_textbook halving_doubling_textbook")
-Compress = choices("Compress", "none bf16 fp16")
+Compress = choices("Compress", "none bf16 fp16 powersgd")
 Amp = choices("Amp", "auto bf16 fp16 off")
 Backend = choices("Backend", "auto gloo nccl")
 Device = choices("Device", "auto cpu cuda")
@@ -38,14 +38,28 @@ CommThreads = choices("CommThreads", "auto realtime normal")
 @dataclass
 class SyncConfig:
     mode: SyncMode = key(SyncMode.auto, "when and in what pieces gradients travel: auto (flat on CPU, "
-                                        "ddp on GPU) | ddp | flat | per_param")
+                                        "ddp on GPU) | ddp | flat | per_param; or weights every sync.every "
+                                        "steps: local_sgd | diloco")
     algo: Algo = key(Algo.builtin, "how a buffer is all-reduced: builtin (gloo/NCCL) or a hand-written "
                                    "one (ddp_lab.collectives)")
     bucket_cap_mb: float = key(25.0, "ddp: DDP's bucket size; flat: buffers of at most this size (0: one)",
                                at_least=0)
     gradient_as_bucket_view: bool = key(True, "ddp: gradients alias DDP's buckets (saves a copy)")
     static_graph: bool = key(False, "ddp: promise DDP the graph never changes")
-    compress: Compress = key(Compress.none, "none | bf16 | fp16: all-reduce 16-bit gradients (half the bytes)")
+    compress: Compress = key(Compress.none, "none | bf16 | fp16: all-reduce 16-bit gradients (half the "
+                                            "bytes) | powersgd: low-rank gradients (torch's hook, mode=ddp)")
+    powersgd_rank: int = key(2, "compress=powersgd: the rank of each gradient matrix's approximation "
+                                "(PowerSGD's paper matched full accuracy at 2)", at_least=1)
+    powersgd_start_step: int = key(100, "compress=powersgd: plain all-reduce for this many first steps, "
+                                        "where inaccurate gradients hurt most", at_least=2)
+    every: int = key(8, "local_sgd, diloco: steps between synchronisations of the weights (H)",
+                     at_least=1)
+    local_sgd_start_step: int = key(0, "local_sgd: average gradients every step for this many first "
+                                       "steps, then weights every sync.every (post-local SGD)", at_least=0)
+    outer_lr: float = key(0.7, "diloco: the outer optimizer's learning rate (DiLoCo's paper: 0.7)",
+                          ok=positive_finite, rule="a positive number")
+    outer_momentum: float = key(0.9, "diloco: the outer Nesterov momentum (0: none; DiLoCo's paper: 0.9)",
+                                ok=lambda v: 0 <= v < 1, rule="in [0, 1)")
     poll: str = key("false", "opt-in: CPU ranks wait for the builtin all-reduce by polling (auto: where the "
                              "ranks fill the cores exactly); paid on one CPU of three (docs/defaults.md)",
                     ok=one_of(TRI_STATE), rule="one of auto, true, false")
@@ -59,6 +73,11 @@ class TrainerConfig:
                          at_least=1)
     warmup_steps: int = key(5, "steps left out of the throughput figures", at_least=0)
     eval_every: int = key(1, "evaluate every N epochs (the last always); 0: only at the end", at_least=0)
+    eval_every_steps: int = key(0, "also evaluate every N optimizer steps (0: at epoch ends only)", at_least=0)
+    target_acc: float = key(0.0, "stop at the first evaluation whose held-out accuracy reaches this "
+                                 "(classification; 0: no target)", ok=lambda v: 0 <= v <= 1, rule="in [0, 1]")
+    target_loss: float = key(0.0, "stop at the first evaluation whose held-out loss is at most this "
+                                  "(0: no target)", at_least=0)
     amp: Amp = key(Amp.auto, "auto (bf16 where the hardware runs it fast) | bf16 | fp16 (CUDA) | off")
     channels_last: bool = key(True, "NHWC layout of image batches (other inputs as they are): faster bf16 convolutions")
     compile: str = key("auto", "torch.compile: auto (where each rank trains on 250,000+ samples and inductor "

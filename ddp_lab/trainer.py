@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ddp_lab.checkpoint import Checkpointer, rng_state, set_rng_state
+from ddp_lab.checkpoint import Checkpointer
+from ddp_lab.checkpoint.state import own_state, restore, shared_state
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
 from ddp_lab.evaluation import evaluate
@@ -36,6 +37,7 @@ from ddp_lab.telemetry.metrics import RunLogger, epoch_line, final_line
 from ddp_lab.telemetry.profiling import StepProfiler
 from ddp_lab.telemetry.results import is_complete, run_summary, write_results
 from ddp_lab.telemetry.stragglers import StepTimer
+from ddp_lab.telemetry.target import TimeToTarget
 from ddp_lab.workload import build_workload
 
 log = logging.getLogger("ddp_lab")
@@ -86,14 +88,18 @@ class Trainer:
                            full_step_images=step_samples, task=self.task,
                            targets_per_sample=self.work.targets_per_sample)
         self.step_timer = StepTimer(self.model, env)  # compute and sync wait: stragglers
-        self.loss_watch = LossWatch(env, t.log_every, self.optimizer.defaults.get("lr", 0.0), self.amp,
-                                    self.model.parameters())
+        # ranks whose weights differ between synchronisations compare losses when they synchronise
+        apart, lr = self.sync.diverges, self.optimizer.defaults.get("lr", 0.0)
+        self.loss_watch = LossWatch(env, cfg.sync.every if apart else t.log_every, lr, self.amp,
+                                    None if apart else self.model.parameters())
+        self.target = TimeToTarget(cfg, self.task.name)  # trainer.target_acc/_loss, eval_every_steps
         self.profiler = StepProfiler(t.profile, t.profile_wait, t.profile_active, self.run_dir,
                                      env.rank, env.device.type == "cuda")
         self.step = self.epoch = self.batches_done = 0  # batches: of the current epoch
         self.saved_step, self.saved_path = -1, None  # the newest checkpoint this launch wrote
         self.stepped = False  # whether this process has taken a step yet
         self.last: dict[str, float] = {}  # the newest metrics, for summary.json
+        self.held: tuple[int, dict] = (-1, {})  # (step, figures) of the newest evaluation
         self.world_sizes = [[0, env.world_size]]  # [step, ranks] at every change
         self.checkpointer = Checkpointer(cfg, env, self.run_dir)
         stall.phase("resuming")
@@ -123,7 +129,7 @@ class Trainer:
 
     @property
     def done(self) -> bool:
-        return self.step >= self.total_steps
+        return self.step >= self.total_steps or self.target.reached is not None
 
     def _run_epoch(self, epoch: int) -> dict:
         """One pass over this rank's shard (from batch batches_done when resumed mid-epoch)."""
@@ -136,6 +142,7 @@ class Trainer:
             images = sum(len(y) for _, y in micro)
             self.meter.start_step(images)
             self.sync.measuring = self.meter.measuring  # count communication in the same window
+            self.target.start()
             self._run_batch(micro)
             self.step += 1
             self.batches_done += len(micro)
@@ -185,6 +192,7 @@ class Trainer:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=self.sync.grads_set_to_none)
         self.scheduler.step()
+        self.sync.after_step(self.step + 1)  # local_sgd, diloco: the weights travel here
 
     def _after_step(self) -> None:
         stall.phase("logging")
@@ -192,17 +200,18 @@ class Trainer:
             self.log.scalars({"loss/train_step": self.last_loss.item(),
                               "lr": self.scheduler.get_last_lr()[0],
                               **self.step_timer.report()}, self.step)
+        if self.target.due(self.step):
+            self.log.scalars(self._evaluate(), self.step)
         if self.checkpointer.due(self.step, self.done, self._epoch_exhausted()):
             self._save_checkpoint()
 
     def _end_epoch(self, metrics: dict) -> None:
         t = self.cfg.trainer
-        if self.epoch + 1 == t.epochs or self.done or (
+        if self.done:
+            self.sync.finish(self.step)  # local_sgd, diloco: every rank the same final weights
+        if self.held[0] == self.step or self.epoch + 1 == t.epochs or self.done or (
                 t.eval_every > 0 and (self.epoch + 1) % t.eval_every == 0):
-            loss_sum, correct, total = self.evaluate()
-            metrics.update(self.task.metrics(loss_sum, correct, total, self.task.held_out))
-            split = self.task.held_out  # the counts under the split's name: test_correct, val_total
-            self.last.update({f"{split}_correct": int(correct), f"{split}_total": int(total)})
+            metrics.update(self.held[1] if self.held[0] == self.step else self._evaluate())
             self.log.print(epoch_line(self.epoch, t.epochs, metrics, self.task))
         self.log.scalars(metrics, self.step)
         self.last.update(metrics)
@@ -218,42 +227,18 @@ class Trainer:
         return self.batches_done + self.cfg.trainer.grad_accum > len(self.train_loader)
 
     def state_dict(self) -> dict:
-        """What rank 0 saves: everything every rank shares."""
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
-                "step": self.step, "epoch": self.epoch, "batches_done": self.batches_done,
-                "sampler_seed": self.cfg.seed, "world_size": self.env.world_size,
-                "total_steps": self.total_steps, "last": dict(self.last),
-                "world_sizes": self.world_sizes,
-                "epoch_seconds": list(self.meter.epoch_seconds),
-                "epoch_elapsed_s": self.meter.epoch_elapsed_s()}  # mid-epoch: its time so far
+        """What rank 0 saves: everything every rank shares (ddp_lab.checkpoint.state)."""
+        return shared_state(self)
 
     def load_state_dict(self, shared: dict, own: dict) -> None:
-        self.model.load_state_dict(shared["model"])
-        self.optimizer.load_state_dict(shared["optimizer"])
-        self.scheduler.load_state_dict(shared["scheduler"])
-        self.scaler.load_state_dict(shared["scaler"])
-        self.step, self.epoch = shared["step"], shared["epoch"]
-        self.batches_done = shared["batches_done"]
-        self.last, self.meter.epoch_seconds = dict(shared["last"]), list(shared["epoch_seconds"])
-        self.meter.epoch_carried_s = shared.get("epoch_elapsed_s", 0.0)  # (older checkpoints lack it)
-        self.meter.sums.copy_(own["sums"])  # a resumed epoch's metrics go on
-        self.world_sizes = [list(w) for w in shared.get("world_sizes", [[0, shared["world_size"]]])]
-        if self.world_sizes[-1][1] != self.env.world_size:
-            self.world_sizes.append([self.step, self.env.world_size])
-        if shared["total_steps"] != self.total_steps and self.cfg.optim.schedule == "cosine":
-            log.warning("the cosine schedule was planned over %d steps, now over %d "
-                        "(trainer.max_steps changed): the learning rate curve changes from here",
-                        shared["total_steps"], self.total_steps)
-        set_rng_state(own["rng"], self.env.device)
+        restore(self, shared, own)
 
     def _save_checkpoint(self) -> Path | None:
         """Every rank calls this at the same step; see ddp_lab.checkpoint for the layout."""
         self.meter.throughput.pause()  # saving is not training: keep it out of img/s
         self.loss_watch.check()  # never save weights a diverged step produced
-        own = {"rng": rng_state(self.env.device), "step": self.step,
-               "batches_done": self.batches_done, "sums": self.meter.sums.cpu()}
-        path = self.checkpointer.save(self.step, self.state_dict() if self.env.is_main else None, own)
+        shared = self.state_dict() if self.env.is_main else None
+        path = self.checkpointer.save(self.step, shared, own_state(self))
         if path is not None:
             self.log.print(f"checkpoint {path.name} ({self._position()})")
         self.meter.throughput.resume()
@@ -276,9 +261,24 @@ class Trainer:
         return self.resumed is not None and self.done and is_complete(self.run_dir)
 
     def evaluate(self) -> tuple[float, int, int]:
-        """Exact held-out (loss sum, correct, targets) over all ranks (ddp_lab.evaluation)."""
+        """Exact held-out (loss sum, correct, targets) of the weights the ranks agree on (sync.consensus)."""
         self.meter.throughput.pause()
-        return evaluate(self.model, self.test_loader, self.env, self.task, self.autocast)
+        with self.sync.consensus():
+            return evaluate(self.model, self.test_loader, self.env, self.task, self.autocast)
+
+    def _evaluate(self) -> dict:
+        """Evaluate now: the held-out figures, also logged against time; the target judged."""
+        t0, split = time.perf_counter(), self.task.held_out
+        loss_sum, correct, total = self.evaluate()
+        metrics = self.task.metrics(loss_sum, correct, total, split)
+        self.last.update({f"{split}_correct": int(correct), f"{split}_total": int(total)})
+        # local_sgd, diloco: a target is judged where the ranks hold the evaluated weights
+        judged = not self.sync.diverges or self.sync.synced_at(self.step)
+        if self.target.evaluated(metrics, split, time.perf_counter() - t0, self.step, judged):
+            self.log.print(f"target reached at step {self.step}, {self.target.reached['seconds']:.1f} s")
+        self.log.scalars(*self.target.by_time(metrics))
+        self.held = (self.step, metrics)
+        return metrics
 
     # ------------------------------------------------------------ the end
     def finish(self) -> dict:

@@ -29,10 +29,10 @@ def test_every_model_and_data_config_composes(compose_train, model, params, data
     ("model.init=bogus", "[default, d2l]"),
     ("data.loader=magic", "[auto, device, dataloader]"),
     ("data.task=regression", "[auto, classification, language_model]"),
-    ("sync.mode=allgather", "[auto, ddp, flat, per_param]"),
+    ("sync.mode=allgather", "[auto, ddp, flat, per_param, local_sgd, diloco]"),
     ("sync.algo=tree", "[builtin, naive, ring, halving_doubling, ring_textbook, "
                        "halving_doubling_textbook]"),
-    ("sync.compress=int8", "[none, bf16, fp16]"),
+    ("sync.compress=int8", "[none, bf16, fp16, powersgd]"),
     ("optim.schedule=step", "[constant, cosine]"),
     ("dist.backend=mpi", "[auto, gloo, nccl]"),
     ("dist.device=tpu", "[auto, cpu, cuda]"),
@@ -48,9 +48,9 @@ def test_a_value_off_its_list_is_refused_when_the_config_is_composed(compose_tra
 def test_the_schema_lists_what_the_code_has():
     from ddp_lab import schema
     from ddp_lab.collectives import ALGORITHMS
-    from ddp_lab.sync import COMPRESS, MODES
+    from ddp_lab.sync import COMPRESS, MODES, PERIODIC
     assert [a.value for a in schema.Algo] == list(ALGORITHMS)
-    assert [m.value for m in schema.SyncMode] == ["auto", *MODES]
+    assert [m.value for m in schema.SyncMode] == ["auto", *MODES, *PERIODIC]
     assert [c.value for c in schema.Compress] == list(COMPRESS)
 
 

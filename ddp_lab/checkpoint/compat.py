@@ -79,6 +79,11 @@ OLD_DATA_NAMES = {"fashion_mnist": "ddp_lab.datasets.fashion_mnist",
                   "synthetic": "ddp_lab.datasets.synthetic_images"}
 
 
+# sync keys added with local_sgd, diloco and powersgd, at their defaults (which train as before)
+SYNC_ADDED = {"powersgd_rank": 2, "powersgd_start_step": 100, "every": 8, "local_sgd_start_step": 0,
+              "outer_lr": 0.7, "outer_momentum": 0.9}
+
+
 def _upgraded(saved: dict) -> dict:
     """An older checkpoint's config as today's keys say the same thing: data.name as the
     dataset's _target_, the keys added since at the values that train the same way."""
@@ -93,7 +98,8 @@ def _upgraded(saved: dict) -> dict:
             for k in ("image_shape", "num_classes", "num_train", "num_test"):
                 data.pop(k, None)
         optim.setdefault("warmup_steps", 0)
-    return {**saved, "data": data, "optim": optim}
+    sync = {**SYNC_ADDED, **saved.get("sync", {})}
+    return {**saved, "data": data, "optim": optim, "sync": sync}
 
 
 def validate(step_dir, meta: dict, subset: dict) -> None:

@@ -31,10 +31,21 @@ textbook writes them, ``ring`` and ``halving_doubling`` tuned for speed,
 ``sync.compress`` -- ``none``, or ``bf16`` / ``fp16``: the buffer is cast to
 the 16-bit type and divided by the world size, that is all-reduced (half the
 bytes on the wire), and the sum is cast back. For mode=ddp algo=builtin this is
-PyTorch's own ``bf16_compress_hook`` / ``fp16_compress_hook``.
+PyTorch's own ``bf16_compress_hook`` / ``fp16_compress_hook``. ``powersgd``:
+low-rank gradients with error feedback, torch's hook under DDP (powersgd.py;
+mode=auto becomes ddp, and another mode or algo is refused).
 
-Every mode averages: the result is the mean of the ranks' gradients, so that N
-ranks on N slices of a batch take the step one process takes on the batch.
+Every mode above averages: the result is the mean of the ranks' gradients, so
+that N ranks on N slices of a batch take the step one process takes on the
+batch. Two modes send weights instead, every ``sync.every`` steps, and let
+the ranks drift apart in between (docs/bandwidth.md compares all of them):
+
+* ``local_sgd`` (local_sgd.py): average the weights (post-local SGD: after
+  ``sync.local_sgd_start_step`` synchronous steps).
+* ``diloco`` (diloco.py): average the change in weights and apply it with an
+  outer Nesterov SGD.
+
+Every strategy counts the bytes it hands to all-reduces (``wire_bytes``).
 
 ``sync.poll`` (how a CPU rank waits for the builtin allreduce, decided at
 start-up by ddp_lab.tuning and read from ``env.poll``) and the communication
@@ -53,13 +64,17 @@ from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
 from ddp_lab.sync.base import COMPRESS_DTYPES, GradSync
 from ddp_lab.sync.ddp import DDPSync
+from ddp_lab.sync.diloco import DiLoCoSync
 from ddp_lab.sync.flat import FlatSync
+from ddp_lab.sync.local_sgd import LocalSGDSync
 from ddp_lab.sync.per_param import PerParamSync
 
-STRATEGIES = {"ddp": DDPSync, "flat": FlatSync, "per_param": PerParamSync}
-MODES = tuple(STRATEGIES)  # ddp, flat, per_param
+STRATEGIES = {"ddp": DDPSync, "flat": FlatSync, "per_param": PerParamSync,
+              "local_sgd": LocalSGDSync, "diloco": DiLoCoSync}
+MODES = ("ddp", "flat", "per_param")  # the modes that average every step's gradients
+PERIODIC = ("local_sgd", "diloco")  # the modes that send weights every sync.every steps
 ALGOS = tuple(ALGORITHMS)  # builtin, naive, ring, halving_doubling, ring_textbook, halving_doubling_textbook
-COMPRESS = tuple(COMPRESS_DTYPES)  # none, bf16, fp16
+COMPRESS = (*COMPRESS_DTYPES, "powersgd")  # none, bf16, fp16, powersgd
 
 
 def resolve_mode(mode: str, device: torch.device) -> str:
@@ -76,18 +91,31 @@ def resolve_mode(mode: str, device: torch.device) -> str:
     return "ddp" if device.type == "cuda" else "flat"
 
 
+def resolved_mode(cfg, device: torch.device) -> str:
+    """resolve_mode, but compress=powersgd needs DDP's hook: auto is ddp then."""
+    return "ddp" if cfg.mode == "auto" and cfg.compress == "powersgd" else resolve_mode(cfg.mode, device)
+
+
 def validate(cfg) -> None:
     """Refuse what the schema cannot see alone (identically on every rank, before any traffic)."""
     if cfg.mode in ("ddp", "auto") and cfg.bucket_cap_mb <= 0:
         raise ConfigError(f"sync.bucket_cap_mb={cfg.bucket_cap_mb} must be > 0 with "
                           f"sync.mode={cfg.mode}")
+    if cfg.compress == "powersgd" and (cfg.mode not in ("ddp", "auto") or cfg.algo != "builtin"):
+        raise ConfigError(f"sync.compress=powersgd runs as torch's DDP communication hook: it takes "
+                          f"sync.mode=ddp (or auto) and sync.algo=builtin, not sync.mode={cfg.mode} "
+                          f"sync.algo={cfg.algo}")
+    if cfg.mode == "local_sgd" and cfg.compress != "none":
+        raise ConfigError(f"sync.compress={cfg.compress} with sync.mode=local_sgd would round the weights "
+                          f"themselves: use sync.compress=none, or sync.mode=diloco (which sends changes "
+                          f"of the weights)")
 
 
 def build_sync(cfg, model: nn.Module, env: DistEnv) -> GradSync:
     validate(cfg)
     if not env.distributed:
         return GradSync(model, env)
-    mode = resolve_mode(cfg.mode, env.device)
+    mode = resolved_mode(cfg, env.device)
     if mode != cfg.mode:  # the strategies read cfg.mode (describe() reports it)
         items = vars(cfg) if isinstance(cfg, SimpleNamespace) else dict(cfg)
         cfg = SimpleNamespace(**{**items, "mode": mode})

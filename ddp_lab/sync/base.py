@@ -53,7 +53,9 @@ class GradSync:
         self.module: nn.Module = model
         self.env = env
         self.measuring = True  # count communication time of the current step
-        self.wire_bytes = 0  # bytes ddp_lab itself handed to an allreduce (not DDP's builtin)
+        # bytes this rank handed to all-reduces, counted at each call (a ring all-reduce
+        # then sends 2(N-1)/N of them out of the rank): summary.json's wire_bytes_per_step
+        self.wire_bytes = 0
         self._seconds = 0.0
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
@@ -109,6 +111,31 @@ class GradSync:
     def after_backward(self) -> None:
         pass
 
+    # Weights that differ between the ranks (local_sgd, diloco) -------------
+    # Every other strategy keeps the ranks' weights identical: these are no-ops.
+    diverges = False  # True: each rank's weights and optimizer state are checkpointed
+
+    def after_step(self, step: int) -> None:
+        """After optimizer step `step` (1-based, the run's count)."""
+
+    def finish(self, step: int) -> None:
+        """Before the final model is written: leave every rank with the same weights."""
+
+    def consensus(self):
+        """A context in which the model holds the weights an evaluation scores."""
+        return contextlib.nullcontext()
+
+    def state_dict(self) -> dict:
+        """The strategy's state every rank shares (rank 0's is checkpointed)."""
+        return {}
+
+    def own_state_dict(self) -> dict:
+        """The strategy's state that differs between ranks (each rank's is checkpointed)."""
+        return {}
+
+    def load_state_dict(self, shared: dict, own: dict | None) -> None:
+        """Resume; own is None at another world size (the rule: docs/bandwidth.md)."""
+
     def describe(self) -> str:
         return "none"
 
@@ -132,7 +159,7 @@ class AveragingSync(GradSync):
         super().__init__(model, env)
         self.cfg = cfg
         self.allreduce = tuning.allreduce(cfg.algo, env)  # as this machine runs it
-        self.wire_dtype = COMPRESS_DTYPES[cfg.compress]
+        self.wire_dtype = COMPRESS_DTYPES.get(cfg.compress)  # (powersgd: DDP's hook, ddp.py)
 
     def _average(self, flat: torch.Tensor) -> None:
         """flat (1-D, contiguous) <- the mean of every rank's flat."""

@@ -12,6 +12,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_lab.distributed import DistEnv
 from ddp_lab.sync.base import AveragingSync, polls
+from ddp_lab.sync.powersgd import PowerSGD
 from ddp_lab.tuning import wait_polling
 
 # DDP's first bucket, kept small so that the first allreduce starts early.
@@ -23,9 +24,10 @@ log = logging.getLogger("ddp_lab")
 class DDPSync(AveragingSync):
     """torch DistributedDataParallel: bucketed allreduce overlapped with backward.
 
-    algo=builtin leaves the reduction to DDP (with compress, PyTorch's own
-    bf16/fp16 compress hook); any other algo runs in a communication hook on
-    each bucket, synchronously, and hands DDP a completed future.
+    algo=builtin leaves the reduction to torch's hooks: DDP's all-reduce, the
+    bf16/fp16 compress hooks, PowerSGD (powersgd.py), each counting its bytes
+    first; any other algo runs in a communication hook on each bucket,
+    synchronously, and hands DDP a completed future.
     """
 
     syncs_in_backward = True
@@ -41,23 +43,50 @@ class DDPSync(AveragingSync):
             gradient_as_bucket_view=cfg.gradient_as_bucket_view,
             static_graph=cfg.static_graph,
         )
+        self.powersgd = None
         if cfg.algo == "builtin":
             self.comm_timing = "unmeasured"
-            hook = None
-            if cfg.compress != "none":
-                torch_hook = {"bf16": default_hooks.bf16_compress_hook,
-                              "fp16": default_hooks.fp16_compress_hook}[cfg.compress]
-
-                def hook(state, bucket):  # counts bytes, never waits
-                    self.wire_bytes += bucket.buffer().numel() * 2
-                    return torch_hook(state, bucket)
+            hook = self._counting(default_hooks.allreduce_hook)  # DDP's own all-reduce, its bytes counted
+            if cfg.compress == "powersgd":
+                self.powersgd = PowerSGD(cfg, list(self.module.parameters()), self._count,
+                                         wait=env.backend == "gloo")
+                hook = self.powersgd.hook
+            elif cfg.compress != "none":
+                hook = self._counting({"bf16": default_hooks.bf16_compress_hook,
+                                       "fp16": default_hooks.fp16_compress_hook}[cfg.compress], 2)
             if polls(cfg, env):
-                hook = polling_hook(hook or default_hooks.allreduce_hook)
-            if hook is not None:
-                self.module.register_comm_hook(None, hook)
+                hook = polling_hook(hook)
+            self.module.register_comm_hook(None, hook)
         else:
             self.comm_timing = "hook"
             self.module.register_comm_hook(None, self._hook)
+
+    def _count(self, nbytes: int) -> None:
+        self.wire_bytes += nbytes
+
+    def _counting(self, torch_hook, wire_size: int | None = None):
+        """torch_hook, first counting the bucket's bytes (`wire_size` bytes per element if
+        it compresses); it never waits."""
+        def hook(state, bucket):
+            buffer = bucket.buffer()
+            self.wire_bytes += buffer.numel() * (wire_size or buffer.element_size())
+            return torch_hook(state, bucket)
+        return hook
+
+    def state_dict(self) -> dict:
+        return {"powersgd": self.powersgd.state_dict()} if self.powersgd else {}
+
+    def own_state_dict(self) -> dict:
+        return {"powersgd": self.powersgd.own_state_dict()} if self.powersgd else {}
+
+    def load_state_dict(self, shared: dict, own: dict | None) -> None:
+        if self.powersgd and "powersgd" in shared:
+            self.powersgd.load_state_dict(shared["powersgd"], own["powersgd"] if own else None)
+
+    def describe(self) -> str:
+        if self.powersgd is None:
+            return super().describe()
+        return f"ddp/builtin+powersgd(rank {self.cfg.powersgd_rank})"
 
     def _hook(self, state, bucket):  # (no annotations: DDP checks them, and they are strings here)
         buffer = bucket.buffer()

@@ -178,6 +178,8 @@ class Meter:
         rate = (tp.images - images0) / window if window > 0 and tp.images > images0 else float("nan")
         comm_ms, comm_frac = sync.comm_figures(tp.steps, tp.seconds)
         comm = {} if math.isnan(comm_ms) else {"perf/comm_ms": comm_ms, "perf/comm_frac": comm_frac}
+        if tp.seen:  # this launch's bytes handed to all-reduces per step (ddp_lab.sync: wire_bytes)
+            comm["comm/wire_bytes_per_step"] = sync.wire_bytes / tp.seen
         if self.task.name == "language_model":
             comm["perf/tokens_per_sec"] = rate * self.targets_per_sample
         return {

@@ -55,6 +55,9 @@ def run_summary(trainer) -> dict:
         "threads": torch.get_num_threads(), "compile": trainer.compiled,
         "measured_steps": tp.steps, "comm_timing": sync.comm_timing,
         "comm_ms_per_step": comm_ms, "comm_frac": comm_frac,
+        # bytes handed to all-reduces per optimizer step, as counted at each call (ddp_lab.sync)
+        "wire_bytes_per_step": sync.wire_bytes / tp.seen if tp.seen else None,
+        **trainer.target.summary(),  # target, target_reached, steps_to_target, time_to_target_s, eval_s
         "peak_mem_mb": peak_memory_mb(env.device),  # rank 0's process (ranks are alike)
         "straggler": trainer.step_timer.straggler(cfg.trainer.straggler_threshold),
         "mfu": trainer.meter.mfu(rate), "peak_flops": trainer.meter.peak_flops,

@@ -13,7 +13,7 @@ from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
 from ddp_lab.models.lenet import lenet
 from ddp_lab.schema import Algo, SyncConfig
-from ddp_lab.sync import ALGOS, MODES, GradSync, build_sync, resolve_mode, validate
+from ddp_lab.sync import ALGOS, MODES, PERIODIC, GradSync, build_sync, resolve_mode, resolved_mode, validate
 from tests.multiproc import run_in_processes
 from tests.sync import sync_cfg
 
@@ -29,6 +29,25 @@ def test_every_combination_is_valid_and_bucket_sizes_are_checked():
     validate(sync_cfg("flat", bucket_cap_mb=0))  # one buffer
     with pytest.raises(ConfigError, match="must be > 0 with sync.mode=ddp"):
         validate(sync_cfg("ddp", bucket_cap_mb=0))
+    for mode in PERIODIC:
+        for algo in ALGOS:
+            validate(sync_cfg(mode, algo))
+    validate(sync_cfg("diloco", compress="bf16"))  # 16-bit changes of the weights
+    validate(sync_cfg("auto", compress="powersgd"))
+    assert resolved_mode(sync_cfg("auto", compress="powersgd"), CPU) == "ddp"  # the hook runs under DDP
+
+
+@pytest.mark.parametrize("mode,algo,compress,says", [
+    ("flat", "builtin", "powersgd", "takes sync.mode=ddp .or auto. and sync.algo=builtin, not sync.mode=flat"),
+    ("ddp", "ring", "powersgd", "not sync.mode=ddp sync.algo=ring"),
+    ("local_sgd", "builtin", "powersgd", "not sync.mode=local_sgd"),
+    ("diloco", "builtin", "powersgd", "not sync.mode=diloco"),
+    ("local_sgd", "builtin", "bf16", "would round the weights themselves"),
+])
+def test_combinations_a_strategy_cannot_serve_are_refused_in_one_line(mode, algo, compress, says):
+    with pytest.raises(ConfigError, match=says) as e:
+        validate(sync_cfg(mode, algo, compress))
+    assert "\n" not in str(e.value)
 
 
 def _keys(name: str) -> dict[str, str]:
@@ -39,29 +58,33 @@ def _keys(name: str) -> dict[str, str]:
 
 # What each preset states on top of the schema's defaults (ddp_lab/schema.py).
 PRESETS = {"auto": {"mode": "auto"}, "ddp": {"mode": "ddp"},
-           "flat": {"mode": "flat", "bucket_cap_mb": 0}, "per_param": {"mode": "per_param"}}
+           "flat": {"mode": "flat", "bucket_cap_mb": 0}, "per_param": {"mode": "per_param"},
+           "local_sgd": {"mode": "local_sgd"}, "diloco": {"mode": "diloco"},
+           "powersgd": {"mode": "ddp", "compress": "powersgd"}}
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_presets_state_only_what_differs_from_the_schema(compose_train, preset):
-    cfg = compose_train([f"sync={preset}", "sync.algo=ring"])
-    assert (cfg.sync.mode, cfg.sync.algo) == (preset, "ring")
+    algo = "builtin" if preset == "powersgd" else "ring"
+    cfg = compose_train([f"sync={preset}", f"sync.algo={algo}"])
+    assert (cfg.sync.mode, cfg.sync.algo) == (PRESETS[preset]["mode"], algo)
     validate(cfg.sync)
     own = _keys(preset)
     assert set(own) == set(PRESETS[preset]) and all("#" in ln for ln in own.values())
     defaults = SyncConfig()
     for key, value in cfg.sync.items():
-        want = PRESETS[preset].get(key, "ring" if key == "algo" else getattr(defaults, key))
+        want = PRESETS[preset].get(key, algo if key == "algo" else getattr(defaults, key))
         assert value == want, (preset, key)
 
 
 def test_the_schema_holds_every_sync_key_with_a_true_choice_list():
     fields = {f.name: f.metadata["help"] for f in dataclasses.fields(SyncConfig)}
     assert list(fields) == ["mode", "algo", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph",
-                            "compress", "poll"]
-    assert all(m in fields["mode"] for m in ("auto", *MODES))
+                            "compress", "powersgd_rank", "powersgd_start_step", "every", "local_sgd_start_step",
+                            "outer_lr", "outer_momentum", "poll"]
+    assert all(m in fields["mode"] for m in ("auto", *MODES, *PERIODIC))
     assert [a.value for a in Algo] == list(ALGOS)
-    assert fields["compress"].startswith("none | bf16 | fp16")
+    assert fields["compress"].startswith("none | bf16 | fp16") and "powersgd" in fields["compress"]
     assert "auto" in fields["poll"] and SyncConfig().poll == "false"
 
 

@@ -1,0 +1,71 @@
+"""What a Trainer checkpoints, and how it takes it back.
+
+Rank 0 saves the state every rank shares (state.pt): the model, the
+optimizer, the schedule, the grad scaler, the place in the data, the
+metrics so far, the gradient sync's shared state (PowerSGD's Q matrices,
+DiLoCo's anchor and outer momentum) and the clock of a run to a target.
+Every rank saves its own (rank<R>.pt): RNG states, the partial epoch's sums,
+the sync's per-rank state (PowerSGD's error feedback) and, where the ranks'
+weights differ between synchronisations (sync.mode=local_sgd, diloco), its
+own weights and optimizer state. At another world size no rank's own state
+but the RNG and sums comes back (reshard.py): every rank continues from
+rank 0's weights and optimizer state, and PowerSGD's error feedback starts
+at zero.
+"""
+from __future__ import annotations
+
+import logging
+
+from ddp_lab.checkpoint.rng import rng_state, set_rng_state
+
+log = logging.getLogger("ddp_lab")
+
+
+def shared_state(tr) -> dict:
+    """What rank 0 saves: everything every rank shares."""
+    return {"model": tr.model.state_dict(), "optimizer": tr.optimizer.state_dict(),
+            "scheduler": tr.scheduler.state_dict(), "scaler": tr.scaler.state_dict(),
+            "step": tr.step, "epoch": tr.epoch, "batches_done": tr.batches_done,
+            "sampler_seed": tr.cfg.seed, "world_size": tr.env.world_size,
+            "total_steps": tr.total_steps, "last": dict(tr.last),
+            "world_sizes": tr.world_sizes,
+            "epoch_seconds": list(tr.meter.epoch_seconds),
+            "epoch_elapsed_s": tr.meter.epoch_elapsed_s(),  # mid-epoch: its time so far
+            "sync": tr.sync.state_dict(), "target": tr.target.state_dict()}
+
+
+def own_state(tr) -> dict:
+    """What each rank saves for itself."""
+    own = {"rng": rng_state(tr.env.device), "step": tr.step,
+           "batches_done": tr.batches_done, "sums": tr.meter.sums.cpu(),
+           "sync": tr.sync.own_state_dict()}
+    if tr.sync.diverges:
+        own.update(model=tr.model.state_dict(), optimizer=tr.optimizer.state_dict())
+    return own
+
+
+def restore(tr, shared: dict, own: dict) -> None:
+    """Put a checkpoint's state back into a freshly built Trainer."""
+    tr.model.load_state_dict(shared["model"])
+    tr.optimizer.load_state_dict(shared["optimizer"])
+    tr.scheduler.load_state_dict(shared["scheduler"])
+    tr.scaler.load_state_dict(shared["scaler"])
+    tr.step, tr.epoch = shared["step"], shared["epoch"]
+    tr.batches_done = shared["batches_done"]
+    tr.last, tr.meter.epoch_seconds = dict(shared["last"]), list(shared["epoch_seconds"])
+    tr.meter.epoch_carried_s = shared.get("epoch_elapsed_s", 0.0)  # (older checkpoints lack it)
+    tr.meter.sums.copy_(own["sums"])  # a resumed epoch's metrics go on
+    if "model" in own:  # this rank's own weights (at the same world size only)
+        tr.model.load_state_dict(own["model"])
+        tr.optimizer.load_state_dict(own["optimizer"])
+    tr.sync.load_state_dict(shared.get("sync", {}), own.get("sync"))
+    if "target" in shared:
+        tr.target.load_state_dict(shared["target"])
+    tr.world_sizes = [list(w) for w in shared.get("world_sizes", [[0, shared["world_size"]]])]
+    if tr.world_sizes[-1][1] != tr.env.world_size:
+        tr.world_sizes.append([tr.step, tr.env.world_size])
+    if shared["total_steps"] != tr.total_steps and tr.cfg.optim.schedule == "cosine":
+        log.warning("the cosine schedule was planned over %d steps, now over %d "
+                    "(trainer.max_steps changed): the learning rate curve changes from here",
+                    shared["total_steps"], tr.total_steps)
+    set_rng_state(own["rng"], tr.env.device)

@@ -1,0 +1,108 @@
+"""sync.mode=local_sgd: each rank takes its own steps; every `sync.every` steps the ranks average their weights.
+
+Local SGD (Lin et al., ICLR 2020, "Don't use large mini-batches, use local
+SGD") sends the weights once per H = `sync.every` steps instead of the
+gradients every step: H times fewer bytes, at the price of ranks that drift
+apart in between. Post-local SGD starts with `sync.local_sgd_start_step`
+ordinary synchronous steps (gradients averaged every step, as mode=flat),
+where the paper found the drift hurts most, and goes local after them.
+
+torch's PeriodicModelAverager does the averaging with the builtin all-reduce
+only; here it goes through `sync.algo` like every other strategy and counts
+its bytes. With H = 1 and plain SGD this is DDP: averaging the weights after
+a step of each rank's gradient is the step of the averaged gradient, since
+the update is linear (tests/sync/test_periodic.py). Optimizer state (SGD's
+momentum) stays per rank, as in the paper.
+
+Between synchronisations the ranks' weights differ, so every rank's weights
+and optimizer state go into its own checkpoint file (`diverges`), an
+evaluation scores the average of the ranks' weights (`consensus`), and the
+run ends with a synchronisation (`finish`).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from ddp_lab.distributed import DistEnv
+from ddp_lab.guards import stall
+from ddp_lab.sync.flat import FlatSync
+
+
+class LocalSGDSync(FlatSync):
+    diverges = True
+
+    def __init__(self, model: nn.Module, env: DistEnv, cfg, start: int | None = None):
+        super().__init__(model, env, cfg)  # rank 0's weights everywhere; buffers for synchronous steps
+        self.every = cfg.every
+        self.start = cfg.local_sgd_start_step if start is None else start
+        self.step = 0  # optimizer steps taken, the run's count (checkpointed)
+        # the weights that travel: parameters and floating buffers (BatchNorm's statistics)
+        self.weights = [p for p in model.parameters()] + [b for b in model.buffers() if b.is_floating_point()]
+
+    def synced_at(self, step: int) -> bool:
+        """Whether every rank holds the same weights after optimizer step `step`."""
+        return step <= self.start or (step - self.start) % self.every == 0
+
+    def after_backward(self) -> None:
+        if self.step < self.start:  # a synchronous step: average the gradients (flat)
+            super().after_backward()
+
+    def after_step(self, step: int) -> None:
+        self.step = step
+        if not self.synced_at(step):
+            return
+        if step > self.start:
+            with stall.collective("weight sync"), self._timed():
+                self.synchronise()
+
+    def synchronise(self) -> None:
+        """Every rank's weights <- the mean of the ranks' weights."""
+        average_into(self.weights, self._average)
+
+    def finish(self, step: int) -> None:
+        if not self.synced_at(step):
+            with stall.collective("weight sync"):
+                self.synchronise()
+
+    @contextlib.contextmanager
+    def consensus(self):
+        """The mean of the ranks' weights, for an evaluation; the local ones are back after.
+        Its bytes are the evaluation's, not a training step's."""
+        if self.synced_at(self.step):
+            yield
+            return
+        local = [w.detach().clone() for w in self.weights]
+        sent = self.wire_bytes
+        with stall.collective("weight sync for evaluation"):
+            self.synchronise()
+        self.wire_bytes = sent
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for w, saved in zip(self.weights, local):
+                    w.copy_(saved)
+
+    def state_dict(self) -> dict:
+        return {"step": self.step}
+
+    def load_state_dict(self, shared: dict, own: dict | None) -> None:
+        self.step = shared.get("step", self.step)
+
+    def describe(self) -> str:
+        start = f", synchronous for {self.start}" if self.start else ""
+        return f"local_sgd/{self.cfg.algo}(every {self.every}{start})"
+
+
+@torch.no_grad()
+def average_into(tensors: list[torch.Tensor], average) -> None:
+    """tensors <- the mean over ranks, through one flat buffer and `average` (in place on 1-D)."""
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    average(flat)
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view(t.shape))
+        offset += t.numel()

@@ -1,0 +1,119 @@
+"""sync.compress=powersgd: torch's PowerSGD hook under DDP, its bytes counted, its state checkpointed.
+
+PowerSGD (Vogels et al., NeurIPS 2019) sends each gradient matrix M (n x m,
+a conv kernel viewed as out x in*k*k) as two thin factors: P = M Q (n x r),
+all-reduced and orthogonalised, then Q = M^T P (m x r), all-reduced; every
+rank decompresses P Q^T. (n + m) r numbers travel instead of n m. What the
+approximation leaves out is added to the next step's gradient (error
+feedback), and Q starts from the last step's (warm start). Vectors (biases)
+and matrices too small to pay are all-reduced as they are. The first
+`sync.powersgd_start_step` steps are plain all-reduces.
+
+The hook is torch's (torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook):
+the well-kept implementation. This file adds four things around it:
+
+* bytes: the hook's own count of the numbers it hands to all-reduce
+  (PowerSGDState.total_numel_after_compression), read at every call;
+* state: the error feedback differs per rank (own_state_dict), the P and Q
+  memories and the iteration count are the same on every rank (state_dict);
+* order: under gloo each bucket's exchange finishes before the next bucket's
+  starts (see __init__); NCCL orders them by issue, as torch's hook expects;
+* layout: torch keeps that state per DDP bucket, laid out in the bucket's
+  order of parameters, and a new process's DDP lays out its first step's
+  buckets before it learns the backward's order. So the state is saved with
+  each bucket's parameter order and handed back to a bucket of the same
+  order; error feedback is moved parameter by parameter when the order
+  changed, and such a bucket's Q starts afresh.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_powersgd
+
+# torch's hook logs its configuration and every allocation at INFO, and each
+# state save/load at WARNING ("process group is not serializable"): we save
+# our own fields, so keep its logger to errors.
+logging.getLogger(torch_powersgd.__name__).setLevel(logging.ERROR)
+
+
+class PowerSGD:
+    """A DDP communication hook (`hook`) with the state around torch's PowerSGD."""
+
+    def __init__(self, cfg, params: list[torch.nn.Parameter], count_bytes, wait: bool):
+        self.state = torch_powersgd.PowerSGDState(
+            process_group=None, matrix_approximation_rank=cfg.powersgd_rank,
+            start_powerSGD_iter=cfg.powersgd_start_step, use_error_feedback=True, warm_start=True,
+            random_seed=0)
+        self.count_bytes = count_bytes  # called with the bytes each call hands to all-reduce
+        # gloo: the hook's next all-reduces (P, then Q) are issued from the callback of the last
+        # one, on gloo's thread, while backward issues the next bucket's: ranks could issue them
+        # in different orders and pair mismatched all-reduces. So each bucket finishes first.
+        self.wait = wait
+        self.index = {p.data_ptr(): i for i, p in enumerate(params)}  # a parameter's number
+        self.sizes = [p.numel() for p in params]
+        self.orders: dict[int, list[int]] = {}  # bucket -> its parameters' numbers, in order
+        self.pending_error: dict[int, torch.Tensor] = {}  # per parameter, from a checkpoint
+        self.pending_pq: dict[int, tuple[list[int], torch.Tensor, torch.Tensor]] = {}
+
+    def hook(self, state, bucket):
+        s, idx = self.state, bucket.index()
+        order = [self.index[p.data_ptr()] for p in bucket.parameters()]
+        self.orders[idx] = order
+        if self.pending_error or self.pending_pq:
+            self._install(idx, order, bucket.buffer())
+        size = bucket.buffer().element_size()
+        if s.iter < s.start_powerSGD_iter:  # a plain all-reduce of the bucket
+            self.count_bytes(bucket.buffer().numel() * size)
+            return torch_powersgd.powerSGD_hook(s, bucket)
+        before = s.total_numel_after_compression
+        fut = torch_powersgd.powerSGD_hook(s, bucket)
+        self.count_bytes((s.total_numel_after_compression - before) * size)
+        if self.wait:
+            fut.wait()
+        return fut
+
+    # ------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        s = self.state
+        name, keys, pos, has_gauss, gauss = s.rng.get_state()
+        return {"iter": s.iter, "orders": dict(self.orders),
+                "p": dict(s.p_memory_dict), "q": dict(s.q_memory_dict),
+                "rng": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                        "has_gauss": int(has_gauss), "gauss": float(gauss)},
+                "numel": [s.total_numel_before_compression, s.total_numel_after_compression]}
+
+    def own_state_dict(self) -> dict:
+        """This rank's error feedback, per parameter number (layout-free)."""
+        errors = {}
+        for idx, error in self.state.error_dict.items():
+            offset = 0
+            for i in self.orders[idx]:
+                n = self.sizes[i]
+                errors[i] = error[offset:offset + n].clone()
+                offset += n
+        return {"error": errors}
+
+    def load_state_dict(self, shared: dict, own: dict | None) -> None:
+        s = self.state
+        s.iter = shared["iter"]
+        r = shared["rng"]
+        s.rng.set_state(("MT19937", r["keys"].numpy().astype(np.uint32), r["pos"], r["has_gauss"],
+                         r["gauss"]))
+        s.total_numel_before_compression, s.total_numel_after_compression = shared["numel"]
+        self.pending_pq = {idx: (shared["orders"][idx], shared["p"][idx], shared["q"][idx])
+                           for idx in shared["p"]}
+        # at another world size every rank starts without error feedback (docs/bandwidth.md)
+        self.pending_error = dict(own["error"]) if own is not None else {}
+
+    def _install(self, idx: int, order: list[int], buffer: torch.Tensor) -> None:
+        """Hand a checkpoint's state to bucket `idx`, now holding parameters `order`."""
+        if all(i in self.pending_error for i in order):
+            self.state.error_dict[idx] = torch.cat([self.pending_error.pop(i) for i in order]).to(
+                buffer.device, buffer.dtype)
+        saved = self.pending_pq.pop(idx, None)
+        if saved is not None and saved[0] == order:  # else: a new Q, drawn alike on every rank
+            self.state.p_memory_dict[idx] = saved[1].to(buffer.device)
+            self.state.q_memory_dict[idx] = saved[2].to(buffer.device)

@@ -1,0 +1,86 @@
+"""Training to a target: when to evaluate, whether a result reached the target, and how long it took.
+
+`trainer.target_acc` (held-out accuracy, classification) and
+`trainer.target_loss` (held-out loss, any task) stop the run at the first
+evaluation that reaches them; `trainer.eval_every_steps=N` evaluates every N
+optimizer steps besides the epoch ends. MLPerf Training's measure of a
+method is the wall time to such a target: steps to the target (what the
+method does to learning) times the time a step takes (what it does to the
+network).
+
+The wall clock starts at the run's first step and runs through evaluations
+(they are part of reaching the target) and checkpoints; a resumed run adds
+the time of its earlier launches. Evaluation time is also kept on its own.
+Each evaluation's figures go to TensorBoard twice: against steps, and under
+`by_time/` against milliseconds since the first step (TensorBoard's x axis
+is a step count), so that curves of methods with different step times meet
+on one time axis.
+"""
+from __future__ import annotations
+
+import time
+
+from ddp_lab.config import ConfigError
+
+
+class TimeToTarget:
+    def __init__(self, cfg, task_name: str):
+        t = cfg.trainer
+        self.acc, self.loss, self.every = t.target_acc, t.target_loss, t.eval_every_steps
+        if self.acc > 0 and task_name != "classification":
+            raise ConfigError(f"trainer.target_acc={self.acc} needs a classification task, and this data is "
+                              f"{task_name}: set trainer.target_loss instead")
+        s = cfg.sync
+        if s.mode in ("local_sgd", "diloco") and self.every % s.every:
+            raise ConfigError(f"trainer.eval_every_steps={self.every} must be a multiple of sync.every={s.every} "
+                              f"with sync.mode={s.mode}: an evaluation scores weights every rank holds")
+        self.carried_s = 0.0  # earlier launches' wall time
+        self.eval_s = 0.0
+        self.reached: dict | None = None  # {"step", "seconds"} of the evaluation that reached it
+        self._t0: float | None = None
+
+    @property
+    def set(self) -> bool:
+        return self.acc > 0 or self.loss > 0
+
+    def start(self) -> None:
+        """At this launch's first step."""
+        if self._t0 is None:
+            self._t0 = time.perf_counter()
+
+    def elapsed_s(self) -> float:
+        return self.carried_s + (time.perf_counter() - self._t0 if self._t0 is not None else 0.0)
+
+    def due(self, step: int) -> bool:
+        """Whether optimizer step `step` ends with an evaluation (besides the epoch ends)."""
+        return self.every > 0 and step % self.every == 0
+
+    def evaluated(self, metrics: dict, split: str, seconds: float, step: int, judged: bool = True) -> bool:
+        """Note an evaluation (its figures, `seconds` long) after step `step`; True if it
+        reached the target (only the first one that did counts; none where not `judged`)."""
+        self.eval_s += seconds
+        if self.reached is not None or not self.set or not judged:
+            return False
+        acc, loss = metrics.get(f"acc/{split}"), metrics[f"loss/{split}"]
+        if (self.acc > 0 and acc is not None and acc >= self.acc) or (0 < self.loss and loss <= self.loss):
+            self.reached = {"step": step, "seconds": self.elapsed_s()}
+            return True
+        return False
+
+    def by_time(self, metrics: dict) -> tuple[dict, int]:
+        """The figures under by_time/, and the x value: milliseconds since the first step."""
+        return {f"by_time/{k.replace('/', '_')}": v for k, v in metrics.items()}, round(1000 * self.elapsed_s())
+
+    def summary(self) -> dict:
+        target = {"acc": self.acc} if self.acc > 0 else {"loss": self.loss} if self.loss > 0 else None
+        r = self.reached
+        return {"target": target, "target_reached": r is not None if target else None,
+                "steps_to_target": r["step"] if r else None,
+                "time_to_target_s": r["seconds"] if r else None,
+                "train_s": self.elapsed_s(), "eval_s": self.eval_s}
+
+    def state_dict(self) -> dict:
+        return {"elapsed_s": self.elapsed_s(), "eval_s": self.eval_s, "reached": self.reached}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.carried_s, self.eval_s, self.reached = state["elapsed_s"], state["eval_s"], state["reached"]

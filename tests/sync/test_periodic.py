@@ -1,0 +1,145 @@
+"""The strategies past the bandwidth wall: what is exact, proven; what is approximate, bounded.
+
+* local SGD with sync.every=1 and plain SGD is DDP: averaging the weights after
+  one step of each rank's gradient is one step of the averaged gradient (the
+  update is linear). With momentum too: each rank's momentum buffer is linear
+  in its gradients, so the mean of the ranks' updates is the update of the mean.
+* DiLoCo with every=1, outer lr 1, no outer momentum and plain SGD inside is
+  DDP: anchor - mean(anchor - w_r) = mean(w_r).
+* PowerSGD at full rank reconstructs every gradient matrix from its factors,
+  so it approximates DDP up to the orthogonalisation's rounding.
+Tolerance 1e-5 for the exact ones: float32 sums taken in another order (and
+DiLoCo's a - (a - w)) differ in the last bits, over a few steps of lr 0.1.
+After every synchronisation every rank holds the same weights, bit for bit;
+between them they differ. Bytes are counted at each all-reduce.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ddp_lab.distributed import DistEnv
+from ddp_lab.models import num_parameters
+from ddp_lab.models.lenet import lenet
+from ddp_lab.sync import GradSync, build_sync
+from tests.multiproc import run_in_processes
+from tests.sync import sync_cfg
+
+STEPS, BATCH, LR = 6, 12, 0.1
+CPU = torch.device("cpu")
+PERIODIC = dict(every=8, local_sgd_start_step=0, outer_lr=0.7, outer_momentum=0.9,
+                powersgd_rank=2, powersgd_start_step=2)
+
+
+def cfg(mode="ddp", algo="builtin", **over):
+    return sync_cfg(mode, algo, **{**PERIODIC, **over})
+
+
+CASES = {  # name: (sync config, SGD momentum)
+    "ddp": (cfg("ddp"), 0.0),
+    "ddp momentum": (cfg("ddp"), 0.9),
+    "local_sgd every 1": (cfg("local_sgd", every=1), 0.0),
+    "local_sgd every 1 momentum": (cfg("local_sgd", every=1), 0.9),
+    "local_sgd every 1 ring": (cfg("local_sgd", "ring", every=1), 0.0),
+    "diloco every 1 plain outer": (cfg("diloco", every=1, outer_lr=1.0, outer_momentum=0.0), 0.0),
+    "powersgd full rank": (cfg("ddp", compress="powersgd", powersgd_rank=1000), 0.0),
+    "local_sgd every 3": (cfg("local_sgd", every=3), 0.9),
+    "local_sgd every 2 after 2 synchronous": (cfg("local_sgd", every=2, local_sgd_start_step=2), 0.0),
+    "diloco every 3": (cfg("diloco", every=3), 0.9),
+    "diloco every 3 bf16": (cfg("diloco", every=3, compress="bf16"), 0.9),
+    "powersgd rank 2": (cfg("ddp", compress="powersgd"), 0.0),
+}
+
+
+def _batches():
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(STEPS, BATCH, 1, 28, 28, generator=g), torch.randint(0, 10, (STEPS, BATCH), generator=g)
+
+
+def _digest(model) -> str:
+    return hashlib.sha1(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
+
+
+def _train(sync, model, xs, ys, momentum):
+    """The trainer's step: forward, backward, sync, optimizer, after_step. The digest after each step."""
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum)
+    digests = []
+    for step, (x, y) in enumerate(zip(xs, ys), start=1):
+        F.cross_entropy(sync.module(x), y).backward()
+        sync.after_backward()
+        opt.step()
+        opt.zero_grad(set_to_none=sync.grads_set_to_none)
+        sync.after_step(step)
+        digests.append(_digest(model))
+    return digests
+
+
+def _run(rank: int, world_size: int) -> dict:
+    x, y = _batches()
+    per = BATCH // world_size
+    out = {}
+    for name, (c, momentum) in CASES.items():
+        torch.manual_seed(0)
+        ref = lenet()
+        _train(GradSync(ref, DistEnv(0, 1, 0, CPU, "none")), ref, x, y, momentum)
+        torch.manual_seed(0)
+        model = lenet()
+        sync = build_sync(c, model, DistEnv(rank, world_size, 0, CPU, "gloo"))
+        if c.compress == "powersgd" and c.powersgd_rank > 100:  # compress every matrix, even where it does not pay
+            sync.powersgd.state.min_compression_rate = 0
+        digests = _train(sync, model, x[:, rank * per:(rank + 1) * per], y[:, rank * per:(rank + 1) * per],
+                         momentum)
+        out[name] = {"diff": max((a - b).abs().max().item() for a, b in zip(model.parameters(), ref.parameters())),
+                     "digests": digests, "wire_bytes": sync.wire_bytes, "describe": sync.describe()}
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    return run_in_processes(_run, 2, timeout=240)
+
+
+def _same_on_every_rank(ranks, name, step):
+    return len({r[name]["digests"][step - 1] for r in ranks}) == 1
+
+
+def test_the_exact_cases_equal_ddp_and_every_rank_agrees(ranks):
+    for name in ("ddp", "ddp momentum", "local_sgd every 1", "local_sgd every 1 momentum",
+                 "local_sgd every 1 ring", "diloco every 1 plain outer"):
+        r = ranks[0][name]
+        assert r["diff"] < 1e-5, (name, r["diff"])
+        assert all(_same_on_every_rank(ranks, name, s) for s in range(1, STEPS + 1)), name
+    # PowerSGD at full rank: the factors rebuild each matrix, up to the orthogonalisation's rounding
+    r = ranks[0]["powersgd full rank"]
+    assert 0 < r["diff"] < 1e-3, r["diff"]
+    assert _same_on_every_rank(ranks, "powersgd full rank", STEPS)
+    # at rank 2 it is only an approximation, but every rank applies the same one
+    assert ranks[0]["powersgd rank 2"]["diff"] > 1e-3
+    assert _same_on_every_rank(ranks, "powersgd rank 2", STEPS)
+
+    # Periodic: the same weights right after each synchronisation, different weights between them.
+    for name, synced in (("local_sgd every 3", {3, 6}), ("diloco every 3", {3, 6}),
+                         ("diloco every 3 bf16", {3, 6}),
+                         ("local_sgd every 2 after 2 synchronous", {1, 2, 4, 6})):
+        for step in range(1, STEPS + 1):
+            assert _same_on_every_rank(ranks, name, step) == (step in synced), (name, step)
+        assert ranks[0][name]["diff"] > 1e-4, name  # not DDP
+
+
+def test_bytes_are_counted_at_every_all_reduce(ranks):
+    r = ranks[0]
+    weights = 4 * num_parameters(lenet())  # LeNet has no floating buffers: the parameters are the weights
+    assert r["ddp"]["wire_bytes"] == weights * STEPS
+    assert r["local_sgd every 1"]["wire_bytes"] == weights * STEPS
+    assert r["local_sgd every 3"]["wire_bytes"] == weights * STEPS // 3
+    assert r["diloco every 3"]["wire_bytes"] == weights * STEPS // 3
+    assert r["diloco every 3 bf16"]["wire_bytes"] == weights * STEPS // 6  # 16-bit outer gradients
+    # 2 synchronous steps of gradients, then weights at steps 4 and 6
+    assert r["local_sgd every 2 after 2 synchronous"]["wire_bytes"] == weights * 4
+    # PowerSGD: 2 plain steps, then 4 compressed ones at least 10x smaller (rank 2, LeNet)
+    compressed = (r["powersgd rank 2"]["wire_bytes"] - 2 * weights) / 4
+    assert 0 < compressed < weights / 10, compressed
+    assert r["powersgd rank 2"]["describe"] == "ddp/builtin+powersgd(rank 2)"
