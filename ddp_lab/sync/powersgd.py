@@ -19,11 +19,11 @@ the well-kept implementation. This file adds four things around it:
 * order: under gloo each bucket's exchange finishes before the next bucket's
   starts (see __init__); NCCL orders them by issue, as torch's hook expects;
 * layout: torch keeps that state per DDP bucket, laid out in the bucket's
-  order of parameters, and a new process's DDP lays out its first step's
-  buckets before it learns the backward's order. So the state is saved with
-  each bucket's parameter order and handed back to a bucket of the same
-  order; error feedback is moved parameter by parameter when the order
-  changed, and such a bucket's Q starts afresh.
+  order of parameters, and a resumed process's DDP lays out its first step's
+  buckets before it learns the backward's order (torch's hook alone avoids
+  this only by its plain first steps). So each bucket's order is kept, and
+  when a bucket comes in another order its state is moved parameter by
+  parameter (`_relayout`): the resumed run continues bit for bit.
 """
 from __future__ import annotations
 
@@ -53,17 +53,15 @@ class PowerSGD:
         # in different orders and pair mismatched all-reduces. So each bucket finishes first.
         self.wait = wait
         self.index = {p.data_ptr(): i for i, p in enumerate(params)}  # a parameter's number
-        self.sizes = [p.numel() for p in params]
-        self.orders: dict[int, list[int]] = {}  # bucket -> its parameters' numbers, in order
-        self.pending_error: dict[int, torch.Tensor] = {}  # per parameter, from a checkpoint
-        self.pending_pq: dict[int, tuple[list[int], torch.Tensor, torch.Tensor]] = {}
+        self.shapes = [p.shape for p in params]
+        self.orders: dict[int, list[int]] = {}  # bucket -> its parameters' numbers, as its state is laid out
 
     def hook(self, state, bucket):
         s, idx = self.state, bucket.index()
         order = [self.index[p.data_ptr()] for p in bucket.parameters()]
+        if self.orders.get(idx, order) != order:
+            self._relayout(idx, self.orders[idx], order)
         self.orders[idx] = order
-        if self.pending_error or self.pending_pq:
-            self._install(idx, order, bucket.buffer())
         size = bucket.buffer().element_size()
         if s.iter < s.start_powerSGD_iter:  # a plain all-reduce of the bucket
             self.count_bytes(bucket.buffer().numel() * size)
@@ -74,6 +72,38 @@ class PowerSGD:
         if self.wait:
             fut.wait()
         return fut
+
+    # ------------------------------------------------------------ layout
+    def _pieces(self, order: list[int]) -> dict[str, dict[int, int]]:
+        """How long each parameter's piece is in a bucket of `order`, in torch's layout: the
+        error feedback holds every parameter; P and Q only the compressed matrices, grouped
+        by shape (first seen first), n r and m r numbers each."""
+        pieces: dict[str, dict[int, int]] = {"error": {}, "p": {}, "q": {}}
+        groups: dict[tuple, list[tuple[int, int, int]]] = {}
+        for i in order:
+            n = self.shapes[i][0] if len(self.shapes[i]) else 1
+            m = self.shapes[i].numel() // n
+            r = min(n, m, self.state.matrix_approximation_rank)
+            pieces["error"][i] = n * m
+            if torch_powersgd._should_compress(n, m, r, self.state.min_compression_rate)[0]:
+                groups.setdefault((n, m), []).append((i, n * r, m * r))
+        for members in groups.values():
+            for i, p_len, q_len in members:
+                pieces["p"][i], pieces["q"][i] = p_len, q_len
+        return pieces
+
+    def _relayout(self, idx: int, old: list[int], new: list[int]) -> None:
+        """Bucket `idx` now holds its parameters in order `new`: lay its state out so."""
+        before, after = self._pieces(old), self._pieces(new)
+        s = self.state
+        for what, memory in (("error", s.error_dict), ("p", s.p_memory_dict), ("q", s.q_memory_dict)):
+            if idx not in memory:
+                continue
+            parts, offset = {}, 0
+            for i, n in before[what].items():
+                parts[i] = memory[idx][offset:offset + n]
+                offset += n
+            memory[idx] = torch.cat([parts[i] for i in after[what]])
 
     # ------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
@@ -86,15 +116,8 @@ class PowerSGD:
                 "numel": [s.total_numel_before_compression, s.total_numel_after_compression]}
 
     def own_state_dict(self) -> dict:
-        """This rank's error feedback, per parameter number (layout-free)."""
-        errors = {}
-        for idx, error in self.state.error_dict.items():
-            offset = 0
-            for i in self.orders[idx]:
-                n = self.sizes[i]
-                errors[i] = error[offset:offset + n].clone()
-                offset += n
-        return {"error": errors}
+        """This rank's error feedback (laid out by the shared state's orders)."""
+        return {"error": dict(self.state.error_dict)}
 
     def load_state_dict(self, shared: dict, own: dict | None) -> None:
         s = self.state
@@ -103,17 +126,7 @@ class PowerSGD:
         s.rng.set_state(("MT19937", r["keys"].numpy().astype(np.uint32), r["pos"], r["has_gauss"],
                          r["gauss"]))
         s.total_numel_before_compression, s.total_numel_after_compression = shared["numel"]
-        self.pending_pq = {idx: (shared["orders"][idx], shared["p"][idx], shared["q"][idx])
-                           for idx in shared["p"]}
+        self.orders = dict(shared["orders"])  # the first step's buckets may be laid out otherwise: hook()
+        s.p_memory_dict, s.q_memory_dict = dict(shared["p"]), dict(shared["q"])
         # at another world size every rank starts without error feedback (docs/bandwidth.md)
-        self.pending_error = dict(own["error"]) if own is not None else {}
-
-    def _install(self, idx: int, order: list[int], buffer: torch.Tensor) -> None:
-        """Hand a checkpoint's state to bucket `idx`, now holding parameters `order`."""
-        if all(i in self.pending_error for i in order):
-            self.state.error_dict[idx] = torch.cat([self.pending_error.pop(i) for i in order]).to(
-                buffer.device, buffer.dtype)
-        saved = self.pending_pq.pop(idx, None)
-        if saved is not None and saved[0] == order:  # else: a new Q, drawn alike on every rank
-            self.state.p_memory_dict[idx] = saved[1].to(buffer.device)
-            self.state.q_memory_dict[idx] = saved[2].to(buffer.device)
+        s.error_dict = dict(own["error"]) if own is not None else {}

@@ -16,6 +16,7 @@ between them they differ. Bytes are counted at each all-reduce.
 from __future__ import annotations
 
 import hashlib
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -25,6 +26,7 @@ from ddp_lab.distributed import DistEnv
 from ddp_lab.models import num_parameters
 from ddp_lab.models.lenet import lenet
 from ddp_lab.sync import GradSync, build_sync
+from tests.conftest import failure, read_summary, run_module, tiny_overrides
 from tests.multiproc import run_in_processes
 from tests.sync import sync_cfg
 
@@ -143,3 +145,45 @@ def test_bytes_are_counted_at_every_all_reduce(ranks):
     compressed = (r["powersgd rank 2"]["wire_bytes"] - 2 * weights) / 4
     assert 0 < compressed < weights / 10, compressed
     assert r["powersgd rank 2"]["describe"] == "ddp/builtin+powersgd(rank 2)"
+
+
+# ---------------------------------------------------------------- under torchrun
+# The tiny Fashion-MNIST: 8 steps an epoch, 16 in all; checkpoints every 3 steps; rank 1 is
+# SIGKILLed after step 11 and the restart goes on from step 9, where the ranks' weights differ
+# (local SGD every 2, DiLoCo every 4) or PowerSGD's error feedback is under way (from step 4).
+RESUMED = {
+    "local_sgd": ["sync=local_sgd", "sync.every=2", "sync.local_sgd_start_step=2"],
+    "diloco": ["sync=diloco", "sync.every=4"],
+    "powersgd": ["sync=powersgd", "sync.powersgd_start_step=4"],
+}
+
+
+@pytest.mark.system
+@pytest.mark.parametrize("strategy", list(RESUMED))
+def test_a_killed_rank_resumes_bit_identical(strategy, tiny_fmnist, tmp_path):
+    common = ["trainer.amp=off", "trainer.keep_ckpts=10", "trainer.ckpt_every=3", "dist.timeout_s=60",
+              *RESUMED[strategy]]
+
+    def launch(name, **kw):
+        return run_module("ddp_lab.train", tiny_overrides(tiny_fmnist, tmp_path / name) + common, nproc=2, **kw)
+
+    with ThreadPoolExecutor(2) as pool:  # most of a launch is waiting: both at once
+        ref = pool.submit(launch, "reference")
+        killed = pool.submit(launch, "killed", torchrun_args=["--max-restarts=1"],
+                             env={"DDP_LAB_FAULT": "rank=1,step=11,kind=kill"})
+        ref, killed = ref.result(), killed.result()
+    assert ref.returncode == 0, failure(ref)
+    assert killed.returncode == 0, failure(killed)
+    assert "resumed from" in killed.stdout and "(step 9, epoch 2, batch 1)" in killed.stdout
+    a, b = read_summary(tmp_path / "reference"), read_summary(tmp_path / "killed")
+    assert (b["train_loss"], b["test_correct"], b["steps"]) == (a["train_loss"], a["test_correct"], 16)
+    wa = torch.load(tmp_path / "reference" / "model.pt", weights_only=True)
+    wb = torch.load(tmp_path / "killed" / "model.pt", weights_only=True)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    own = torch.load(tmp_path / "killed" / "checkpoints" / "step-9" / "rank1.pt", weights_only=True)
+    if strategy == "powersgd":
+        assert own["sync"]["powersgd"]["error"]  # this rank's error feedback, per parameter
+    else:  # the rank's own weights, which differ from rank 0's at step 9
+        rank0 = torch.load(tmp_path / "killed" / "checkpoints" / "step-9" / "state.pt", weights_only=True)
+        assert any(not torch.equal(own["model"][k], rank0["model"][k]) for k in own["model"])
+    assert a["wire_bytes_per_step"] > 0 and a["sync"].startswith(("local_sgd", "diloco", "ddp/builtin+powersgd"))
