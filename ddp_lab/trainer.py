@@ -3,9 +3,9 @@
 Read top to bottom: __init__ builds the parts from config, fit() runs epochs,
 _run_epoch() runs optimizer steps, _run_batch() is one of them, evaluate()
 scores the held-out set across all ranks, finish() writes the results.
-Each concern is one object: the Workload holds the data and its task, the Meter
-measures, the RunLogger reports, the Checkpointer saves and resumes, the LossWatch
-stops a diverging run, the GradSync (ddp_lab.sync) averages gradients across ranks.
+Each concern is one object: the Workload holds the data and its task, the Meter measures,
+the RunLogger reports, the Checkpointer saves and resumes, the LossWatch stops a diverging
+run, TimeToTarget stops a run that reached its target, the GradSync (ddp_lab.sync) syncs.
 """
 from __future__ import annotations
 
@@ -83,12 +83,11 @@ class Trainer:
         self.forward = self.sync.module
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp == "fp16")
         self.loss_fn = self.task.loss  # cross-entropy over every target (a seam for guards.faults)
-        self.meter = Meter(env, t.warmup_steps, *flops_and_peak(self.model, self.work.input_example,
-                                                                self.amp, env),
+        self.meter = Meter(env, t.warmup_steps, *flops_and_peak(self.model, self.work.input_example, self.amp, env),
                            full_step_images=step_samples, task=self.task,
                            targets_per_sample=self.work.targets_per_sample)
         self.step_timer = StepTimer(self.model, env)  # compute and sync wait: stragglers
-        # ranks whose weights differ between synchronisations compare losses when they synchronise
+        # ranks whose weights differ between synchronisations compare losses as they synchronise
         apart, lr = self.sync.diverges, self.optimizer.defaults.get("lr", 0.0)
         self.loss_watch = LossWatch(env, cfg.sync.every if apart else t.log_every, lr, self.amp,
                                     None if apart else self.model.parameters())
@@ -207,12 +206,14 @@ class Trainer:
 
     def _end_epoch(self, metrics: dict) -> None:
         t = self.cfg.trainer
-        if self.done:
-            self.sync.finish(self.step)  # local_sgd, diloco: every rank the same final weights
-        if self.held[0] == self.step or self.epoch + 1 == t.epochs or self.done or (
+        if self.done:  # local_sgd, diloco: the same final weights on every rank
+            self.sync.finish(self.step)
+        fresh = self.held[0] != self.step  # (else evaluated after this step, and logged)
+        if not fresh or self.epoch + 1 == t.epochs or self.done or (
                 t.eval_every > 0 and (self.epoch + 1) % t.eval_every == 0):
-            metrics.update(self.held[1] if self.held[0] == self.step else self._evaluate())
-            self.log.print(epoch_line(self.epoch, t.epochs, metrics, self.task))
+            if fresh:
+                metrics.update(self._evaluate())
+            self.log.print(epoch_line(self.epoch, t.epochs, {**metrics, **self.held[1]}, self.task))
         self.log.scalars(metrics, self.step)
         self.last.update(metrics)
         complete = self._epoch_exhausted()  # else max_steps cut it (saved in the loop)
@@ -271,13 +272,12 @@ class Trainer:
         t0, split = time.perf_counter(), self.task.held_out
         loss_sum, correct, total = self.evaluate()
         metrics = self.task.metrics(loss_sum, correct, total, split)
-        self.last.update({f"{split}_correct": int(correct), f"{split}_total": int(total)})
-        # local_sgd, diloco: a target is judged where the ranks hold the evaluated weights
-        judged = not self.sync.diverges or self.sync.synced_at(self.step)
-        if self.target.evaluated(metrics, split, time.perf_counter() - t0, self.step, judged):
+        # judged where the ranks hold the weights evaluated (local_sgd, diloco: at synchronisations)
+        if self.target.evaluated(metrics, split, time.perf_counter() - t0, self.step, self.sync.synced_at(self.step)):
             self.log.print(f"target reached at step {self.step}, {self.target.reached['seconds']:.1f} s")
         self.log.scalars(*self.target.by_time(metrics))
         self.held = (self.step, metrics)
+        self.last.update({**metrics, f"{split}_correct": int(correct), f"{split}_total": int(total)})
         return metrics
 
     # ------------------------------------------------------------ the end

@@ -118,6 +118,10 @@ class GradSync:
     def after_step(self, step: int) -> None:
         """After optimizer step `step` (1-based, the run's count)."""
 
+    def synced_at(self, step: int) -> bool:
+        """Whether every rank holds the same weights after optimizer step `step`."""
+        return True
+
     def finish(self, step: int) -> None:
         """Before the final model is written: leave every rank with the same weights."""
 

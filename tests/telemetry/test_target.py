@@ -1,0 +1,59 @@
+"""Training to a target: stop at the first evaluation that reaches it, and say how long it took."""
+from __future__ import annotations
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from ddp_lab.config import ConfigError
+from ddp_lab.distributed import DistEnv
+from ddp_lab.trainer import Trainer
+from tests.conftest import tiny_overrides
+
+ALONE = DistEnv(0, 1, 0, torch.device("cpu"), "none")
+
+
+def _fit(compose_train, data, run_dir, extra=()):
+    args = [o for o in tiny_overrides(data, run_dir) if not o.startswith("hydra.")]
+    cfg = compose_train(args + ["trainer.amp=off", "trainer.threads=1", "optim.schedule=constant", *extra])
+    threads = torch.get_num_threads()
+    trainer = Trainer(cfg, ALONE, run_dir)
+    try:
+        return trainer.fit()
+    finally:
+        trainer.close()
+        torch.set_num_threads(threads)
+
+
+def test_a_run_stops_at_the_first_evaluation_that_reaches_its_target(compose_train, tiny_fmnist, tmp_path):
+    # 8 steps an epoch; evaluated every 2 steps. First the curve, then a target on it.
+    curve = _fit(compose_train, tiny_fmnist, tmp_path / "curve", ["trainer.eval_every_steps=2"])
+    acc = EventAccumulator(str(tmp_path / "curve" / "tb"), size_guidance={"scalars": 0}).Reload()
+    points = [(e.step, e.value) for e in acc.Scalars("acc/test")]
+    assert [s for s, _ in points] == [2, 4, 6, 8, 10, 12, 14, 16]  # each step evaluation, once at epoch ends
+    assert curve["target"] is None and curve["target_reached"] is None and curve["steps_to_target"] is None
+    # by_time/: the same figures against milliseconds since the first step, increasing
+    timed = acc.Scalars("by_time/acc_test")
+    assert [e.value for e in timed] == [v for _, v in points]
+    assert all(a.step < b.step for a, b in zip(timed, timed[1:]))
+
+    target = sorted(v for _, v in points)[len(points) // 2]  # reached somewhere along the way
+    first = next(s for s, v in points if v >= target)
+    run = _fit(compose_train, tiny_fmnist, tmp_path / "target",
+               ["trainer.eval_every_steps=2", f"trainer.target_acc={target}"])
+    assert run["target"] == {"acc": target} and run["target_reached"] is True
+    assert run["steps_to_target"] == first == run["steps"]  # stopped there
+    assert run["test_acc"] >= target
+    assert 0 < run["eval_s"] < run["time_to_target_s"] <= run["train_s"]
+
+    never = _fit(compose_train, tiny_fmnist, tmp_path / "never", ["trainer.target_loss=1e-6"])
+    assert never["target_reached"] is False and never["steps"] == 16 and never["time_to_target_s"] is None
+
+
+@pytest.mark.parametrize("extra,says", [
+    (["data=text", "model=gpt", "trainer.target_acc=0.5"], "needs a classification task"),
+    (["sync=diloco", "sync.every=4", "trainer.eval_every_steps=6"], "must be a multiple of sync.every=4"),
+])
+def test_a_target_that_cannot_be_judged_is_refused(compose_train, tiny_fmnist, tmp_path, extra, says):
+    with pytest.raises(ConfigError, match=says):
+        _fit(compose_train, tiny_fmnist, tmp_path / "run", extra)
