@@ -128,7 +128,7 @@ class Trainer:
 
     @property
     def done(self) -> bool:
-        return self.step >= self.total_steps or self.target.reached is not None
+        return self.step >= self.total_steps or self.target.stop
 
     def _run_epoch(self, epoch: int) -> dict:
         """One pass over this rank's shard (from batch batches_done when resumed mid-epoch)."""

@@ -1,4 +1,4 @@
-"""Benchmarks: collectives, training scaling, trainer against baselines."""
+"""Benchmarks: collectives, training scaling, trainer against baselines, strategies raced to a target."""
 from __future__ import annotations
 
 import time

@@ -81,7 +81,7 @@ OLD_DATA_NAMES = {"fashion_mnist": "ddp_lab.datasets.fashion_mnist",
 
 # sync keys added with local_sgd, diloco and powersgd, at their defaults (which train as before)
 SYNC_ADDED = {"powersgd_rank": 2, "powersgd_start_step": 100, "every": 8, "local_sgd_start_step": 0,
-              "outer_lr": 0.7, "outer_momentum": 0.9}
+              "outer_lr": 0.7, "outer_momentum": 0.5}
 
 
 def _upgraded(saved: dict) -> dict:

@@ -2,7 +2,8 @@
 
 `trainer.target_acc` (held-out accuracy, classification) and
 `trainer.target_loss` (held-out loss, any task) stop the run at the first
-evaluation that reaches them; `trainer.eval_every_steps=N` evaluates every N
+evaluation that reaches them (or, with `trainer.stop_at_target=false`, only
+note it: a race to a target that also compares the final figures); `trainer.eval_every_steps=N` evaluates every N
 optimizer steps besides the epoch ends. MLPerf Training's measure of a
 method is the wall time to such a target: steps to the target (what the
 method does to learning) times the time a step takes (what it does to the
@@ -27,6 +28,7 @@ class TimeToTarget:
     def __init__(self, cfg, task_name: str):
         t = cfg.trainer
         self.acc, self.loss, self.every = t.target_acc, t.target_loss, t.eval_every_steps
+        self.stops = t.stop_at_target
         if self.acc > 0 and task_name != "classification":
             raise ConfigError(f"trainer.target_acc={self.acc} needs a classification task, and this data is "
                               f"{task_name}: set trainer.target_loss instead")
@@ -38,6 +40,11 @@ class TimeToTarget:
         self.eval_s = 0.0
         self.reached: dict | None = None  # {"step", "seconds"} of the evaluation that reached it
         self._t0: float | None = None
+
+    @property
+    def stop(self) -> bool:
+        """Whether the run ends here: its target reached, and trainer.stop_at_target."""
+        return self.reached is not None and self.stops
 
     @property
     def set(self) -> bool:
