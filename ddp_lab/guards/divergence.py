@@ -47,8 +47,9 @@ class LossWatch:
         # The synchronised gradients judge a step, but under fp16 (see the module
         # docstring) or without params, where the ranks compare their losses.
         self.params = None if amp == "fp16" or params is None else list(params)
-        # (comparing losses is an all-reduce: at those steps only, on CPU too)
-        self.every = 1 if env.device.type == "cpu" and self.params is not None else max(1, every)
+        # (comparing the ranks' losses is an all-reduce: at those steps only, on CPU too)
+        alone = self.params is not None or not env.distributed
+        self.every = 1 if env.device.type == "cpu" and alone else max(1, every)
         # first step that was not finite (inf: none yet), and this rank's loss then
         self.first_bad = torch.full((1,), math.inf, dtype=torch.float64, device=env.device)
         self.bad_loss = torch.zeros(1, dtype=torch.float64, device=env.device)
