@@ -253,9 +253,8 @@ class Trainer:
         raise self.preemption.saved(path)
 
     def _position(self) -> str:
-        if self.batches_done == 0:
-            return f"end of epoch {self.epoch}"
-        return f"epoch {self.epoch + 1}, batch {self.batches_done}"
+        mid = f"epoch {self.epoch + 1}, batch {self.batches_done}"
+        return mid if self.batches_done else f"end of epoch {self.epoch}"
 
     def _already_complete(self) -> bool:
         """Resumed where the run had already ended and written its results: write nothing."""
@@ -297,3 +296,4 @@ class Trainer:
     def close(self) -> None:
         self.profiler.close()
         self.log.close()
+        self.sync = self.forward = None  # DDP's Python comm hook before the process group: else aborts at exit
