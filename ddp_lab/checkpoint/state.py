@@ -59,6 +59,9 @@ def restore(tr, shared: dict, own: dict) -> None:
         tr.model.load_state_dict(own["model"])
         tr.optimizer.load_state_dict(own["optimizer"])
     tr.sync.load_state_dict(shared.get("sync", {}), own.get("sync"))
+    if "sync" not in own and (tr.sync.diverges or tr.sync.own_state_dict()):  # another world size
+        log.warning("resumed at another world size: every rank continues from rank 0's weights and optimizer "
+                    "state, and PowerSGD's error feedback starts at zero (docs/bandwidth.md)")
     if "target" in shared:
         tr.target.load_state_dict(shared["target"])
     tr.world_sizes = [list(w) for w in shared.get("world_sizes", [[0, shared["world_size"]]])]

@@ -85,3 +85,23 @@ def test_a_run_stopped_on_n_ranks_finishes_on_m(tiny_fmnist, tmp_path, before, a
     assert s["world_sizes"] == [[0, before], [8, after]]
     assert (s["steps"], s["epochs"], s["global_batch"]) == (12, 2, 96)
     assert s["test_acc"] > 0.5  # learned, as an uninterrupted run does on the tiny set
+
+
+@pytest.mark.system
+@pytest.mark.parametrize("sync", [["sync=diloco", "sync.every=3"], ["sync=powersgd", "sync.powersgd_start_step=2"]],
+                         ids=["diloco", "powersgd"])
+def test_per_rank_sync_state_is_reconciled_by_the_rule(tiny_fmnist, tmp_path, sync):
+    """Stopped at step 8 on 2 ranks (DiLoCo between synchronisations, PowerSGD with error
+    feedback under way), finished on 3: rank 0's weights for all, no error feedback."""
+    args = tiny_overrides(tiny_fmnist, tmp_path / "run") + [
+        "data.batch_size=96", "trainer.amp=off", "optim.schedule=constant", *sync]
+    part = run_module("ddp_lab.train", args + ["trainer.max_steps=8"], nproc=2)
+    assert part.returncode == 0, part.stderr[-3000:]
+    rest = run_module("ddp_lab.train", args + ["trainer.resume=auto"], nproc=3)
+    assert rest.returncode == 0, rest.stderr[-3000:]
+    assert "on 3 ranks, written by 2" in rest.stdout
+    logs = "".join((tmp_path / "run" / f"rank{r}.log").read_text() for r in range(3))
+    assert logs.count("resumed at another world size: every rank continues from rank 0's weights") == 3
+    s = read_summary(tmp_path / "run")
+    assert s["world_sizes"] == [[0, 2], [8, 3]] and s["steps"] == 12
+    assert s["test_acc"] > 0.5
