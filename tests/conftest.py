@@ -16,6 +16,8 @@ import torch
 from hydra import compose, initialize_config_module
 
 from ddp_lab import config, schema  # noqa: F401  (registers the resolvers and the schema)
+from ddp_lab.distributed import DistEnv
+from ddp_lab.trainer import Trainer
 
 schema.register()
 
@@ -127,6 +129,19 @@ def tiny_overrides(data_root: Path, run_dir: Path, cache: Path | None = None) ->
     return [f"data.root={data_root}", f"data.cache_dir={cache}", f"hydra.run.dir={run_dir}",
             "data.batch_size=64", "trainer.epochs=2", "trainer.warmup_steps=1",
             "trainer.log_every=2", "trainer.progress=false", "optim.warmup_epochs=0"]
+
+
+def fit_alone(compose_train, data_root: Path, run_dir: Path, extra=()) -> dict:
+    """A one-rank run of the trainer in this process (no torchrun) on tiny_overrides; its summary."""
+    args = [o for o in tiny_overrides(data_root, run_dir) if not o.startswith("hydra.")]
+    cfg = compose_train(args + ["trainer.amp=off", "trainer.threads=1", *extra])
+    threads = torch.get_num_threads()
+    trainer = Trainer(cfg, DistEnv(0, 1, 0, torch.device("cpu"), "none"), run_dir)
+    try:
+        return trainer.fit()
+    finally:
+        trainer.close()
+        torch.set_num_threads(threads)
 
 
 FASHION_MNIST_KEYS = ("data.root=", "data.cache_dir=")

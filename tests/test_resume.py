@@ -10,11 +10,8 @@ import time
 import pytest
 import torch
 
-from ddp_lab.distributed import DistEnv
 from ddp_lab.trainer import Trainer
-from tests.conftest import read_summary, run_module, tiny_overrides
-
-ALONE = DistEnv(0, 1, 0, torch.device("cpu"), "none")
+from tests.conftest import fit_alone, read_summary, run_module, tiny_overrides
 
 
 def _same_weights(a, b) -> None:
@@ -27,15 +24,7 @@ def _same_weights(a, b) -> None:
 
 def _fit(compose_train, data, run_dir, extra=()):
     """A one-rank run in this process; returns its summary."""
-    args = [o for o in tiny_overrides(data, run_dir) if not o.startswith("hydra.")]
-    cfg = compose_train(args + ["trainer.amp=off", "trainer.threads=1", *extra])
-    threads = torch.get_num_threads()
-    trainer = Trainer(cfg, ALONE, run_dir)
-    try:
-        return trainer.fit()
-    finally:
-        trainer.close()
-        torch.set_num_threads(threads)
+    return fit_alone(compose_train, data, run_dir, extra)
 
 
 def test_resume_mid_epoch_matches_the_uninterrupted_run(compose_train, tiny_fmnist, tmp_path):

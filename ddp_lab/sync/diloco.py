@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ddp_lab.distributed import DistEnv
-from ddp_lab.sync.local_sgd import LocalSGDSync, average_into
+from ddp_lab.sync.local_sgd import LocalSGDSync, average_into, kept
 
 
 class DiLoCoSync(LocalSGDSync):
@@ -58,16 +58,11 @@ class DiLoCoSync(LocalSGDSync):
         if self.synced_at(self.step):
             yield
             return
-        local = [p.detach().clone() for p in self.params]
-        with torch.no_grad():
-            for p, a in zip(self.params, self.anchor):
-                p.copy_(a)
-        try:
-            yield
-        finally:
+        with kept(self.params):
             with torch.no_grad():
-                for p, saved in zip(self.params, local):
-                    p.copy_(saved)
+                for p, a in zip(self.params, self.anchor):
+                    p.copy_(a)
+            yield
 
     def state_dict(self) -> dict:
         return {"step": self.step, "anchor": [a.detach().clone() for a in self.anchor],

@@ -74,17 +74,12 @@ class LocalSGDSync(FlatSync):
         if self.synced_at(self.step):
             yield
             return
-        local = [w.detach().clone() for w in self.weights]
-        sent = self.wire_bytes
-        with stall.collective("weight sync for evaluation"):
-            self.synchronise()
-        self.wire_bytes = sent
-        try:
+        with kept(self.weights):
+            with stall.collective("weight sync for evaluation"):
+                sent = self.wire_bytes
+                self.synchronise()
+                self.wire_bytes = sent
             yield
-        finally:
-            with torch.no_grad():
-                for w, saved in zip(self.weights, local):
-                    w.copy_(saved)
 
     def state_dict(self) -> dict:
         return {"step": self.step}
@@ -106,3 +101,15 @@ def average_into(tensors: list[torch.Tensor], average) -> None:
     for t in tensors:
         t.copy_(flat[offset:offset + t.numel()].view(t.shape))
         offset += t.numel()
+
+
+@contextlib.contextmanager
+def kept(tensors: list[torch.Tensor]):
+    """Whatever the context does to `tensors`, they hold their values of before it after it."""
+    saved = [t.detach().clone() for t in tensors]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for t, value in zip(tensors, saved):
+                t.copy_(value)

@@ -96,7 +96,27 @@ def _run(rank: int, world_size: int) -> dict:
                          momentum)
         out[name] = {"diff": max((a - b).abs().max().item() for a, b in zip(model.parameters(), ref.parameters())),
                      "digests": digests, "wire_bytes": sync.wire_bytes, "describe": sync.describe()}
+    out["consensus"] = _consensus(rank, world_size, x, y, per)
     return out
+
+
+def _consensus(rank, world_size, x, y, per) -> dict:
+    """4 steps at every=3 (the ranks apart since step 3): what an evaluation would score."""
+    found = {}
+    for mode in ("local_sgd", "diloco"):
+        torch.manual_seed(0)
+        model = lenet()
+        sync = build_sync(cfg(mode, every=3), model, DistEnv(rank, world_size, 0, CPU, "gloo"))
+        _train(sync, model, x[:4, rank * per:(rank + 1) * per], y[:4, rank * per:(rank + 1) * per], 0.9)
+        local, sent = _digest(model), sync.wire_bytes
+        mine = [p.detach().clone() for p in model.parameters()]
+        with sync.consensus():
+            inside = _digest(model)
+            scored = [p.detach().clone() for p in model.parameters()]
+        found[mode] = {"local": local, "inside": inside, "after": _digest(model), "mine": mine,
+                       "scored": scored, "bytes_unchanged": sync.wire_bytes == sent,
+                       "anchor": [a.clone() for a in sync.anchor] if mode == "diloco" else None}
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +149,19 @@ def test_the_exact_cases_equal_ddp_and_every_rank_agrees(ranks):
         for step in range(1, STEPS + 1):
             assert _same_on_every_rank(ranks, name, step) == (step in synced), (name, step)
         assert ranks[0][name]["diff"] > 1e-4, name  # not DDP
+
+
+def test_an_evaluation_between_synchronisations_scores_the_weights_the_ranks_agree_on(ranks):
+    local, diloco = ranks[0]["consensus"]["local_sgd"], ranks[0]["consensus"]["diloco"]
+    for mode in ("local_sgd", "diloco"):
+        seen = [r["consensus"][mode] for r in ranks]
+        assert len({s["local"] for s in seen}) == 2  # apart
+        assert len({s["inside"] for s in seen}) == 1  # one model scored
+        assert all(s["after"] == s["local"] and s["bytes_unchanged"] for s in seen)  # back, uncounted
+    # local SGD scores the mean of the ranks' weights; DiLoCo its anchor
+    mean = [(a + b) / 2 for a, b in zip(local["mine"], ranks[1]["consensus"]["local_sgd"]["mine"])]
+    assert max((m - s).abs().max().item() for m, s in zip(mean, local["scored"])) < 1e-6
+    assert all(torch.equal(a, s) for a, s in zip(diloco["anchor"], diloco["scored"]))
 
 
 def test_bytes_are_counted_at_every_all_reduce(ranks):

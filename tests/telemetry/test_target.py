@@ -2,27 +2,14 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from ddp_lab.config import ConfigError
-from ddp_lab.distributed import DistEnv
-from ddp_lab.trainer import Trainer
-from tests.conftest import tiny_overrides
-
-ALONE = DistEnv(0, 1, 0, torch.device("cpu"), "none")
+from tests.conftest import fit_alone
 
 
 def _fit(compose_train, data, run_dir, extra=()):
-    args = [o for o in tiny_overrides(data, run_dir) if not o.startswith("hydra.")]
-    cfg = compose_train(args + ["trainer.amp=off", "trainer.threads=1", "optim.schedule=constant", *extra])
-    threads = torch.get_num_threads()
-    trainer = Trainer(cfg, ALONE, run_dir)
-    try:
-        return trainer.fit()
-    finally:
-        trainer.close()
-        torch.set_num_threads(threads)
+    return fit_alone(compose_train, data, run_dir, ["optim.schedule=constant", *extra])
 
 
 def test_a_run_stops_at_the_first_evaluation_that_reaches_its_target(compose_train, tiny_fmnist, tmp_path):
