@@ -82,8 +82,8 @@ class Watchdog:
 
     def _watch(self) -> None:
         published, warned_for = None, None
-        while not self._stop.is_set():
-            self._stop.wait(0 if published is None else PUBLISH_S)  # at once, then every tick
+        # at once, then every tick; once closed, not one more look (a test's place may be gone)
+        while not self._stop.wait(0 if published is None else PUBLISH_S):
             if self.agent is not None and os.getppid() != self.agent:
                 self._end(f"rank {self.rank}: its torchrun agent (process {self.agent}) is gone "
                           "(killed, or out of memory) and nothing else would stop this rank; "
