@@ -6,6 +6,7 @@ that the knob is really in effect and that the same batches' loss fell.
 """
 import math
 import os
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -35,7 +36,9 @@ def probe_loss(trainer, batches) -> float:
     return total / len(batches)
 
 
-def train_with(compose_train, tiny_fmnist, tmp_path, knobs, epochs=2):
+@contextmanager
+def trained_with(compose_train, tiny_fmnist, tmp_path, knobs, epochs=2):
+    """A trainer after `epochs` epochs with `knobs`, open for inspection (close() drops its forward)."""
     overrides = tiny_overrides(tiny_fmnist, tmp_path / "run") + [
         f"trainer.epochs={epochs}", "trainer.threads=1", "trainer.eval_every=0", *knobs]
     trainer = Trainer(compose_train(overrides), ALONE, tmp_path / "run")
@@ -44,7 +47,7 @@ def train_with(compose_train, tiny_fmnist, tmp_path, knobs, epochs=2):
         before = probe_loss(trainer, batches)
         summary = trainer.fit()
         after = probe_loss(trainer, batches)
-        return trainer, summary, before, after, batches
+        yield trainer, summary, before, after, batches
     finally:
         trainer.close()
 
@@ -57,18 +60,20 @@ def assert_learned(summary, before, after):
 
 
 def test_bf16_autocast_trains(compose_train, tiny_fmnist, tmp_path):
-    trainer, summary, before, after, batches = train_with(
-        compose_train, tiny_fmnist, tmp_path, ["trainer.amp=bf16", "trainer.channels_last=false"])
-    assert trainer.amp == "bf16" and summary["amp"] == "bf16"
-    with trainer.autocast():
-        assert trainer.forward(batches[0][0]).dtype == torch.bfloat16
-    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())  # fp32 master weights
+    with trained_with(compose_train, tiny_fmnist, tmp_path,
+                      ["trainer.amp=bf16", "trainer.channels_last=false"]) as trained:
+        trainer, summary, before, after, batches = trained
+        assert trainer.amp == "bf16" and summary["amp"] == "bf16"
+        with trainer.autocast():
+            assert trainer.forward(batches[0][0]).dtype == torch.bfloat16
+        assert all(p.dtype == torch.float32 for p in trainer.model.parameters())  # fp32 master weights
     assert_learned(summary, before, after)
 
 
 def test_channels_last_trains(compose_train, tiny_fmnist, tmp_path):
-    trainer, summary, before, after, batches = train_with(
-        compose_train, tiny_fmnist, tmp_path, ["trainer.amp=off", "trainer.channels_last=true"])
+    with trained_with(compose_train, tiny_fmnist, tmp_path,
+                      ["trainer.amp=off", "trainer.channels_last=true"]) as trained:
+        trainer, summary, before, after, batches = trained
     conv = trainer.model[3].weight
     assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
     assert batches[0][0].is_contiguous(memory_format=torch.channels_last)
@@ -113,10 +118,10 @@ def test_short_runs_are_not_compiled_by_default(compose_train, tiny_fmnist, tmp_
 
 @pytest.mark.system  # torch.compile's first step generates and compiles C++: tens of seconds
 def test_compile_trains(compose_train, tiny_fmnist, tmp_path):
-    trainer, summary, before, after, _ = train_with(
-        compose_train, tiny_fmnist, tmp_path,
-        ["trainer.compile=true", "trainer.amp=bf16", "trainer.channels_last=true"])
-    assert isinstance(trainer.forward, torch._dynamo.eval_frame.OptimizedModule)
+    with trained_with(compose_train, tiny_fmnist, tmp_path,
+                      ["trainer.compile=true", "trainer.amp=bf16", "trainer.channels_last=true"]) as trained:
+        trainer, summary, before, after, _ = trained
+        assert isinstance(trainer.forward, torch._dynamo.eval_frame.OptimizedModule)
     assert summary["compile"] is True
     assert_learned(summary, before, after)
 
