@@ -1,3 +1,5 @@
+# Ran with the code of commit 35db1a2cf; it imports ddp_lab internals that have moved or gone since,
+# so it runs at that commit only: git worktree add /tmp/ddp_lab-35db1a2cf 35db1a2cf
 """Write record.json for this folder (run once, after the rounds): this machine's facts
 from ddp_lab.provenance, with the code identified as the measured checkout's commit."""
 import json

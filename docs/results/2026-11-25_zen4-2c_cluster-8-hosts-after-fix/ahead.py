@@ -1,3 +1,5 @@
+# Ran with the code of commit 58386eafa; it imports ddp_lab internals that have moved or gone since,
+# so it runs at that commit only: git worktree add /tmp/ddp_lab-58386eafa 58386eafa
 """Halving-doubling as shipped against a variant, beside gloo's all-reduce and
 the ring, in shuffled interleaved rounds. Run by run.sh in this folder (8
 hosts, 1 Gbit/s; BYTES, RATE_BPS, ROUNDS, CALLS and AHEAD from the

@@ -1,3 +1,5 @@
+# Ran with the code of commit 58386eafa; it imports ddp_lab internals that have moved or gone since,
+# so it runs at that commit only: git worktree add /tmp/ddp_lab-58386eafa 58386eafa
 """Timeline of halving-doubling's steps as shipped (each step's receive posted just before
 its send), every rank on one clock: 40 calls of 4 MiB (a barrier every 4), the
 first 8 left out; writes $OUT/trace-RANK.json for timeline_summary.py."""

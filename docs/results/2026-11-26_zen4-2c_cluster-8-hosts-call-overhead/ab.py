@@ -1,3 +1,5 @@
+# Ran with the code of commit f06df527b; it imports ddp_lab internals that have moved or gone since,
+# so it runs at that commit only: git worktree add /tmp/ddp_lab-f06df527b f06df527b
 """What the shipped all-reduce call costs around its steps, on 8 emulated hosts (4 MiB).
 
 Blocks of 20 calls after a barrier, timed as bench.collectives times them

@@ -1,3 +1,5 @@
+# Ran with the code of commit 71fdef765; it imports ddp_lab internals that have moved or gone since,
+# so it runs at that commit only: git worktree add /tmp/ddp_lab-71fdef765 71fdef765
 """Does a pairwise exchange's time spread more when the other hosts are busy? 8 ranks, one per
 host; the pairs (r, r+4) exchange 2 MiB each way, as halving-doubling's first step does. Each
 exchange starts with a 4-byte exchange, so both partners post the 2 MiB together; its time is

@@ -1,3 +1,5 @@
+# Ran with the code of commit 0c3ef9a5d; it imports ddp_lab internals that have moved or gone since,
+# so it runs at that commit only: git worktree add /tmp/ddp_lab-0c3ef9a5d 0c3ef9a5d
 """The ring and halving-doubling across emulated hosts, as shipped and as
 variants, in shuffled interleaved rounds beside gloo's all-reduce. Run by
 run.sh in this folder (8 hosts, 1 Gbit/s).
