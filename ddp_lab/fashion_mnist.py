@@ -5,7 +5,7 @@ torchvision root with FashionMNIST/raw/), the Debian package's folder
 (`apt-get install dataset-fashion-mnist`), torchvision's download
 (`data.download=true`).
 
-torchvision reads unpacked IDX files, so gzipped ones are unpacked into
+The files are read as IDX (`read_idx`); gzipped ones are first unpacked into
 `data.cache_dir`, into a folder named after the source folder and its
 files' sizes and times: another data.root, or a changed file, never reads a
 stale copy. Each file is unpacked under a temporary name, checked (its IDX
@@ -23,6 +23,8 @@ import shutil
 import struct
 import zlib
 from pathlib import Path
+
+import torch
 
 from ddp_lab.config import ConfigError
 
@@ -61,6 +63,18 @@ def idx_problem(path: Path) -> str | None:
         return (f"its header promises {' x '.join(map(str, shape))} bytes of data "
                 f"({expected} bytes in all) but it holds {size}: cut short or padded")
     return None
+
+
+def read_idx(path: Path) -> torch.Tensor:
+    """An unpacked IDX file of unsigned bytes as a uint8 tensor of its shape."""
+    why = idx_problem(path)
+    if why is not None:
+        raise ConfigError(f"{path} is damaged: {why}; replace it with a good copy "
+                          "(or point data.root at the .gz files)")
+    data = path.read_bytes()
+    dims = data[3]
+    shape = struct.unpack(f">{dims}I", data[4:4 * (dims + 1)])
+    return torch.frombuffer(bytearray(data[4 * (dims + 1):]), dtype=torch.uint8).view(*shape)
 
 
 def _how_to_fix(gz: Path) -> str:

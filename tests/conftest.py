@@ -81,10 +81,16 @@ def tiny_fmnist(tmp_path_factory) -> Path:
 def peak_cache(tmp_path_factory):
     """Runs started by tests measure their matmul peak (for MFU) into a file of the test
     session's, never into the user's ~/.cache/ddp_lab, where a peak measured while the
-    suite loads the machine would stay."""
+    suite loads the machine would stay. Runs in this process measure it with 0.5 s of
+    warm-up and 3 timed calls, not 2 s and up to 10: a tested run's MFU needs no better
+    figure, and the full measurement of each dtype and thread count cost 4-8 s."""
+    from ddp_lab.telemetry import mfu
     path = tmp_path_factory.mktemp("peak") / "peak_flops.json"
     os.environ["DDP_LAB_PEAK_CACHE"] = str(path)
+    saved = mfu.WARMUP_S, mfu.TIMED_S
+    mfu.WARMUP_S, mfu.TIMED_S = 0.5, 0.0
     yield path
+    mfu.WARMUP_S, mfu.TIMED_S = saved
     os.environ.pop("DDP_LAB_PEAK_CACHE", None)
 
 

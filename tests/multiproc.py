@@ -10,10 +10,12 @@
     results = run_in_processes(_check, 3, 5)   # [rank0's list, rank1's, rank2's]
 
 Each rank is a real process that never shares state with the caller: by
-default it is forked from a "forkserver" process that has imported torch and
-nothing else (start_method="forkserver"), which saves the seconds every rank
-would spend importing torch under start_method="spawn" (a fresh interpreter,
-also supported). Neither start method forks the caller itself, so a caller
+default it is forked from a "forkserver" process that has imported torch,
+torch._dynamo and ddp_lab.trainer (start_method="forkserver"), which saves
+the seconds every rank would spend importing them under start_method="spawn"
+(a fresh interpreter, also supported). torch._dynamo is there because a
+model's first forward on the meta device (models.check_fits_data) imports it:
+2 s per rank on a 2-core machine. Neither start method forks the caller itself, so a caller
 that has started threads or initialised CUDA is safe. Each rank joins a
 process group (`backend`; NCCL ranks take GPU rank % device_count) through a
 FileStore in a fresh temporary directory (no TCP port to pick, so parallel
@@ -94,10 +96,10 @@ def run_in_processes(
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
-        # The server process imports torch once; every rank is then forked
-        # from it instead of importing torch again (seconds per process).
+        # The server process imports these once; every rank is then forked
+        # from it instead of importing them again (seconds per process).
         # Only takes effect if this is the first forkserver use here.
-        ctx.set_forkserver_preload(["torch", "torch.distributed"])
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "ddp_lab.trainer"])
     results = ctx.Queue()
     procs = []
     with tempfile.TemporaryDirectory(prefix="ddp_lab_mp_") as tmp:

@@ -4,11 +4,10 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-from torchvision import datasets
 
 from ddp_lab.config import ConfigError
 from ddp_lab.datasets.pairs import ScaledPixels, TensorPairs
-from ddp_lab.fashion_mnist import locate_fashion_mnist
+from ddp_lab.fashion_mnist import RAW_FILES, locate_fashion_mnist, read_idx
 
 
 def _scaling(normalize: bool, mean: float, std: float) -> ScaledPixels:
@@ -20,14 +19,17 @@ def fashion_mnist(root: str | None = None, download: bool = False, cache_dir: st
                   ) -> tuple[TensorPairs, TensorPairs]:
     """(train, test): 60,000 and 10,000 28x28 grayscale images of 10 classes, as uint8
     tensors scaled per batch (found as ddp_lab.fashion_mnist says)."""
-    folder = locate_fashion_mnist(root, download, cache_dir)
-    out = []
-    for train in (True, False):
-        # FashionMNIST parses the IDX files; .data/.targets are its tensors.
-        ds = datasets.FashionMNIST(str(folder), train=train, download=download)
-        out.append(TensorPairs(ds.data.unsqueeze(1).contiguous(), ds.targets.long(),
-                               _scaling(normalize, mean, std)))
-    return out[0], out[1]
+    raw = locate_fashion_mnist(root, download, cache_dir) / "FashionMNIST" / "raw"
+    if download and not all((raw / name).is_file() for name in RAW_FILES):
+        # torchvision only to fetch the files: importing it costs every rank ~2 s.
+        from torchvision import datasets
+
+        for train in (True, False):
+            datasets.FashionMNIST(str(raw.parent.parent), train=train, download=True)
+    images_train, labels_train, images_test, labels_test = (read_idx(raw / name) for name in RAW_FILES)
+    scaling = _scaling(normalize, mean, std)
+    return (TensorPairs(images_train.unsqueeze(1).contiguous(), labels_train.long(), scaling),
+            TensorPairs(images_test.unsqueeze(1).contiguous(), labels_test.long(), scaling))
 
 
 def synthetic_images(image_shape: Sequence[int] = (1, 28, 28), num_classes: int = 10,

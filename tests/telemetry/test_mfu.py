@@ -87,6 +87,7 @@ def test_compiled_model_is_counted_as_the_bare_one():
 
 
 def test_peak_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(mfu_module, "WARMUP_S", 0.25)  # 2 s in real use
     cache = tmp_path / "peak_flops.json"
     peak = peak_flops("cpu", torch.float32, threads=1, size=64, repeats=2, cache_path=cache)
     assert peak > 0 and math.isfinite(peak)
@@ -94,7 +95,7 @@ def test_peak_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
     assert "threads=1" in key and key.endswith("|float32")
     assert entry["flops_per_sec"] == peak and entry["size"] == 64 and entry["threads"] == 1
     assert entry["flops_per_sec"] == pytest.approx(2 * 64 ** 3 / min(entry["seconds"]))
-    assert "best of 2 torch.matmul of two 64x64 matrices after 2 s of warm-up" in entry["method"]
+    assert "best of 2 torch.matmul of two 64x64 matrices after 0.25 s of warm-up" in entry["method"]
 
     def no_measuring(*args):
         raise AssertionError("measured again instead of reading the cache")
@@ -104,7 +105,8 @@ def test_peak_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
         peak_flops("cpu", torch.bfloat16, threads=1, size=64, cache_path=cache)
 
 
-def test_peak_measures_again_at_another_size_and_keeps_the_threads(tmp_path):
+def test_peak_measures_again_at_another_size_and_keeps_the_threads(tmp_path, monkeypatch):
+    monkeypatch.setattr(mfu_module, "WARMUP_S", 0.0)  # one untimed call still runs
     cache = tmp_path / "peak_flops.json"
     threads = torch.get_num_threads()
     peak_flops("cpu", torch.float32, threads=1, size=32, repeats=1, cache_path=cache)
@@ -116,6 +118,7 @@ def test_peak_measures_again_at_another_size_and_keeps_the_threads(tmp_path):
 
 def test_default_cache_is_looked_up_at_the_call(tmp_path, monkeypatch):
     monkeypatch.delenv("DDP_LAB_PEAK_CACHE")
+    monkeypatch.setattr(mfu_module, "WARMUP_S", 0.0)
     monkeypatch.setattr(mfu_module, "DEFAULT_CACHE", tmp_path / "elsewhere.json")
     peak_flops("cpu", torch.float32, threads=1, size=32, repeats=1)
     assert "threads=1" in next(iter(json.loads((tmp_path / "elsewhere.json").read_text())))
@@ -129,6 +132,7 @@ def test_automatic_size_grows_until_a_call_takes_long_enough(monkeypatch):
     # a pretend matmul whose time grows as size^3: 0.1 s at 1024
     monkeypatch.setattr(mfu_module, "_timed_matmul", lambda a, b, out: 0.1 * (a.shape[0] / 1024) ** 3)
     monkeypatch.setattr(mfu_module, "WARMUP_S", 0.0)
+    monkeypatch.setattr(mfu_module, "TIMED_S", 5.0)  # as in real use (the test session cuts it)
     entry = mfu_module.measure_matmul(cpu, torch.float32, 1, repeats=4)
     assert entry["size"] == 1024 and entry["requested_size"] is None and entry["repeats"] == 4
     assert entry["flops_per_sec"] == pytest.approx(2 * 1024 ** 3 / 0.1)

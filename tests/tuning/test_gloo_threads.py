@@ -20,7 +20,7 @@ def test_gloo_threads_waits_for_the_names_and_keeps_only_gloos(threads):
     # `other` keeps a non-gloo name, so the wait runs out before `late` is named...
     assert found == [loop.tid]
     # ...while with time to spare every gloo thread is found.
-    assert sorted(gloo_threads.gloo_threads({late.tid, loop.tid, other.tid}, wait_s=5)) == sorted(
+    assert sorted(gloo_threads.gloo_threads({late.tid, loop.tid, other.tid}, wait_s=1.5)) == sorted(
         [late.tid, loop.tid])
 
 
