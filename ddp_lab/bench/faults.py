@@ -8,8 +8,9 @@ step and maybe in a phase) is injected into rank 1 of a short 2-rank run on
 synthetic data (64 steps, one epoch); the clock starts at the fault's own
 line on stderr (or, for kind=nan, at the start of the step it poisons) and
 stops when torchrun has exited. The table gives the seconds, the exit status and
-the first line each rank said (`ddp_lab: ...`). With --out, the raw lines
-and the table go to DIR with a record.json (ddp_lab.telemetry.provenance).
+the first line each rank said (`ddp_lab: ...`). The runs, their raw lines
+(<kind>.log), results.json and a record.json (ddp_lab.telemetry.provenance) go
+to --out DIR (default outputs/bench/faults/<time>/).
 
 Also: with --overhead, the per-call cost of the watchdog's marks
 (`stall.collective`) and of publishing a place to a TCP store.
@@ -27,6 +28,9 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from ddp_lab.bench import fresh_out_dir
+from ddp_lab.telemetry.provenance import command_line, write_record
 
 # name: (DDP_LAB_FAULT without rank=, extra overrides). Step 64 is the epoch's last:
 # its evaluation and the epoch-end checkpoint follow it.
@@ -122,9 +126,7 @@ def main(argv=None) -> int:
     bad = [k for k in kinds if k not in KINDS]
     if bad:
         p.error(f"--kinds: {', '.join(bad)} not among {', '.join(KINDS)}")
-    if args.out is not None and args.out.exists():
-        p.error(f"--out {args.out} exists: give a new folder (results are never overwritten)")
-    work = args.out or Path(f"outputs/bench-faults-{time.strftime('%Y%m%d-%H%M%S')}")
+    work = fresh_out_dir(args.out, "outputs/bench/faults")
     results = [run_fault(k, work / f"run-{k}", args.timeout_s) for k in kinds]
     print(f"| kind | exit | fault to last exit (s) | first line said (dist.timeout_s={args.timeout_s:g}) |")
     print("|---|---|---|---|")
@@ -136,12 +138,11 @@ def main(argv=None) -> int:
         extra["overhead"] = o = overhead()
         print(f"stall.collective() mark: {o['collective_mark_s'] * 1e6:.1f} us; "
               f"publishing a place (TCPStore.set): {o['store_set_s'] * 1e6:.1f} us (medians)")
-    if args.out is not None:
-        from ddp_lab.telemetry.provenance import command_line, write_record
-        for r in results:
-            (work / f"{r['kind']}.log").write_text("\n".join(r["lines"]) + "\n")
-        (work / "results.json").write_text(json.dumps(extra, indent=2) + "\n")
-        write_record(work, command_line("ddp_lab.bench.faults", argv or sys.argv[1:]), extra)
+    for r in results:
+        (work / f"{r['kind']}.log").write_text("\n".join(r["lines"]) + "\n")
+    (work / "results.json").write_text(json.dumps(extra, indent=2) + "\n")
+    write_record(work, command_line("ddp_lab.bench.faults", sys.argv[1:] if argv is None else argv), extra)
+    print(f"# wrote {work}")
     return 0
 
 

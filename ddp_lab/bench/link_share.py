@@ -18,8 +18,9 @@ rank sends and receives the whole message). `of_allowed` is the measured
 busbw over that best, the figure to hold each algorithm to.
 
 Prints one row per algorithm, rank count and size from --from up, and the
-smallest `of_allowed` of each (algorithm, ranks); with --out, writes
-link_share.csv, link_share.md and record.json (ddp_lab.telemetry.provenance) there.
+smallest `of_allowed` of each (algorithm, ranks); writes link_share.csv,
+link_share.md and record.json (ddp_lab.telemetry.provenance) to --out
+(default outputs/bench/link_share/<time>/).
 """
 from __future__ import annotations
 
@@ -28,13 +29,14 @@ import csv
 import sys
 from pathlib import Path
 
+from ddp_lab.bench import fresh_out_dir
 from ddp_lab.bench.collectives_interleaved import parse_size
 from ddp_lab.bench.collectives_plan import busbw_factor
 from ddp_lab.cluster.commands import ClusterError
 from ddp_lab.cluster.shaping import format_rate, parse_rate
 from ddp_lab.config import ConfigError
 from ddp_lab.costmodel.formulas import MODELS
-from ddp_lab.telemetry.provenance import RECORD_NAME, command_line, write_record
+from ddp_lab.telemetry.provenance import command_line, write_record
 
 COLUMNS = ["algo", "world_size", "size_bytes", "busbw_gbps", "of_link", "allowed_of_link", "of_allowed"]
 
@@ -98,12 +100,9 @@ def main(argv=None) -> int:
     p.add_argument("sweeps", nargs="+", type=Path, help="collectives.csv files or their run directories")
     p.add_argument("--rate", required=True, help="the links' rate, as given to ddp_lab.cluster up: 1gbit, ...")
     p.add_argument("--from", dest="from_size", default="4M", help="smallest size counted (default 4M)")
-    p.add_argument("--out", type=Path, default=None,
-                   help="folder for link_share.csv, link_share.md and record.json")
+    p.add_argument("--out", type=Path, default=None, help="a new folder for link_share.csv, link_share.md "
+                   "and record.json (default outputs/bench/link_share/<time>)")
     a = p.parse_args(argv)
-    taken = [f for f in ("link_share.csv", RECORD_NAME) if a.out and (a.out / f).exists()]
-    if taken:  # checked before anything is written: another run's files stay as they are
-        p.error(f"--out {a.out} already holds {taken[0]}; choose another folder")
     try:
         rate = parse_rate(a.rate)
     except ClusterError as e:
@@ -118,20 +117,20 @@ def main(argv=None) -> int:
     rows = rows_of(a.sweeps, rate, from_bytes)
     if not rows:
         p.error(f"no measured size of {a.from_size} or more in the sweeps; lower --from")
+    out = fresh_out_dir(a.out, "outputs/bench/link_share")
     for r in rows:
         print(f"{r['algo']:>18} {r['world_size']:>3} ranks {r['size_bytes']:>10} B  busbw {r['busbw_gbps']:.4f} GB/s"
               f"  {r['of_link']:.2f} of the link, formula allows {r['allowed_of_link']:.2f}: {r['of_allowed']:.0%}")
     table = markdown(rows, rate, from_bytes)
     print("\n" + table, end="")
-    if a.out:
-        a.out.mkdir(parents=True, exist_ok=True)
-        with open(a.out / "link_share.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=COLUMNS)
-            w.writeheader()
-            w.writerows(rows)
-        (a.out / "link_share.md").write_text(table)
-        write_record(a.out, command_line("ddp_lab.bench.link_share", sys.argv[1:] if argv is None else argv),
-                     {"rate_bits": rate, "sweeps": [str(s) for s in a.sweeps]})
+    with open(out / "link_share.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    (out / "link_share.md").write_text(table)
+    write_record(out, command_line("ddp_lab.bench.link_share", sys.argv[1:] if argv is None else argv),
+                 {"rate_bits": rate, "sweeps": [str(s) for s in a.sweeps]})
+    print(f"# wrote {out}")
     return 0
 
 

@@ -1,6 +1,9 @@
 """A picture of one training run, from its TensorBoard events.
 
-    python -m ddp_lab.bench.run_plot outputs/<run id> run.png
+    python -m ddp_lab.bench.run_plot outputs/<run id> [picture.png]
+
+The picture goes to the path given (default: run.png in the run directory);
+one that exists already is never drawn over.
 
 Three panels: for a classifier, over the epochs, the training loss, train and
 test accuracy, and images/s with the share of each step spent in gradient
@@ -83,11 +86,14 @@ def _save(plt, fig, path: Path, title: str | None) -> Path:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m ddp_lab.bench.run_plot", description=__doc__.split("\n")[0])
-    p.add_argument("run_dir", type=Path)
-    p.add_argument("png", type=Path)
+    p.add_argument("run_dir", type=Path, help="a run directory of ddp_lab.train")
+    p.add_argument("png", type=Path, nargs="?", default=None, help="the picture (default: <run_dir>/run.png)")
     p.add_argument("--title", default=None)
     args = p.parse_args(argv)
-    print(plot_run(args.run_dir, args.png, args.title))
+    png = args.png or args.run_dir / "run.png"
+    if png.exists():
+        p.error(f"{png} exists already: give another path for the picture")
+    print(plot_run(args.run_dir, png, args.title))
 
 
 if __name__ == "__main__":

@@ -11,9 +11,10 @@ def test_bad_arguments_are_refused(tmp_path, capsys):
         faults.main(["--kinds", "explode"])
     assert ("--kinds: explode not among raise, kill, hang, mismatch, nan, term, stop, stop@compile, "
             "stop@evaluation, stop@checkpoint, hang@data") in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        faults.main(["--out", str(tmp_path)])  # exists already
-    assert "exists: give a new folder" in capsys.readouterr().err
+    (tmp_path / "results.json").write_text("{}")  # an earlier run's
+    with pytest.raises(SystemExit, match="already holds an earlier run's files; choose another --out"):
+        faults.main(["--out", str(tmp_path)])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]  # untouched
 
 
 @pytest.mark.system
@@ -29,3 +30,4 @@ def test_a_raise_is_timed_and_recorded(tmp_path, capsys):
     assert record["command"].endswith("-m ddp_lab.bench.faults --kinds raise --timeout-s 20 "
                                       f"--out {out}")
     assert "| raise | 1 |" in capsys.readouterr().out
+    assert "DDP_LAB_FAULT" in (out / "raise.log").read_text()  # the raw lines beside the record

@@ -51,15 +51,23 @@ def test_table_and_files(tmp_path, capsys):
     assert md in capsys.readouterr().out
     record = json.loads((out / "record.json").read_text())
     assert record["rate_bits"] == 10 ** 9 and record["command"].startswith("python -m ddp_lab.bench.link_share")
-    with pytest.raises(SystemExit):  # never written over
+    written = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(SystemExit, match="already holds an earlier run's files"):  # never written over
         ls.main(["--rate", "1gbit", str(a), "--out", str(out)])
-    assert "already holds link_share.csv" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == written
     sweep_dir = a
     (sweep_dir / "record.json").write_text("{}")  # a sweep's own record: --out into its folder
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match="already holds an earlier run's files"):
         ls.main(["--rate", "1gbit", str(a), "--out", str(sweep_dir)])
-    assert "already holds record.json" in capsys.readouterr().err
     assert not (sweep_dir / "link_share.csv").exists() and (sweep_dir / "record.json").read_text() == "{}"
+
+
+def test_without_out_a_new_folder_named_by_the_time(tmp_path, monkeypatch):
+    a = sweep(tmp_path / "2h", 2, [("ring", 2 ** 22, 0.1)])
+    monkeypatch.chdir(tmp_path)
+    assert ls.main(["--rate", "1gbit", str(a)]) == 0
+    (out,) = (tmp_path / "outputs" / "bench" / "link_share").iterdir()
+    assert sorted(p.name for p in out.iterdir()) == ["link_share.csv", "link_share.md", "record.json"]
 
 
 def test_bad_inputs_are_one_line(tmp_path, capsys):
