@@ -1,4 +1,15 @@
-"""Benchmarks: collectives, training scaling, trainer against baselines, strategies raced to a target."""
+"""Benchmarks, each `python -m ddp_lab.bench.<name>` (or under torchrun):
+
+    collectives/       allreduce algorithms timed and checked, as nccl-tests does (Hydra)
+    scaling.py         training throughput over world sizes, on loopback or emulated hosts
+    vs_baseline/       the trainer against the chapter's own programs
+    time_to_accuracy.py  sync strategies raced to a target accuracy or loss
+    link_share.py      a sweep's bus bandwidth over its link's rate
+    faults.py          each injected fault's time to the last rank's exit
+    run_plot.py        a picture of one training run
+
+Each writes a new folder with a record.json (docs/configuration.md: the rule for outputs).
+"""
 from __future__ import annotations
 
 import time

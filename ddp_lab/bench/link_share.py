@@ -30,8 +30,8 @@ import sys
 from pathlib import Path
 
 from ddp_lab.bench import fresh_out_dir
-from ddp_lab.bench.collectives_interleaved import parse_size
-from ddp_lab.bench.collectives_plan import busbw_factor
+from ddp_lab.bench.collectives.interleaved import parse_size
+from ddp_lab.bench.collectives.plan import busbw_factor
 from ddp_lab.cluster.commands import ClusterError
 from ddp_lab.cluster.shaping import format_rate, parse_rate
 from ddp_lab.config import ConfigError

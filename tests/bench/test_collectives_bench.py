@@ -11,41 +11,40 @@ import torch
 from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 
-from ddp_lab.bench import collectives as bench
-from ddp_lab.bench import collectives_interleaved as interleaved
+from ddp_lab.bench.collectives import check, interleaved, output, plan
 from ddp_lab.config import ConfigError
 from tests.conftest import run_module
 
 
 def test_algbw_and_busbw_on_known_numbers():
     # 1e9 bytes in 1 s is 1 GB/s of algorithm bandwidth
-    assert bench.algbw_gbps(1e9, 1e6) == pytest.approx(1.0)
-    assert bench.algbw_gbps(4096, 40.96) == pytest.approx(0.1)
+    assert plan.algbw_gbps(1e9, 1e6) == pytest.approx(1.0)
+    assert plan.algbw_gbps(4096, 40.96) == pytest.approx(0.1)
     # busbw = algbw * 2(n-1)/n
-    assert bench.busbw_gbps(1.0, 2) == pytest.approx(1.0)
-    assert bench.busbw_gbps(1.0, 4) == pytest.approx(1.5)
-    assert bench.busbw_gbps(2.0, 8) == pytest.approx(3.5)
-    assert bench.busbw_gbps(1.0, 1) == 0.0
+    assert plan.busbw_gbps(1.0, 2) == pytest.approx(1.0)
+    assert plan.busbw_gbps(1.0, 4) == pytest.approx(1.5)
+    assert plan.busbw_gbps(2.0, 8) == pytest.approx(3.5)
+    assert plan.busbw_gbps(1.0, 1) == 0.0
 
 
 def test_message_sizes_follow_nccl_tests_b_e_f():
-    assert bench.message_sizes(4096, 65536, 2) == [4096, 8192, 16384, 32768, 65536]
-    assert bench.message_sizes(1000, 10000, 3) == [1000, 3000, 9000]
-    assert bench.message_sizes(64, 64, 2) == [64]
-    assert len(bench.message_sizes(4096, 64 << 20, 2)) == 15  # the default sweep
+    assert plan.message_sizes(4096, 65536, 2) == [4096, 8192, 16384, 32768, 65536]
+    assert plan.message_sizes(1000, 10000, 3) == [1000, 3000, 9000]
+    assert plan.message_sizes(64, 64, 2) == [64]
+    assert len(plan.message_sizes(4096, 64 << 20, 2)) == 15  # the default sweep
 
 
-@pytest.mark.parametrize("dtype", list(bench.DTYPES))
+@pytest.mark.parametrize("dtype", list(plan.DTYPES))
 @pytest.mark.parametrize("world", [2, 3, 8])
 def test_check_pattern_sums_exactly_in_every_dtype(dtype, world):
     count = 4099
     bufs = []
     for r in range(world):
-        b = torch.empty(count, dtype=bench.DTYPES[dtype])
-        bench.fill_pattern(b, r, world, dtype)
+        b = torch.empty(count, dtype=plan.DTYPES[dtype])
+        check.fill_pattern(b, r, world, dtype)
         bufs.append(b)
     assert not torch.equal(bufs[0], bufs[1])  # rank-dependent
-    want = bench.expected_sum(count, world, dtype, torch.device("cpu"))
+    want = check.expected_sum(count, world, dtype, torch.device("cpu"))
     # any summation order is exact: forwards and backwards in the dtype itself
     fwd, bwd = bufs[0].clone(), bufs[-1].clone()
     for b in bufs[1:]:
@@ -61,10 +60,10 @@ def _cfg(overrides=()):
 
 
 def test_defaults_are_valid():
-    plan = bench.validate(_cfg())
-    assert plan.sizes[0] == 4096 and plan.sizes[-1] == 64 << 20
-    assert plan.algos == ["builtin", "naive", "ring", "halving_doubling"]
-    assert plan.dtype == torch.float32 and plan.elem_size == 4
+    p = plan.validate(_cfg())
+    assert p.sizes[0] == 4096 and p.sizes[-1] == 64 << 20
+    assert p.algos == ["builtin", "naive", "ring", "halving_doubling"]
+    assert p.dtype == torch.float32 and p.elem_size == 4
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -79,7 +78,7 @@ def test_defaults_are_valid():
 ])
 def test_bad_input_names_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
-        bench.validate(_cfg(overrides))
+        plan.validate(_cfg(overrides))
 
 
 @pytest.mark.parametrize("override, message", [
@@ -96,28 +95,28 @@ def test_a_wrong_type_or_choice_is_refused_when_the_config_is_composed(override,
 
 
 def test_the_configuration_guide_holds_the_bench_reference():
-    from ddp_lab.bench.collectives_config import markdown
+    from ddp_lab.bench.collectives.config import markdown
     from tests.conftest import guide_reference
-    assert guide_reference("ddp_lab.bench.collectives_config") == markdown(), (
-        "docs/configuration.md is out of date: paste `python -m ddp_lab.bench.collectives_config` there")
+    assert guide_reference("ddp_lab.bench.collectives.config") == markdown(), (
+        "docs/configuration.md is out of date: paste `python -m ddp_lab.bench.collectives.config` there")
 
 
 def test_the_schema_holds_every_key_and_the_yaml_only_hydras_settings():
-    from ddp_lab.bench.collectives_config import BenchCollectivesConfig
+    from ddp_lab.bench.collectives.config import BenchCollectivesConfig
     cfg = _cfg()
     assert set(cfg) == {f.name for f in dataclasses.fields(BenchCollectivesConfig)}
-    yaml = (Path(bench.__file__).parents[2] / "conf" / "bench_collectives.yaml").read_text()
+    yaml = (Path(plan.__file__).parents[3] / "conf" / "bench_collectives.yaml").read_text()
     assert [ln.split(":")[0] for ln in yaml.splitlines() if ln and not ln.startswith(("#", " "))] == [
         "defaults", "hydra"]
 
 
 def test_interleaved_mode_reads_its_sizes_and_always_times_builtin():
-    plan = bench.validate(_cfg(["mode=interleaved", "algos=[ring,ring_textbook]",
-                                "interleaved.sizes=[4096,64K,1M,1.5M]"]))
-    assert plan.mode == "interleaved"
-    assert plan.sizes == [4096, 65536, 1 << 20, 3 << 19]
-    assert plan.algos == ["builtin", "ring", "ring_textbook"]
-    assert bench.validate(_cfg(["mode=interleaved"])).sizes == [64 << 10, 1 << 20, 4 << 20, 16 << 20]
+    p = plan.validate(_cfg(["mode=interleaved", "algos=[ring,ring_textbook]",
+                             "interleaved.sizes=[4096,64K,1M,1.5M]"]))
+    assert p.mode == "interleaved"
+    assert p.sizes == [4096, 65536, 1 << 20, 3 << 19]
+    assert p.algos == ["builtin", "ring", "ring_textbook"]
+    assert plan.validate(_cfg(["mode=interleaved"])).sizes == [64 << 10, 1 << 20, 4 << 20, 16 << 20]
 
 
 @pytest.mark.parametrize("text, size", [("4096", 4096), (4096, 4096), ("64K", 65536), ("1MiB", 1 << 20),
@@ -134,7 +133,7 @@ def test_parse_size(text, size):
 ])
 def test_bad_interleaved_input_names_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
-        bench.validate(_cfg(overrides))
+        plan.validate(_cfg(overrides))
 
 
 @pytest.mark.system
@@ -224,10 +223,10 @@ def test_median_of_runs(tmp_path):
     def run(times):
         rows = [{"algo": "ring", "size_bytes": 4096, "count": 1024, "dtype": "float32", "world_size": 2,
                  "time_us": t, "algbw_gbps": 0, "busbw_gbps": 0, "wrong": w} for t, w in times]
-        return bench.write_rows(rows, tmp_path / f"{len(list(tmp_path.iterdir()))}.csv")
+        return output.write_rows(rows, tmp_path / f"{len(list(tmp_path.iterdir()))}.csv")
 
     paths = [run([(10.0, 0)]), run([(40.0, 0)]), run([(20.0, 2)])]
-    (row,) = bench.median_of_runs(paths)
+    (row,) = output.median_of_runs(paths)
     assert row["time_us"] == 20.0 and row["wrong"] == 2
     assert row["algbw_gbps"] == pytest.approx(4096 / 20.0 / 1e3, rel=1e-5)
     assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"], rel=1e-5)  # 2(n-1)/n = 1 at n = 2

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from ddp_lab.bench import link_share as ls
-from ddp_lab.bench.collectives import write_rows
+from ddp_lab.bench.collectives.output import write_rows
 
 
 def sweep(folder, world, rows):

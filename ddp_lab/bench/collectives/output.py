@@ -6,7 +6,7 @@ import csv
 import statistics
 from pathlib import Path
 
-from ddp_lab.bench.collectives_plan import algbw_gbps, busbw_gbps
+from ddp_lab.bench.collectives.plan import algbw_gbps, busbw_gbps
 
 CSV_COLUMNS = ["algo", "size_bytes", "count", "dtype", "world_size",
                "time_us", "algbw_gbps", "busbw_gbps", "wrong"]
@@ -21,7 +21,7 @@ def median_of_runs(paths: list[str | Path]) -> list[dict]:
     the median over a few sweeps, taken minutes apart, does not. algbw/busbw are
     recomputed from the median time; wrong is the largest count of any run.
 
-        from ddp_lab.bench.collectives_output import median_of_runs, write_rows
+        from ddp_lab.bench.collectives.output import median_of_runs, write_rows
         write_rows(median_of_runs(["run1/collectives.csv", "run2/collectives.csv",
                                    "run3/collectives.csv"]), "collectives_median.csv")
     """

@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from ddp_lab.bench.vs_baseline_runs import parse_worlds
+from ddp_lab.bench.vs_baseline.runs import parse_worlds
 
 COLUMNS = ["system", "runs", "global_batch", "images_per_sec_median", "images_per_sec_min",
            "images_per_sec_max", "mfu", "sec_per_epoch", "test_acc", "peak_mem_mb_per_process",

@@ -7,11 +7,11 @@
     torchrun --standalone --nproc_per_node=3 -m ddp_lab.bench.collectives mode=interleaved
 
 mode=interleaved times the algorithms against builtin in shuffled rounds
-instead of sweeping them one after another: see collectives_interleaved.py.
-What follows is mode=sweep, the default. Its parts: collectives_plan.py (the
-config checked, the bandwidth formulas), collectives_check.py (the exact-sum
-check), collectives_output.py (the CSV, the printed table, medians of sweeps);
-this file times each point and runs the sweep.
+instead of sweeping them one after another: see interleaved.py.
+What follows is mode=sweep, the default. Its parts: plan.py (the config
+checked, the bandwidth formulas), check.py (the exact-sum check), output.py
+(the CSV, the printed table, medians of sweeps); this file times each point
+and runs the sweep.
 
 For every message size from `min_bytes` to `max_bytes` (multiplying by `factor`,
 like nccl-tests' -b/-e/-f) and every algorithm in `algos` (names of
@@ -71,20 +71,10 @@ from torch.distributed.elastic.multiprocessing.errors import get_error_handler, 
 
 import ddp_lab.config  # noqa: F401  (registers the ${ddp_lab.run_id:} resolver)
 from ddp_lab import tuning
-from ddp_lab.bench import collectives_interleaved as interleaved
-
-# The parts of a sweep, one concept per file, offered here too (where users and tests look).
-from ddp_lab.bench.collectives_check import count_wrong, expected_sum, fill_pattern, pattern_bound  # noqa: F401
-from ddp_lab.bench.collectives_output import CSV_COLUMNS, header, line, median_of_runs, sig, write_rows  # noqa: F401
-from ddp_lab.bench.collectives_plan import (  # noqa: F401
-    DTYPES,
-    Plan,
-    algbw_gbps,
-    busbw_factor,
-    busbw_gbps,
-    message_sizes,
-    validate,
-)
+from ddp_lab.bench.collectives import interleaved
+from ddp_lab.bench.collectives.check import count_wrong, expected_sum, fill_pattern
+from ddp_lab.bench.collectives.output import CSV_COLUMNS, header, line, sig
+from ddp_lab.bench.collectives.plan import Plan, algbw_gbps, busbw_gbps, validate
 from ddp_lab.config import CONFIG_PATH, ConfigError, say
 from ddp_lab.distributed import DistEnv, resolve_backend, teardown
 from ddp_lab.telemetry.provenance import hydra_command, write_record
@@ -273,6 +263,3 @@ def main(cfg: DictConfig) -> None:
         get_error_handler().record_exception(e)
         raise SystemExit(2) from None
 
-
-if __name__ == "__main__":
-    main()

@@ -62,29 +62,9 @@ import sys
 from pathlib import Path
 
 from ddp_lab.bench import fresh_out_dir
-from ddp_lab.bench.vs_baseline_mfu import with_mfu
-from ddp_lab.bench.vs_baseline_runs import (  # noqa: F401  (offered here too: the CLI is where users and tests look)
-    TRAINER_MODEL,
-    baseline_command,
-    holding,
-    parse_variants,
-    parse_worlds,
-    plan,
-    run_one,
-    trainer_command,
-)
-from ddp_lab.bench.vs_baseline_table import (  # noqa: F401
-    COLUMNS,
-    HEADERS,
-    csv_text,
-    markdown_table,
-    notes_for,
-    paired_ratios,
-    report_text,
-    scaling_efficiency,
-    summarize,
-    write_outputs,
-)
+from ddp_lab.bench.vs_baseline.mfu import with_mfu
+from ddp_lab.bench.vs_baseline.runs import TRAINER_MODEL, holding, plan, run_one
+from ddp_lab.bench.vs_baseline.table import notes_for, summarize, write_outputs
 from ddp_lab.telemetry.provenance import command_line, write_record
 
 
@@ -174,6 +154,3 @@ def main(argv=None) -> int:
         print(f"\nwritten: {a.out / 'table.md'}, {a.out / 'table.csv'}, {a.out / 'results.json'}")
     return 1 if failed is not None else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 from omegaconf import DictConfig
 
-from ddp_lab.bench import collectives_interleaved as interleaved
-from ddp_lab.bench.collectives_config import BenchCollectivesConfig
+from ddp_lab.bench.collectives import interleaved
+from ddp_lab.bench.collectives.config import BenchCollectivesConfig
 from ddp_lab.config import ConfigError
 from ddp_lab.schema import check
 
@@ -59,7 +59,7 @@ class Plan:
 def validate(cfg: DictConfig) -> Plan:
     """Check the whole config before any collective; same verdict on every rank.
 
-    The schema (collectives_config) has refused wrong types, unknown choices and
+    The schema (config.py) has refused wrong types, unknown choices and
     values out of range; what is left depends on two keys at once.
     Raises ConfigError naming the key and the fix.
     """

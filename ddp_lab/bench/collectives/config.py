@@ -2,9 +2,9 @@
 
 conf/bench_collectives.yaml composes on top of BenchCollectivesConfig, so Hydra
 refuses unknown keys, wrong types and values off a list; ddp_lab.schema.check
-refuses a value out of range, and collectives_plan.validate what depends on
+refuses a value out of range, and plan.validate what depends on
 two keys at once (min_bytes <= max_bytes, sizes that fit the dtype).
-`python -m ddp_lab.bench.collectives_config` prints the reference
+`python -m ddp_lab.bench.collectives.config` prints the reference
 (docs/configuration.md).
 """
 from __future__ import annotations

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from ddp_lab.bench.collectives_plan import DTYPES, Plan
+from ddp_lab.bench.collectives.plan import DTYPES, Plan
 from ddp_lab.distributed import DistEnv
 
 # Largest n such that every integer in [-n, n] is exact in the type: the check
