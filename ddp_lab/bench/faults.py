@@ -89,7 +89,7 @@ def run_fault(kind: str, run_dir: Path, timeout_s: float) -> dict:
 
 def overhead(repeats: int = 7) -> dict:
     """Median per-call seconds of a collective() mark, and of one store.set of a place."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # torch only here: the runs are subprocesses
 
     from ddp_lab.guards import stall
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
 from ddp_lab.figures import pyplot
 
 
 def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """Every scalar tag of the run's tb/ events: tag -> [(step, value)]."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     events = EventAccumulator(str(Path(run_dir) / "tb"), size_guidance={"scalars": 0}).Reload()
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 

@@ -55,6 +55,10 @@ from ddp_lab.bench.plots import plot_scaling
 from ddp_lab.bench.scaling_prediction import loopback_compute, predicted
 from ddp_lab.telemetry.provenance import command_line, write_record
 
+# This process only launches runs and reads their files: ddp_lab.cluster,
+# .costmodel and .sync (which import torch) are imported where a flag needs
+# them, so --help and a bad argument answer within a second rather than in 3.
+
 COLUMNS = ["kind", "sync", "world_size", "global_batch", "per_rank_batch", "samples_per_sec",
            "samples_per_sec_per_rank", "mfu", "efficiency", "comm_frac", "test_acc", "runs",
            "step_ms", "predicted_step_ms"]
@@ -243,7 +247,7 @@ def parse_args(argv=None):
     args.syncs = args.syncs.split(",")
     if any(s.count("/") != 1 for s in args.syncs):
         p.error(f"--syncs={','.join(args.syncs)!r}: each must be mode/algo, e.g. ddp/builtin,flat/ring")
-    from ddp_lab.sync import ALGOS, MODES  # imports torch: only once the cheap checks passed
+    from ddp_lab.sync import ALGOS, MODES
     for sync in args.syncs:
         mode, algo = sync.split("/")
         if mode not in MODES or algo not in ALGOS:

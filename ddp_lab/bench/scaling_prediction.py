@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 
+from ddp_lab.config import ConfigError
+
 
 def predicted(p, points: list, fit, threads: int, loopback=None) -> float | None:
     """The cost model's step time for a point: its compute (the loopback study's step
@@ -38,8 +40,7 @@ def predicted(p, points: list, fit, threads: int, loopback=None) -> float | None
 def loopback_compute(args) -> dict[tuple[str, str, int, int], float]:
     """The loopback study's steps (--compute-from) for every point of the planned study;
     ValueError naming what is missing or wrong."""
-    from ddp_lab.config import ConfigError
-    from ddp_lab.costmodel.step_time import loopback_steps
+    from ddp_lab.costmodel.step_time import loopback_steps  # torch: see scaling.py
 
     if args.fit is None:
         raise ValueError("--compute-from needs --fit: it is the compute of the predicted step")

@@ -39,9 +39,17 @@ import re
 import sys
 from pathlib import Path
 
+from omegaconf import OmegaConf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
 from ddp_lab.bench import fresh_out_dir
 from ddp_lab.bench.scaling import run_trainer
+from ddp_lab.figures import pyplot
 from ddp_lab.telemetry.provenance import command_line, write_record
+
+# This process only launches runs and reads their files: ddp_lab.cluster and
+# ddp_lab.costmodel (which import torch) are imported where a flag needs them,
+# so --help and a bad argument answer within a second rather than in 3.
 
 STRATEGIES = ("ddp", "powersgd", "local_sgd", "diloco")  # each a sync preset (conf/sync/)
 COLUMNS = ["strategy", "sync", "world_size", "target", "target_reached", "steps_to_target",
@@ -104,8 +112,6 @@ def run_overrides(strategy: str, args) -> list[str]:
 
 def curve(run_dir: Path, figure: str) -> list[tuple[float, float]]:
     """(seconds since the first step, value) of every evaluation of a run (TensorBoard's by_time/)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0}).Reload()
     return [(e.step / 1000, e.value) for e in acc.Scalars(f"by_time/{figure}")]
 
@@ -148,10 +154,7 @@ def markdown(rows: list[dict]) -> str:
 
 
 def plot(curves: dict[str, list], figure: str, target: float, out: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, points in curves.items():
         ax.plot([t for t, _ in points], [v for _, v in points], marker=".", label=name)
@@ -235,8 +238,6 @@ def rates_table(args, world: int) -> str:
 
 def _every(run_dir: Path) -> int:
     """Steps between synchronisations of a run (1 but for local_sgd and diloco), from its config."""
-    from omegaconf import OmegaConf
-
     sync = OmegaConf.load(run_dir / ".hydra" / "config.yaml").sync
     return int(sync.every) if sync.mode in ("local_sgd", "diloco") else 1
 

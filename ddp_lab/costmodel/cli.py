@@ -14,6 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 import ddp_lab.config  # noqa: F401  (registers the ${ddp_lab.run_id:} resolver)
+from ddp_lab.cluster.shaping import ClusterError, parse_mtu, parse_rate  # tc's units for link rates
 from ddp_lab.config import CONFIG_PATH, ConfigError
 from ddp_lab.costmodel.config import CostModelConfig
 from ddp_lab.costmodel.fitting import Fit, Point, expand_inputs, fit, fit_mixed, measure_gamma, read_points
@@ -77,7 +78,6 @@ def validate(cfg) -> dict:
     held_out = expand_inputs(list(cfg.validate))
     if held_out and "fitted" not in params:
         raise ConfigError("validate=[...] checks the fitted constants: add fitted to params")
-    from ddp_lab.cluster.shaping import ClusterError, parse_mtu, parse_rate  # tc's units
     link_bits, link_mtu = None, cfg.link_mtu
     try:
         link_mtu = parse_mtu(link_mtu)

@@ -15,6 +15,7 @@ import torch
 
 from ddp_lab.config import ConfigError
 from ddp_lab.costmodel.formulas import MODELS, Params
+from ddp_lab.models import build_model, gradient_bytes, load_model_config
 
 
 @dataclass(frozen=True)
@@ -34,8 +35,6 @@ def resolve_gradient(entry) -> Gradient:
         if n <= 0:
             raise ConfigError(f"gradients: {entry!r} must be a positive number of bytes")
         return Gradient(f"bytes_{n}", n, None)
-    from ddp_lab.models import build_model, gradient_bytes, load_model_config
-
     if "." in str(entry):  # a callable of your own (my_package.model.net), at its default arguments
         net = build_model({"_target_": str(entry)})
         return Gradient(str(entry).rsplit(".", 1)[-1], gradient_bytes(net), None)
@@ -51,8 +50,6 @@ def measure_compute_s(model_name: str, batch_size: int, iters: int, threads: int
 
     On this machine's CPU with `threads` torch threads, as one torchrun worker runs.
     """
-    from ddp_lab.models import build_model, load_model_config
-
     cfg = load_model_config(model_name)
     old = torch.get_num_threads()
     torch.set_num_threads(threads)

@@ -68,6 +68,7 @@ import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import get_error_handler, record
+from torch.utils.tensorboard import SummaryWriter
 
 import ddp_lab.config  # noqa: F401  (registers the ${ddp_lab.run_id:} resolver)
 from ddp_lab import tuning
@@ -75,6 +76,7 @@ from ddp_lab.bench.collectives import interleaved
 from ddp_lab.bench.collectives.check import count_wrong, expected_sum, fill_pattern
 from ddp_lab.bench.collectives.output import CSV_COLUMNS, header, line, sig
 from ddp_lab.bench.collectives.plan import Plan, algbw_gbps, busbw_gbps, validate
+from ddp_lab.bench.plots import plot_collectives
 from ddp_lab.config import CONFIG_PATH, ConfigError, say
 from ddp_lab.distributed import DistEnv, resolve_backend, teardown
 from ddp_lab.telemetry.provenance import hydra_command, write_record
@@ -200,8 +202,6 @@ def run(cfg: DictConfig, run_dir: Path) -> list[dict]:
             print(f"# run directory: {run_dir}")
             print(header(plan), flush=True)
             if cfg.tensorboard:
-                from torch.utils.tensorboard import SummaryWriter
-
                 writer = SummaryWriter(str(run_dir / "tb"))
                 writer.add_text("config", "```\n" + OmegaConf.to_yaml(cfg) + "\n```")
         csv_path = run_dir / "collectives.csv"
@@ -234,8 +234,6 @@ def run(cfg: DictConfig, run_dir: Path) -> list[dict]:
             print(f"# wrote {csv_path}")
             _write_record(run_dir, env, plan.mode)
             if cfg.plot:
-                from ddp_lab.bench.plots import plot_collectives
-
                 png = plot_collectives(rows, run_dir / "collectives.png",
                                        f"allreduce {plan.dtype_name}, {env.world_size} ranks, {backend} on "
                                        f"{env.device.type} (time = slowest rank)")

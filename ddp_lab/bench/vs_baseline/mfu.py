@@ -27,7 +27,7 @@ class ScratchLeNet(nn.Module):
 
     def __init__(self):
         super().__init__()
-        from ddp_lab.baselines import d2l_scratch
+        from ddp_lab.baselines import d2l_scratch  # torchvision, 2 s: only to count a baseline
 
         self.lenet = d2l_scratch.lenet
         self.params = nn.ParameterList(d2l_scratch.init_params())
@@ -41,7 +41,7 @@ def baseline_model(name: str) -> nn.Module:
     if name == "d2l_scratch":
         return ScratchLeNet()
     if name == "data_parallel":
-        from ddp_lab.baselines import data_parallel
+        from ddp_lab.baselines import data_parallel  # torchvision, as above
 
         return data_parallel.get_net([torch.device("cpu")])
     raise ValueError(f"baseline {name!r}: expected d2l_scratch or data_parallel")
