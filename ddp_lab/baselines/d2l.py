@@ -22,7 +22,7 @@ from omegaconf import MISSING, OmegaConf
 from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
 
-from ddp_lab.fashion_mnist import locate_fashion_mnist
+from ddp_lab.datasets.fashion_mnist_files import locate_fashion_mnist
 from ddp_lab.telemetry.meter import Clock, Throughput
 from ddp_lab.telemetry.metrics import RunLogger, epoch_line, final_line, peak_memory_mb
 

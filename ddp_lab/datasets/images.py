@@ -6,8 +6,8 @@ from typing import Sequence
 import torch
 
 from ddp_lab.config import ConfigError
+from ddp_lab.datasets.fashion_mnist_files import RAW_FILES, locate_fashion_mnist, read_idx
 from ddp_lab.datasets.pairs import ScaledPixels, TensorPairs
-from ddp_lab.fashion_mnist import RAW_FILES, locate_fashion_mnist, read_idx
 
 
 def _scaling(normalize: bool, mean: float, std: float) -> ScaledPixels:
@@ -18,7 +18,7 @@ def fashion_mnist(root: str | None = None, download: bool = False, cache_dir: st
                   normalize: bool = True, mean: float = 0.2860, std: float = 0.3530
                   ) -> tuple[TensorPairs, TensorPairs]:
     """(train, test): 60,000 and 10,000 28x28 grayscale images of 10 classes, as uint8
-    tensors scaled per batch (found as ddp_lab.fashion_mnist says)."""
+    tensors scaled per batch (found as fashion_mnist_files.py says)."""
     raw = locate_fashion_mnist(root, download, cache_dir) / "FashionMNIST" / "raw"
     if download and not all((raw / name).is_file() for name in RAW_FILES):
         # torchvision only to fetch the files: importing it costs every rank ~2 s.

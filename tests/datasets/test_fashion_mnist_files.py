@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 from ddp_lab.config import ConfigError
-from ddp_lab.fashion_mnist import RAW_FILES, idx_problem, locate_fashion_mnist
+from ddp_lab.datasets.fashion_mnist_files import RAW_FILES, idx_problem, locate_fashion_mnist
 from tests.conftest import make_tiny_fashion_mnist
 
 
