@@ -10,7 +10,8 @@ from hydra.errors import ConfigCompositionException
 from ddp_lab import costmodel as cm
 from ddp_lab.config import ConfigError
 from ddp_lab.costmodel.validation import COLUMNS, held_out_rows, summary
-from tests.test_costmodel import ALPHA, BETA, GAMMA, SIZES, _bench_rows, _compose, _write_csv
+from tests.costmodel.test_cli import _bench_rows, _compose, _write_csv
+from tests.costmodel.test_formulas import ALPHA, BETA, GAMMA, SIZES
 
 
 def _sweep(tmp_path, name, world, beta=BETA):
