@@ -21,7 +21,6 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import time
 from pathlib import Path
 
 from ddp_lab.bench import fresh_out_dir
+from ddp_lab.bench.trainer_runs import free_port
 from ddp_lab.telemetry.provenance import command_line, write_record
 
 # name: (DDP_LAB_FAULT without rank=, extra overrides). Step 64 is the epoch's last:
@@ -48,12 +48,6 @@ FAULTS = {
     "hang@data": ("step=5,kind=hang,phase=data loading", []),
 }
 KINDS = tuple(FAULTS)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_fault(kind: str, run_dir: Path, timeout_s: float) -> dict:

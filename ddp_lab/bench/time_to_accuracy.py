@@ -43,7 +43,7 @@ from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from ddp_lab.bench import fresh_out_dir
-from ddp_lab.bench.scaling import run_trainer
+from ddp_lab.bench.trainer_runs import run_trainer
 from ddp_lab.figures import pyplot
 from ddp_lab.telemetry.provenance import command_line, write_record
 

@@ -81,6 +81,6 @@ def test_short_real_study(tmp_path):
 
 
 def test_hydra_flags_go_before_the_overrides():
-    from ddp_lab.bench.scaling import flags_first
+    from ddp_lab.bench.trainer_runs import flags_first
     assert flags_first(["sync.mode=ddp", "--config-dir", "my/conf", "model=mlp", "--config-name=train"]) == [
         "--config-dir", "my/conf", "--config-name=train", "sync.mode=ddp", "model=mlp"]
