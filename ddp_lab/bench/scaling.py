@@ -148,7 +148,7 @@ def measure(kind: str, sync: str, world: int, args, out: Path, cluster=None) -> 
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m ddp_lab.bench.scaling", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worlds", default="1,2", help="comma-separated world sizes (default 1,2)")
     p.add_argument("--hosts", default=None, help="instead of --worlds: numbers of emulated hosts "

@@ -58,7 +58,7 @@ COLUMNS = ["strategy", "sync", "world_size", "target", "target_reached", "steps_
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m ddp_lab.bench.time_to_accuracy", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hosts", type=int, default=None, help="emulated hosts of one rank each (needs --rate, root)")
     p.add_argument("--rate", default=None, help="with --hosts: every link's rate, e.g. 100mbit, 1gbit")
