@@ -28,7 +28,7 @@ from ddp_lab.config import ConfigError, RunFailed, say
 from ddp_lab.guards import stall
 from ddp_lab.guards.preemption import Preemption
 from ddp_lab.guards.rundir import LaunchTrace, RunDirTaken
-from ddp_lab.guards.watchdog import Watchdog, note_failure
+from ddp_lab.guards.watchdog import Watchdog, first_failure, note_failure
 from ddp_lab.trainer import Trainer
 
 log = logging.getLogger("ddp_lab")
@@ -94,8 +94,13 @@ def main(cfg) -> dict:
         sys.exit(2 if isinstance(e, ConfigError) else 1)
     except Exception as e:  # anything else: say where and why in one line, then the traceback
         cause = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        store = rendezvous.attempt_store()
+        first = first_failure(store)
+        if first is not None:  # a rank gave up and left: this rank's error (a closed connection) follows
+            cause = f"{type(e).__name__} after another rank gave up first: {first}"
         stall.report_stop(env.rank if env else 0, cause, watchdog)
-        note_failure(rendezvous.attempt_store(), f"rank {env.rank if env else 0}: {cause}")
+        if first is None:
+            note_failure(store, f"rank {env.rank if env else 0}: {cause}")
         raise
     finally:
         preemption.close()

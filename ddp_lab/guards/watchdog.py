@@ -137,6 +137,14 @@ def note_failure(store, line: str) -> None:
         pass
 
 
+def first_failure(store) -> str | None:
+    """The line of a rank that gave up before this one failed, if any (best effort)."""
+    try:
+        return store.get(FAILED).decode() if store is not None and store.check([FAILED]) else None
+    except Exception:  # noqa: BLE001  (the store may be gone with its host)
+        return None
+
+
 def end_stopped(places: dict[int, dict | None], ranks: list[int]) -> str:
     """SIGKILL those of `ranks` that are stopped (SIGSTOP) on this host; says which.
     A stopped rank cannot end itself, and torchrun's SIGTERM would wait in it for 30 s

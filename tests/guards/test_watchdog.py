@@ -144,3 +144,11 @@ def test_a_rank_stopped_on_this_host_is_killed_when_the_others_give_up():
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_the_first_rank_to_give_up_is_what_a_later_failure_quotes():
+    import torch.distributed as dist
+    store = dist.HashStore()
+    assert watchdog.first_failure(None) is None and watchdog.first_failure(store) is None
+    watchdog.note_failure(store, "rank 0 has waited 20 s in gradient sync at step 4")
+    assert watchdog.first_failure(store) == "rank 0 has waited 20 s in gradient sync at step 4"
