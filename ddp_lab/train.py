@@ -96,8 +96,8 @@ def main(cfg) -> dict:
         cause = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
         store = rendezvous.attempt_store()
         first = first_failure(store)
-        if first is not None:  # a rank gave up and left: this rank's error (a closed connection) follows
-            cause = f"{type(e).__name__} after another rank gave up first: {first}"
+        if first is not None:  # a rank stopped first: this rank's error (a closed connection) follows from it
+            cause = f"{type(e).__name__} after another rank stopped first: {first}"
         stall.report_stop(env.rank if env else 0, cause, watchdog)
         if first is None:
             note_failure(store, f"rank {env.rank if env else 0}: {cause}")
