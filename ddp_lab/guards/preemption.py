@@ -38,7 +38,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from ddp_lab.guards import stall
-from ddp_lab.guards.watchdog import FAILED
+from ddp_lab.guards.watchdog import FAILED, join_quietly
 
 log = logging.getLogger("ddp_lab")
 
@@ -69,6 +69,7 @@ class Preemption:
         self.got_at = 0.0  # monotonic time of the signal (or of learning P)
         self.signalled_at = 0.0  # of this rank's own signal
         self._closed = threading.Event()
+        self._poller: threading.Thread | None = None
         self._deadline: threading.Timer | None = None
 
     # ---------------------------------------------------------- set-up
@@ -80,10 +81,12 @@ class Preemption:
     def watch(self, store, world_size: int) -> None:
         """Look for another rank's proposal in this attempt's store (distributed runs)."""
         self.store, self.world_size = store, world_size
-        threading.Thread(target=self._poll, name="ddp_lab_preempt", daemon=True).start()
+        self._poller = threading.Thread(target=self._poll, name="ddp_lab_preempt", daemon=True)
+        self._poller.start()
 
     def close(self) -> None:
         self._closed.set()
+        join_quietly(self._poller)  # no store call in flight when the process exits
 
     @property
     def requested(self) -> bool:

@@ -69,6 +69,7 @@ class Watchdog:
 
     def close(self) -> None:
         self._stop.set()
+        join_quietly(self._thread)
 
     def places(self) -> dict[int, dict | None]:
         """Every rank's last published place (None where nothing was published)."""
@@ -123,6 +124,14 @@ class Watchdog:
         line += f"; stacks in {path.parent}" if path else ""
         note_failure(self.store, line)
         stall.end_process(f"ddp_lab: error: {line}", 1)
+
+
+def join_quietly(thread: threading.Thread | None, timeout_s: float = 2.0) -> None:
+    """Wait for a stopped daemon thread to leave its store call. One still inside a C++
+    call when the interpreter exits is ended by pthread_exit, which aborts the process
+    ("terminate called without an active exception") after a run that succeeded."""
+    if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+        thread.join(timeout_s)
 
 
 def note_failure(store, line: str) -> None:

@@ -143,3 +143,12 @@ def test_a_signal_after_another_rank_gave_up_exits_at_once_without_a_save(tmp_pa
     assert ("another rank gave up (rank 0 has waited 20 s in gradient sync at step 4); exiting "
             "without a checkpoint (the previous one is the resume point); stacks in "
             f"{tmp_path / 'stacks' / 'rank1.txt'}") in proc.stderr
+
+
+def test_closing_stops_the_store_poller(tmp_path, handlers):
+    import torch.distributed as dist
+    p = Preemption(0, 30.0, tmp_path).install()
+    p.watch(dist.HashStore(), 2)
+    assert p._poller.is_alive()
+    p.close()
+    assert not p._poller.is_alive()  # no store call left in flight when the process exits

@@ -47,6 +47,7 @@ def test_the_watchdog_publishes_and_reads_places(monkeypatch, tmp_path):
             places = dog.places()
     finally:
         dog.close()
+    assert not dog._thread.is_alive()  # closed means gone: no store call left in flight at exit
     assert places[0]["step"] == 4 and places[0]["phase"] == "gradient sync" and places[0]["seq"] == 1
     assert places[1]["phase"] == "data loading" and places[1]["seq"] == 0
     assert stall.missing(places[0], places) == [1]  # no collective entered yet: not there
