@@ -1,11 +1,17 @@
 """Process-group setup (ddp_lab/distributed.py): a world of one without torchrun,
 and the helpers every rank calls. The opt-in machine tuning on top is tested in tests/tuning/test_tuning.py."""
+import ast
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from ddp_lab import distributed
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
+from tests.conftest import free_port
 from tests.multiproc import run_in_processes
 
 CPU = torch.device("cpu")
@@ -75,3 +81,29 @@ def test_rank_0_of_a_world_of_one_without_a_store_runs_alone(monkeypatch):
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "29500")
     assert distributed.launch_env() == (0, 1, 0, True)  # with one: a group of one, as torchrun makes
+
+
+# A fresh interpreter (the test harness preloads torch._dynamo): join a world of one as a
+# rank does, import torch._dynamo as a run's first model check does, leave, list the threads.
+_LEAVE_AND_LIST_THREADS = """
+import glob, os, sys
+os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+from ddp_lab import distributed
+distributed.setup("gloo", "cpu", 60)
+import torch._dynamo
+distributed.teardown()
+print(sorted(open(p).read().strip() for p in glob.glob("/proc/self/task/*/comm")))
+"""
+
+
+@pytest.mark.system  # a fresh interpreter importing torch._dynamo: 6 s
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc")
+def test_a_rank_that_left_its_group_has_no_gloo_thread_left():
+    """Imported after the group, torch._dynamo kept it alive past destroy_process_group, and
+    its gloo threads ran on while the interpreter shut down."""
+    proc = subprocess.run([sys.executable, "-c", _LEAVE_AND_LIST_THREADS, str(free_port())],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    threads = ast.literal_eval(proc.stdout.strip().splitlines()[-1])
+    assert "python" in threads and not [t for t in threads if "gloo" in t], threads

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -44,34 +45,29 @@ class DDPSync(AveragingSync):
             static_graph=cfg.static_graph,
         )
         self.powersgd = None
+        # The hooks hold this object weakly: DDP's reducer (C++) holds its hook, and a hook
+        # holding `self` closes a cycle gc cannot see, so DDP and its process group would
+        # outlive Trainer.close() and the group's teardown, until the interpreter's exit.
+        me = weakref.proxy(self)
         if cfg.algo == "builtin":
             self.comm_timing = "unmeasured"
-            hook = self._counting(default_hooks.allreduce_hook)  # DDP's own all-reduce, its bytes counted
+            hook = _counting(me, default_hooks.allreduce_hook)  # DDP's own all-reduce, its bytes counted
             if cfg.compress == "powersgd":
-                self.powersgd = PowerSGD(cfg, list(self.module.parameters()), self._count,
-                                         wait=env.backend == "gloo")
+                self.powersgd = PowerSGD(cfg, list(self.module.parameters()),
+                                         lambda nbytes: me._count(nbytes), wait=env.backend == "gloo")
                 hook = self.powersgd.hook
             elif cfg.compress != "none":
-                hook = self._counting({"bf16": default_hooks.bf16_compress_hook,
-                                       "fp16": default_hooks.fp16_compress_hook}[cfg.compress], 2)
+                hook = _counting(me, {"bf16": default_hooks.bf16_compress_hook,
+                                      "fp16": default_hooks.fp16_compress_hook}[cfg.compress], 2)
             if polls(cfg, env):
                 hook = polling_hook(hook)
             self.module.register_comm_hook(None, hook)
         else:
             self.comm_timing = "hook"
-            self.module.register_comm_hook(None, self._hook)
+            self.module.register_comm_hook(None, lambda state, bucket: me._hook(state, bucket))
 
     def _count(self, nbytes: int) -> None:
         self.wire_bytes += nbytes
-
-    def _counting(self, torch_hook, wire_size: int | None = None):
-        """torch_hook, first counting the bucket's bytes (`wire_size` bytes per element if
-        it compresses); it never waits."""
-        def hook(state, bucket):
-            buffer = bucket.buffer()
-            self.wire_bytes += buffer.numel() * (wire_size or buffer.element_size())
-            return torch_hook(state, bucket)
-        return hook
 
     def state_dict(self) -> dict:
         return {"powersgd": self.powersgd.state_dict()} if self.powersgd else {}
@@ -98,6 +94,16 @@ class DDPSync(AveragingSync):
 
     def no_sync(self):
         return self.module.no_sync()
+
+
+def _counting(sync: DDPSync, torch_hook, wire_size: int | None = None):
+    """torch_hook, first counting the bucket's bytes into `sync` (`wire_size` bytes per
+    element if it compresses); it never waits."""
+    def hook(state, bucket):
+        buffer = bucket.buffer()
+        sync._count(buffer.numel() * (wire_size or buffer.element_size()))
+        return torch_hook(state, bucket)
+    return hook
 
 
 def polling_hook(hook):
