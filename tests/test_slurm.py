@@ -260,6 +260,38 @@ def test_the_time_limit_warning_saves_requeues_and_the_job_ends_bit_identical(
           f"requeued to running again in {waits} s")
 
 
+# Stands in for torchrun on each node: the training has ended and written its results, and
+# the process is still on its way out when the warning's SIGTERM reaches it (torchrun then exits 1).
+ENDED_AS_WARNED = """#!/bin/bash
+mkdir -p "outputs/$SLURM_JOB_ID" && touch "outputs/$SLURM_JOB_ID/summary.json" "outputs/$SLURM_JOB_ID/model.pt"
+trap 'echo "$(hostname): SIGTERM after the results"; exit 1' TERM
+echo "$(hostname): results written"
+while true; do sleep 0.1; done
+"""
+
+
+def test_a_warning_that_comes_after_the_training_ended_does_not_requeue(
+        slurm, tmp_path, cancel_on_failure):
+    fake = tmp_path / "torchrun"
+    fake.write_text(ENDED_AS_WARNED)
+    fake.chmod(0o755)
+    job_id = slurm.submit(tmp_path, [], TORCHRUN=str(fake))
+    cancel_on_failure.append(job_id)
+    log = tmp_path / f"slurm-{job_id}.out"
+    deadline = time.monotonic() + 120
+    while not (log.exists() and log.read_text().count("results written") == 2):
+        assert time.monotonic() < deadline, tail(log)
+        time.sleep(0.2)
+    assert slurm.run("scancel", "--batch", "--signal=USR1", job_id).returncode == 0  # the warning
+    job = slurm.wait(job_id, log, timeout=60)
+    text = log.read_text()
+    assert (job["JobState"], job["ExitCode"], job["Restarts"]) == ("COMPLETED", "0:0", "0"), tail(log)
+    assert text.count("SIGTERM after the results") == 2, tail(log)  # the stop did reach both nodes
+    assert re.search(rf"job {job_id}: the step ended \(1\) at \S+ after the training had ended "
+                     rf"\(outputs/{job_id} holds its results\): not requeued", text), tail(log)
+    assert "requeued to continue" not in text
+
+
 def machine_state() -> tuple:
     """What up makes and down must remove: links, routes, namespaces, files, daemons."""
     from ddp_lab.cluster.commands import ip
