@@ -117,12 +117,13 @@ def test_the_yaml_holds_only_the_presets_and_hydras_settings():
 
 
 def test_cli_records_its_command_line(tmp_path):
-    r = run_module("ddp_lab.costmodel", ["params=[ib_100g]", "compute_ms.lenet=2", "compute_ms.resnet18=60",
+    # LeNet alone: counting ResNet-18's gradients would import torchvision (3 s here)
+    r = run_module("ddp_lab.costmodel", ["params=[ib_100g]", "gradients=[lenet]", "compute_ms.lenet=2",
                                          "plot=false", f"hydra.run.dir={tmp_path}"], nproc=0, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     record = json.loads((tmp_path / "record.json").read_text())
-    assert record["command"] == ("python -m ddp_lab.costmodel 'params=[ib_100g]' compute_ms.lenet=2 "
-                                 "compute_ms.resnet18=60 plot=false")
+    assert record["command"] == ("python -m ddp_lab.costmodel 'params=[ib_100g]' 'gradients=[lenet]' "
+                                 "compute_ms.lenet=2 plot=false")
     assert record["inputs"] == [] and record["torch"] == torch.__version__
 
 
