@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from functools import partial
 from pathlib import Path
 
 import hydra
@@ -25,8 +26,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from ddp_lab import config, distributed, fast_path, rendezvous, schema, tuning
 from ddp_lab.config import ConfigError, RunFailed, say
-from ddp_lab.guards import stall
-from ddp_lab.guards.preemption import Preemption
+from ddp_lab.guards import error_file, stall
+from ddp_lab.guards.preemption import Preemption, Terminated
 from ddp_lab.guards.rundir import LaunchTrace, RunDirTaken
 from ddp_lab.guards.watchdog import Watchdog, first_failure, note_failure
 from ddp_lab.trainer import Trainer
@@ -51,9 +52,10 @@ def _rank_before_setup() -> int:
 
 
 # @record under @hydra.main: Hydra turns a task's exception into a printed line and
-# exit(1), so only here does torchrun's error file get the real traceback.
+# exit(1), so only here could torchrun's error file get it. Each branch below writes the
+# rank's one line there first (ddp_lab.guards.error_file); KeepFirst keeps it.
 @hydra.main(version_base="1.3", config_path=config.CONFIG_PATH, config_name="train")
-@record
+@partial(record, error_handler=error_file.KeepFirst())
 def main(cfg) -> dict:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     env = trainer = watchdog = None
@@ -89,18 +91,26 @@ def main(cfg) -> dict:
         # stderr and in the rank's log, on every rank, and no traceback.
         log.error("%s", e)
         say(f"ddp_lab: error: {e}")
+        error_file.write(f"ddp_lab: error: {e}")  # torchrun's root cause: this line
         if isinstance(e, RunDirTaken) and trace is not None:
             trace.take_back()  # a refused launch leaves the directory it protects as it was
         sys.exit(2 if isinstance(e, ConfigError) else 1)
+    except Terminated as e:  # SIGTERM/SIGINT: torchrun reports a rank's 143 as a failure too
+        by = preemption.proposer or preemption.signal
+        error_file.write(f"ddp_lab: rank {preemption.rank} stopped on {by}: exit {e.code}; "
+                         "continue with trainer.resume=auto")
+        raise
     except Exception as e:  # anything else: say where and why in one line, then the traceback
-        cause = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        rank = env.rank if env else _rank_before_setup()
+        stall.log_to_file(f"rank {rank}: {type(e).__name__}: {e}", sys.exc_info())  # all of gloo's text
         store = rendezvous.attempt_store()
         first = first_failure(store)
+        cause = stall.short_cause(e)
         if first is not None:  # a rank stopped first: this rank's error (a closed connection) follows from it
             cause = f"{type(e).__name__} after another rank stopped first: {first}"
-        stall.report_stop(env.rank if env else 0, cause, watchdog)
+        line = stall.report_stop(rank, cause, watchdog, name_lost=first is None)
         if first is None:
-            note_failure(store, f"rank {env.rank if env else 0}: {cause}")
+            note_failure(store, line)
         raise
     finally:
         preemption.close()

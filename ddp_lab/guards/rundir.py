@@ -42,6 +42,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 from ddp_lab.config import ConfigError, say
+from ddp_lab.guards import error_file
 from ddp_lab.guards.stall import process_state
 from ddp_lab.telemetry.metrics import write_json_atomic
 
@@ -108,6 +109,7 @@ class RunDirCheck(Callback):
                                   f"{key}=<directory>")
         except ConfigError as e:
             say(f"ddp_lab: error: {e}")
+            error_file.write(f"ddp_lab: error: {e}")  # torchrun's root cause
             sys.exit(2)
 
 

@@ -24,12 +24,14 @@ from __future__ import annotations
 import faulthandler
 import logging
 import os
+import re
 import socket
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 from ddp_lab.config import say
+from ddp_lab.guards import error_file
 
 log = logging.getLogger("ddp_lab")
 
@@ -107,13 +109,16 @@ def collective(name: str):
     progress()
 
 
+def _where(place: dict, now: float) -> str:
+    where = ("waiting in" if place["inside"] else
+             "after" if place.get("collective") else "in")
+    return f"{where} {place['phase']} at step {place['step']}, {now - place['time']:.0f} s ago"
+
+
 def describe(rank: int, place: dict | None, now: float) -> str:
     if place is None:
         return f"rank {rank} (never seen)"
-    where = ("waiting in" if place["inside"] else
-             "after" if place.get("collective") else "in")
-    return (f"rank {rank} ({where} {place['phase']} at step {place['step']}, "
-            f"{now - place['time']:.0f} s ago)")
+    return f"rank {rank} ({_where(place, now)})"
 
 
 def _same_collective(a: dict, b: dict) -> bool:
@@ -170,19 +175,76 @@ def dump_stacks(run_dir: Path, rank: int) -> Path | None:
     return path
 
 
-def why_stopped(rank: int, cause: str, watchdog=None) -> str:
-    """One line: where this rank stopped, why, and (after a failed collective) which
-    ranks were not where it was."""
+CLOSED = re.compile(r"connection (closed|reset) by peer", re.IGNORECASE)  # gloo's words
+_SOURCE = re.compile(r"^\[[^\]]+:\d+\]\s*")  # gloo's "[.../pair.cc:561] "
+
+
+def short_cause(e: BaseException, limit: int = 120) -> str:
+    """`Type: first line` of an exception for the one line, without gloo's source location
+    and, past `limit` characters, only its first sentence (gloo adds advice and a 🏖️)."""
+    lines = str(e).strip().splitlines()
+    text = _SOURCE.sub("", lines[0]) if lines else ""
+    if len(text) > limit:
+        text = text.split(". ", 1)[0]
+    if len(text) > limit:
+        text = text[:limit - 3] + "..."
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def ended_here(place: dict) -> bool:
+    """Whether the process that published `place` is known to have ended: it ran on this
+    host and /proc has no such process (or a zombie its agent has not reaped yet, or a
+    reused pid with another start)."""
+    host, pid, start = (place.get("process", "").split("/") + ["", "", ""])[:3]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    state, now_start = process_state(int(pid))
+    return now_start != start or state in ("Z", "X")
+
+
+def lost_ranks(rank: int, places: dict[int, dict | None], cause: str) -> dict[int, str]:
+    """The ranks known to be gone, each said with where it was last seen. On this host a
+    rank whose process ended; on another host nothing shows an end, so only after a
+    closed connection (`cause`) and only if one rank is not where this one is, its
+    connection is said to have closed: no more is known."""
+    now, others = time.time(), {r: p for r, p in places.items() if r != rank and p}
+    lost = {r: f"rank {r} is gone (its process ended; last seen {_where(p, now)})"
+            for r, p in others.items() if ended_here(p)}
+    if lost or not CLOSED.search(cause):
+        return lost
+    here = socket.gethostname()
+    away = [r for r in missing(places[rank], places)
+            if r in others and _host(others[r]) not in (here, "")]
+    if len(away) != 1:
+        return {}
+    r, p = away[0], others[away[0]]
+    return {r: f"rank {r}'s connection closed (on {_host(p)}; last seen {_where(p, now)})"}
+
+
+def _host(place: dict) -> str:
+    return place.get("process", "").split("/")[0]
+
+
+def why_stopped(rank: int, cause: str, watchdog=None, name_lost: bool = True) -> str:
+    """One line: where this rank stopped and why. After a failed collective: first the
+    ranks known gone (lost_ranks; not with `name_lost` False, when `cause` already
+    quotes the rank that stopped first), then the ranks that were not where it was."""
     where = ("while starting" if HERE.phase == "starting" else
              f"{'after' if HERE.collective and not HERE.inside else 'in'} {HERE.phase}")
-    line = f"rank {rank} stopped at step {HERE.step} {where}: {cause}"
+    places, lost = None, {}
     if watchdog is not None and HERE.inside:
         try:
             places = watchdog.places()
-            if missing(places[rank], places):
-                line += "; not there: " + late_ranks(places[rank], places)
+            lost = lost_ranks(rank, places, cause) if name_lost else {}
         except Exception:  # noqa: BLE001  (the store may be gone with the peer)
-            pass
+            places = None
+    if lost:
+        cause = "; ".join(lost.values()) + f"; this rank got {cause}"
+    line = f"rank {rank} stopped at step {HERE.step} {where}: {cause}"
+    if places is not None:
+        rest = {r: p for r, p in places.items() if r not in lost}
+        if missing(places[rank], rest):
+            line += "; not there: " + late_ranks(places[rank], rest)
     return line
 
 
@@ -200,13 +262,26 @@ def end_process(line: str, code: int) -> None:
     in its log (flushed), then exit with `code` without unwinding the training thread."""
     log.error("%s", line)
     say(line)
+    error_file.write(line)  # torchrun's root cause (ddp_lab.guards.error_file)
     for h in logging.getLogger().handlers:
         h.flush()
     os._exit(code)
 
 
-def report_stop(rank: int, cause: str, watchdog=None) -> None:
-    """why_stopped() on stderr and in this rank's log, before torchrun's own report."""
-    line = why_stopped(rank, cause, watchdog)
+def report_stop(rank: int, cause: str, watchdog=None, name_lost: bool = True) -> str:
+    """why_stopped() on stderr, in this rank's log and as torchrun's root cause, before
+    torchrun's own report; the line, without "ddp_lab: "."""
+    line = why_stopped(rank, cause, watchdog, name_lost)
     log.error("%s", line)
     say(f"ddp_lab: {line}")
+    error_file.write(f"ddp_lab: {line}")
+    return line
+
+
+def log_to_file(text: str, exc_info=None) -> None:
+    """`text` (and a traceback) into this rank's log file only: the console has the one
+    line, and Hydra prints the traceback there."""
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, text, None, exc_info)
+    for h in logging.getLogger().handlers:
+        if isinstance(h, logging.FileHandler):
+            h.handle(record)

@@ -1,4 +1,6 @@
 """The stall inspector's reports: who has not arrived, a desync, why a rank stopped."""
+import os
+import socket
 import subprocess
 import time
 
@@ -77,6 +79,88 @@ def test_stacks_are_written_per_rank(tmp_path):
 @pytest.fixture(autouse=True)
 def _fresh_place(monkeypatch):
     monkeypatch.setattr(stall, "HERE", stall.Place())
+
+
+# ---------------------------------------------------------------- a rank that is gone
+class _Watchdog:
+    def __init__(self, places):
+        self._places = places
+
+    def places(self):
+        return self._places
+
+
+def _in_gradient_sync_at_41(peer_process: str, cause: str, name_lost: bool = True) -> str:
+    """Rank 0's line, stopped in step 41's gradient sync, rank 1 last seen in step 36's."""
+    stall.at_step(41)
+    with pytest.raises(RuntimeError), stall.collective("gradient sync"):
+        raise RuntimeError(cause)
+    me = {**stall.HERE.as_dict(), "seq": 80}
+    peer = {**_place(36, "gradient sync", True, ago=2, seq=70), "process": peer_process}
+    return stall.why_stopped(0, cause, _Watchdog({0: me, 1: peer}), name_lost)
+
+
+def _ended_process(reap: bool) -> tuple[subprocess.Popen, str]:
+    """A process of this host that has ended (`reap` False: a zombie not yet reaped, as a
+    rank is until its torchrun agent looks), and its identity as it published it."""
+    proc = subprocess.Popen(["sleep", "30"])
+    identity = f"{socket.gethostname()}/{proc.pid}/{stall.process_state(proc.pid)[1]}"
+    proc.kill()
+    if reap:
+        proc.wait()
+    else:
+        while stall.process_state(proc.pid)[0] != "Z":
+            time.sleep(0.01)
+    return proc, identity
+
+
+@pytest.mark.parametrize("reap", [True, False], ids=["reaped", "zombie"])
+def test_a_rank_whose_process_ended_on_this_host_is_named_first(reap):
+    proc, identity = _ended_process(reap)
+    try:
+        line = _in_gradient_sync_at_41(identity, "RuntimeError: Connection reset by peer")
+    finally:
+        proc.wait()
+    assert line == ("rank 0 stopped at step 41 in gradient sync: rank 1 is gone (its process "
+                    "ended; last seen waiting in gradient sync at step 36, 2 s ago); this rank "
+                    "got RuntimeError: Connection reset by peer")
+
+
+def test_a_live_rank_is_not_called_gone():
+    me = f"{socket.gethostname()}/{os.getpid()}/{stall.process_state(os.getpid())[1]}"
+    assert _in_gradient_sync_at_41(me, "RuntimeError: Connection reset by peer") == (
+        "rank 0 stopped at step 41 in gradient sync: RuntimeError: Connection reset by peer; "
+        "not there: rank 1 (waiting in gradient sync at step 36, 2 s ago)")
+
+
+def test_a_rank_on_another_host_is_said_to_have_closed_its_connection_only():
+    line = _in_gradient_sync_at_41("node-7/1234/99", "RuntimeError: Connection closed by peer "
+                                   "[10.0.0.7]:25738")
+    assert line == ("rank 0 stopped at step 41 in gradient sync: rank 1's connection closed (on "
+                    "node-7; last seen waiting in gradient sync at step 36, 2 s ago); this rank "
+                    "got RuntimeError: Connection closed by peer [10.0.0.7]:25738")
+    # another error: nothing is known about rank 1 but where it was
+    assert _in_gradient_sync_at_41("node-7/1234/99", "RuntimeError: Timed out") == (
+        "rank 0 stopped at step 41 in gradient sync: RuntimeError: Timed out; not there: rank 1 "
+        "(waiting in gradient sync at step 36, 2 s ago)")
+
+
+def test_a_cause_quoting_the_rank_that_stopped_first_is_kept_as_it_is():
+    proc, identity = _ended_process(reap=True)
+    cause = "RuntimeError after another rank stopped first: rank 1: ValueError: bad"
+    assert _in_gradient_sync_at_41(identity, cause, name_lost=False).startswith(
+        f"rank 0 stopped at step 41 in gradient sync: {cause}; not there: rank 1 (")
+
+
+def test_the_line_keeps_a_short_cause_of_gloos_text():
+    gloo = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection "
+            "closed by peer [127.0.0.1]:25738. This is typically caused by a remote worker "
+            "crashing. Check the logs of the remote worker before reporting an error. GLHF!")
+    assert stall.short_cause(RuntimeError(gloo)) == (
+        "RuntimeError: Connection closed by peer [127.0.0.1]:25738")
+    assert stall.short_cause(ValueError("bad.\nmore")) == "ValueError: bad."
+    assert stall.short_cause(KeyError()) == "KeyError"
+    assert stall.short_cause(RuntimeError("x" * 300)) == "RuntimeError: " + "x" * 117 + "..."
 
 
 # ---------------------------------------------------------------- through torchrun
@@ -163,3 +247,15 @@ def test_a_skipped_gradient_sync_is_named_as_a_desync(tiny_fmnist, tmp_path):
                "at step 4" in ln or "rank 1 has waited 20 s in straggler report at step 4 for rank 0 (waiting "
                "in gradient sync at step 4" in ln for ln in lines), proc.stderr[-3000:]
     assert sorted(p.name for p in (run / "stacks").iterdir()) == [f"rank{r}.txt" for r in sorted(gave_up)]
+
+
+@pytest.mark.system
+def test_a_killed_rank_is_named_first_by_the_survivor(tiny_fmnist, tmp_path):
+    run, proc, _ = _run_with_fault(tiny_fmnist, tmp_path, "rank=1,step=3,kind=kill")
+    assert proc.returncode == 1 and "DDP_LAB_FAULT: rank 1 sends itself SIGKILL" in proc.stderr
+    said = [ln for ln in proc.stderr.splitlines() if ln.startswith("ddp_lab: rank 0 stopped")]
+    assert len(said) == 1, proc.stderr[-3000:]
+    assert said[0].split(": ", 2)[2].startswith("rank 1 is gone (its process ended; last seen "), said
+    assert "GLHF" not in said[0] and "pair.cc" not in said[0]  # gloo's text: in the log only
+    log = (run / "rank0.log").read_text()
+    assert "GLHF" in log, (said, log[-3000:])  # all of it, with the traceback
