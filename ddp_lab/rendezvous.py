@@ -31,6 +31,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import queue
 import threading
 import time
 import uuid
@@ -38,6 +39,7 @@ import uuid
 import torch.distributed as dist
 
 from ddp_lab.config import say
+from ddp_lab.guards import error_file
 
 log = logging.getLogger("ddp_lab")
 
@@ -45,6 +47,7 @@ ATTEMPT_KEY = "ddp_lab/attempt"
 _attempt_store: dist.Store | None = None  # this process's, once init_process_group made it
 GROUP_GRACE_S = 15  # the process group's timeout is dist.timeout_s plus this
 POLL_S = 0.5  # how long a rank waits for its welcome before it looks for a newer attempt
+CALL_S = 5.0  # the longest one store call may take before it is called unanswered
 
 
 class Deadline:
@@ -67,6 +70,7 @@ class Deadline:
         if logging.getLogger().handlers:  # the rank's log file, where Hydra set one up
             log.error(line)
         say(line)
+        error_file.write(line)  # torchrun's root cause (ddp_lab.guards.error_file)
         os._exit(1)
 
     def __enter__(self) -> Deadline:
@@ -144,11 +148,81 @@ def init_process_group(backend: str, rank: int, world_size: int, timeout_s: floa
         if backend == "gloo":
             dist.barrier()  # every gloo thread has started and run once
     global _attempt_store
-    _attempt_store = prefixed
+    _attempt_store = BoundedStore(prefixed, where)
     return token
 
 
-def attempt_store() -> dist.Store | None:
+def attempt_store() -> BoundedStore | None:
     """This attempt's store (under its own prefix), for the watchdog and preemption; None
     before init_process_group, or without one."""
     return _attempt_store
+
+
+class StoreUnreachable(RuntimeError):
+    """A store call did not return within its bound (or one before it is still stuck)."""
+
+
+class BoundedStore:
+    """A store whose every call returns within CALL_S (plus a wait's own timeout), or raises
+    StoreUnreachable.
+
+    Why: a TCPStore call blocks in a socket read that its timeout does not bound. On a host
+    cut off from the network it waited until the link came back (measured on an emulated
+    host: check() returned after 110 s, when the link was restored; TCP itself gives up
+    after about 15 minutes). So the calls run on one thread of their own: a caller waits at
+    most the bound, later callers fail at once while a call is stuck, and `unanswered_s`
+    tells the watchdog how long the store has been silent.
+    """
+
+    def __init__(self, store: dist.Store, where: str = "?", call_s: float | None = None):
+        self.store, self.where, self.call_s = store, where, CALL_S if call_s is None else call_s
+        self._calls: queue.Queue = queue.Queue()
+        self._since: float | None = None  # when the call in flight began
+        self.answered_at = time.monotonic()  # when a call last returned
+        self._worker = threading.Thread(target=self._serve, name="ddp_lab_store", daemon=True)
+        self._worker.start()
+
+    def unanswered_s(self) -> float:
+        """How long the call in flight has waited (0 when none is)."""
+        since = self._since
+        return 0.0 if since is None else time.monotonic() - since
+
+    def _serve(self) -> None:
+        while True:  # idle in a queue, not in C++, when the interpreter exits
+            fn, args, box, done = self._calls.get()
+            self._since = time.monotonic()
+            try:
+                box.append(("ok", fn(*args)))
+            except Exception as e:  # noqa: BLE001  (handed to the caller)
+                box.append(("error", e))
+            self._since, self.answered_at = None, time.monotonic()
+            done.set()
+
+    def _call(self, name: str, *args, wait_s: float = 0.0):
+        if self.unanswered_s() > self.call_s:
+            raise StoreUnreachable(f"the store at {self.where} has not answered for "
+                                   f"{self.unanswered_s():.0f} s")
+        box, done = [], threading.Event()
+        self._calls.put((getattr(self.store, name), args, box, done))
+        if not done.wait(self.call_s + wait_s):
+            raise StoreUnreachable(f"the store at {self.where} did not answer {name}() within "
+                                   f"{self.call_s + wait_s:g} s")
+        kind, value = box[0]
+        if kind == "error":
+            raise value
+        return value
+
+    def set(self, key, value):
+        return self._call("set", key, value)
+
+    def get(self, key):
+        return self._call("get", key)
+
+    def check(self, keys):
+        return self._call("check", keys)
+
+    def compare_set(self, key, expected, desired):
+        return self._call("compare_set", key, expected, desired)
+
+    def wait(self, keys, timeout: datetime.timedelta):
+        return self._call("wait", keys, timeout, wait_s=timeout.total_seconds())

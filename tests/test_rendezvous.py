@@ -3,6 +3,7 @@ import datetime
 import threading
 import time
 
+import pytest
 import torch.distributed as dist
 
 from ddp_lab import rendezvous
@@ -64,3 +65,47 @@ def test_the_deadline_names_what_it_waited_for(tmp_path):
     assert proc.stderr.strip() == ("ddp_lab: error: rank 3 waited 0.5 s (dist.timeout_s) for "
                                    "rank 0 to open this attempt; giving up")
     assert time.monotonic() - start < 20
+
+
+class _CutOff:
+    """A store on a host whose cable was pulled: check() waits until the link is back."""
+
+    def __init__(self):
+        self.link_up = threading.Event()
+
+    def check(self, keys):
+        self.link_up.wait()
+        return True
+
+    def set(self, key, value):
+        pass
+
+
+def test_a_store_call_that_gets_no_answer_is_bounded_and_the_silence_measured():
+    cut = _CutOff()
+    store = rendezvous.BoundedStore(cut, "host0:29500", call_s=0.3)
+    started = time.monotonic()
+    with pytest.raises(rendezvous.StoreUnreachable, match=r"the store at host0:29500 did not answer "
+                                                           r"check\(\) within 0.3 s"):
+        store.check(["k"])
+    assert 0.3 <= time.monotonic() - started < 2
+    time.sleep(0.1)
+    assert store.unanswered_s() >= 0.4  # the call still waits, off the caller's thread
+    started = time.monotonic()
+    with pytest.raises(rendezvous.StoreUnreachable, match="has not answered for"):
+        store.set("k", "v")  # while one call is stuck, the next fails at once
+    assert time.monotonic() - started < 0.1
+    cut.link_up.set()  # the link back: the stuck call returns, the store answers again
+    deadline = time.monotonic() + 5
+    while store.unanswered_s() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert store.unanswered_s() == 0 and store.check(["k"]) is True
+
+
+def test_a_store_error_reaches_the_caller_as_itself():
+    class Failing:
+        def get(self, key):
+            raise KeyError(key)
+
+    with pytest.raises(KeyError):
+        rendezvous.BoundedStore(Failing(), call_s=1).get("missing")

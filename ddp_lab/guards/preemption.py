@@ -22,6 +22,10 @@ the signal, and:
   one atomic rename (ddp_lab.checkpoint.files), so a save cut short leaves no
   checkpoint behind and the previous one intact.
 
+A rank that learned P from another rank before its own signal came (the
+signals of a multi-node job reach the nodes apart) still saves at P: only a
+second signal to the same rank counts as one.
+
 A second signal, or `trainer.preempt_save_s=0`, stops at once without a save:
 this rank's Python stacks go to <run dir>/stacks/rank<N>.txt and one line
 says where it stopped. The same signal again within REPEAT_S is not a second
@@ -39,6 +43,7 @@ from pathlib import Path
 
 from ddp_lab.guards import stall
 from ddp_lab.guards.watchdog import FAILED, join_quietly
+from ddp_lab.rendezvous import BoundedStore
 
 log = logging.getLogger("ddp_lab")
 
@@ -80,6 +85,8 @@ class Preemption:
 
     def watch(self, store, world_size: int) -> None:
         """Look for another rank's proposal in this attempt's store (distributed runs)."""
+        if not isinstance(store, BoundedStore):  # a cut-off host must not block the poll
+            store = BoundedStore(store)
         self.store, self.world_size = store, world_size
         self._poller = threading.Thread(target=self._poll, name="ddp_lab_preempt", daemon=True)
         self._poller.start()
@@ -99,10 +106,20 @@ class Preemption:
             log.info("rank %d: %s again (from SLURM and torchrun both): the same request",
                      self.rank, name)
             return
-        if self.requested or self.budget_s == 0:
-            self._stop_now(signum, "a second time" if self.requested else "trainer.preempt_save_s=0")
-        self.signal, self.exit_code, self.got_at = name, 128 + signum, time.monotonic()
-        self.signalled_at = self.got_at
+        if self._closed.is_set():  # saved and on its way out: nothing left to do
+            return
+        # Only this rank's own earlier signal makes this one a second: a step learned from
+        # another rank first is the common case on many nodes (signals reach them apart).
+        if self.signal is not None or self.budget_s == 0:
+            self._stop_now(signum, "a second time" if self.signal else "trainer.preempt_save_s=0")
+        self.signal, self.exit_code, self.signalled_at = name, 128 + signum, time.monotonic()
+        if self.stop_after is not None:  # learned first: that save stands, its deadline runs
+            log.warning("rank %d got %s at step %d: saving the checkpoint after step %d the "
+                        "ranks agreed on (%s; a second %s stops at once)", self.rank, name,
+                        stall.HERE.step, self.stop_after, self.proposer, name)
+            self._start_deadline()  # (started already, unless the signal came mid-_learn)
+            return
+        self.got_at = self.signalled_at
         line = (f"rank {self.rank} got {name} at step {stall.HERE.step}: finishing the step and "
                 f"saving a checkpoint within trainer.preempt_save_s={self.budget_s:g} "
                 f"(a second {name} stops at once)")

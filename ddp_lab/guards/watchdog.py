@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 from ddp_lab.guards import stall
+from ddp_lab.rendezvous import BoundedStore, StoreUnreachable
 
 log = logging.getLogger("ddp_lab")
 
@@ -56,6 +57,9 @@ class Watchdog:
 
     def __init__(self, store, rank: int, world_size: int, run_dir: Path, warn_s: float,
                  timeout_s: float):
+        # every store call bounded: a host cut off from the network must not block this thread
+        if store is not None and not isinstance(store, BoundedStore):
+            store = BoundedStore(store)
         self.store, self.rank, self.world_size = store, rank, world_size
         self.run_dir, self.warn_s, self.timeout_s = Path(run_dir), warn_s, timeout_s
         # under torchrun our parent is the agent; a new parent means it is gone
@@ -82,9 +86,11 @@ class Watchdog:
         return found
 
     def _watch(self) -> None:
-        published, warned_for = None, None
-        # at once, then every tick; once closed, not one more look (a test's place may be gone)
-        while not self._stop.wait(0 if published is None else PUBLISH_S):
+        published, warned_for, tick = None, None, 0.0
+        # at once, then every tick (with a store or without); once closed, not one more
+        # look (a test's place may be gone)
+        while not self._stop.wait(tick):
+            tick = PUBLISH_S
             if self.agent is not None and os.getppid() != self.agent:
                 self._end(f"rank {self.rank}: its torchrun agent (process {self.agent}) is gone "
                           "(killed, or out of memory) and nothing else would stop this rank; "
@@ -92,6 +98,8 @@ class Watchdog:
             here = stall.HERE
             try:
                 place = (here.step, here.phase, here.inside, here.seq)
+                if self.store is not None:
+                    self._check_reachable()
                 if self.store is not None and place != published:
                     self.store.set(f"place/{self.rank}", json.dumps(here.as_dict()))
                     published = place
@@ -107,6 +115,37 @@ class Watchdog:
             except Exception as e:  # noqa: BLE001  (a lost store must not kill training)
                 log.debug("watchdog: %s", e)
 
+    def _check_reachable(self) -> None:
+        """End this rank once the store has not answered for dist.timeout_s: its host lost
+        its peers (a cut cable, a dead switch) or the store's host is gone. A store call
+        that nobody else made lately is made here, so silence is noticed in any phase."""
+        if time.monotonic() - self.store.answered_at > 2 * PUBLISH_S and not self.store.unanswered_s():
+            try:
+                self.store.check([f"place/{self.rank}"])
+            except StoreUnreachable:
+                pass
+        silent = self.store.unanswered_s()
+        if silent >= self.timeout_s:
+            self._end(f"rank {self.rank} lost its peers: the store at {self.store.where} has not "
+                      f"answered for {silent:.0f} s (this host's network is down, or the store's "
+                      f"host is gone), at step {stall.HERE.step} in {stall.HERE.phase}; giving "
+                      f"up at dist.timeout_s={self.timeout_s:g}{self._end_agent()}")
+
+    def _end_agent(self) -> str:
+        """SIGKILL this rank's torchrun agent when its rendezvous does not answer either: the
+        agent would wait on it as long, holding the node (measured on a cut-off emulated host:
+        still waiting 11 minutes after its worker ended). One that can reach it is left to
+        go on (elastic: its host rejoins). Says what it did."""
+        endpoint = agent_endpoint(self.agent) if self.agent is not None else None
+        if endpoint is None or answers(endpoint):
+            return ""
+        try:
+            os.kill(self.agent, signal.SIGKILL)
+        except OSError:
+            return ""
+        return (f"; its torchrun agent (process {self.agent}) cannot reach its rendezvous at "
+                f"{endpoint[0]}:{endpoint[1]} either: ended it")
+
     def _give_up(self, report, waited: float) -> None:
         killed = ""
         try:
@@ -114,6 +153,10 @@ class Watchdog:
             line = report(self.rank, waited, places)
             if stall.HERE.inside:
                 killed = end_stopped(places, stall.missing(places[self.rank], places))
+        except StoreUnreachable as e:  # this host lost its peers, or the store's host is gone
+            line = (f"rank {self.rank} has waited {waited:.0f} s in {stall.HERE.phase} at step "
+                    f"{stall.HERE.step} and lost its peers: {e}")
+            killed = self._end_agent()
         except Exception as e:  # noqa: BLE001  (the store itself may be gone with rank 0)
             line = (f"rank {self.rank} has waited {waited:.0f} s in {stall.HERE.phase} at step "
                     f"{stall.HERE.step} (the other ranks' places are unreadable: {e})")
@@ -124,6 +167,31 @@ class Watchdog:
         line += f"; stacks in {path.parent}" if path else ""
         note_failure(self.store, line)
         stall.end_process(f"ddp_lab: error: {line}", 1)
+
+
+def agent_endpoint(pid: int) -> tuple[str, int] | None:
+    """The rendezvous endpoint on torchrun's command line (process `pid`), if it names one."""
+    try:
+        args = open(f"/proc/{pid}/cmdline", "rb").read().decode().split("\0")
+    except OSError:
+        return None
+    for i, arg in enumerate(args):
+        for flag in ("--rdzv-endpoint", "--rdzv_endpoint"):
+            value = arg[len(flag) + 1:] if arg.startswith(flag + "=") else (
+                args[i + 1] if arg == flag and i + 1 < len(args) else None)
+            if value:
+                host, _, port = value.rpartition(":") if ":" in value else (value, "", "29400")
+                return host, int(port) if port.isdigit() else 29400
+    return None
+
+
+def answers(endpoint: tuple[str, int], timeout_s: float = 5.0) -> bool:
+    """Whether a TCP connection to `endpoint` opens within `timeout_s`."""
+    try:
+        socket.create_connection(endpoint, timeout=timeout_s).close()
+        return True
+    except OSError:
+        return False
 
 
 def join_quietly(thread: threading.Thread | None, timeout_s: float = 2.0) -> None:

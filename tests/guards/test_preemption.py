@@ -1,4 +1,5 @@
 """The save on the way out: one step every rank agrees on, a deadline, a second signal."""
+import os
 import signal
 import subprocess
 import sys
@@ -9,6 +10,8 @@ import torch.distributed as dist
 
 from ddp_lab.guards import preemption
 from ddp_lab.guards.preemption import Preemption, Terminated
+from tests.conftest import free_port
+from tests.guards.apart import SLOW_STEPS, rank_pids, saves, signal_apart
 
 
 @pytest.fixture
@@ -152,3 +155,53 @@ def test_closing_stops_the_store_poller(tmp_path, handlers):
     assert p._poller.is_alive()
     p.close()
     assert not p._poller.is_alive()  # no store call left in flight when the process exits
+
+
+def test_a_rank_that_learned_the_step_first_still_saves_on_its_own_signal(handlers, caplog):
+    """On many nodes the signals arrive apart: rank 1 reads rank 0's step, then gets its
+    own SIGTERM. That is its first signal, not a second: it saves at the agreed step."""
+    store = dist.HashStore()
+    first, second = Preemption(0, 30.0), Preemption(1, 30.0).install()
+    first.watch(store, 2)
+    second.watch(store, 2)
+    try:
+        first._on_signal(signal.SIGTERM, None)
+        assert not first.stop_here(6)  # proposes 7, held until rank 1's poll read it
+        assert second.stop_after == 7 and second.signal is None
+        signal.raise_signal(signal.SIGTERM)  # its own, a second later: noted, no exit
+        assert second.signal == "SIGTERM" and second.stop_after == 7
+        assert not second.stop_here(6) and second.stop_here(7) and first.stop_here(7)
+        assert second.saved(None).code == 143
+    finally:
+        first.close()
+        second.close()
+    assert "rank 1 got SIGTERM at step 0: saving the checkpoint after step 7 the ranks agreed " \
+           "on (SIGTERM to rank 0; a second SIGTERM stops at once)" in caplog.text
+    assert "stopping at once" not in caplog.text.replace("a second SIGTERM stops at once", "")
+
+
+@pytest.mark.system
+@pytest.mark.parametrize("apart_s", [0.5, 3.0])
+def test_signals_that_reach_the_ranks_apart_save_on_every_rank(tmp_path, apart_s):
+    """SIGTERM to rank 0's worker, then to rank 1's `apart_s` later: every rank saves at the
+    one agreed step, whichever reaches it first, the signal or the step."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+           "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{free_port()}", "-m", "ddp_lab.train",
+           *SLOW_STEPS, f"hydra.run.dir={run_dir}"]
+    agent = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "launches.json").exists() or len(rank_pids(agent.pid)) < 2:
+            assert agent.poll() is None and time.monotonic() < deadline, agent.stdout.read()[-3000:]
+            time.sleep(0.1)
+        time.sleep(1.0)  # into the first step
+        signal_apart(rank_pids(agent.pid), apart_s)
+        out, _ = agent.communicate(timeout=120)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+    saved = saves(run_dir)
+    assert sorted(saved) == ["0", "1"] and saved["0"] == saved["1"], out[-3000:]
+    assert (run_dir / "checkpoints" / f"step-{saved['0']}" / "meta.json").exists()

@@ -1,6 +1,7 @@
 """The watchdog thread: publishes the place, ends a rank that makes no progress or lost its agent."""
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -153,3 +154,46 @@ def test_the_first_rank_to_give_up_is_what_a_later_failure_quotes():
     assert watchdog.first_failure(None) is None and watchdog.first_failure(store) is None
     watchdog.note_failure(store, "rank 0 has waited 20 s in gradient sync at step 4")
     assert watchdog.first_failure(store) == "rank 0 has waited 20 s in gradient sync at step 4"
+
+
+@pytest.mark.parametrize("rendezvous_answers", [False, True])
+def test_a_rank_that_lost_its_store_ends_within_the_timeout(tmp_path, rendezvous_answers):
+    """A host cut off from the network: every store call waits for the link. The rank ends
+    at dist.timeout_s with a line naming the lost peers, whatever it was doing, and ends its
+    torchrun agent (here a stand-in) only when the agent's rendezvous does not answer either."""
+    rank = ("import sys, threading, time\n"
+            "from ddp_lab import rendezvous\n"
+            "from ddp_lab.guards import stall, watchdog\n"
+            "watchdog.PUBLISH_S = 0.05\n"
+            "rendezvous.CALL_S = 0.2\n"
+            "class CutOff:\n"  # a store across a pulled cable: no call ever returns
+            "    def set(self, key, value): threading.Event().wait()\n"
+            "    def check(self, keys): threading.Event().wait()\n"
+            "stall.at_step(5)\n"
+            "stall.phase('forward/backward')\n"  # computing: no collective to time out in
+            "watchdog.Watchdog(CutOff(), 2, 3, sys.argv[1], warn_s=0, timeout_s=1.5).start()\n"
+            "time.sleep(20)\n"
+            "print('still here')\n")
+    agent = ("import subprocess, sys, time\n"
+             "subprocess.run([sys.executable, '-c', sys.argv[1], sys.argv[2]])\n"
+             "time.sleep(3)\n")
+    with socket.socket() as rendezvous:
+        rendezvous.bind(("127.0.0.1", 0))
+        if rendezvous_answers:
+            rendezvous.listen()
+        endpoint = f"127.0.0.1:{rendezvous.getsockname()[1]}"
+        started = time.monotonic()
+        proc = subprocess.run([sys.executable, "-c", agent, rank, str(tmp_path),
+                               f"--rdzv-endpoint={endpoint}"], capture_output=True, text=True,
+                              timeout=60, env={**os.environ, "TORCHELASTIC_RUN_ID": "cut"})
+    took = time.monotonic() - started
+    assert "still here" not in proc.stdout and took < 15, (took, proc.stderr)  # not the sleep
+    assert re.search(r"ddp_lab: error: rank 2 lost its peers: the store at \? has not answered for "
+                     r"[12] s \(this host's network is down, or the store's host is gone\), at step 5 "
+                     r"in forward/backward; giving up at dist.timeout_s=1.5", proc.stderr), proc.stderr
+    ended = (r"; its torchrun agent \(process \d+\) cannot reach its rendezvous at "
+             + re.escape(endpoint) + " either: ended it")
+    if rendezvous_answers:  # the agent can go on: left alone, it ends by itself
+        assert proc.returncode == 0 and not re.search(ended, proc.stderr), proc.stderr
+    else:
+        assert proc.returncode == -9 and re.search(ended, proc.stderr), proc.stderr
