@@ -1,4 +1,10 @@
-"""Signals that reach the ranks of one job apart, as they reach the nodes of a cluster."""
+"""Signals that reach the ranks of one job apart, as they reach the nodes of a cluster.
+
+Rank 0 gets SIGTERM; rank 1 reads the step to stop after from the store, and only
+then, `apart_s` later, gets its own: the order of a multi-node preemption whose
+signals reach the nodes apart. Rank 1 is slowed (DDP_LAB_FAULT slow) so that
+the agreed step lasts longer than the gap, on any CPU.
+"""
 from __future__ import annotations
 
 import os
@@ -9,10 +15,11 @@ from pathlib import Path
 
 from ddp_lab.cluster.commands import descendants
 
-# synthetic images in 4 steps an epoch of ~3 s each on 2 ranks of 2 cores: a second
-# signal up to 3 s after the first still finds the ranks before the agreed step's end
-SLOW_STEPS = ["data=synthetic", "data.num_train=32768", "data.num_test=512", "data.batch_size=4096",
-              "trainer.epochs=2", "trainer.amp=off", "trainer.compile=false", "trainer.progress=false"]
+SLOW_STEPS = ["data=synthetic", "data.num_train=65536", "data.num_test=512", "data.batch_size=2048",
+              "trainer.epochs=1", "trainer.amp=off", "trainer.compile=false", "trainer.progress=false"]
+# each step from the second on sleeps 19 times its compute: seconds, also on a fast CPU
+SLOW_RANK_1 = {"DDP_LAB_FAULT": "rank=1,step=2,kind=slow=20"}
+LEARNED = "rank 1: SIGTERM to rank 0; saving a checkpoint after step"
 
 
 def rank_pids(root: int) -> dict[int, int]:
@@ -30,18 +37,23 @@ def rank_pids(root: int) -> dict[int, int]:
     return found
 
 
-def signal_apart(pids: dict[int, int], apart_s: float) -> None:
-    """SIGTERM to rank 0, then `apart_s` later to rank 1 (gone by then is fine)."""
+def signal_apart(pids: dict[int, int], run_dir: Path, apart_s: float, timeout: float = 60) -> None:
+    """SIGTERM to rank 0; once rank 1 has read the agreed step, `apart_s` later, to rank 1."""
     os.kill(pids[0], signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    log = run_dir / "rank1.log"
+    while not (log.exists() and LEARNED in log.read_text()):
+        assert time.monotonic() < deadline, f"rank 1 never read the step: {log.read_text()[-2000:]}"
+        time.sleep(0.05)
     time.sleep(apart_s)
-    try:
-        os.kill(pids[1], signal.SIGTERM)
-    except ProcessLookupError:
-        pass
+    os.kill(pids[1], signal.SIGTERM)
 
 
 def saves(run_dir: Path) -> dict[str, str]:
-    """{rank: step} of every 'saved checkpoint step-N' line in the ranks' logs."""
+    """{rank: step} of every 'saved checkpoint step-N' line in the ranks' logs; rank 1's own
+    signal said to come after the agreement, and no rank stopped without a save."""
     logs = "".join(p.read_text() for p in sorted(run_dir.glob("rank*.log")))
-    assert "stopping at once" not in logs, logs[-3000:]
+    assert "stopping at once" not in logs.replace("a second SIGTERM stops at once", ""), logs[-3000:]
+    assert re.search(r"rank 1 got SIGTERM at step \d+: saving the checkpoint after step \d+ the ranks "
+                     r"agreed on \(SIGTERM to rank 0", logs), logs[-3000:]
     return {r: s for r, s in re.findall(r"rank (\d): saved checkpoint step-(\d+) [\d.]+ s after", logs)}

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from ddp_lab.guards import preemption
 from ddp_lab.guards.preemption import Preemption, Terminated
 from tests.conftest import free_port
-from tests.guards.apart import SLOW_STEPS, rank_pids, saves, signal_apart
+from tests.guards.apart import SLOW_RANK_1, SLOW_STEPS, rank_pids, saves, signal_apart
 
 
 @pytest.fixture
@@ -183,21 +183,20 @@ def test_a_rank_that_learned_the_step_first_still_saves_on_its_own_signal(handle
 @pytest.mark.system
 @pytest.mark.parametrize("apart_s", [0.5, 3.0])
 def test_signals_that_reach_the_ranks_apart_save_on_every_rank(tmp_path, apart_s):
-    """SIGTERM to rank 0's worker, then to rank 1's `apart_s` later: every rank saves at the
-    one agreed step, whichever reaches it first, the signal or the step."""
+    """SIGTERM to rank 0's worker, then to rank 1's `apart_s` after rank 1 read the step to
+    stop after: every rank saves at the one agreed step (rank 1 used to stop at once)."""
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
            "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{free_port()}", "-m", "ddp_lab.train",
            *SLOW_STEPS, f"hydra.run.dir={run_dir}"]
     agent = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+                             env={**os.environ, "OMP_NUM_THREADS": "1", **SLOW_RANK_1})
     try:
         deadline = time.monotonic() + 120
         while not (run_dir / "launches.json").exists() or len(rank_pids(agent.pid)) < 2:
             assert agent.poll() is None and time.monotonic() < deadline, agent.stdout.read()[-3000:]
             time.sleep(0.1)
-        time.sleep(1.0)  # into the first step
-        signal_apart(rank_pids(agent.pid), apart_s)
+        signal_apart(rank_pids(agent.pid), run_dir, apart_s)
         out, _ = agent.communicate(timeout=120)
     finally:
         if agent.poll() is None:
