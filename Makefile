@@ -1,6 +1,6 @@
 # Two commands set up a fresh machine and run ddp_lab:
 #   make train   # 2-process LeNet on CPU (gloo) on the local Fashion-MNIST, logs to TensorBoard
-#   make test    # unit and multi-process tests (a few minutes), and the linter
+#   make test    # unit and multi-process tests (a few minutes), and the linter (needs `make data`, run first)
 #   make test-all  # everything: also torchrun end to end, namespaces, SLURM, full disks (CI)
 # Both create .venv (reusing torch if the system Python already has it) and
 # `pip install -e .` into it; `make train` also installs the Debian packages
@@ -37,10 +37,10 @@ train: $(VENV)/.installed data
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check ddp_lab tests
 
-test: lint
+test: lint data
 	$(PY) -m pytest -q -m "not system"
 
-test-all: lint
+test-all: lint data
 	$(PY) -m pytest -q
 
 references: $(VENV)/.installed  # docs/configuration.md's generated tables, after a key changes

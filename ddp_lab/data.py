@@ -24,6 +24,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 from ddp_lab import targets
 from ddp_lab.config import ConfigError
 from ddp_lab.datasets import TensorPairs, as_tensor_pairs
+from ddp_lab.datasets.keyed import KeyedPairs, keys_of
+from ddp_lab.datasets.text import CONTEXT, TokenWindows
 
 # loader=auto keeps a split on the device while both splits take at most this share of its memory
 DEVICE_SHARE = 0.25
@@ -37,29 +39,63 @@ def build_datasets(cfg) -> tuple[Dataset, Dataset]:
     if not (isinstance(out, (tuple, list)) and len(out) == 2):
         raise ConfigError(f"data._target_={name} returned {type(out).__name__}, not (train, test): "
                           f"return two Datasets of (input, target) pairs")
+    out = [by_keys(ds, split, cfg, name) for split, ds in zip(("train", "test"), out)]
     for split, ds in zip(("train", "test"), out):
         check_dataset(ds, split, name)
     return out[0], out[1]
 
 
-def check_dataset(ds, split: str, name: str) -> None:
-    """A Dataset with a length, not empty, whose samples are (input tensor, target) pairs."""
+def by_keys(ds, split: str, cfg, name: str):
+    """A dataset of dicts (what Hugging Face datasets return) as (input, target) pairs,
+    taken by data.input_key and data.target_key; anything else as it is."""
+    inp, tgt = cfg.get("input_key", ""), cfg.get("target_key", "")
+    if not (inp or tgt):
+        return ds
+    if not (inp and tgt):
+        unset = "data.target_key" if inp else "data.input_key"
+        raise ConfigError(f"{unset} is not set: a sample's input and target are taken by data.input_key and "
+                          f"data.target_key together; set both, or neither for (input, target) samples")
+    check_map_style(ds, split, name)
+    keys = keys_of(ds[0])
+    if keys is None:
+        raise ConfigError(f"data.input_key={inp} is set, but data._target_={name}'s {split} samples are "
+                          f"{type(ds[0]).__name__}, not dicts: unset data.input_key and data.target_key")
+    for key, value in (("input_key", inp), ("target_key", tgt)):
+        if value not in keys:
+            raise ConfigError(f"data.{key}={value} is not a key of data._target_={name}'s {split} samples "
+                              f"(their keys: {', '.join(keys)}): set data.{key} to one of them")
+    return KeyedPairs(ds, inp, tgt)
+
+
+def check_map_style(ds, split: str, name: str) -> None:
+    """A Dataset with a length, not empty."""
     if not (hasattr(ds, "__getitem__") and hasattr(ds, "__len__")):
         raise ConfigError(f"data._target_={name}: its {split} split is a {type(ds).__name__}, not a "
                           f"Dataset with a length (a map-style torch Dataset)")
     if len(ds) == 0:
         raise ConfigError(f"data._target_={name}: its {split} split is empty")
+
+
+def check_dataset(ds, split: str, name: str) -> None:
+    """A Dataset with a length, not empty, whose samples are (input tensor, target) pairs."""
+    check_map_style(ds, split, name)
     sample = ds[0]
+    if (keys := keys_of(sample)) is not None:
+        raise ConfigError(f"data._target_={name}: its {split} split yields dicts (keys: {', '.join(keys)}), not "
+                          f"(input, target): set data.input_key and data.target_key to the input's and the "
+                          f"target's keys")
     if not (isinstance(sample, (tuple, list)) and len(sample) == 2):
         got = f"a {len(sample)}-tuple" if isinstance(sample, (tuple, list)) else type(sample).__name__
         raise ConfigError(f"data._target_={name}: its {split} split yields {got}, not (input, target): "
                           f"make __getitem__ return (input, target)")
     x, y = sample
-    if not isinstance(x, torch.Tensor) or not isinstance(torch.as_tensor(y), torch.Tensor):
+    if not isinstance(x, torch.Tensor):
         raise ConfigError(f"data._target_={name}: its {split} inputs are {type(x).__name__}, not tensors")
-    if torch.as_tensor(y).is_floating_point():
-        raise ConfigError(f"data._target_={name}: its {split} targets are floats; ddp_lab's tasks "
-                          f"(classification, language_model) take integer class or token ids")
+    try:
+        torch.as_tensor(y)
+    except (TypeError, ValueError, RuntimeError):
+        raise ConfigError(f"data._target_={name}: its {split} targets are {type(y).__name__}, not numbers or "
+                          f"tensors") from None
 
 
 def example(ds) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,11 +104,19 @@ def example(ds) -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.as_tensor(y)
 
 
-def check_one_batch_fits(global_batch: int, n_train: int, cfg=None) -> None:
+def check_one_batch_fits(global_batch: int, n_train: int, cfg=None, tokens: int | None = None) -> None:
     """The training set must hold a whole global batch: else every step is one partial
-    batch (or none), while summary.json reports the global batch asked for."""
+    batch (or none), while summary.json reports the global batch asked for. `tokens`: the
+    length of the token sequence the samples are windows of (data=text), where the
+    context, not the batch, may be what is too large."""
     if global_batch <= n_train:
         return
+    if tokens is not None and cfg is not None and "block_size" in cfg:
+        most = (tokens - 1) // global_batch  # the longest context that yields global_batch windows
+        lower = f"lower {CONTEXT} to at most {most}, or " if most > 0 else ""
+        raise ConfigError(f"data.batch_size={global_batch} samples of data.block_size={cfg.block_size} tokens "
+                          f"need {global_batch * cfg.block_size + 1:,} tokens, but the training split holds "
+                          f"{tokens:,} ({n_train} samples): {lower}lower data.batch_size to at most {n_train}")
     sized = cfg is not None and "num_train" in cfg  # a dataset whose size is a key
     which = f" (data.num_train={n_train})" if sized else ""
     more = f" (or raise data.num_train to {global_batch})" if sized else " (or use a larger dataset)"
@@ -189,7 +233,7 @@ def build_loaders(cfg, train, test, rank: int, world_size: int, device: torch.de
                   channels_last: bool = False):
     """(train loader, test loader) for this rank over the datasets `cfg` (the data group) built."""
     batch = per_rank_batch(cfg.batch_size, world_size)
-    check_one_batch_fits(cfg.batch_size, len(train), cfg)
+    check_one_batch_fits(cfg.batch_size, len(train), cfg, train.tokens if isinstance(train, TokenWindows) else None)
     sampler = DistributedSampler(range(len(train)), num_replicas=world_size, rank=rank,
                                  shuffle=True, seed=seed, drop_last=False)
     test_idx = eval_indices(len(test), rank, world_size)

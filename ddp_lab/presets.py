@@ -23,7 +23,7 @@ from ddp_lab.keys import choices, fraction, key, positive_finite
 
 Init = choices("Init", "default d2l")
 Loader = choices("Loader", "auto device dataloader")
-Task = choices("Task", "auto classification language_model")
+Task = choices("Task", "auto classification language_model regression")
 Schedule = choices("Schedule", "constant cosine")
 
 
@@ -68,8 +68,12 @@ class DataConfig:
     loader: Loader = key(Loader.auto, "auto (device where the data is tensors) | device: the whole split on "
                                       "the training device | dataloader: torch's DataLoader")
     num_workers: int = key(0, "DataLoader worker processes per rank (loader=dataloader only)", at_least=0)
-    task: Task = key(Task.auto, "auto (language_model where a target is a sequence) | classification | "
-                                "language_model (next-token prediction)")
+    task: Task = key(Task.auto, "auto (regression where the targets are floats, language_model where a target "
+                                "is a sequence) | classification | language_model (next-token prediction) | "
+                                "regression (the loss alone: trainer.loss, MSE by default)")
+    input_key: str = key("", "samples that are dicts (Hugging Face datasets): the input's key (empty: samples "
+                             "are (input, target) pairs)")
+    target_key: str = key("", "samples that are dicts: the target's key (set with data.input_key)")
 
 
 @dataclass
@@ -142,7 +146,7 @@ PRESETS = {
 
 
 # the keys of each group that ddp_lab reads itself and does not pass to the callable
-OWN_KEYS = {"model": ("name",), "data": ("batch_size", "loader", "num_workers", "task"),
+OWN_KEYS = {"model": ("name",), "data": ("batch_size", "loader", "num_workers", "task", "input_key", "target_key"),
             "optim": ("schedule", "warmup_epochs", "warmup_steps")}
 
 

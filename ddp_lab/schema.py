@@ -87,6 +87,11 @@ class TrainerConfig:
                        rule="one of auto, true, false")
     threads: int = key(0, "torch threads per rank (0: keep the default; torchrun sets 1)", at_least=0)
     grad_accum: int = key(1, "micro-batches per optimizer step (no communication between them)", at_least=1)
+    loss: Any = key({"_target_": None}, "the training loss by _target_: a class (torch.nn.HuberLoss) built with "
+                                        "the other keys (+trainer.loss.delta=0.5), or a function of (outputs, "
+                                        "targets); null: cross-entropy (regression: MSE)")
+    memory_check: bool = key(True, "refuse a CPU run whose estimated model state and activations per rank are "
+                                   "more than the memory available to each rank (false: only warn)")
     progress: bool = key(True, "progress bar on rank 0 when attached to a terminal")
     ckpt_every: int = key(0, "also checkpoint every N optimizer steps (0: only at epoch ends)", at_least=0)
     keep_ckpts: int = key(2, "keep the newest N checkpoints in <run dir>/checkpoints (0: write none)",
@@ -232,6 +237,8 @@ def _presets_on(group: str, schema: str) -> list[str]:
 def _yaml(value) -> str:
     if value is None:
         return "null"
+    if value == "":
+        return '""'
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, list):

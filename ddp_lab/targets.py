@@ -15,7 +15,7 @@ from ddp_lab.presets import OWN_KEYS
 def arguments(group: str, node) -> dict:
     """The group's keys that go to its callable (ddp_lab's own and unset ones left out)."""
     plain = OmegaConf.to_container(node, resolve=True, enum_to_str=True) if OmegaConf.is_config(node) else node
-    return {k: v for k, v in plain.items() if k not in OWN_KEYS[group] and k != "_target_"}
+    return {k: v for k, v in plain.items() if k not in OWN_KEYS.get(group, ()) and k != "_target_"}
 
 
 def resolve(group: str, node):
@@ -50,8 +50,9 @@ def build(group: str, node, **extra):
             raise cause from None
         if isinstance(cause, TypeError) and "unexpected keyword" in str(cause):
             key = str(cause).rsplit("'", 2)[-2]
-            raise ConfigError(f"{group}.{key} is not an argument of {node['_target_']}: drop it (or, for a "
-                              f"{group} other than the preset's, start from {group}=custom)") from None
+            preset = (f" (or, for a {group} other than the preset's, start from {group}=custom)"
+                      if group in OWN_KEYS else "")  # (trainer.loss has no presets)
+            raise ConfigError(f"{group}.{key} is not an argument of {node['_target_']}: drop it{preset}") from None
         if isinstance(cause, TypeError) and "missing" in str(cause) and "required" in str(cause):
             raise ConfigError(f"{group}: {node['_target_']} needs an argument: {cause}; add it as "
                               f"+{group}.<name>=<value> or in your {group} YAML") from None

@@ -1,8 +1,8 @@
 """The training loop: one Trainer per rank, built from the config.
 
-Read top to bottom: __init__ builds the parts from config, fit() runs epochs,
-_run_epoch() runs optimizer steps, _run_batch() is one of them, evaluate()
-scores the held-out set across all ranks, finish() writes the results.
+Read top to bottom: __init__ builds the parts from config, fit() runs epochs, _run_epoch() runs
+optimizer steps, _run_batch() is one of them, evaluate() scores the held-out set across all
+ranks, finish() writes the results.
 Each concern is one object: the Workload holds the data and its task, the Meter measures,
 the RunLogger reports, the Checkpointer saves and resumes, the LossWatch stops a diverging
 run, TimeToTarget stops a run that reached its target, the GradSync (ddp_lab.sync) syncs.
@@ -32,6 +32,7 @@ from ddp_lab.models import build_model, check_sync_bn
 from ddp_lab.optim import build_optimizer, build_schedule
 from ddp_lab.sync import build_sync
 from ddp_lab.tasks import summary_name
+from ddp_lab.telemetry.chance import warn_if_at_chance
 from ddp_lab.telemetry.meter import Meter, flops_and_peak
 from ddp_lab.telemetry.metrics import RunLogger, epoch_line, final_line
 from ddp_lab.telemetry.profiling import StepProfiler
@@ -60,12 +61,12 @@ class Trainer:
         self.memory_format = torch.channels_last if self.work.channels_last else torch.contiguous_format
         self.steps_per_epoch = len(self.train_loader) // t.grad_accum
         if self.steps_per_epoch == 0:
-            raise ConfigError(f"trainer.grad_accum={t.grad_accum} takes {t.grad_accum} batches per optimizer "
-                              f"step, but each rank has only {len(self.train_loader)} per epoch: lower "
-                              f"trainer.grad_accum (or data.batch_size)")
+            raise ConfigError(f"trainer.grad_accum={t.grad_accum} takes {t.grad_accum} batches per optimizer step, "
+                              f"but each rank has only {len(self.train_loader)} per epoch: lower trainer.grad_accum "
+                              "(or data.batch_size)")
         total = self.steps_per_epoch * t.epochs
         self.total_steps = min(total, t.max_steps) if t.max_steps > 0 else total
-
+        self.cut = self.total_steps < total  # trainer.max_steps ends the run before its epochs do
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         stall.phase("building the model")
         self.model = build_model(cfg.model).to(env.device, memory_format=self.memory_format)
@@ -73,16 +74,15 @@ class Trainer:
         step_samples = t.grad_accum * self.train_loader.batch_size  # a rank's, in a whole step
         self.compiled, why = resolve_compile(t.compile, env.device, self.total_steps * step_samples)
         log.info(why)
-        # Compile the bare model and let DDP wrap the compiled one: compiling the
-        # DDP wrapper instead breaks the graph inside DDP's forward and, with
-        # 1 thread per rank on CPU, made LeNet steps slower than eager.
+        # Compile the bare model, DDP wraps the compiled one: compiling the DDP wrapper breaks
+        # the graph inside DDP's forward (and made 1-thread CPU LeNet steps slower than eager).
         net = torch.compile(self.model) if self.compiled else self.model
         self.optimizer = build_optimizer(cfg.optim, self.model.parameters())
         self.scheduler = build_schedule(self.optimizer, cfg.optim, self.steps_per_epoch, self.total_steps)
         self.sync = build_sync(cfg.sync, net, env)
         self.forward = self.sync.module
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp == "fp16")
-        self.loss_fn = self.task.loss  # cross-entropy over every target (a seam for guards.faults)
+        self.loss_fn = self.task.loss  # the task's loss (a seam for guards.faults)
         self.meter = Meter(env, t.warmup_steps, *flops_and_peak(self.model, self.work.input_example, self.amp, env),
                            full_step_images=step_samples, task=self.task,
                            targets_per_sample=self.work.targets_per_sample)
@@ -175,6 +175,7 @@ class Trainer:
         stall.phase("compile" if self.compiled and not self.stepped else "forward/backward")
         self.stepped = True
         self.step_timer.start_step()
+        step_loss = 0.0  # the step's: the mean over its micro-batches
         for i, (x, y) in enumerate(micro):
             with self.sync.during_backward(last=i == len(micro) - 1):
                 with self.autocast():
@@ -182,10 +183,11 @@ class Trainer:
                 loss = self.loss_fn(out, y)
                 self.scaler.scale(loss / len(micro)).backward()
             self.meter.add_batch(loss, out, y)
+            step_loss = step_loss + loss.detach() / len(micro)
         self.sync.after_backward()
         stall.phase("optimizer step")
         self.step_timer.synced()
-        self.last_loss = loss.detach()
+        self.last_loss = step_loss
         self.loss_watch.observe(self.last_loss, self.step + 1)
         self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -213,7 +215,8 @@ class Trainer:
                 t.eval_every > 0 and (self.epoch + 1) % t.eval_every == 0):
             if fresh:
                 metrics.update(self._evaluate())
-            self.log.print(epoch_line(self.epoch, t.epochs, {**metrics, **self.held[1]}, self.task))
+            at = (self.step, self.total_steps) if self.cut and self.done else None  # cut: count steps
+            self.log.print(epoch_line(self.epoch, t.epochs, {**metrics, **self.held[1]}, self.task, at))
         self.log.scalars(metrics, self.step)
         self.last.update(metrics)
         complete = self._epoch_exhausted()  # else max_steps cut it (saved in the loop)
@@ -271,6 +274,7 @@ class Trainer:
         t0, split = time.perf_counter(), self.task.held_out
         loss_sum, correct, total = self.evaluate()
         metrics = self.task.metrics(loss_sum, correct, total, split)
+        warn_if_at_chance(self, metrics)  # a classifier still at chance at its first evaluation
         # judged where the ranks hold the weights evaluated (local_sgd, diloco: at synchronisations)
         if self.target.evaluated(metrics, split, time.perf_counter() - t0, self.step, self.sync.synced_at(self.step)):
             self.log.print(f"target reached at step {self.step}, {self.target.reached['seconds']:.1f} s")

@@ -28,7 +28,7 @@ def test_every_model_and_data_config_composes(compose_train, model, params, data
     ("trainer.amp=bf61", "[auto, bf16, fp16, off]"),
     ("model.init=bogus", "[default, d2l]"),
     ("data.loader=magic", "[auto, device, dataloader]"),
-    ("data.task=regression", "[auto, classification, language_model]"),
+    ("data.task=ranking", "[auto, classification, language_model, regression]"),
     ("sync.mode=allgather", "[auto, ddp, flat, per_param, local_sgd, diloco]"),
     ("sync.algo=tree", "[builtin, naive, ring, halving_doubling, ring_textbook, "
                        "halving_doubling_textbook]"),

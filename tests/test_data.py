@@ -115,3 +115,55 @@ def test_the_training_set_must_hold_one_global_batch(compose_train):
         check_one_batch_fits(10**9, 60000, compose_train([]).data)
     assert str(e.value) == ("data.batch_size=1000000000 is more than the training set's 60000 samples: "
                             "a global batch is at most 60000; lower data.batch_size (or use a larger dataset)")
+
+
+def test_a_context_that_leaves_too_few_samples_is_blamed_not_the_batch(compose_train, tmp_path):
+    """model=gpt model.block_size=100000 on the fortunes used to say the batch was too large for
+    23 samples; the context is what made them 23."""
+    (tmp_path / "c.txt").write_bytes(bytes(10_000))  # 9,000 training tokens, 1,000 held out
+    cfg = compose_train(["model=gpt", "data=text", f"data.path={tmp_path}/c.txt", "model.block_size=999"]).data
+    assert cfg.block_size == 999  # the text follows the model's context
+    train, test = build_datasets(cfg)
+    assert (len(train), train.tokens, len(test)) == (9, 9000, 1)
+    with pytest.raises(ConfigError) as e:
+        build_loaders(cfg, train, test, 0, 1, torch.device("cpu"), seed=0)
+    assert str(e.value) == ("data.batch_size=64 samples of data.block_size=999 tokens need 63,937 tokens, but the "
+                            "training split holds 9,000 (9 samples): lower the context (model.block_size, which "
+                            "data.block_size follows) to at most 140, or lower data.batch_size to at most 9")
+    shorter = compose_train(["model=gpt", "data=text", f"data.path={tmp_path}/c.txt", "model.block_size=140"]).data
+    train, test = build_datasets(shorter)
+    assert len(train) == 64 and len(build_loaders(shorter, train, test, 0, 1, torch.device("cpu"), seed=0)[0]) == 1
+
+
+def test_samples_that_are_dicts_are_taken_by_their_keys(compose_train):
+    base = ["data=custom", "data._target_=tests.workloads.dict_blobs", "data.batch_size=64"]
+    with pytest.raises(ConfigError) as e:
+        build_datasets(compose_train(base).data)
+    assert str(e.value) == ("data._target_=tests.workloads.dict_blobs: its train split yields dicts (keys: features, "
+                            "label, id), not (input, target): set data.input_key and data.target_key to the input's "
+                            "and the target's keys")
+    cfg = compose_train(base + ["data.input_key=features", "data.target_key=label"]).data
+    train, test = build_datasets(cfg)
+    x, y = train[3]
+    assert x.dtype == torch.float32 and x.shape == (8,) and y.dtype == torch.int64 and y.ndim == 0
+    assert x.tolist() == pytest.approx(train.dataset.pairs[3][0].tolist()) and int(y) == int(train.dataset.pairs[3][1])
+    loader, _ = build_loaders(cfg, train, test, 0, 2, torch.device("cpu"), seed=0)
+    xb, yb = next(iter(loader.epoch(0)))
+    assert (type(loader).__name__, xb.shape, yb.shape) == ("TorchLoader", (32, 8), (32,))
+
+
+@pytest.mark.parametrize("keys,message", [
+    (["data.input_key=image", "data.target_key=label"],
+     "data.input_key=image is not a key of data._target_=tests.workloads.dict_blobs's train samples (their keys: "
+     "features, label, id): set data.input_key to one of them"),
+    (["data.input_key=features"], "data.target_key is not set: a sample's input and target are taken by "
+                                  "data.input_key and data.target_key together; set both"),
+    (["data._target_=tests.workloads.blobs", "data.input_key=x", "data.target_key=y"],
+     "data.input_key=x is set, but data._target_=tests.workloads.blobs's train samples are tuple, not dicts: unset "
+     "data.input_key and data.target_key"),
+])
+def test_dict_keys_that_do_not_fit_the_samples_are_refused(compose_train, keys, message):
+    cfg = compose_train(["data=custom", "data._target_=tests.workloads.dict_blobs", *keys]).data
+    with pytest.raises(ConfigError) as e:
+        build_datasets(cfg)
+    assert message in str(e.value)

@@ -47,3 +47,27 @@ def test_accuracy_is_identical_at_world_sizes_1_2_3(tiny_fmnist, tmp_path):
         # float32 over other samples at another world size)
         assert all(tuple(r)[1:] == reference[1:] for r in results), (w, results, reference)
         assert all(abs(r[0] - loss_sum) < 1e-6 * loss_sum for r in results), (w, results, reference)
+
+
+def _regression(rank, world_size, tmp, state):
+    from ddp_lab import schema
+    schema.register()
+    with initialize_config_module(version_base="1.3", config_module="ddp_lab.conf"):
+        cfg = compose("train", ["model=custom", "model._target_=tests.workloads.regressor", "data=custom",
+                                "data._target_=tests.workloads.linear_regression", "data.batch_size=60",
+                                "+data.num_test=203", "trainer.amp=off"])
+    backend = "gloo" if world_size > 1 else "none"
+    trainer = Trainer(cfg, DistEnv(rank, world_size, 0, torch.device("cpu"), backend), Path(tmp) / f"r{world_size}")
+    trainer.model.load_state_dict(state)
+    try:
+        return trainer.evaluate()
+    finally:
+        trainer.close()
+
+
+def test_a_regressions_held_out_loss_is_the_same_mean_at_two_ranks(tmp_path):
+    state = {"weight": torch.linspace(-1, 1, 8).view(1, 8), "bias": torch.tensor([0.5])}
+    one = _regression(0, 1, str(tmp_path), state)
+    assert one[1:] == (0, 203)  # samples, none "correct"
+    two = run_in_processes(_regression, 2, str(tmp_path), state)
+    assert all(tuple(r)[1:] == one[1:] and abs(r[0] - one[0]) < 1e-6 * one[0] for r in two), (one, two)

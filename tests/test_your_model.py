@@ -35,6 +35,9 @@ def _build(compose_train, tmp_path, overrides):
 
 MODEL = VECTORS[:2]
 DATA = VECTORS[2:]
+REGRESSION = ["model=custom", "model._target_=tests.workloads.regressor", "data=custom",
+              "data._target_=tests.workloads.linear_regression", "+data.num_train=2048", "data.batch_size=64",
+              "optim.lr=0.05"]
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -65,7 +68,8 @@ DATA = VECTORS[2:]
     ([*MODEL, "data=custom", "data._target_=tests.workloads.broken", "+data.kind=one_split"],
      "data._target_=tests.workloads.broken returned TensorDataset, not (train, test)"),
     ([*MODEL, "data=custom", "data._target_=tests.workloads.broken", "+data.kind=float_targets"],
-     "its train targets are floats"),
+     "model=linear outputs [1, 4] for one input, but a regression target is one number: the model must output "
+     "[1] (or [1, 1])"),
     ([*MODEL, "data=custom", "data._target_=tests.workloads.broken", "+data.kind=a_list"],
      "its train split yields int, not (input, target)"),
     ([*VECTORS, "data.batch_size=2048"], "data.batch_size=2048 is more than the training set's 1024 samples: a "
@@ -78,11 +82,64 @@ DATA = VECTORS[2:]
     ([*VECTORS, "+data.colour=red"], "data.colour is not an argument of tests.workloads.blobs"),
     ([*VECTORS, "data.batch_size=lots"], "data.batch_size='lots': Value 'lots' of type 'str' could not be "
                                          "converted to Integer"),
+    ([*REGRESSION, "trainer.loss._target_=torch.nn.MSELoss", "+trainer.loss.reduction=none"],
+     "trainer.loss._target_=torch.nn.MSELoss returns [2] for a batch, not one number: make it a mean over the "
+     "batch (reduction='mean')"),
+    ([*REGRESSION, "trainer.loss._target_=torch.nn.MSELoss", "+trainer.loss.delta=1"],
+     "trainer.loss.delta is not an argument of torch.nn.MSELoss: drop it"),
+    ([*REGRESSION, "trainer.loss._target_=torch.nn.functional.cosine_embedding_loss"],
+     "trainer.loss._target_=torch.nn.functional.cosine_embedding_loss fails on the model's outputs [2, 1] and the "
+     "targets [2]: cosine_embedding_loss() missing 1 required positional argument: 'target'"),
+    ([*REGRESSION, "data.task=classification"], "data.task=classification takes integer class or token ids, but "
+                                                "the data's targets are floats: set data.task=regression"),
+    ([*REGRESSION[2:], *MODEL], "model=linear outputs [1, 4] for one input, but a regression target is one number: "
+                                "the model must output [1] (or [1, 1])"),
 ])
 def test_a_bad_model_or_dataset_is_one_line_before_training(compose_train, tmp_path, overrides, message):
     with pytest.raises(ConfigError) as e:
         _build(compose_train, tmp_path, overrides)
     assert message in str(e.value)
+
+
+def _fit_alone(compose_train, tmp_path, overrides) -> tuple[float, dict]:
+    """One process trains (no torchrun): the held-out loss before the first step, and the summary."""
+    cfg = compose_train(list(overrides) + QUICK + ["trainer.amp=off"])
+    schema.check(cfg)
+    trainer = Trainer(cfg, DistEnv(0, 1, 0, torch.device("cpu"), "none"), tmp_path)
+    try:
+        loss_sum, _, n = trainer.evaluate()
+        return loss_sum / n, trainer.fit()
+    finally:
+        trainer.close()
+
+
+def test_a_regression_trains_by_its_loss_alone_and_its_held_out_loss_falls(compose_train, tmp_path, capsys):
+    """y = x . w + noise (std 0.1) under nn.Linear(8, 1): float targets, MSE, the held-out loss reported."""
+    before, s = _fit_alone(compose_train, tmp_path, [*REGRESSION, "trainer.epochs=2"])
+    assert before > 1.0  # |w|^2 of 8 standard normal weights, from a model near 0
+    assert (s["task"], s["test_total"], s["steps"]) == ("regression", 128, 64)  # samples, not correct ones
+    assert "test_acc" not in s and "test_correct" not in s
+    assert s["test_loss"] < 0.015  # the noise's variance is 0.01: nothing left to learn
+    out = capsys.readouterr().out
+    assert f"test loss {s['test_loss']:.4g}, {s['sec_per_epoch']:.1f} sec/epoch, " in out
+    assert "epoch 2/2  loss " in out and f"test loss {s['test_loss']:.4f}  " in out
+
+
+def test_a_users_loss_by_target_trains_and_a_max_steps_run_counts_steps(compose_train, tmp_path, capsys):
+    huber = ["trainer.loss._target_=torch.nn.HuberLoss", "+trainer.loss.delta=1.0", "trainer.max_steps=40"]
+    before, s = _fit_alone(compose_train, tmp_path, [*REGRESSION, *huber])
+    assert s["test_loss"] < 0.05 * before  # the Huber loss: linear past 1, so slower than MSE, still falling
+    assert (s["steps"], s["max_steps_cut"]) == (40, True)
+    out = capsys.readouterr().out
+    assert f"test loss {s['test_loss']:.4g}, 40 steps (trainer.max_steps), {s['step_ms']:,.1f} ms/step, " in out
+    assert "step 40/40  loss " in out and "epoch 2/" not in out  # the cut epoch's line counts steps
+
+
+def test_samples_that_are_dicts_train_by_their_keys(compose_train, tmp_path):
+    dicts = [*MODEL, "data=custom", "data._target_=tests.workloads.dict_blobs", "data.batch_size=64",
+             "data.input_key=features", "data.target_key=label", "trainer.epochs=2"]
+    _, s = _fit_alone(compose_train, tmp_path, dicts)
+    assert (s["task"], s["test_total"]) == ("classification", 128) and s["test_acc"] > 0.9
 
 
 # ---------------------------------------------------------------- under torchrun

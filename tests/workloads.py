@@ -48,3 +48,46 @@ def broken(kind: str):
 def per_feature(dim: int = 8, classes: int = 4) -> nn.Module:
     """Logits for each feature, not one set per input: a shape the targets do not have."""
     return nn.Sequential(nn.Unflatten(1, (dim, 1)), nn.Linear(1, classes))
+
+
+def linear_regression(num_train: int = 512, num_test: int = 128, dim: int = 8, noise: float = 0.1, seed: int = 0):
+    """y = x . w + noise, float targets: (train, test) TensorDatasets."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(dim, generator=g)
+    out = []
+    for n in (num_train, num_test):
+        x = torch.randn(n, dim, generator=g)
+        out.append(TensorDataset(x, x @ w + noise * torch.randn(n, generator=g)))
+    return out[0], out[1]
+
+
+def regressor(dim: int = 8) -> nn.Module:
+    return nn.Linear(dim, 1)
+
+
+class _Dicts(Dataset):
+    """Samples as a Hugging Face dataset without a torch format returns them: a dict of lists and ints."""
+
+    def __init__(self, pairs):
+        self.pairs = pairs
+
+    def __len__(self):
+        return len(self.pairs)
+
+    def __getitem__(self, i):
+        x, y = self.pairs[i]
+        return {"features": x.tolist(), "label": int(y), "id": i}
+
+
+def dict_blobs(num_train: int = 512, num_test: int = 128):
+    """blobs() with each sample a dict: (train, test)."""
+    train, test = blobs(num_train, num_test)
+    return _Dicts(train), _Dicts(test)
+
+
+def dead_relus(dim: int = 8, classes: int = 4) -> nn.Module:
+    """linear() with every hidden unit dead from the start, as a learning rate too high leaves
+    a network: it can learn only the class frequencies (its last bias), and stays at chance."""
+    net = linear(dim, classes)
+    nn.init.constant_(net[0].bias, -100.0)
+    return net

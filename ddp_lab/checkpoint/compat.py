@@ -26,7 +26,7 @@ NOT_HASHED = {
     "data": ("root", "cache_dir", "download", "loader", "num_workers"),
     "sync": ("poll",),
 }
-TRAINER_HASHED = ("epochs", "grad_accum", "amp")
+TRAINER_HASHED = ("epochs", "grad_accum", "amp", "loss")
 # Models that compute the same function with the same weights (tested in float64):
 # a checkpoint of one resumes as the other.
 SAME_FUNCTION = {"lenet_fast": "lenet"}
@@ -83,6 +83,10 @@ OLD_DATA_NAMES = {"fashion_mnist": "ddp_lab.datasets.fashion_mnist",
 SYNC_ADDED = {"powersgd_rank": 2, "powersgd_start_step": 100, "every": 8, "local_sgd_start_step": 0,
               "outer_lr": 0.7, "outer_momentum": 0.5}
 
+# keys added with dict samples and a user's loss, at their defaults (tuples, cross-entropy)
+DATA_ADDED = {"input_key": "", "target_key": ""}
+TRAINER_ADDED = {"loss": {"_target_": None}}
+
 
 def _upgraded(saved: dict) -> dict:
     """An older checkpoint's config as today's keys say the same thing: data.name as the
@@ -99,7 +103,9 @@ def _upgraded(saved: dict) -> dict:
                 data.pop(k, None)
         optim.setdefault("warmup_steps", 0)
     sync = {**SYNC_ADDED, **saved.get("sync", {})}
-    return {**saved, "data": data, "optim": optim, "sync": sync}
+    data = {**DATA_ADDED, **data}
+    trainer = {**TRAINER_ADDED, **saved.get("trainer", {})}
+    return {**saved, "data": data, "optim": optim, "sync": sync, "trainer": trainer}
 
 
 def validate(step_dir, meta: dict, subset: dict) -> None:

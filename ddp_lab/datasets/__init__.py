@@ -4,6 +4,7 @@
     images.py  fashion_mnist (data=fashion_mnist), synthetic_images (data=synthetic)
     text.py    text_corpus (data=text): bytes of plain text for a language model
     pairs.py   TensorPairs: a dataset held as two tensors, batched on the device
+    keyed.py   KeyedPairs: dict samples (Hugging Face's) as pairs, by data.input_key and data.target_key
     fashion_mnist_files.py  Fashion-MNIST's four files: found, checked, unpacked once, read
 """
 from ddp_lab.datasets.images import fashion_mnist, synthetic_images

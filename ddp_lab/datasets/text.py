@@ -32,12 +32,35 @@ def read_corpus(path: str | Path) -> bytes:
     return b"".join(p.read_bytes() for p in files)
 
 
-def windows(tokens: torch.Tensor, block_size: int) -> TensorPairs:
+class TokenWindows(TensorPairs):
+    """Windows cut from one token sequence; `tokens`: that sequence's length, for the
+    messages that say how long a context the split can supply (ddp_lab.data)."""
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, tokens: int):
+        super().__init__(inputs, targets)
+        self.tokens = tokens
+
+
+def windows(tokens: torch.Tensor, block_size: int) -> TokenWindows:
     """Non-overlapping (block_size tokens, the next block_size tokens) samples."""
     n = (len(tokens) - 1) // block_size
     x = tokens[:n * block_size].view(n, block_size)
     y = tokens[1:n * block_size + 1].view(n, block_size)
-    return TensorPairs(x, y)
+    return TokenWindows(x, y, len(tokens))
+
+
+# data=text's block_size follows the model's context: that is the key a user sets
+CONTEXT = "the context (model.block_size, which data.block_size follows)"
+
+
+def check_holds_a_window(split: str, tokens: int, block_size: int, where: str, fix: str) -> None:
+    """One sample takes block_size + 1 tokens (its target is shifted by one): refuse a
+    context longer than the split, naming its length, rather than an empty split."""
+    if tokens > block_size:
+        return
+    lower = f"lower {CONTEXT} to at most {tokens - 1}, or " if tokens > 1 else ""
+    raise ConfigError(f"data.block_size={block_size} is longer than the {split} split's {tokens:,} tokens "
+                      f"({where}): {lower}{fix}")
 
 
 def text_corpus(path: str = str(FORTUNES), block_size: int = 64,
@@ -46,8 +69,9 @@ def text_corpus(path: str = str(FORTUNES), block_size: int = 64,
     raw = read_corpus(path)
     tokens = torch.frombuffer(bytearray(raw), dtype=torch.uint8).long()
     cut = int(len(tokens) * (1 - val_fraction))
-    train, val = windows(tokens[:cut], block_size), windows(tokens[cut:], block_size)
-    if len(val) == 0:
-        raise ConfigError(f"data.path={path} holds {len(raw):,} bytes: too few for a validation sample of "
-                          f"data.block_size={block_size} tokens; use more text or a smaller block_size")
-    return train, val
+    check_holds_a_window("training", cut, block_size, f"the first {1 - val_fraction:.0%} of data.path={path}",
+                         "use more text")
+    check_holds_a_window("validation", len(tokens) - cut, block_size,
+                         f"the last data.val_fraction={val_fraction} of data.path={path}",
+                         "raise data.val_fraction, or use more text")
+    return windows(tokens[:cut], block_size), windows(tokens[cut:], block_size)

@@ -61,12 +61,12 @@ def check_sync_bn(model: nn.Module, distributed: bool, device: torch.device) -> 
                           "with its own batch's statistics)")
 
 
-def check_fits_data(cfg, x: torch.Tensor, y: torch.Tensor, task, classes: int) -> None:
+def check_fits_data(cfg, x: torch.Tensor, y: torch.Tensor, task, classes: int) -> torch.Size:
     """Refuse, before training, data the model cannot take: inputs its layers do not fit,
     outputs of another shape than the targets, targets beyond the classes it predicts.
     One sample's forward pass on the meta device (shapes only: no arithmetic, no
     memory) finds them all, for any model. x, y: one sample; classes: the largest
-    target + 1."""
+    target + 1. Returns the output's shape for one input."""
     m, name = cfg.model, model_name(cfg.model)
     image = x.dim() == 3 and x.is_floating_point()
     if image and "in_channels" in m and x.shape[0] != m.in_channels:
@@ -80,10 +80,17 @@ def check_fits_data(cfg, x: torch.Tensor, y: torch.Tensor, task, classes: int) -
     if out is None:
         raise ConfigError(f"model={name} cannot take the data's inputs (one is {list(x.shape)}, "
                           f"{str(x.dtype).removeprefix('torch.')}): {error}; fix the model's settings or the data")
+    if task.name == "regression":  # an output per target value (a trailing 1 for a scalar target)
+        if tuple(out) not in ((1, *y.shape), (1, *y.shape, 1)):
+            raise ConfigError(f"model={name} outputs {list(out)} for one input, but a regression target is "
+                              f"{list(y.shape) or 'one number'}: the model must output {[1, *y.shape]} "
+                              f"(or {[1, *y.shape, 1]})")
+        return out
     if tuple(out[:-1]) != (1, *y.shape):
         raise ConfigError(f"model={name} outputs {list(out)} for one input, but a {task.name} target is "
                           f"{list(y.shape) or 'one class id'}: the model must output {[1, *y.shape, 'classes']}")
     _check_classes(cfg, name, out[-1], classes)
+    return out
 
 
 def _check_classes(cfg, name: str, predicts: int, classes: int) -> None:

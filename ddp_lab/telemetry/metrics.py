@@ -127,26 +127,44 @@ def _rate(v: float | None) -> str:
     return "n/a" if v is None or not math.isfinite(v) else f"{v:,.0f}"
 
 
-def epoch_line(epoch: int, epochs: int, m: dict, task=None) -> str:
-    if task is not None and task.name == "language_model":
+def epoch_line(epoch: int, epochs: int, m: dict, task=None, steps: tuple[int, int] | None = None) -> str:
+    """An evaluated epoch's console line; `steps` (step, total) where trainer.max_steps cut the
+    run inside its epochs: then the line counts steps and gives a step's time, not the epoch's."""
+    name = task.name if task is not None else "classification"
+    if name == "language_model":
         held = (f"val loss {m['loss/val']:.4f}  ppl {m['ppl/val']:.2f}  token acc {m['token_acc/val']:.3f}  "
                 f"{_rate(m.get('perf/tokens_per_sec'))} tok/s")
+    elif name == "regression":
+        held = (f"test loss {m['loss/test']:.4f}  {_rate(m['perf/samples_per_sec'])} samples/s "
+                f"({_rate(m['perf/samples_per_sec_per_rank'])}/rank)")
     else:
         held = (f"train acc {m['acc/train']:.3f}  test acc {m['acc/test']:.3f}  "
                 f"{_rate(m['perf/samples_per_sec'])} img/s ({_rate(m['perf/samples_per_sec_per_rank'])}/rank)")
+    if steps is not None:
+        return f"step {steps[0]}/{steps[1]}  loss {m['loss/train']:.4f}  {held}  {_ms(m.get('perf/step_ms'))} ms/step"
     return f"epoch {epoch + 1}/{epochs}  loss {m['loss/train']:.4f}  {held}  {m['perf/epoch_s']:.1f} s"
+
+
+def _ms(v: float | None) -> str:
+    return "n/a" if v is None or not math.isfinite(v) else f"{v:,.1f}"
 
 
 def final_line(s: dict, headline: str = "test_acc") -> str:
     """d2l's closing line, e.g. `test acc 0.85, 4.1 sec/epoch, 14,200 img/s on 2 x cpu (gloo)`;
-    a language model's: `val loss 1.52 (ppl 4.57), 20.1 sec/epoch, 41,000 tok/s on ...`."""
+    a language model's: `val loss 1.52 (ppl 4.57), 20.1 sec/epoch, 41,000 tok/s on ...`; a
+    regression's: `test loss 0.0102, ...`. A run that trainer.max_steps cut inside its epochs
+    (summary.json's max_steps_cut) says its steps and a step's time instead of sec/epoch:
+    `test acc 0.61, 50 steps (trainer.max_steps), 48.2 ms/step, ...`."""
     if headline == "val_loss":
         first = f"val loss {s['val_loss']:.2f} (ppl {s['val_ppl']:.2f})"
         rate = f"{_rate(s.get('tokens_per_sec'))} tok/s"
+    elif headline == "test_loss":
+        first, rate = f"test loss {s['test_loss']:.4g}", f"{_rate(s['samples_per_sec'])} samples/s"
     else:
         first, rate = f"test acc {s['test_acc']:.2f}", f"{_rate(s['samples_per_sec'])} img/s"
-    line = (f"{first}, {s['sec_per_epoch']:.1f} sec/epoch, "
-            f"{rate} on {s['world_size']} x {s['device']} ({s['backend']})")
+    pace = (f"{s['steps']} steps (trainer.max_steps), {_ms(s.get('step_ms'))} ms/step" if s.get("max_steps_cut")
+            else f"{s['sec_per_epoch']:.1f} sec/epoch")
+    line = f"{first}, {pace}, {rate} on {s['world_size']} x {s['device']} ({s['backend']})"
     if "mfu" not in s:  # a summary without MFU at all (the d2l baselines')
         return line
     mfu = s["mfu"]  # n/a: no step measured, or no peak to measure it against

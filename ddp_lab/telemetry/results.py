@@ -40,12 +40,16 @@ def run_summary(trainer) -> dict:
     return {
         # the task's figures, named by it: test_acc, train_loss (classification); val_ppl, ...
         **{summary_name(k): v for k, v in last.items() if k.split("/")[0] in FIGURES},
-        **{k: v for k, v in last.items() if k.endswith(("_correct", "_total"))},
+        # (a task whose figure is the loss alone counts no correct predictions)
+        **{k: v for k, v in last.items() if k.endswith("_total") or (k.endswith("_correct") and
+                                                                      trainer.task.correct_name)},
         "task": trainer.task.name, "samples_per_sec": rate,
         "samples_per_sec_per_rank": rate / env.world_size,
         "sec_per_epoch": sum(seconds) / len(seconds), "step_ms": tp.step_ms,
         "data_ms": 1000 * trainer.meter.data_seconds / tp.seen if tp.seen else math.nan,
         "epochs": trainer.epoch, "steps": trainer.step, "world_size": env.world_size,
+        # trainer.max_steps ended the run before its epochs did (the closing line counts steps)
+        "max_steps_cut": trainer.cut,
         "world_sizes": trainer.world_sizes,
         "backend": env.backend if env.distributed else "none",
         "comm_threads": env.comm_threads, "device": env.device.type,

@@ -29,5 +29,23 @@ def test_missing_or_tiny_text_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=f"data.path={tmp_path}/none does not exist; point data.path"):
         read_corpus(tmp_path / "none")
     (tmp_path / "t.txt").write_bytes(b"short")
-    with pytest.raises(ConfigError, match="holds 5 bytes: too few for a validation sample"):
+    with pytest.raises(ConfigError) as e:
         text_corpus(str(tmp_path / "t.txt"), block_size=64)
+    assert str(e.value) == (f"data.block_size=64 is longer than the training split's 4 tokens (the first 90% of "
+                            f"data.path={tmp_path}/t.txt): lower the context (model.block_size, which "
+                            f"data.block_size follows) to at most 3, or use more text")
+
+
+def test_a_context_longer_than_a_split_names_the_split_and_its_length(tmp_path):
+    (tmp_path / "a.txt").write_bytes(bytes(1000))  # 900 training tokens, 100 held out
+    train, val = text_corpus(str(tmp_path / "a.txt"), block_size=99)  # exactly one held-out sample
+    assert (len(train), len(val), train.tokens, val.tokens) == (9, 1, 900, 100)
+    with pytest.raises(ConfigError) as e:
+        text_corpus(str(tmp_path / "a.txt"), block_size=100)
+    assert str(e.value) == (f"data.block_size=100 is longer than the validation split's 100 tokens (the last "
+                            f"data.val_fraction=0.1 of data.path={tmp_path}/a.txt): lower the context "
+                            f"(model.block_size, which data.block_size follows) to at most 99, or raise "
+                            f"data.val_fraction, or use more text")
+    with pytest.raises(ConfigError, match=r"data.block_size=950 is longer than the training split's 950 tokens \(the "
+                                          r"first 95% of"):
+        text_corpus(str(tmp_path / "a.txt"), block_size=950, val_fraction=0.05)
