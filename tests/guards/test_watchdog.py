@@ -197,3 +197,23 @@ def test_a_rank_that_lost_its_store_ends_within_the_timeout(tmp_path, rendezvous
         assert proc.returncode == 0 and not re.search(ended, proc.stderr), proc.stderr
     else:
         assert proc.returncode == -9 and re.search(ended, proc.stderr), proc.stderr
+
+
+def _cpu_seconds(thread) -> float:
+    """User + system CPU time of one thread of this process, from /proc."""
+    fields = open(f"/proc/self/task/{thread.native_id}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_watchdog_without_a_store_sleeps_between_looks(tmp_path):
+    """A rank alone under torchrun has no store: the watchdog still waits PUBLISH_S between
+    looks (it used to wait 0 s, and spun a core for as long as the rank lived)."""
+    dog = Watchdog(None, 0, 1, tmp_path, warn_s=0, timeout_s=300).start()
+    try:
+        time.sleep(0.2)
+        before = _cpu_seconds(dog._thread)
+        time.sleep(1.0)
+        busy = _cpu_seconds(dog._thread) - before
+    finally:
+        dog.close()
+    assert busy < 0.1, f"the watchdog thread used {busy:.2f} s of CPU in 1 s"
