@@ -2,7 +2,7 @@
 
 `trainer.amp=auto` and `trainer.compile=auto` are resolved here, once per run,
 into what the Trainer does (for compile, with the reason it logs); the knobs
-are described in conf/trainer/default.yaml.
+are described with every trainer.* key in ddp_lab/schema.py (and docs/configuration.md).
 """
 from __future__ import annotations
 

@@ -193,7 +193,7 @@ class BoundedStore:
             self._since = time.monotonic()
             try:
                 box.append(("ok", fn(*args)))
-            except Exception as e:  # noqa: BLE001  (handed to the caller)
+            except Exception as e:  # handed to the caller
                 box.append(("error", e))
             self._since, self.answered_at = None, time.monotonic()
             done.set()

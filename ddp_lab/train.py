@@ -59,9 +59,9 @@ def _rank_before_setup() -> int:
 def main(cfg) -> dict:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     env = trainer = watchdog = None
-    hydra, rank = HydraConfig.get(), _rank_before_setup()
+    launch, rank = HydraConfig.get(), _rank_before_setup()
     # what Hydra wrote here for this launch, taken back if it is refused
-    trace = LaunchTrace(run_dir, rank, hydra.output_subdir) if hydra.mode == RunMode.RUN else None
+    trace = LaunchTrace(run_dir, rank, launch.output_subdir) if launch.mode == RunMode.RUN else None
     # SIGTERM/SIGINT: finish the step, save, exit 143 (ddp_lab.guards.preemption)
     preemption = Preemption(rank, cfg.trainer.preempt_save_s, run_dir).install()
     try:

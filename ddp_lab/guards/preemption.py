@@ -183,7 +183,7 @@ class Preemption:
             try:
                 self.store.wait(keys, timedelta(seconds=0.1))
                 return
-            except Exception:  # noqa: BLE001  (a timeout; or the store went with a dead rank 0)
+            except Exception:  # a timeout; or the store went with a dead rank 0
                 pass
         silent = [str(r) for r, k in enumerate(keys) if not self._has(k)]
         who = f"rank{'s' if len(silent) > 1 else ''} {', '.join(silent) or '?'}"
@@ -193,7 +193,7 @@ class Preemption:
     def _has(self, key: str) -> bool:
         try:
             return self.store.check([key])
-        except Exception:  # noqa: BLE001
+        except Exception:  # a lost store reads as absent
             return False
 
     def _learn(self, value: str) -> None:
@@ -217,7 +217,7 @@ class Preemption:
                     self._learn(self.store.get(KEY).decode())
                 if self.requested and self.store.check([FAILED]):
                     self._no_save(f"another rank gave up ({self.store.get(FAILED).decode()})")
-            except Exception as e:  # noqa: BLE001  (a lost store must not kill training)
+            except Exception as e:  # a lost store must not kill training
                 log.debug("preemption poll: %s", e)
 
     def saved(self, path: Path | None) -> Terminated:

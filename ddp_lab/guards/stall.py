@@ -236,7 +236,7 @@ def why_stopped(rank: int, cause: str, watchdog=None, name_lost: bool = True) ->
         try:
             places = watchdog.places()
             lost = lost_ranks(rank, places, cause) if name_lost else {}
-        except Exception:  # noqa: BLE001  (the store may be gone with the peer)
+        except Exception:  # the store may be gone with the peer
             places = None
     if lost:
         cause = "; ".join(lost.values()) + f"; this rank got {cause}"

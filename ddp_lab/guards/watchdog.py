@@ -112,7 +112,7 @@ class Watchdog:
                         log.warning("%s", stall.stall_report(self.rank, waited, self.places()))
                 elif waited >= self.timeout_s and here.phase not in NO_TIMEOUT:
                     self._give_up(stall.no_progress_report, waited)
-            except Exception as e:  # noqa: BLE001  (a lost store must not kill training)
+            except Exception as e:  # a lost store must not kill training
                 log.debug("watchdog: %s", e)
 
     def _check_reachable(self) -> None:
@@ -157,7 +157,7 @@ class Watchdog:
             line = (f"rank {self.rank} has waited {waited:.0f} s in {stall.HERE.phase} at step "
                     f"{stall.HERE.step} and lost its peers: {e}")
             killed = self._end_agent()
-        except Exception as e:  # noqa: BLE001  (the store itself may be gone with rank 0)
+        except Exception as e:  # the store itself may be gone with rank 0
             line = (f"rank {self.rank} has waited {waited:.0f} s in {stall.HERE.phase} at step "
                     f"{stall.HERE.step} (the other ranks' places are unreadable: {e})")
         self._end(f"{line}; giving up at dist.timeout_s={self.timeout_s:g}{killed}")
@@ -210,7 +210,7 @@ def note_failure(store, line: str) -> None:
         return
     try:
         store.set(FAILED, line)
-    except Exception:  # noqa: BLE001  (the store may be gone already)
+    except Exception:  # the store may be gone already
         pass
 
 
@@ -218,7 +218,7 @@ def first_failure(store) -> str | None:
     """The line of a rank that gave up before this one failed, if any (best effort)."""
     try:
         return store.get(FAILED).decode() if store is not None and store.check([FAILED]) else None
-    except Exception:  # noqa: BLE001  (the store may be gone with its host)
+    except Exception:  # the store may be gone with its host
         return None
 
 

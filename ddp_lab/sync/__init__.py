@@ -1,9 +1,11 @@
 """Gradient synchronisation strategies: how every rank ends a step with the same gradient.
 
-`build_sync(cfg.sync, model, env)` returns a GradSync. The trainer only ever
-calls `sync.module(x)` for the forward pass, `sync.no_sync()` around
-micro-batches that must not communicate, and `sync.after_backward()` before
-the optimizer step. Two config keys choose the strategy:
+`build_sync(cfg.sync, model, env)` returns a GradSync (base.py lists what the
+trainer calls: `sync.module(x)` for the forward pass, `during_backward()`
+around each micro-batch, `after_backward()` before the optimizer step,
+`after_step()` where weights travel, `consensus()` around an evaluation, and
+a few more). Its name says gradients, but local_sgd and diloco move weights.
+Config keys choose the strategy:
 
 ``sync.mode`` -- *when* and *in what pieces* gradients travel (``auto``, the
 default: flat on CPU ranks, ddp on GPU ranks; see resolve_mode), one file each:
@@ -49,8 +51,8 @@ Every strategy counts the bytes it hands to all-reduces (``wire_bytes``).
 
 ``sync.poll`` (how a CPU rank waits for the builtin allreduce, decided at
 start-up by ddp_lab.tuning and read from ``env.poll``) and the communication
-time each strategy reports are explained in base.py, which all three
-strategies build on.
+time each strategy reports are explained in base.py, which every strategy
+builds on.
 """
 from __future__ import annotations
 

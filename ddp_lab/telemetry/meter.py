@@ -145,8 +145,8 @@ class Meter:
         """Keep a short step (an epoch's last, partial batch) out of the window, as warm-up is.
 
         Its new shape makes torch.compile compile the model again, inside the
-        window: seconds against a step's milliseconds (record
-        the GPU training record, docs/results/README.md).
+        window: seconds against a step's milliseconds (the GPU training record in
+        docs/results/README.md).
         """
         self._short_step = images_on_this_rank < self.full_step_images
         if self._short_step:
