@@ -5,7 +5,11 @@ function on dist.isend/dist.irecv with nothing kept between calls.
 
 * ``ring_textbook_allreduce`` (ring_textbook.py): reduce-scatter then
   all-gather around a ring. 2(n-1)*alpha + 2(n-1)/n*N*beta +
-  (n-1)/n*N*gamma: bandwidth-optimal, for large messages.
+  (n-1)/n*N*gamma: bandwidth-optimal, for large messages. Its two phases
+  are callable on their own: ``ring_textbook_reduce_scatter`` (each rank ends
+  with the sum of its own chunk, ``own_chunk``) and
+  ``ring_textbook_all_gather`` (each rank's chunk copied to every other),
+  what sharded data parallelism is built from.
 * ``halving_doubling_textbook_allreduce`` (halving_doubling_textbook.py):
   Rabenseifner's recursive halving then doubling, with a fold-in step when
   n is not a power of two. 2*log2(n)*alpha plus the ring's bandwidth term:
@@ -81,7 +85,12 @@ from ddp_lab.collectives.halving_doubling_textbook import (
     halving_doubling_textbook_allreduce,
 )
 from ddp_lab.collectives.naive import naive_allreduce
-from ddp_lab.collectives.ring_textbook import ring_textbook_allreduce
+from ddp_lab.collectives.ring_textbook import (
+    own_chunk,
+    ring_textbook_all_gather,
+    ring_textbook_allreduce,
+    ring_textbook_reduce_scatter,
+)
 from ddp_lab.collectives.tuned.halving_doubling import halving_doubling_allreduce
 from ddp_lab.collectives.tuned.p2p import free_scratch_buffers
 from ddp_lab.collectives.tuned.plan import TunedPlan
@@ -98,8 +107,11 @@ __all__ = [
     "halving_doubling_allreduce",
     "halving_doubling_textbook_allreduce",
     "naive_allreduce",
+    "own_chunk",
     "ring_allreduce",
+    "ring_textbook_all_gather",
     "ring_textbook_allreduce",
+    "ring_textbook_reduce_scatter",
 ]
 
 
