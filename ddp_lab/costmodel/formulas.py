@@ -37,6 +37,19 @@ def ring(p: int, n: float, alpha: float, beta: float, gamma: float) -> float:
     return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n * beta + (p - 1) / p * n * gamma
 
 
+def ring_reduce_scatter(p: int, n: float, alpha: float, beta: float, gamma: float) -> float:
+    """The ring's first phase alone, on an N-byte buffer (each rank keeps the sum of N/p):
+    (p-1) alpha + (p-1)/p N beta + (p-1)/p N gamma. Sharded data parallelism's gradient
+    step (ZeRO stage 2 and 3, FSDP) is one of these instead of an all-reduce."""
+    return (p - 1) * alpha + (p - 1) / p * n * beta + (p - 1) / p * n * gamma
+
+
+def ring_all_gather(p: int, n: float, alpha: float, beta: float, gamma: float) -> float:
+    """The ring's second phase alone, to an N-byte buffer (each rank gives N/p): nothing to
+    add, (p-1) alpha + (p-1)/p N beta. Sharded weights are gathered so before they are used."""
+    return (p - 1) * alpha + (p - 1) / p * n * beta
+
+
 def halving_doubling(p: int, n: float, alpha: float, beta: float, gamma: float) -> float:
     """Rabenseifner: recursive-halving reduce-scatter + recursive-doubling all-gather.
 
@@ -78,6 +91,14 @@ MODELS: dict[str, Callable[[int, float, float, float, float], float]] = {
     "tree": tree,
     "ring_textbook": ring,
     "halving_doubling_textbook": halving_doubling,
+}
+
+
+# The collectives sharded training is made of (ddp_lab.collectives.ring_textbook's two
+# phases), priced apart; their sum is the ring all-reduce.
+PHASES: dict[str, Callable[[int, float, float, float, float], float]] = {
+    "reduce_scatter": ring_reduce_scatter,
+    "all_gather": ring_all_gather,
 }
 
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from ddp_lab import costmodel as cm
+from ddp_lab.costmodel.formulas import PHASES
 
 ALPHA, BETA, GAMMA = 50e-6, 1e-9, 2e-10
 SIZES = [2 ** k for k in range(12, 27)]  # 4 KiB .. 64 MiB, as the benchmark's default sweep
@@ -36,6 +37,17 @@ def test_formulas_on_a_hand_computed_case():
     assert cm.tree(6, n, a, b, g) == pytest.approx(cm.tree(8, n, a, b, g))  # ceil(log2 6) = 3
     for model in cm.MODELS.values():
         assert model(1, n, a, b, g) == 0.0  # one rank: nothing to communicate
+
+
+def test_the_rings_two_phases_on_a_hand_computed_case_and_their_sum():
+    # p=4, N=8e6 bytes, alpha 1e-4 s, beta 1e-9 s/B, gamma 2e-10 s/B: each phase moves 3/4 of N
+    rs, ag = PHASES["reduce_scatter"], PHASES["all_gather"]
+    assert rs(4, 8e6, 1e-4, 1e-9, 2e-10) == pytest.approx(3e-4 + 6e-3 + 1.2e-3)
+    assert ag(4, 8e6, 1e-4, 1e-9, 2e-10) == pytest.approx(3e-4 + 6e-3)
+    for p in (2, 3, 5, 8):  # the all-reduce is one then the other
+        assert rs(p, 1e6, 1e-5, 2e-9, 3e-10) + ag(p, 1e6, 1e-5, 2e-9, 3e-10) == pytest.approx(
+            cm.ring(p, 1e6, 1e-5, 2e-9, 3e-10))
+    assert rs(1, 1e6, 1, 1, 1) == ag(1, 1e6, 1, 1, 1) == 0  # one rank sends nothing
 
 
 def test_models_table_names_match_the_benchmark():
