@@ -172,7 +172,11 @@ def check_fits_memory(cfg, env: DistEnv, x: torch.Tensor, y: torch.Tensor, task,
     machine = mem_available() if available is None else available
     if machine is None:
         return None
-    e = estimate(cfg, x, y, task, batch)
+    try:
+        e = estimate(cfg, x, y, task, batch)
+    except Exception as err:  # a user's model that cannot be built on meta (it reads values, loads weights)
+        log.info("memory estimate: not made (the model cannot be built on the meta device: %s)", err)
+        return None
     ranks = ranks_on_machine(env.world_size)
     per_rank = machine // ranks
     log.info("memory estimate: %.2f GiB per rank (activations %.2f, model state %.2f), %.1f GiB available to each",

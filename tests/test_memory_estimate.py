@@ -3,6 +3,7 @@ import logging
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from ddp_lab import memory_estimate, schema
 from ddp_lab.config import ConfigError
@@ -120,3 +121,21 @@ def test_the_trainer_refuses_a_run_that_cannot_fit_before_any_step(compose_train
     schema.check(cfg)
     with pytest.raises(ConfigError, match=r"^model=gpt needs about 0\.\d GiB per rank, more than the 0\.1 GiB"):
         Trainer(cfg, DistEnv(0, 1, 0, CPU, "none"), tmp_path).close()
+
+
+class _ReadsItsWeights(torch.nn.Module):
+    """A user's model whose constructor reads a value: it cannot be built on meta."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 4)
+        self.scale = float(self.layer.weight.detach().abs().max())
+
+
+def test_a_model_that_cannot_be_built_on_meta_is_not_estimated_and_the_run_goes_on(monkeypatch, caplog):
+    monkeypatch.setattr(memory_estimate, "build_model", lambda cfg: _ReadsItsWeights())
+    cfg = OmegaConf.create({"model": {}, "optim": {"_target_": "torch.optim.SGD"}, "trainer": {}})
+    env = DistEnv(0, 1, 0, torch.device("cpu"), "none")
+    with caplog.at_level("INFO", logger="ddp_lab"):
+        assert check_fits_memory(cfg, env, torch.zeros(8), torch.tensor(0), None, 4, available=2**30) is None
+    assert "memory estimate: not made (the model cannot be built on the meta device" in caplog.text
