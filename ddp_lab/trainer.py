@@ -1,11 +1,10 @@
 """The training loop: one Trainer per rank, built from the config.
 
-Read top to bottom: __init__ builds the parts from config, fit() runs epochs, _run_epoch() runs
-optimizer steps, _run_batch() is one of them, evaluate() scores the held-out set across all
-ranks, finish() writes the results.
-Each concern is one object: the Workload holds the data and its task, the Meter measures,
-the RunLogger reports, the Checkpointer saves and resumes, the LossWatch stops a diverging
-run, TimeToTarget stops a run that reached its target, the GradSync (ddp_lab.sync) syncs.
+Read top to bottom: __init__ builds the parts from config, fit() runs epochs, _run_epoch() runs optimizer
+steps, _run_batch() is one of them, evaluate() scores the held-out set across all ranks, finish() writes the
+results. Each concern is one object: the Workload holds the data and its task, the Meter measures, the
+RunLogger reports, the Checkpointer saves and resumes, the LossWatch stops a diverging run, TimeToTarget stops
+a run that reached its target, the GradSync (ddp_lab.sync) syncs.
 """
 from __future__ import annotations
 
@@ -47,9 +46,8 @@ log = logging.getLogger("ddp_lab")
 class Trainer:
     def __init__(self, cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None):
         self.cfg, self.env, self.run_dir = cfg, env, Path(run_dir)
-        # a signal's save (ddp_lab.guards.preemption); not installed: never asks for one
-        self.preemption = preemption or Preemption(env.rank, cfg.trainer.preempt_save_s)
         t = cfg.trainer
+        self.preemption = preemption or Preemption(env.rank, t.preempt_save_s)  # not installed: never asks to save
         if t.threads > 0:  # (0: keep torch's, torchrun's 1)
             torch.set_num_threads(t.threads)
         self.amp = resolve_amp(t.amp, env.device)
@@ -250,8 +248,7 @@ class Trainer:
         return path
 
     def _save_and_stop(self) -> None:
-        """At the step every rank agreed to stop after a signal: save (unless the
-        checkpoint of this step was just written) and exit 128 + the signal."""
+        """At the step agreed after a signal: save (unless this step's is written) and exit 128 + the signal."""
         path = self.saved_path if self.saved_step == self.step else self._save_checkpoint()
         raise self.preemption.saved(path)
 
