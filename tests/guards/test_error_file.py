@@ -80,9 +80,10 @@ def test_a_refused_launch_is_torchruns_root_cause(tiny_fmnist, tmp_path):
                       + ["data.num_workers=-1"], nproc=2, timeout=120)
     assert proc.returncode == 1  # torchrun's own exit on a failed worker (ChildFailedError)
     said = [ln for ln in proc.stderr.splitlines() if ln.startswith("ddp_lab: error:")]
-    assert said == [LINE, LINE]  # each rank's one line
+    # torchrun ends the other rank as soon as one fails, so it may not live to say its line
+    assert said in ([LINE], [LINE, LINE]), proc.stderr[-3000:]
     root = proc.stderr.split("Root Cause (first observed failure):", 1)[1]
     assert f"traceback : {LINE}\n" in root, proc.stderr[-3000:]
     assert "exitcode  : 2 (pid:" in root
     assert "<N/A>" not in proc.stderr and "To enable traceback" not in proc.stderr
-    assert proc.stderr.count(f"traceback : {LINE}") == 2  # the other rank's failure too
+    assert 1 <= proc.stderr.count(f"traceback : {LINE}") <= len(said)  # no rank listed twice
