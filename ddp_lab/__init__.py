@@ -1,1 +1,18 @@
-"""ddp_lab: learn, measure and run data-parallel training in PyTorch."""
+"""ddp_lab: learn, measure and run data-parallel training in PyTorch.
+
+The core, what a training run needs (`torchrun -m ddp_lab.train`):
+  config/       the keys, their defaults and checks, the presets, the one-line errors
+  training/     the Trainer and what it drives: data, task, optimizer, evaluation, fast path
+  distributed/  the process group and the rendezvous of a launch
+  sync/         how gradients (or weights) are averaged: DDP, flat buckets, local SGD, DiLoCo, PowerSGD
+  collectives/  hand-written all-reduce, reduce-scatter and all-gather on torch.distributed
+  checkpoint/   saving and resuming, bit-identical
+  guards/       what keeps a run safe: watchdog, preemption, divergence, the run directory
+  telemetry/    what a run measures and reports
+  models/, datasets/, tuning/
+The tools, which use the core and which the core never imports: tools/ (bench, costmodel,
+cluster, baselines, figures). `python -m ddp_lab.bench.<name>` and the like are their short names.
+"""
+from ddp_lab import _tool_names
+
+_tool_names.install()

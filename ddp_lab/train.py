@@ -24,13 +24,15 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ddp_lab import config, distributed, fast_path, rendezvous, schema, tuning
-from ddp_lab.config import ConfigError, RunFailed, say
-from ddp_lab.guards import error_file, stall
+from ddp_lab import config, distributed, tuning
+from ddp_lab.config import ConfigError, RunFailed, error_file, say, schema
+from ddp_lab.distributed import rendezvous
+from ddp_lab.guards import stall
 from ddp_lab.guards.preemption import Preemption, Terminated
 from ddp_lab.guards.rundir import LaunchTrace, RunDirTaken
 from ddp_lab.guards.watchdog import Watchdog, first_failure, note_failure
-from ddp_lab.trainer import Trainer
+from ddp_lab.training import fast_path
+from ddp_lab.training.trainer import Trainer
 
 log = logging.getLogger("ddp_lab")
 schema.register()
@@ -53,7 +55,7 @@ def _rank_before_setup() -> int:
 
 # @record under @hydra.main: Hydra turns a task's exception into a printed line and
 # exit(1), so only here could torchrun's error file get it. Each branch below writes the
-# rank's one line there first (ddp_lab.guards.error_file); KeepFirst keeps it.
+# rank's one line there first (ddp_lab.config.error_file); KeepFirst keeps it.
 @hydra.main(version_base="1.3", config_path=config.CONFIG_PATH, config_name="train")
 @partial(record, error_handler=error_file.KeepFirst())
 def main(cfg) -> dict:

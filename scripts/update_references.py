@@ -1,7 +1,7 @@
 """Rewrite the generated config references in docs/configuration.md.
 
 Each `<!-- reference: python -m X -->` ... `<!-- end of reference -->` block
-is replaced by what `python -m X` prints now (tests/test_config.py checks
+is replaced by what `python -m X` prints now (tests/config/test_config.py checks
 they agree). Run after changing a key's default or help: `make references`.
 """
 import re

@@ -15,9 +15,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 
-from ddp_lab import config, schema  # noqa: F401  (registers the resolvers and the schema)
+from ddp_lab import config  # noqa: F401  (registers the resolvers and the schema)
+from ddp_lab.config import schema
 from ddp_lab.distributed import DistEnv
-from ddp_lab.trainer import Trainer
+from ddp_lab.training.trainer import Trainer
 
 schema.register()
 

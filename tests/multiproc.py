@@ -11,7 +11,7 @@
 
 Each rank is a real process that never shares state with the caller: by
 default it is forked from a "forkserver" process that has imported torch,
-torch._dynamo and ddp_lab.trainer (start_method="forkserver"), which saves
+torch._dynamo and ddp_lab.training.trainer (start_method="forkserver"), which saves
 the seconds every rank would spend importing them under start_method="spawn"
 (a fresh interpreter, also supported). torch._dynamo is there because a
 model's first forward on the meta device (models.check_fits_data) imports it:
@@ -99,7 +99,7 @@ def run_in_processes(
         # The server process imports these once; every rank is then forked
         # from it instead of importing them again (seconds per process).
         # Only takes effect if this is the first forkserver use here.
-        ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "ddp_lab.trainer"])
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "ddp_lab.training.trainer"])
     results = ctx.Queue()
     procs = []
     with tempfile.TemporaryDirectory(prefix="ddp_lab_mp_") as tmp:

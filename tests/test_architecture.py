@@ -1,8 +1,8 @@
-"""The package's layout: a core that a training run needs, and tools beside it.
+"""The package's layout: a core that a training run needs, and the tools beside it.
 
-The tools (benchmarks, cost model, emulated cluster, the chapter's baselines,
-figures) use the core; the core never imports a tool, and no two packages
-import each other, so a reader can follow a run without meeting them.
+The tools (ddp_lab/tools/: benchmarks, cost model, emulated cluster, the chapter's baselines,
+figures) use the core; the core never imports a tool. No loop among the packages, of any
+length: a reader can follow a run from layer to layer without meeting a module twice.
 """
 import ast
 import subprocess
@@ -12,13 +12,13 @@ from pathlib import Path
 import ddp_lab
 
 PACKAGE = Path(ddp_lab.__file__).parent
-TOOLS = {"bench", "costmodel", "cluster", "baselines", "figures"}
 
 
 def part(module: str) -> str:
-    """ddp_lab.bench.scaling -> bench; any core module -> core."""
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 and parts[1] in TOOLS else "core"
+    """The package a module belongs to: ddp_lab.sync.ddp -> sync, ddp_lab.tools.bench.scaling ->
+    tools.bench; a module at the top (ddp_lab.train) is a part of its own."""
+    parts = module.split(".")[1:] or ["__init__"]
+    return ".".join(parts[:2]) if parts[0] == "tools" and len(parts) > 1 else parts[0]
 
 
 def imports() -> dict[str, set[str]]:
@@ -37,19 +37,76 @@ def imports() -> dict[str, set[str]]:
     return found
 
 
+def package_edges() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {}
+    for m, names in imports().items():
+        for n in names:
+            if part(m) != part(n):
+                edges.setdefault(part(m), set()).add(part(n))
+    return edges
+
+
+def loops(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one package (Tarjan's algorithm)."""
+    index, low, stack, on, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(set(edges) | {w for ws in edges.values() for w in ws}):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_loops_are_found():
+    assert loops({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert loops({"a": {"b"}, "b": {"c"}}) == []
+
+
+def test_no_loop_among_the_packages():
+    assert loops(package_edges()) == []
+
+
 def test_the_core_imports_no_tool():
-    offending = sorted(f"{m} -> {n}" for m, names in imports().items() if part(m) == "core"
-                       for n in names if part(n) != "core")
+    offending = sorted(f"{m} -> {n}" for m, names in imports().items() if not part(m).startswith("tools")
+                       for n in names if part(n).startswith("tools"))
     assert offending == []
 
 
-def test_no_two_packages_import_each_other():
-    edges = {(part(m), part(n)) for m, names in imports().items() for n in names if part(m) != part(n)}
-    assert {(a, b) for a, b in edges if (b, a) in edges} == set()
-
-
 def test_the_training_entry_point_loads_no_tool_module():
-    code = ("import sys, ddp_lab.train; print(' '.join(m for m in sys.modules "
-            "if m.startswith('ddp_lab.') and m.split('.')[1] in %r))" % (TOOLS,))
+    code = "import sys, ddp_lab.train; print(' '.join(m for m in sys.modules if m.startswith('ddp_lab.tools')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == []
+
+
+def test_the_tools_short_names_are_the_same_modules():
+    import ddp_lab.bench.scaling
+
+    import ddp_lab.tools.bench.scaling
+    assert ddp_lab.bench.scaling is ddp_lab.tools.bench.scaling
+    assert ddp_lab.bench.scaling.__spec__.name == "ddp_lab.tools.bench.scaling"
+
+
+def test_python_m_runs_a_tool_by_its_short_name():
+    out = subprocess.run([sys.executable, "-m", "ddp_lab.costmodel", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "ddp_lab.costmodel" in out.stdout or "costmodel" in out.stdout

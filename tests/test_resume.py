@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from ddp_lab.trainer import Trainer
+from ddp_lab.training.trainer import Trainer
 from tests.conftest import fit_alone, read_summary, run_module, tiny_overrides
 
 

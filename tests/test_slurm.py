@@ -79,8 +79,8 @@ def skip_unless_slurm_can_run() -> None:
         pytest.skip("DDP_LAB_TEST_SLURM=0")
     if os.geteuid() != 0:
         pytest.skip("SLURM's daemons and network namespaces need root")
-    from ddp_lab.cluster import ClusterError
-    from ddp_lab.cluster.commands import require_privileges, require_tools
+    from ddp_lab.tools.cluster import ClusterError
+    from ddp_lab.tools.cluster.commands import require_privileges, require_tools
     try:
         require_tools()
         require_privileges()
@@ -294,7 +294,7 @@ def test_a_warning_that_comes_after_the_training_ended_does_not_requeue(
 
 def machine_state() -> tuple:
     """What up makes and down must remove: links, routes, namespaces, files, daemons."""
-    from ddp_lab.cluster.commands import ip
+    from ddp_lab.tools.cluster.commands import ip
     listings = tuple(sorted(os.listdir(d)) if os.path.isdir(d) else None
                      for d in ("/run/netns", "/etc/netns", "/etc/slurm", "/run/ddp_lab-slurm"))
     daemons = sorted(p for p in os.listdir("/proc") if p.isdigit() and _mentions(p, "/run/ddp_lab-slurm/"))

@@ -118,7 +118,7 @@ def test_profile_writes_a_timeline_per_rank(two_rank_run):
 
 
 def test_a_run_can_be_drawn(two_rank_run, tmp_path):
-    from ddp_lab.bench.run_plot import plot_run, scalars
+    from ddp_lab.tools.bench.run_plot import plot_run, scalars
     run_dir, _ = two_rank_run
     data = scalars(run_dir)
     assert len(data["loss/train"]) == len(data["acc/test"]) == 2  # one point per epoch

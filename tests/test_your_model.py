@@ -13,10 +13,9 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from ddp_lab import schema
-from ddp_lab.config import ConfigError
+from ddp_lab.config import ConfigError, schema
 from ddp_lab.distributed import DistEnv
-from ddp_lab.trainer import Trainer
+from ddp_lab.training.trainer import Trainer
 from tests.conftest import failure, read_summary, run_module
 
 ROOT = Path(__file__).parents[1]

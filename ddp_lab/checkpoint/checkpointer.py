@@ -14,11 +14,10 @@ from typing import NamedTuple
 
 from ddp_lab.checkpoint.choice import choose
 from ddp_lab.checkpoint.compat import config_hash, config_subset, validate
-from ddp_lab.checkpoint.files import DIRNAME, load, read_meta, save
+from ddp_lab.checkpoint.files import DIRNAME, all_finite, load, read_meta, save
 from ddp_lab.checkpoint.reshard import load_own
 from ddp_lab.config import RunFailed
 from ddp_lab.distributed import DistEnv
-from ddp_lab.guards.divergence import all_finite
 from ddp_lab.guards.rundir import record_launch
 
 log = logging.getLogger("ddp_lab")

@@ -42,7 +42,7 @@ import torch.distributed as dist
 
 from ddp_lab.config import ConfigError, RunFailed
 from ddp_lab.distributed import DistEnv
-from ddp_lab.guards import stall
+from ddp_lab.telemetry import position
 
 log = logging.getLogger("ddp_lab")
 
@@ -98,6 +98,12 @@ def nbytes(state) -> int:
     return 0
 
 
+def all_finite(state: dict) -> bool:
+    """Whether every floating-point tensor in a state dict is finite."""
+    return all(torch.isfinite(t).all() for t in state.values()
+               if isinstance(t, torch.Tensor) and t.is_floating_point())
+
+
 def write_error(what: str, folder: Path, needed: int, e: BaseException) -> str:
     """One line for a failed write: a full disk said as such, anything else as it is."""
     try:
@@ -118,7 +124,7 @@ def _agree(env: DistEnv, error: str | None, name: str) -> None:
     errors = [error]
     if env.distributed:
         errors = [None] * env.world_size
-        with stall.collective(name):
+        with position.collective(name):
             dist.all_gather_object(errors, error)
     failed = [(r, e) for r, e in enumerate(errors) if e is not None]
     if failed:
@@ -138,7 +144,7 @@ def save(root: Path, step: int, env: DistEnv, own: dict, shared: dict | None,
     tmp, final = root / f".tmp-step-{step}", root / f"step-{step}"
     what = f"checkpoint step-{step}"
     error = None
-    stall.phase(f"{what}: making its folder")
+    position.phase(f"{what}: making its folder")
     if env.is_main:
         try:
             root.mkdir(parents=True, exist_ok=True)
@@ -147,7 +153,7 @@ def save(root: Path, step: int, env: DistEnv, own: dict, shared: dict | None,
         except OSError as e:
             error = write_error(what, root, nbytes(shared), e)
     _agree(env, error, f"{what}: folder made")  # before any rank writes into it
-    stall.phase(f"{what}: writing rank{env.rank}.pt" + (" and state.pt" if env.is_main else ""))
+    position.phase(f"{what}: writing rank{env.rank}.pt" + (" and state.pt" if env.is_main else ""))
     try:
         if not tmp.is_dir():
             error = (f"rank {env.rank} cannot see {tmp}, which rank 0 just created: the run "
@@ -160,7 +166,7 @@ def save(root: Path, step: int, env: DistEnv, own: dict, shared: dict | None,
         error = write_error(what, root, nbytes(shared) + nbytes(own), e)
     try:
         _agree(env, error, f"{what}: files written")  # rank 0 may seal and publish
-        stall.phase(f"{what}: publishing")
+        position.phase(f"{what}: publishing")
         if env.is_main:
             try:
                 _seal(tmp, step, env.world_size, meta)

@@ -6,7 +6,7 @@ What carries over, and what is guaranteed:
   data parallelism keeps them identical on every rank, so they fit any M.
 * The global batch stays `data.batch_size` (hashed with the config); each
   rank takes global / M, and a batch that does not divide over M ranks is
-  refused before anything is loaded (ddp_lab.data.per_rank_batch names the
+  refused before anything is loaded (ddp_lab.training.data.per_rank_batch names the
   batches and world sizes that would divide).
 * The place in the data: DistributedSampler deals one seeded permutation of
   the epoch round-robin over the ranks, so after s optimizer steps of

@@ -1,6 +1,6 @@
 """Samples that are dicts (what Hugging Face datasets return), as (input, target) pairs.
 
-`data.input_key` and `data.target_key` name the two entries (ddp_lab.data wraps
+`data.input_key` and `data.target_key` name the two entries (ddp_lab.training.data wraps
 the splits in KeyedPairs); values that are not tensors yet (lists, numbers,
 NumPy arrays: a Hugging Face dataset without `.with_format("torch")`) become
 tensors here, so the DataLoader batches them as it batches tensors.

@@ -34,7 +34,7 @@ def read_corpus(path: str | Path) -> bytes:
 
 class TokenWindows(TensorPairs):
     """Windows cut from one token sequence; `tokens`: that sequence's length, for the
-    messages that say how long a context the split can supply (ddp_lab.data)."""
+    messages that say how long a context the split can supply (ddp_lab.training.data)."""
 
     def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, tokens: int):
         super().__init__(inputs, targets)

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from ddp_lab.config import RunFailed
 from ddp_lab.distributed import DistEnv
-from ddp_lab.guards import stall
+from ddp_lab.telemetry import position
 
 
 def grad_total(params) -> torch.Tensor:
@@ -69,7 +69,7 @@ class LossWatch:
         """Raise RunFailed on every rank if a step was not finite (on any rank, under fp16)."""
         first = self.first_bad.clone()
         if self.env.distributed and self.params is None:
-            with stall.collective("loss check"):
+            with position.collective("loss check"):
                 dist.all_reduce(first, op=dist.ReduceOp.MIN)
         step = first.item()
         if math.isinf(step):
@@ -93,9 +93,3 @@ class LossWatch:
         if self.amp == "fp16":
             cause += "; or fp16 overflowed: try trainer.amp=bf16 or off"
         return f"training diverged: {what}; {cause}. Nothing was saved from this step on"
-
-
-def all_finite(state: dict) -> bool:
-    """Whether every floating-point tensor in a state dict is finite."""
-    return all(torch.isfinite(t).all() for t in state.values()
-               if isinstance(t, torch.Tensor) and t.is_floating_point())

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from ddp_lab.config import ConfigError, say
-from ddp_lab.guards import stall
+from ddp_lab.telemetry import position
 
 KINDS = ("raise", "kill", "hang", "slow=F", "mismatch", "nan", "term", "stop")
 PHASED = ("raise", "kill", "hang", "term", "stop")  # the kinds that phase=P can place
@@ -160,14 +160,14 @@ def install(trainer) -> Fault | None:
         start_step()
         fault.slow_down(rank, step(), trainer.step_timer.last_compute)
 
-    if fault.phase is not None:  # every caller reaches stall.phase through the module
-        phase = stall.phase
+    if fault.phase is not None:  # every caller reaches position.phase through the module
+        phase = position.phase
 
         def phase_then_fire(name: str) -> None:
             phase(name)
-            fault.entering(rank, name, stall.HERE.step)
+            fault.entering(rank, name, position.HERE.step)
 
-        stall.phase = phase_then_fire
+        position.phase = phase_then_fire
     trainer._after_step = after_step_then_fire
     trainer.step_timer.start_step = start_step_then_sleep
     trainer.loss_fn = lambda out, y: fault.loss(loss_fn(out, y), rank, step())

@@ -41,9 +41,10 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+from ddp_lab.distributed.rendezvous import BoundedStore
 from ddp_lab.guards import stall
 from ddp_lab.guards.watchdog import FAILED, join_quietly
-from ddp_lab.rendezvous import BoundedStore
+from ddp_lab.telemetry import position
 
 log = logging.getLogger("ddp_lab")
 
@@ -116,11 +117,11 @@ class Preemption:
         if self.stop_after is not None:  # learned first: that save stands, its deadline runs
             log.warning("rank %d got %s at step %d: saving the checkpoint after step %d the "
                         "ranks agreed on (%s; a second %s stops at once)", self.rank, name,
-                        stall.HERE.step, self.stop_after, self.proposer, name)
+                        position.HERE.step, self.stop_after, self.proposer, name)
             self._start_deadline()  # (started already, unless the signal came mid-_learn)
             return
         self.got_at = self.signalled_at
-        line = (f"rank {self.rank} got {name} at step {stall.HERE.step}: finishing the step and "
+        line = (f"rank {self.rank} got {name} at step {position.HERE.step}: finishing the step and "
                 f"saving a checkpoint within trainer.preempt_save_s={self.budget_s:g} "
                 f"(a second {name} stops at once)")
         log.warning("%s", line)  # rank 0's log goes to the console too

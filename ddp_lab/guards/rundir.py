@@ -41,10 +41,9 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
-from ddp_lab.config import ConfigError, say
-from ddp_lab.guards import error_file
-from ddp_lab.guards.stall import process_state
+from ddp_lab.config import ConfigError, error_file, say
 from ddp_lab.telemetry.metrics import write_json_atomic
+from ddp_lab.telemetry.position import process_state
 
 LAUNCHES = "launches.json"
 

@@ -1,23 +1,8 @@
-"""Where each rank is: the marks its training thread leaves, and the lines they make.
+"""Why a rank stopped or stalls, in lines users read, from the places ranks publish.
 
-A collective waits for its slowest rank, and a rank that hangs (a stuck
-kernel, a dead NFS mount, a stopped process) or skips a collective (a
-desync) leaves every other rank waiting with nothing to say but a timeout.
-So the training thread marks its place, from start-up to exit:
-
-* `at_step(n)` as optimizer step n begins;
-* `phase("data loading")` for each stretch of its own work (loading data,
-  compiling, forward/backward, evaluation, writing a checkpoint, ...), and
-  `progress()` inside a long one (each evaluation batch);
-* `with collective("gradient sync"): ...` around every collective (the
-  gradient sync, the epoch's metrics, evaluation's counts, each agreement of
-  a checkpoint save). Collectives are also counted: every rank enters the
-  same ones in the same order, so two ranks with the same count are at the
-  same collective, and a rank with a lower count has not reached it.
-
-A mark only sets a few attributes: nanoseconds, watched or not. The rank's
-watchdog thread (ddp_lab.guards.watchdog) publishes the place and acts on
-it; the functions below turn places into the lines users read.
+Each rank's training thread marks where it is (ddp_lab.telemetry.position); its watchdog
+(ddp_lab.guards.watchdog) shares those places. The functions here name the ranks that have not
+reached a collective, the rank a killed peer was, and the one line a rank prints as it ends.
 """
 from __future__ import annotations
 
@@ -27,86 +12,12 @@ import os
 import re
 import socket
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
-from ddp_lab.config import say
-from ddp_lab.guards import error_file
+from ddp_lab.config import error_file, say
+from ddp_lab.telemetry import position
 
 log = logging.getLogger("ddp_lab")
-
-
-class Place:
-    """Where this process's training thread is. One per process (`HERE`)."""
-
-    def __init__(self):
-        self.step = 0
-        self.phase = "starting"  # the stretch of work, or the collective, marked last
-        self.inside = False  # waiting in that collective right now
-        self.collective = False  # whether `phase` names a collective
-        self.seq = 0  # collectives entered so far
-        self.entered = time.monotonic()  # the last mark: progress
-        self.since = time.time()  # the same, as wall time (other ranks read it)
-
-    def mark(self, phase: str, inside: bool = False, collective: bool = False) -> None:
-        self.phase, self.inside, self.collective = phase, inside, collective
-        self.entered, self.since = time.monotonic(), time.time()
-
-    def as_dict(self) -> dict:
-        return {"step": self.step, "phase": self.phase, "inside": self.inside,
-                "collective": self.collective, "seq": self.seq, "time": self.since,
-                "process": process_identity()}
-
-
-def process_state(pid: int) -> tuple[str, str]:
-    """(state, start) of process `pid` from /proc: "T" for stopped; the start in clock
-    ticks since boot (a pid is reused, the pair is not). ("?", "?") if unreadable."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return fields[0], fields[19]
-    except (OSError, IndexError):
-        return "?", "?"
-
-
-def process_identity() -> str:
-    """host/pid/start of this process: another rank on the same host can find it, and a
-    reused pid does not match (its start differs)."""
-    pid = os.getpid()
-    if _IDENTITY[0] != pid:
-        _IDENTITY[:] = [pid, f"{socket.gethostname()}/{pid}/{process_state(pid)[1]}"]
-    return _IDENTITY[1]
-
-
-_IDENTITY: list = [None, ""]
-
-
-HERE = Place()
-
-
-def at_step(step: int) -> None:
-    """The training thread starts optimizer step `step` (1-based)."""
-    HERE.step = step
-
-
-def phase(name: str) -> None:
-    """The training thread starts a stretch of its own work called `name`."""
-    HERE.mark(name)
-
-
-def progress() -> None:
-    """Still going, in the same phase (a long one: evaluation)."""
-    HERE.entered, HERE.since = time.monotonic(), time.time()
-
-
-@contextmanager
-def collective(name: str):
-    """Mark the enclosed block as a wait for every rank (see the module docstring).
-    If it raises, the rank stays marked as inside: that is where it stopped."""
-    HERE.seq += 1
-    HERE.mark(name, inside=True, collective=True)
-    yield
-    HERE.inside = False
-    progress()
 
 
 def _where(place: dict, now: float) -> str:
@@ -198,7 +109,7 @@ def ended_here(place: dict) -> bool:
     host, pid, start = (place.get("process", "").split("/") + ["", "", ""])[:3]
     if host != socket.gethostname() or not pid.isdigit():
         return False
-    state, now_start = process_state(int(pid))
+    state, now_start = position.process_state(int(pid))
     return now_start != start or state in ("Z", "X")
 
 
@@ -229,10 +140,10 @@ def why_stopped(rank: int, cause: str, watchdog=None, name_lost: bool = True) ->
     """One line: where this rank stopped and why. After a failed collective: first the
     ranks known gone (lost_ranks; not with `name_lost` False, when `cause` already
     quotes the rank that stopped first), then the ranks that were not where it was."""
-    where = ("while starting" if HERE.phase == "starting" else
-             f"{'after' if HERE.collective and not HERE.inside else 'in'} {HERE.phase}")
+    where = ("while starting" if position.HERE.phase == "starting" else
+             f"{'after' if position.HERE.collective and not position.HERE.inside else 'in'} {position.HERE.phase}")
     places, lost = None, {}
-    if watchdog is not None and HERE.inside:
+    if watchdog is not None and position.HERE.inside:
         try:
             places = watchdog.places()
             lost = lost_ranks(rank, places, cause) if name_lost else {}
@@ -240,7 +151,7 @@ def why_stopped(rank: int, cause: str, watchdog=None, name_lost: bool = True) ->
             places = None
     if lost:
         cause = "; ".join(lost.values()) + f"; this rank got {cause}"
-    line = f"rank {rank} stopped at step {HERE.step} {where}: {cause}"
+    line = f"rank {rank} stopped at step {position.HERE.step} {where}: {cause}"
     if places is not None:
         rest = {r: p for r, p in places.items() if r not in lost}
         if missing(places[rank], rest):
@@ -262,7 +173,7 @@ def end_process(line: str, code: int) -> None:
     in its log (flushed), then exit with `code` without unwinding the training thread."""
     log.error("%s", line)
     say(line)
-    error_file.write(line)  # torchrun's root cause (ddp_lab.guards.error_file)
+    error_file.write(line)  # torchrun's root cause (ddp_lab.config.error_file)
     for h in logging.getLogger().handlers:
         h.flush()
     os._exit(code)

@@ -3,7 +3,7 @@
 Every PUBLISH_S it reads the place the training thread marked
 (ddp_lab.guards.stall) and:
 
-* publishes it to this attempt's store (ddp_lab.rendezvous) when it changed:
+* publishes it to this attempt's store (ddp_lab.distributed.rendezvous) when it changed:
   one small write, off the training thread and never once a step, so the
   other ranks can say where this one is, even after it stopped answering;
 * checks that the torchrun agent that started this rank is still its parent.
@@ -21,7 +21,7 @@ Every PUBLISH_S it reads the place the training thread marked
   deadlock), the same, naming this rank and its phase. The first step of a
   compiled model (phase "compile") is exempt: a cold compile can take
   minutes, and no other rank waits on it, since each compiles into its own
-  cache (ddp_lab.fast_path); the ranks waiting for it still name it.
+  cache (ddp_lab.training.fast_path); the ranks waiting for it still name it.
 
 Why a thread in the rank and not torch.distributed.elastic.timer: elastic's
 timers are enforced by the torchrun agent, which can kill a worker that no
@@ -42,8 +42,9 @@ import threading
 import time
 from pathlib import Path
 
+from ddp_lab.distributed.rendezvous import BoundedStore, StoreUnreachable
 from ddp_lab.guards import stall
-from ddp_lab.rendezvous import BoundedStore, StoreUnreachable
+from ddp_lab.telemetry import position
 
 log = logging.getLogger("ddp_lab")
 
@@ -82,7 +83,7 @@ class Watchdog:
             key = f"place/{r}"
             found[r] = (json.loads(self.store.get(key))
                         if self.store is not None and self.store.check([key]) else None)
-        found[self.rank] = stall.HERE.as_dict()  # our own, fresher than the store's copy
+        found[self.rank] = position.HERE.as_dict()  # our own, fresher than the store's copy
         return found
 
     def _watch(self) -> None:
@@ -95,7 +96,7 @@ class Watchdog:
                 self._end(f"rank {self.rank}: its torchrun agent (process {self.agent}) is gone "
                           "(killed, or out of memory) and nothing else would stop this rank; "
                           "stopping now, writing no result", stacks=False)
-            here = stall.HERE
+            here = position.HERE
             try:
                 place = (here.step, here.phase, here.inside, here.seq)
                 if self.store is not None:
@@ -128,7 +129,7 @@ class Watchdog:
         if silent >= self.timeout_s:
             self._end(f"rank {self.rank} lost its peers: the store at {self.store.where} has not "
                       f"answered for {silent:.0f} s (this host's network is down, or the store's "
-                      f"host is gone), at step {stall.HERE.step} in {stall.HERE.phase}; giving "
+                      f"host is gone), at step {position.HERE.step} in {position.HERE.phase}; giving "
                       f"up at dist.timeout_s={self.timeout_s:g}{self._end_agent()}")
 
     def _end_agent(self) -> str:
@@ -151,15 +152,15 @@ class Watchdog:
         try:
             places = self.places()
             line = report(self.rank, waited, places)
-            if stall.HERE.inside:
+            if position.HERE.inside:
                 killed = end_stopped(places, stall.missing(places[self.rank], places))
         except StoreUnreachable as e:  # this host lost its peers, or the store's host is gone
-            line = (f"rank {self.rank} has waited {waited:.0f} s in {stall.HERE.phase} at step "
-                    f"{stall.HERE.step} and lost its peers: {e}")
+            line = (f"rank {self.rank} has waited {waited:.0f} s in {position.HERE.phase} at step "
+                    f"{position.HERE.step} and lost its peers: {e}")
             killed = self._end_agent()
         except Exception as e:  # the store itself may be gone with rank 0
-            line = (f"rank {self.rank} has waited {waited:.0f} s in {stall.HERE.phase} at step "
-                    f"{stall.HERE.step} (the other ranks' places are unreadable: {e})")
+            line = (f"rank {self.rank} has waited {waited:.0f} s in {position.HERE.phase} at step "
+                    f"{position.HERE.step} (the other ranks' places are unreadable: {e})")
         self._end(f"{line}; giving up at dist.timeout_s={self.timeout_s:g}{killed}")
 
     def _end(self, line: str, stacks: bool = True) -> None:
@@ -233,7 +234,7 @@ def end_stopped(places: dict[int, dict | None], ranks: list[int]) -> str:
         if len(where) != 3 or where[0] != host or not where[1].isdigit():
             continue
         pid = int(where[1])
-        if stall.process_state(pid) == ("T", where[2]):  # stopped, and the same process
+        if position.process_state(pid) == ("T", where[2]):  # stopped, and the same process
             try:
                 os.kill(pid, signal.SIGKILL)
                 ended.append(str(r))

@@ -8,8 +8,7 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from ddp_lab import presets, targets
-from ddp_lab.config import ConfigError
+from ddp_lab.config import ConfigError, presets, targets
 
 
 def _d2l_init(m: nn.Module) -> None:

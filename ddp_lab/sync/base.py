@@ -35,7 +35,7 @@ from torch import nn
 
 from ddp_lab import tuning
 from ddp_lab.distributed import DistEnv
-from ddp_lab.guards import stall
+from ddp_lab.telemetry import position
 
 COMPRESS_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -106,7 +106,7 @@ class GradSync:
         step's last one, which syncs where the strategy syncs in backward."""
         if not last:
             return self.no_sync()
-        return stall.collective("gradient sync") if self.syncs_in_backward else contextlib.nullcontext()
+        return position.collective("gradient sync") if self.syncs_in_backward else contextlib.nullcontext()
 
     def after_backward(self) -> None:
         pass

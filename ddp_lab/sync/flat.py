@@ -5,8 +5,8 @@ import torch
 from torch import nn
 
 from ddp_lab.distributed import DistEnv
-from ddp_lab.guards import stall
 from ddp_lab.sync.base import AveragingSync, broadcast_from_rank0
+from ddp_lab.telemetry import position
 
 
 class FlatSync(AveragingSync):
@@ -30,7 +30,7 @@ class FlatSync(AveragingSync):
             b.attach()  # start with zero views, so the first backward accumulates into them
 
     def after_backward(self) -> None:
-        with stall.collective("gradient sync"), self._timed():
+        with position.collective("gradient sync"), self._timed():
             for b in self.buckets:
                 b.attach()
                 self._average(b.buffer)

@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from ddp_lab.distributed import DistEnv
-from ddp_lab.guards import stall
 from ddp_lab.sync.flat import FlatSync
+from ddp_lab.telemetry import position
 
 
 class LocalSGDSync(FlatSync):
@@ -55,7 +55,7 @@ class LocalSGDSync(FlatSync):
         if not self.synced_at(step):
             return
         if step > self.start:
-            with stall.collective("weight sync"), self._timed():
+            with position.collective("weight sync"), self._timed():
                 self.synchronise()
 
     def synchronise(self) -> None:
@@ -64,7 +64,7 @@ class LocalSGDSync(FlatSync):
 
     def finish(self, step: int) -> None:
         if not self.synced_at(step):
-            with stall.collective("weight sync"):
+            with position.collective("weight sync"):
                 self.synchronise()
 
     @contextlib.contextmanager
@@ -75,7 +75,7 @@ class LocalSGDSync(FlatSync):
             yield
             return
         with kept(self.weights):
-            with stall.collective("weight sync for evaluation"):
+            with position.collective("weight sync for evaluation"):
                 sent = self.wire_bytes
                 self.synchronise()
                 self.wire_bytes = sent

@@ -5,9 +5,9 @@ import torch
 from torch import nn
 
 from ddp_lab.distributed import DistEnv
-from ddp_lab.guards import stall
 from ddp_lab.sync.base import AveragingSync, broadcast_from_rank0
 from ddp_lab.sync.flat import flat_view
+from ddp_lab.telemetry import position
 
 
 class PerParamSync(AveragingSync):
@@ -22,7 +22,7 @@ class PerParamSync(AveragingSync):
         self.params = [p for p in model.parameters() if p.requires_grad]
 
     def after_backward(self) -> None:
-        with stall.collective("gradient sync"), self._timed():
+        with position.collective("gradient sync"), self._timed():
             for p in self.params:
                 if p.grad is None:  # unused this step: a zero gradient on this rank
                     p.grad = torch.zeros_like(p)

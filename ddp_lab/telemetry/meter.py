@@ -17,9 +17,7 @@ import time
 import torch
 
 from ddp_lab.distributed import DistEnv, all_reduce_sum, ranks_on_machine
-from ddp_lab.guards import stall
-from ddp_lab.tasks import CLASSIFICATION, Task
-from ddp_lab.telemetry import mfu
+from ddp_lab.telemetry import mfu, position
 
 
 class Clock:
@@ -101,8 +99,9 @@ class Meter:
     """A rank's running measurements; end_epoch() turns them into an epoch's metrics."""
 
     def __init__(self, env: DistEnv, warmup_steps: int, flops_per_image: float = 0.0,
-                 peak_flops: float = 0.0, full_step_images: int = 0, task: Task = CLASSIFICATION,
+                 peak_flops: float = 0.0, full_step_images: int = 0, *, task,
                  targets_per_sample: int = 1):
+        # task: how a batch is counted (ddp_lab.training.tasks.Task), handed down by the trainer
         self.env, self.task, self.targets_per_sample = env, task, targets_per_sample
         self.full_step_images = full_step_images  # a rank's images in a whole step (0: every step counts)
         self._short_step = False
@@ -138,7 +137,7 @@ class Meter:
         return self.epoch_carried_s + self.clock.now() - self._epoch_start[0] if self._in_epoch else 0.0
 
     def add_batch(self, loss: torch.Tensor, out: torch.Tensor, y: torch.Tensor) -> None:
-        """A batch's (loss x targets, correct, targets), as its task counts them (ddp_lab.tasks)."""
+        """A batch's (loss x targets, correct, targets), as its task counts them (ddp_lab.training.tasks)."""
         self.task.accumulate(self.sums, loss, out, y)
 
     def start_step(self, images_on_this_rank: int) -> None:
@@ -169,7 +168,7 @@ class Meter:
         _, images0, seconds0 = self._epoch_start
         self.epoch_seconds.append(seconds)
         self.epoch_carried_s, self._in_epoch = 0.0, False
-        with stall.collective("epoch metrics"):
+        with position.collective("epoch metrics"):
             all_reduce_sum(self.sums, self.env)
         loss_sum, correct, n = self.sums.tolist()
         self.sums.zero_()

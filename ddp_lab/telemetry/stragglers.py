@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.distributed import DistEnv
-from ddp_lab.guards import stall
+from ddp_lab.telemetry import position
 
 log = logging.getLogger("ddp_lab")
 
@@ -108,7 +108,7 @@ class StepTimer:
         parts = [mine]
         if self.env.distributed:
             parts = [torch.empty_like(mine) for _ in range(self.env.world_size)]
-            with stall.collective("straggler report"):
+            with position.collective("straggler report"):
                 dist.all_gather(parts, mine)
         out = []
         for p in parts:

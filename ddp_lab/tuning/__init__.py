@@ -33,8 +33,8 @@ import torch.distributed as dist
 from ddp_lab import distributed
 from ddp_lab.collectives import TUNED, TunedPlan, get_algorithm
 from ddp_lab.config import ConfigError
+from ddp_lab.config.keys import TRI_STATE
 from ddp_lab.distributed import ranks_on_machine, usable_cores
-from ddp_lab.keys import TRI_STATE
 from ddp_lab.tuning.gloo_threads import (
     REALTIME_PRIORITY,
     at_comm_priority,

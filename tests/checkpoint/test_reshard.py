@@ -4,7 +4,7 @@ import torch
 
 from ddp_lab import checkpoint
 from ddp_lab.checkpoint.reshard import load_own
-from ddp_lab.data import build_datasets, build_loaders
+from ddp_lab.training.data import build_datasets, build_loaders
 from tests.conftest import read_summary, run_module, tiny_overrides
 
 CPU = torch.device("cpu")

@@ -13,7 +13,7 @@ import signal
 import time
 from pathlib import Path
 
-from ddp_lab.cluster.commands import descendants
+from ddp_lab.tools.cluster.commands import descendants
 
 SLOW_STEPS = ["data=synthetic", "data.num_train=65536", "data.num_test=512", "data.batch_size=2048",
               "trainer.epochs=1", "trainer.amp=off", "trainer.compile=false", "trainer.progress=false"]

@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from ddp_lab import checkpoint
+from ddp_lab.checkpoint.files import all_finite
 from ddp_lab.config import RunFailed
 from ddp_lab.distributed import DistEnv
-from ddp_lab.guards.divergence import LossWatch, all_finite
+from ddp_lab.guards.divergence import LossWatch
 from tests.conftest import run_module, tiny_overrides
 
 ALONE = DistEnv(0, 1, 0, torch.device("cpu"), "none")

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from ddp_lab.guards import stall
+from ddp_lab.telemetry import position
 
 
 def _place(step, phase, inside, ago=0.0, seq=10, collective=None):
@@ -55,16 +56,16 @@ def test_each_phase_of_a_save_has_its_own_name():
 
 
 def test_the_training_thread_marks_its_place():
-    stall.at_step(7)
-    stall.phase("evaluation")
+    position.at_step(7)
+    position.phase("evaluation")
     assert stall.why_stopped(0, "SIGTERM", None) == "rank 0 stopped at step 7 in evaluation: SIGTERM"
-    seq = stall.HERE.seq
-    with stall.collective("evaluation counts"):
-        assert (stall.HERE.step, stall.HERE.phase, stall.HERE.inside) == (7, "evaluation counts", True)
-        assert stall.HERE.seq == seq + 1
+    seq = position.HERE.seq
+    with position.collective("evaluation counts"):
+        assert (position.HERE.step, position.HERE.phase, position.HERE.inside) == (7, "evaluation counts", True)
+        assert position.HERE.seq == seq + 1
         assert stall.why_stopped(2, "RuntimeError: Connection closed by peer", None) == (
             "rank 2 stopped at step 7 in evaluation counts: RuntimeError: Connection closed by peer")
-    assert not stall.HERE.inside
+    assert not position.HERE.inside
     assert stall.why_stopped(0, "SIGTERM", None) == "rank 0 stopped at step 7 after evaluation counts: SIGTERM"
 
 
@@ -78,7 +79,7 @@ def test_stacks_are_written_per_rank(tmp_path):
 
 @pytest.fixture(autouse=True)
 def _fresh_place(monkeypatch):
-    monkeypatch.setattr(stall, "HERE", stall.Place())
+    monkeypatch.setattr(position, "HERE", position.Place())
 
 
 # ---------------------------------------------------------------- a rank that is gone
@@ -92,10 +93,10 @@ class _Watchdog:
 
 def _in_gradient_sync_at_41(peer_process: str, cause: str, name_lost: bool = True) -> str:
     """Rank 0's line, stopped in step 41's gradient sync, rank 1 last seen in step 36's."""
-    stall.at_step(41)
-    with pytest.raises(RuntimeError), stall.collective("gradient sync"):
+    position.at_step(41)
+    with pytest.raises(RuntimeError), position.collective("gradient sync"):
         raise RuntimeError(cause)
-    me = {**stall.HERE.as_dict(), "seq": 80}
+    me = {**position.HERE.as_dict(), "seq": 80}
     peer = {**_place(36, "gradient sync", True, ago=2, seq=70), "process": peer_process}
     return stall.why_stopped(0, cause, _Watchdog({0: me, 1: peer}), name_lost)
 
@@ -104,12 +105,12 @@ def _ended_process(reap: bool) -> tuple[subprocess.Popen, str]:
     """A process of this host that has ended (`reap` False: a zombie not yet reaped, as a
     rank is until its torchrun agent looks), and its identity as it published it."""
     proc = subprocess.Popen(["sleep", "30"])
-    identity = f"{socket.gethostname()}/{proc.pid}/{stall.process_state(proc.pid)[1]}"
+    identity = f"{socket.gethostname()}/{proc.pid}/{position.process_state(proc.pid)[1]}"
     proc.kill()
     if reap:
         proc.wait()
     else:
-        while stall.process_state(proc.pid)[0] != "Z":
+        while position.process_state(proc.pid)[0] != "Z":
             time.sleep(0.01)
     return proc, identity
 
@@ -127,7 +128,7 @@ def test_a_rank_whose_process_ended_on_this_host_is_named_first(reap):
 
 
 def test_a_live_rank_is_not_called_gone():
-    me = f"{socket.gethostname()}/{os.getpid()}/{stall.process_state(os.getpid())[1]}"
+    me = f"{socket.gethostname()}/{os.getpid()}/{position.process_state(os.getpid())[1]}"
     assert _in_gradient_sync_at_41(me, "RuntimeError: Connection reset by peer") == (
         "rank 0 stopped at step 41 in gradient sync: RuntimeError: Connection reset by peer; "
         "not there: rank 1 (waiting in gradient sync at step 36, 2 s ago)")

@@ -10,6 +10,7 @@ import pytest
 
 from ddp_lab.guards import stall, watchdog
 from ddp_lab.guards.watchdog import Watchdog
+from ddp_lab.telemetry import position
 
 
 class _Store:
@@ -30,7 +31,7 @@ class _Store:
 
 @pytest.fixture(autouse=True)
 def _fresh_place(monkeypatch):
-    monkeypatch.setattr(stall, "HERE", stall.Place())
+    monkeypatch.setattr(position, "HERE", position.Place())
 
 
 def test_the_watchdog_publishes_and_reads_places(monkeypatch, tmp_path):
@@ -40,8 +41,8 @@ def test_the_watchdog_publishes_and_reads_places(monkeypatch, tmp_path):
                          '"collective": false, "time": 0}')
     dog = Watchdog(store, 0, 2, tmp_path, warn_s=60, timeout_s=120).start()
     try:
-        stall.at_step(4)
-        with stall.collective("gradient sync"):
+        position.at_step(4)
+        with position.collective("gradient sync"):
             deadline = time.monotonic() + 5
             while b'"step": 4' not in store.data.get("place/0", b"") and time.monotonic() < deadline:
                 time.sleep(0.02)
@@ -56,10 +57,11 @@ def test_the_watchdog_publishes_and_reads_places(monkeypatch, tmp_path):
 
 WATCHED = """
 import sys, time
-from ddp_lab.guards import stall, watchdog
+from ddp_lab.guards import watchdog
+from ddp_lab.telemetry import position
 watchdog.PUBLISH_S = 0.05
-stall.at_step(3)
-stall.phase(sys.argv[1])
+position.at_step(3)
+position.phase(sys.argv[1])
 watchdog.Watchdog(None, 0, 1, sys.argv[2], warn_s=0, timeout_s=0.5).start()
 time.sleep(3)
 print("still here")
@@ -75,7 +77,7 @@ def test_no_progress_outside_a_collective_ends_the_rank_naming_its_phase(tmp_pat
     assert re.search(r"ddp_lab: error: rank 0 has made no progress for [01] s in data loading at "
                      r"step 3; giving up at dist.timeout_s=0.5; stacks in " + re.escape(
                          str(tmp_path / "stacks")), proc.stderr), proc.stderr
-    assert 'File "<string>", line 8 in <module>' in (tmp_path / "stacks" / "rank0.txt").read_text()
+    assert 'File "<string>", line 9 in <module>' in (tmp_path / "stacks" / "rank0.txt").read_text()
 
 
 def test_a_first_compile_has_no_timeout_of_its_own(tmp_path):
@@ -162,15 +164,16 @@ def test_a_rank_that_lost_its_store_ends_within_the_timeout(tmp_path, rendezvous
     at dist.timeout_s with a line naming the lost peers, whatever it was doing, and ends its
     torchrun agent (here a stand-in) only when the agent's rendezvous does not answer either."""
     rank = ("import sys, threading, time\n"
-            "from ddp_lab import rendezvous\n"
+            "from ddp_lab.distributed import rendezvous\n"
+            "from ddp_lab.telemetry import position\n"
             "from ddp_lab.guards import stall, watchdog\n"
             "watchdog.PUBLISH_S = 0.05\n"
             "rendezvous.CALL_S = 0.2\n"
             "class CutOff:\n"  # a store across a pulled cable: no call ever returns
             "    def set(self, key, value): threading.Event().wait()\n"
             "    def check(self, keys): threading.Event().wait()\n"
-            "stall.at_step(5)\n"
-            "stall.phase('forward/backward')\n"  # computing: no collective to time out in
+            "position.at_step(5)\n"
+            "position.phase('forward/backward')\n"  # computing: no collective to time out in
             "watchdog.Watchdog(CutOff(), 2, 3, sys.argv[1], warn_s=0, timeout_s=1.5).start()\n"
             "time.sleep(20)\n"
             "print('still here')\n")

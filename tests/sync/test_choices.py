@@ -10,9 +10,9 @@ import torch
 from hydra.errors import ConfigCompositionException
 
 from ddp_lab.config import ConfigError
+from ddp_lab.config.schema import Algo, SyncConfig
 from ddp_lab.distributed import DistEnv
 from ddp_lab.models.lenet import lenet
-from ddp_lab.schema import Algo, SyncConfig
 from ddp_lab.sync import ALGOS, MODES, PERIODIC, GradSync, build_sync, resolve_mode, resolved_mode, validate
 from tests.multiproc import run_in_processes
 from tests.sync import sync_cfg
@@ -56,7 +56,7 @@ def _keys(name: str) -> dict[str, str]:
     return {ln.split(":")[0]: ln for ln in lines if ln and not ln.startswith(("#", " "))}
 
 
-# What each preset states on top of the schema's defaults (ddp_lab/schema.py).
+# What each preset states on top of the schema's defaults (ddp_lab/config/schema.py).
 PRESETS = {"auto": {"mode": "auto"}, "ddp": {"mode": "ddp"},
            "flat": {"mode": "flat", "bucket_cap_mb": 0}, "per_param": {"mode": "per_param"},
            "local_sgd": {"mode": "local_sgd"}, "diloco": {"mode": "diloco"},

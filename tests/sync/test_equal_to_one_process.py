@@ -26,7 +26,7 @@ from ddp_lab.models import num_parameters
 from ddp_lab.models.gpt import gpt
 from ddp_lab.models.lenet import lenet
 from ddp_lab.sync import ALGOS, MODES, GradSync, build_sync
-from ddp_lab.tasks import LANGUAGE_MODEL
+from ddp_lab.training.tasks import LANGUAGE_MODEL
 from tests.conftest import failure, read_summary, run_module, tiny_overrides
 from tests.multiproc import run_in_processes
 from tests.sync import sync_cfg

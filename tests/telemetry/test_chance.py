@@ -7,7 +7,7 @@ import torch
 
 from ddp_lab.distributed import DistEnv
 from ddp_lab.telemetry.chance import chance_warning
-from ddp_lab.trainer import Trainer
+from ddp_lab.training.trainer import Trainer
 
 
 def test_the_warning_names_the_accuracy_chance_the_loss_and_the_fix():

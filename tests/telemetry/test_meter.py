@@ -5,6 +5,7 @@ import torch
 
 from ddp_lab.distributed import RANKS_ON_MACHINE_ENV, DistEnv
 from ddp_lab.telemetry import meter, mfu
+from ddp_lab.training.tasks import CLASSIFICATION
 
 
 def threads_asked_and_peak(monkeypatch, world_size: int, env_vars: dict) -> tuple[list, float]:
@@ -42,7 +43,7 @@ def test_short_steps_stay_out_of_the_window(monkeypatch):
     """A partial last batch (torch.compile compiles its shape anew) is kept out of images/s,
     as warm-up is; whole steps on either side of it count."""
     env = DistEnv(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"), backend="gloo")
-    m = meter.Meter(env, warmup_steps=1, full_step_images=4)
+    m = meter.Meter(env, warmup_steps=1, full_step_images=4, task=CLASSIFICATION)
     # The clock is read where the window opens or closes: warm-up ends at 1 s, the short
     # step runs from 2 s to 12 s, the last whole step ends at 13 s.
     clock = iter([1.0, 2.0, 12.0, 13.0])
@@ -64,7 +65,7 @@ def test_a_run_that_is_all_warm_up_measures_no_rate(monkeypatch):
     MFU are unknown (NaN, null in summary.json), not 0."""
     # two ranks' images, but no process group: the epoch's sums are not all-reduced
     env = DistEnv(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"), backend="none")
-    m = meter.Meter(env, warmup_steps=2, flops_per_image=1e6, peak_flops=1e9, full_step_images=4)
+    m = meter.Meter(env, warmup_steps=2, flops_per_image=1e6, peak_flops=1e9, full_step_images=4, task=CLASSIFICATION)
     clock = iter([0.0, 1.0, 3.0, 3.0])  # epoch start, window opens (after step 2), closes, epoch end
     monkeypatch.setattr(m.clock, "now", lambda: next(clock))
     m.start_epoch()

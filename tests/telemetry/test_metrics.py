@@ -2,8 +2,8 @@
 import json
 import math
 
-from ddp_lab.tasks import CLASSIFICATION, REGRESSION
 from ddp_lab.telemetry.metrics import epoch_line, final_line, write_json_atomic
+from ddp_lab.training.tasks import CLASSIFICATION, REGRESSION
 
 SUMMARY = {"test_acc": 0.8, "sec_per_epoch": 2.0, "world_size": 2, "device": "cpu", "backend": "gloo"}
 

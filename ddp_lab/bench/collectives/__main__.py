@@ -1,3 +1,0 @@
-from ddp_lab.bench.collectives.sweep import main
-
-main()

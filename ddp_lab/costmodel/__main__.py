@@ -1,3 +1,0 @@
-from ddp_lab.costmodel.cli import main
-
-main()

@@ -1,0 +1,3 @@
+from ddp_lab.tools.bench.collectives.sweep import main
+
+main()

@@ -1,0 +1,246 @@
+"""The race past the bandwidth wall: each strategy trained to the same target, timed.
+
+    python -m ddp_lab.bench.time_to_accuracy --hosts 4 --rate 100mbit --target-acc 0.88 --epochs 5
+    python -m ddp_lab.bench.time_to_accuracy --ranks 4 --target-acc 0.88 --epochs 5    # loopback
+    python -m ddp_lab.bench.time_to_accuracy --hosts 4 --rate 100mbit --target-loss 2.1 \\
+        --strategies ddp,diloco --epochs 1 -- model=gpt data=text optim=adamw sync.every=16
+
+Each strategy (`--strategies`, sync presets: ddp, powersgd, local_sgd,
+diloco, each with overrides of its own after colons, e.g.
+diloco:sync.outer_momentum=0.5) trains the same model from the same seed for the same budget
+(`--epochs`), evaluated every `--eval-every` steps, with
+`trainer.stop_at_target=false`: the run notes when it reached the target and
+trains on, so the final figures after the same budget are compared too.
+Arguments after `--` are Hydra overrides for every run (sync.every=16 applies
+to local_sgd and diloco). With --hosts the runs go over emulated hosts of one
+rank each, every link shaped to --rate (ddp_lab.cluster, needs root); with
+--ranks, over loopback.
+
+Time to target (MLPerf Training's measure) = steps to target (what the method
+does to learning) x time per step (what it does to the network), evaluation
+included. Written to `--out` (default outputs/bench/time_to_accuracy/<time>/):
+race.csv and race.md (steps and seconds to target, bytes per step, final
+figure, step time), race.png (the held-out figure against wall-clock time, a
+curve per strategy), record.json, and each run's directory under runs/.
+With --fit and --steps-from also by_rate.md: the predicted time at 10 Mbit/s
+to 10 Gbit/s, where each strategy starts to pay.
+
+--fit (a cost model fit.csv of the link) with --steps-from (a loopback race
+of the same ranks, its race.csv) adds the cost model's prediction beside each
+measurement: ddp_lab.costmodel.strategies.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import os
+import re
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from ddp_lab.telemetry.provenance import command_line, write_record
+from ddp_lab.tools.bench import fresh_out_dir
+from ddp_lab.tools.bench.trainer_runs import run_trainer
+from ddp_lab.tools.figures import pyplot
+
+# This process only launches runs and reads their files: ddp_lab.cluster and
+# ddp_lab.costmodel (which import torch) are imported where a flag needs them,
+# so --help and a bad argument answer within a second rather than in 3.
+
+STRATEGIES = ("ddp", "powersgd", "local_sgd", "diloco")  # each a sync preset (conf/sync/)
+COLUMNS = ["strategy", "sync", "world_size", "target", "target_reached", "steps_to_target",
+           "time_to_target_s", "vs_ddp", "wire_bytes_per_step", "bytes_vs_ddp", "final", "step_ms",
+           "eval_s", "steps", "every", "predicted_time_to_target_s", "prediction_error"]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m ddp_lab.bench.time_to_accuracy", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hosts", type=int, default=None, help="emulated hosts of one rank each (needs --rate, root)")
+    p.add_argument("--rate", default=None, help="with --hosts: every link's rate, e.g. 100mbit, 1gbit")
+    p.add_argument("--ranks", type=int, default=None, help="instead of --hosts: ranks on loopback")
+    p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated sync presets")
+    p.add_argument("--target-acc", type=float, default=None, help="held-out accuracy to reach")
+    p.add_argument("--target-loss", type=float, default=None, help="held-out loss to reach (language models)")
+    p.add_argument("--epochs", type=int, default=5, help="every strategy's budget")
+    p.add_argument("--max-steps", type=int, default=0, help="or a budget in steps (0: the epochs')")
+    p.add_argument("--eval-every", type=int, default=24,
+                   help="steps between evaluations (a multiple of sync.every for local_sgd and diloco)")
+    p.add_argument("--fit", type=Path, default=None, help="a cost model fit.csv of the link: predictions")
+    p.add_argument("--steps-from", type=Path, default=None,
+                   help="with --fit: a loopback race's race.csv (steps to target, step time)")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds one run may take")
+    p.add_argument("--out", type=Path, default=None, help="output folder")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides for every run (after --)")
+    args = p.parse_args(argv)
+    if (args.hosts is None) == (args.ranks is None):
+        p.error("give --hosts N --rate R (emulated hosts) or --ranks N (loopback)")
+    if (args.hosts is None) != (args.rate is None):
+        p.error("--hosts and --rate go together, e.g. --hosts 4 --rate 100mbit")
+    if (args.target_acc is None) == (args.target_loss is None):
+        p.error("give one target: --target-acc 0.88 or --target-loss 2.0")
+    if (args.fit is None) != (args.steps_from is None):
+        p.error("--fit and --steps-from go together: the link's constants and the loopback race's steps")
+    args.strategies = args.strategies.split(",")
+    bad = [s for s in args.strategies if s.split(":")[0] not in STRATEGIES]
+    if bad:
+        p.error(f"--strategies: {', '.join(bad)} not among {', '.join(STRATEGIES)} (each may add its own "
+                "overrides: diloco:sync.outer_momentum=0.5)")
+    if args.rate is not None:
+        from ddp_lab.tools.cluster.shaping import ClusterError, parse_rate
+        try:
+            parse_rate(args.rate)
+        except ClusterError as e:
+            p.error(str(e))
+    if min(args.hosts or args.ranks, args.epochs, args.eval_every) < 1:
+        p.error("--hosts/--ranks, --epochs and --eval-every must be >= 1")
+    return args
+
+
+def run_overrides(strategy: str, args) -> list[str]:
+    target = (f"trainer.target_acc={args.target_acc}" if args.target_acc is not None
+              else f"trainer.target_loss={args.target_loss}")
+    preset, *own = strategy.split(":")
+    return [f"sync={preset}", *args.overrides, *own, f"trainer.epochs={args.epochs}",
+            f"trainer.max_steps={args.max_steps}", f"trainer.eval_every_steps={args.eval_every}",
+            "trainer.eval_every=0", target, "trainer.stop_at_target=false", "trainer.keep_ckpts=0"]
+
+
+def curve(run_dir: Path, figure: str) -> list[tuple[float, float]]:
+    """(seconds since the first step, value) of every evaluation of a run (TensorBoard's by_time/)."""
+    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0}).Reload()
+    return [(e.step / 1000, e.value) for e in acc.Scalars(f"by_time/{figure}")]
+
+
+def row(strategy: str, s: dict, every: int, headline: str) -> dict:
+    return {"strategy": strategy, "sync": s["sync"], "world_size": s["world_size"],
+            "target": next(iter(s["target"].values())), "target_reached": s["target_reached"],
+            "steps_to_target": s["steps_to_target"], "time_to_target_s": s["time_to_target_s"],
+            "wire_bytes_per_step": s["wire_bytes_per_step"], "final": s[headline], "step_ms": s["step_ms"],
+            "eval_s": s["eval_s"], "steps": s["steps"], "every": every}
+
+
+def compare(rows: list[dict]) -> None:
+    """Each row's time and bytes against DDP's (where DDP ran and reached the target)."""
+    ddp = next((r for r in rows if r["strategy"] == "ddp"), None)
+    for r in rows:
+        if ddp and ddp["time_to_target_s"] and r["time_to_target_s"]:
+            r["vs_ddp"] = r["time_to_target_s"] / ddp["time_to_target_s"]
+        if ddp and r["wire_bytes_per_step"]:
+            r["bytes_vs_ddp"] = ddp["wire_bytes_per_step"] / r["wire_bytes_per_step"]
+
+
+def _fmt(v, spec: str = "") -> str:
+    if v is None or v == "":
+        return "-"
+    return format(v, spec) if spec else str(v)
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| strategy | sync | steps to target | s to target | x DDP's time | predicted s | "
+             "bytes/step | DDP's bytes / these | final | step ms |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['strategy']} | {r['sync']} | {_fmt(r['steps_to_target'])} | "
+                     f"{_fmt(r['time_to_target_s'], '.1f')} | {_fmt(r.get('vs_ddp'), '.2f')} | "
+                     f"{_fmt(r.get('predicted_time_to_target_s'), '.1f')} | "
+                     f"{_fmt(r['wire_bytes_per_step'], ',.0f')} | {_fmt(r.get('bytes_vs_ddp'), '.1f')} | "
+                     f"{_fmt(r['final'], '.4f')} | {_fmt(r['step_ms'], '.1f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(curves: dict[str, list], figure: str, target: float, out: Path) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, points in curves.items():
+        ax.plot([t for t, _ in points], [v for _, v in points], marker=".", label=name)
+    ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
+    ax.set_xlabel("wall-clock seconds since the first step")
+    ax.set_ylabel(figure.replace("_", " "))
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> list[dict]:
+    args = parse_args(argv)
+    out = fresh_out_dir(args.out, "outputs/bench/time_to_accuracy")
+    world = args.hosts or args.ranks
+    figure = "acc_test" if args.target_acc is not None else "loss_val"
+    headline = "test_acc" if args.target_acc is not None else "val_loss"
+    rows, curves = [], {}
+    with contextlib.ExitStack() as stack:
+        cluster = None
+        if args.hosts is not None:
+            from ddp_lab.tools.cluster import emulated
+            cluster = stack.enter_context(emulated(world, args.rate, f"race{os.getpid()}"))
+        for strategy in args.strategies:
+            run_dir = out / "runs" / re.sub(r"[^\w.-]", "_", strategy)  # (Hydra parses the dir's "=")
+            s = run_trainer(world, run_overrides(strategy, args), run_dir, args.timeout, cluster)
+            if "val_loss" not in s and headline == "val_loss":  # a classification run's loss is test_loss
+                headline, figure = "test_loss", "loss_test"
+            every = _every(run_dir)
+            rows.append(row(strategy, s, every, headline))
+            curves[strategy] = curve(run_dir, figure)
+            print(f"  {strategy:10s} {s['sync']:40s} target at step {_fmt(s['steps_to_target'])}, "
+                  f"{_fmt(s['time_to_target_s'], '.1f')} s; {s['wire_bytes_per_step']:,.0f} B/step; "
+                  f"final {s[headline]:.4f}", flush=True)
+    compare(rows)
+    if args.fit is not None:
+        from ddp_lab.tools.costmodel.strategies import predict_rows
+        predict_rows(rows, args.fit, args.steps_from)
+        if args.rate is not None:
+            (out / "by_rate.md").write_text(rates_table(args, world))
+    with open(out / "race.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows({k: r.get(k) for k in COLUMNS} for r in rows)
+    (out / "race.md").write_text(markdown(rows))
+    plot(curves, figure, rows[0]["target"], out / "race.png")
+    write_record(out, command_line("ddp_lab.bench.time_to_accuracy", sys.argv[1:] if argv is None else argv),
+                 {"world_size": world, "emulated_hosts": args.hosts is not None, "link_rate": args.rate,
+                  "strategies": args.strategies, "epochs": args.epochs, "eval_every": args.eval_every,
+                  "fit": str(args.fit) if args.fit else None,
+                  "steps_from": str(args.steps_from) if args.steps_from else None})
+    print(markdown(rows))
+    print(f"written: {out / 'race.csv'}, {out / 'race.md'}, {out / 'race.png'}, {out / 'record.json'}")
+    return rows
+
+
+RATES = ("10mbit", "100mbit", "1gbit", "10gbit")
+
+
+def rates_table(args, world: int) -> str:
+    """The cost model's time to target of each strategy at other rates (by_rate.md): where each pays."""
+    from ddp_lab.tools.cluster.shaping import parse_rate
+    from ddp_lab.tools.costmodel.step_time import load_fit
+    from ddp_lab.tools.costmodel.strategies import by_rate, loopback_rows
+
+    loopback = {k: v for k, v in loopback_rows(args.steps_from).items() if k in args.strategies}
+    seconds = by_rate(loopback, load_fit(args.fit)["builtin"], parse_rate(args.rate), world,
+                      [parse_rate(r) for r in RATES])
+    lines = [f"Predicted seconds to the target on {world} hosts (x DDP's in brackets), from the loopback "
+             f"race {args.steps_from} and the {args.rate} link's fit {args.fit}, its seconds per byte "
+             "scaled by rate:", "", "| strategy | " + " | ".join(RATES) + " |", "|---|" + "---:|" * len(RATES)]
+    ddp = seconds.get("ddp")
+    for name, values in seconds.items():
+        cells = [f"{v:.0f}" + (f" ({v / d:.2f})" if ddp and d else "") if v else "-"
+                 for v, d in zip(values, ddp or [None] * len(values))]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _every(run_dir: Path) -> int:
+    """Steps between synchronisations of a run (1 but for local_sgd and diloco), from its config."""
+    sync = OmegaConf.load(run_dir / ".hydra" / "config.yaml").sync
+    return int(sync.every) if sync.mode in ("local_sgd", "diloco") else 1
+
+
+if __name__ == "__main__":
+    main()

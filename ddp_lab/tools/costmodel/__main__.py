@@ -1,0 +1,3 @@
+from ddp_lab.tools.costmodel.cli import main
+
+main()

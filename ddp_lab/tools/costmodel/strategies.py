@@ -1,0 +1,77 @@
+"""Pricing the strategies past the bandwidth wall: time to a target on a link one does not have.
+
+    time to target on a link = the loopback run's time to target
+                             + its steps to target x the link's all-reduce time per step
+
+The loopback run (the same ranks on one machine's loopback, ddp_lab.bench.
+time_to_accuracy --ranks N) measures once what the network does not change:
+how many steps the strategy needs (the same seed and data take the same
+steps on any link), its compute per step (PowerSGD's compression and
+decompression included), its evaluations, all with all-reduces at memory
+speed. The link adds, per step, the all-reduce of the bytes the strategy
+sends: DDP and PowerSGD every step, local SGD and DiLoCo their weights once
+every H = sync.every steps, priced by the alpha-beta-gamma model of the
+builtin all-reduce (ddp_lab.costmodel.formulas, the ring formula) with the
+link's fitted constants.
+
+At another rate the link's seconds per byte scale as 1/rate: `by_rate` prices
+each strategy across rates, so a user reads at which bandwidth each starts
+to pay against DDP.
+"""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from ddp_lab.config import ConfigError
+from ddp_lab.tools.costmodel.formulas import MODELS, Params
+from ddp_lab.tools.costmodel.step_time import load_fit
+
+
+def link_ms_per_step(link: Params, world: int, bytes_per_step: float, every: int) -> float:
+    """The link's time per optimizer step for one all-reduce of bytes_per_step x every bytes
+    every `every` steps."""
+    return link.time(MODELS["builtin"], world, bytes_per_step * every) * 1e3 / every
+
+
+def time_to_target_s(loopback: dict, link: Params, world: int) -> float | None:
+    """A loopback race's row (race.csv) priced on `link`; None where it missed the target."""
+    if not loopback.get("time_to_target_s"):
+        return None
+    steps = int(loopback["steps_to_target"])
+    extra = link_ms_per_step(link, world, float(loopback["wire_bytes_per_step"]), int(loopback["every"]))
+    return float(loopback["time_to_target_s"]) + steps * extra / 1e3
+
+
+def loopback_rows(path: Path) -> dict[str, dict]:
+    """A loopback race's rows by strategy."""
+    try:
+        with open(path, newline="") as f:
+            return {r["strategy"]: r for r in csv.DictReader(f)}
+    except (OSError, KeyError) as e:
+        raise ConfigError(f"{path}: not a race.csv of ddp_lab.bench.time_to_accuracy ({e}); run it with "
+                          "--ranks N on loopback first and give its race.csv") from None
+
+
+def predict_rows(rows: list[dict], fit_path: Path, steps_from: Path) -> None:
+    """Add the predicted time to target (and its error) to each measured row of a race."""
+    link, loopback = load_fit(fit_path)["builtin"], loopback_rows(steps_from)
+    for r in rows:
+        base = loopback.get(r["strategy"])
+        if base is None or int(base["world_size"]) != r["world_size"]:
+            raise ConfigError(f"--steps-from {steps_from} has no {r['strategy']} run of {r['world_size']} "
+                              "ranks: race the same strategies at the same world size on loopback first")
+        r["predicted_time_to_target_s"] = time_to_target_s(base, link, r["world_size"])
+        if r["predicted_time_to_target_s"] and r["time_to_target_s"]:
+            r["prediction_error"] = r["predicted_time_to_target_s"] / r["time_to_target_s"] - 1
+
+
+def by_rate(loopback: dict[str, dict], link: Params, link_bits: int, world: int,
+            rates_bits: list[int]) -> dict[str, list[float | None]]:
+    """Predicted seconds to target of each strategy at each rate (the link's constants with
+    its seconds per byte scaled by link_bits / rate)."""
+    out = {}
+    for name, row in loopback.items():
+        out[name] = [time_to_target_s(row, Params(link.alpha, link.beta * link_bits / bits, link.gamma), world)
+                     for bits in rates_bits]
+    return out

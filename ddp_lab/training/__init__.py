@@ -1,0 +1,1 @@
+"""Training: the Trainer and the parts it drives (data, task, optimizer, evaluation, fast path)."""

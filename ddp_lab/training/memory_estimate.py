@@ -1,0 +1,187 @@
+"""Will a rank's training fit in memory? An estimate before the first step, against what
+the machine has, so a run too large is refused in one line rather than swapping or
+being killed by the kernel mid-step.
+
+Per rank, in the parameters' dtype (float32):
+
+    model state   parameters x (weight + gradient + the optimizer's state): Adam and AdamW
+                  keep two moments (8 bytes a parameter), SGD with momentum one (4), plain
+                  SGD none; any other optimizer is counted as Adam (most of torch's keep less)
+    activations   what autograd keeps for the backward of one batch: one sample's forward
+                  and loss run on the meta device (shapes only: no memory, no arithmetic),
+                  the tensors it saves added up, times the samples per rank. Attention's
+                  T x T score matrices count only where the kernel keeps them: torch's math
+                  kernel does, the fused CPU kernel (what a CPU run of model=gpt gets)
+                  keeps one number per row. Measured against a CPU step of model=gpt
+                  (contexts 1024 and 4096): 80% of the peak it took, the rest the
+                  backward's transient buffers, so the estimate errs on the side of running
+
+Not counted: the data held in memory, the process itself (torch's libraries, about
+0.5 GB), the backward's transient buffers, bf16 autocast's halving of activations
+(so it is an upper bound under amp). The available memory is /proc/meminfo's
+MemAvailable shared by the ranks on this machine. CPU runs only: a GPU's memory is
+its own, and its kernels keep other things. The model state's three parts are kept
+apart for optimizer-state sharding (ZeRO), which divides some of them by the ranks.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from ddp_lab.config import ConfigError, targets
+from ddp_lab.distributed import DistEnv, ranks_on_machine
+from ddp_lab.models import build_model, model_name
+
+log = logging.getLogger("ddp_lab")
+
+GiB = 2**30
+WARN_SHARE = 0.8  # warn (not refuse) above this share of the available memory
+
+
+@dataclass(frozen=True)
+class Estimate:
+    parameters: int
+    weight_bytes: int       # the weights; the gradients take as much
+    optimizer_bytes: int    # the optimizer's state
+    activation_bytes: int   # saved for the backward, for `batch` samples
+    batch: int              # samples per rank in one forward
+    optimizer: str
+
+    @property
+    def state_bytes(self) -> int:
+        return 2 * self.weight_bytes + self.optimizer_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return self.state_bytes + self.activation_bytes
+
+
+def optimizer_state(optim_cfg) -> tuple[int, str]:
+    """(state tensors kept per parameter, the optimizer's name) for the optim group."""
+    try:
+        cls = targets.resolve("optim", optim_cfg)
+    except ConfigError:  # said where the optimizer is built
+        return 2, str(optim_cfg.get("_target_"))
+    name = getattr(cls, "__name__", str(cls))
+    if isinstance(cls, type) and issubclass(cls, torch.optim.SGD):
+        return (1 if (optim_cfg.get("momentum") or 0) > 0 else 0), name
+    return 2, name
+
+
+class _FusedAttention(TorchFunctionMode):
+    """On the meta device scaled_dot_product_attention takes torch's math kernel, which
+    saves every T x T score matrix; where a CPU run would take the fused kernel (which
+    saves one log-sum-exp per row), run that one on meta instead."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention and _fused_on_cpu(*args, **kwargs):
+            q, k, v = args[:3]
+            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, kwargs.get("dropout_p", 0.0), kwargs.get("is_causal", False), scale=kwargs.get("scale"))[0]
+        return func(*args, **kwargs)
+
+
+def _fused_on_cpu(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **_) -> bool:
+    """Whether torch picks its fused (flash) kernel for CPU tensors like these."""
+    if attn_mask is not None or q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
+        return False
+    try:  # a tiny stand-in of the same heads, head size and dtype: the choice does not depend on T
+        t = torch.zeros(1, q.shape[1], 2, q.shape[3], dtype=q.dtype, requires_grad=True)
+        choice = torch._fused_sdp_choice(t, t, t, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+        return choice == int(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
+    except (AttributeError, RuntimeError, TypeError):
+        return False
+
+
+def activation_bytes(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, task) -> int:
+    """Bytes autograd saves for the backward of one sample like (x, y): the forward and
+    loss of two on the meta device, halved; each saved tensor counted once, the parameters not at all."""
+    params = {id(p) for p in net.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        base = t._base if t._base is not None else t  # a view keeps its base's storage
+        if id(base) not in params and id(t) not in params:
+            saved[id(base)] = base.numel() * base.element_size()
+        return t
+
+    # two samples, not one: BatchNorm refuses to train on a batch of one value per channel
+    xm = torch.empty(2, *x.shape, dtype=x.dtype, device="meta")
+    ym = torch.empty(2, *y.shape, dtype=y.dtype, device="meta")
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _FusedAttention():
+        task.loss(net.train()(xm), ym)
+    return sum(saved.values()) // 2
+
+
+def estimate(cfg, x: torch.Tensor, y: torch.Tensor, task, batch: int) -> Estimate:
+    """The estimate for `batch` samples per rank like (x, y), of cfg's model and optimizer."""
+    with torch.device("meta"):
+        net = build_model(cfg.model)
+    n = sum(p.numel() for p in net.parameters())
+    weights = sum(p.numel() * p.element_size() for p in net.parameters())
+    kept, name = optimizer_state(cfg.optim)
+    try:
+        per_sample = activation_bytes(net, x, y, task)
+    except (RuntimeError, ValueError, TypeError, NotImplementedError, AssertionError, IndexError) as e:  # on meta
+        log.info("memory estimate: activations not counted (%s)", str(e).strip().splitlines()[0] if str(e) else e)
+        per_sample = 0
+    return Estimate(n, weights, kept * weights, per_sample * batch, batch, name)
+
+
+def mem_available() -> int | None:
+    """/proc/meminfo's MemAvailable in bytes (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def describe(e: Estimate, cfg, available: int, ranks: int, machine: int) -> str:
+    """The line that says the estimate, the memory and what to lower."""
+    what = (f"model={model_name(cfg.model)} needs about {e.total_bytes / GiB:.1f} GiB per rank, "
+            f"{'more than' if e.total_bytes > available else 'close to'} the {available / GiB:.1f} GiB available to "
+            f"each of the {ranks} rank(s) on this machine (MemAvailable {machine / GiB:.1f} GiB): "
+            f"activations {e.activation_bytes / GiB:.1f} GiB ({e.batch} samples per rank, what autograd keeps for "
+            f"the backward), model state {e.state_bytes / GiB:.1f} GiB ({e.parameters:,} parameters: weights, "
+            f"gradients and {e.optimizer}'s state)")
+    if e.activation_bytes >= e.state_bytes:
+        lower = ("data.batch_size or the context, model.block_size (activations grow with both"
+                 if "block_size" in cfg.model else "data.batch_size (activations grow with it")
+        fix = f"lower {lower}; trainer.grad_accum keeps the samples per step)"
+    else:
+        fix = "use a smaller model or an optimizer with less state (optim=sgd)"
+    return f"{what}; {fix}, or run fewer ranks per machine"
+
+
+def check_fits_memory(cfg, env: DistEnv, x: torch.Tensor, y: torch.Tensor, task, batch: int,
+                      available: int | None = None) -> Estimate | None:
+    """Refuse (trainer.memory_check) or warn about a CPU run whose estimate is more than the
+    memory available to each rank; warn where it takes most of it. None where not checked."""
+    if env.device.type != "cpu":
+        return None
+    machine = mem_available() if available is None else available
+    if machine is None:
+        return None
+    try:
+        e = estimate(cfg, x, y, task, batch)
+    except Exception as err:  # a user's model that cannot be built on meta (it reads values, loads weights)
+        log.info("memory estimate: not made (the model cannot be built on the meta device: %s)", err)
+        return None
+    ranks = ranks_on_machine(env.world_size)
+    per_rank = machine // ranks
+    log.info("memory estimate: %.2f GiB per rank (activations %.2f, model state %.2f), %.1f GiB available to each",
+             e.total_bytes / GiB, e.activation_bytes / GiB, e.state_bytes / GiB, per_rank / GiB)
+    if e.total_bytes > per_rank and cfg.trainer.get("memory_check", True):
+        raise ConfigError(describe(e, cfg, per_rank, ranks, machine) + " (trainer.memory_check=false: try anyway)")
+    if e.total_bytes > WARN_SHARE * per_rank and env.is_main:
+        log.warning("%s", describe(e, cfg, per_rank, ranks, machine))
+    return e

@@ -1,0 +1,89 @@
+"""A finished run's results on disk: model.pt and summary.json (rank 0).
+
+Both are written under a temporary name and renamed into place, so a kill
+or a full disk never leaves half a file, nor replaces a good one; weights
+that are not finite are never written (ddp_lab.guards.divergence should have
+stopped the run first). summary.json comes last: its presence means the
+run completed.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import torch
+
+from ddp_lab.checkpoint.files import all_finite, nbytes, write_error
+from ddp_lab.config import RunFailed
+from ddp_lab.models import model_name
+from ddp_lab.telemetry.metrics import peak_memory_mb, write_json_atomic
+from ddp_lab.training.tasks import summary_name
+
+FIGURES = ("loss", "acc", "ppl", "token_acc")  # a task's figures (ddp_lab.training.tasks), by TensorBoard name
+
+
+def run_summary(trainer) -> dict:
+    """What summary.json holds: results, speed over the post-warm-up window (null where
+    not measured), and the settings that tell runs apart. A collective (stragglers).
+
+    The figures of the run so far (accuracy, loss, sec/epoch) come from the checkpoint
+    of a resumed launch; the speed figures are this launch's own, null where it ran no
+    step (one resumed at its last step).
+    """
+    cfg, env, last = trainer.cfg, trainer.env, trainer.last
+    tp, sync = trainer.meter.throughput, trainer.sync
+    rate = tp.per_sec
+    comm_ms, comm_frac = sync.comm_figures(tp.steps, tp.seconds)
+    seconds = trainer.meter.epoch_seconds
+    return {
+        # the task's figures, named by it: test_acc, train_loss (classification); val_ppl, ...
+        **{summary_name(k): v for k, v in last.items() if k.split("/")[0] in FIGURES},
+        # (a task whose figure is the loss alone counts no correct predictions)
+        **{k: v for k, v in last.items() if k.endswith("_total") or (k.endswith("_correct") and
+                                                                      trainer.task.correct_name)},
+        "task": trainer.task.name, "samples_per_sec": rate,
+        "samples_per_sec_per_rank": rate / env.world_size,
+        "sec_per_epoch": sum(seconds) / len(seconds), "step_ms": tp.step_ms,
+        "data_ms": 1000 * trainer.meter.data_seconds / tp.seen if tp.seen else math.nan,
+        "epochs": trainer.epoch, "steps": trainer.step, "world_size": env.world_size,
+        # trainer.max_steps ended the run before its epochs did (the closing line counts steps)
+        "max_steps_cut": trainer.cut,
+        "world_sizes": trainer.world_sizes,
+        "backend": env.backend if env.distributed else "none",
+        "comm_threads": env.comm_threads, "device": env.device.type,
+        "model": model_name(cfg.model), "data": str(cfg.data["_target_"]).rsplit(".", 1)[-1],
+        "sync": sync.describe(),
+        "global_batch": cfg.data.batch_size, "amp": trainer.amp, "seed": cfg.seed,
+        "threads": torch.get_num_threads(), "compile": trainer.compiled,
+        "measured_steps": tp.steps, "comm_timing": sync.comm_timing,
+        "comm_ms_per_step": comm_ms, "comm_frac": comm_frac,
+        # bytes handed to all-reduces per optimizer step, as counted at each call (ddp_lab.sync)
+        "wire_bytes_per_step": sync.wire_bytes / tp.seen if tp.seen else None,
+        **trainer.target.summary(),  # target, target_reached, steps_to_target, time_to_target_s, eval_s
+        "peak_mem_mb": peak_memory_mb(env.device),  # rank 0's process (ranks are alike)
+        "straggler": trainer.step_timer.straggler(cfg.trainer.straggler_threshold),
+        "mfu": trainer.meter.mfu(rate), "peak_flops": trainer.meter.peak_flops,
+        "flops_per_sample": trainer.meter.flops_per_image,
+        **({"tokens_per_sec": rate * trainer.work.targets_per_sample}
+           if trainer.task.name == "language_model" else {}),
+    }
+
+
+def write_results(run_dir: Path, model_state: dict, summary: dict) -> None:
+    if not all_finite(model_state):
+        raise RunFailed("refusing to write model.pt: the model holds non-finite weights")
+    run_dir = Path(run_dir)
+    tmp = run_dir / ".model.pt.tmp"
+    try:
+        torch.save(model_state, tmp)
+        os.replace(tmp, run_dir / "model.pt")
+        write_json_atomic(run_dir / "summary.json", summary)
+    except (OSError, RuntimeError) as e:  # torch.save reports a short write as RuntimeError
+        tmp.unlink(missing_ok=True)
+        raise RunFailed(write_error("model.pt and summary.json", run_dir,
+                                    nbytes(model_state), e)) from None
+
+
+def is_complete(run_dir: Path) -> bool:
+    return all((Path(run_dir) / f).exists() for f in ("model.pt", "summary.json"))

@@ -1,0 +1,301 @@
+"""The training loop: one Trainer per rank, built from the config.
+
+Read top to bottom: __init__ builds the parts from config, fit() runs epochs, _run_epoch() runs optimizer
+steps, _run_batch() is one of them, evaluate() scores the held-out set across all ranks, finish() writes the
+results. Each concern is one object: the Workload holds the data and its task, the Meter measures, the
+RunLogger reports, the Checkpointer saves and resumes, the LossWatch stops a diverging run, TimeToTarget stops
+a run that reached its target, the GradSync (ddp_lab.sync) syncs.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from ddp_lab.checkpoint import Checkpointer
+from ddp_lab.checkpoint.state import own_state, restore, shared_state
+from ddp_lab.config import ConfigError
+from ddp_lab.distributed import DistEnv
+from ddp_lab.guards import faults
+from ddp_lab.guards.divergence import LossWatch
+from ddp_lab.guards.preemption import Preemption
+from ddp_lab.models import build_model, check_sync_bn
+from ddp_lab.sync import build_sync
+from ddp_lab.telemetry import position
+from ddp_lab.telemetry.chance import warn_if_at_chance
+from ddp_lab.telemetry.meter import Meter, flops_and_peak
+from ddp_lab.telemetry.metrics import RunLogger, epoch_line, final_line
+from ddp_lab.telemetry.profiling import StepProfiler
+from ddp_lab.telemetry.stragglers import StepTimer
+from ddp_lab.telemetry.target import TimeToTarget
+from ddp_lab.training.evaluation import evaluate
+from ddp_lab.training.fast_path import amp_reason, autocast, resolve_amp, resolve_compile
+from ddp_lab.training.optim import build_optimizer, build_schedule
+from ddp_lab.training.results import is_complete, run_summary, write_results
+from ddp_lab.training.tasks import summary_name
+from ddp_lab.training.workload import build_workload
+
+log = logging.getLogger("ddp_lab")
+
+
+class Trainer:
+    def __init__(self, cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None):
+        self.cfg, self.env, self.run_dir = cfg, env, Path(run_dir)
+        t = cfg.trainer
+        self.preemption = preemption or Preemption(env.rank, t.preempt_save_s)  # not installed: never asks to save
+        if t.threads > 0:  # (0: keep torch's, torchrun's 1)
+            torch.set_num_threads(t.threads)
+        self.amp = resolve_amp(t.amp, env.device)
+        log.info(amp_reason(t.amp, self.amp, env.device))
+        self.autocast = partial(autocast, self.amp, env.device)  # a context for the forward pass
+        position.phase("loading data")  # every stretch of a rank's life is named (guards/stall.py)
+        self.work = build_workload(cfg, env)  # the data and its task, checked against the model
+        self.train_loader, self.test_loader, self.task = self.work.loaders() + (self.work.task,)
+        self.memory_format = torch.channels_last if self.work.channels_last else torch.contiguous_format
+        self.steps_per_epoch = len(self.train_loader) // t.grad_accum
+        if self.steps_per_epoch == 0:
+            raise ConfigError(f"trainer.grad_accum={t.grad_accum} takes {t.grad_accum} batches per optimizer step, "
+                              f"but each rank has only {len(self.train_loader)} per epoch: lower trainer.grad_accum "
+                              "(or data.batch_size)")
+        total = self.steps_per_epoch * t.epochs
+        self.total_steps = min(total, t.max_steps) if t.max_steps > 0 else total
+        self.cut = self.total_steps < total  # trainer.max_steps ends the run before its epochs do
+        torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+        position.phase("building the model")
+        self.model = build_model(cfg.model).to(env.device, memory_format=self.memory_format)
+        check_sync_bn(self.model, env.distributed, env.device)
+        step_samples = t.grad_accum * self.train_loader.batch_size  # a rank's, in a whole step
+        self.compiled, why = resolve_compile(t.compile, env.device, self.total_steps * step_samples)
+        log.info(why)
+        # Compile the bare model, DDP wraps the compiled one: compiling the DDP wrapper breaks
+        # the graph inside DDP's forward (and made 1-thread CPU LeNet steps slower than eager).
+        net = torch.compile(self.model) if self.compiled else self.model
+        self.optimizer = build_optimizer(cfg.optim, self.model.parameters())
+        self.scheduler = build_schedule(self.optimizer, cfg.optim, self.steps_per_epoch, self.total_steps)
+        self.sync = build_sync(cfg.sync, net, env)
+        self.forward = self.sync.module
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp == "fp16")
+        self.loss_fn = self.task.loss  # the task's loss (a seam for guards.faults)
+        self.meter = Meter(env, t.warmup_steps, *flops_and_peak(self.model, self.work.input_example, self.amp, env),
+                           full_step_images=step_samples, task=self.task,
+                           targets_per_sample=self.work.targets_per_sample)
+        self.step_timer = StepTimer(self.model, env)  # compute and sync wait: stragglers
+        # ranks whose weights differ between synchronisations compare losses as they synchronise
+        apart, lr = self.sync.diverges, self.optimizer.defaults.get("lr", 0.0)
+        self.loss_watch = LossWatch(env, cfg.sync.every if apart else t.log_every, lr, self.amp,
+                                    None if apart else self.model.parameters())
+        self.target = TimeToTarget(cfg, self.task.name)  # trainer.target_acc/_loss, eval_every_steps
+        self.profiler = StepProfiler(t.profile, t.profile_wait, t.profile_active, self.run_dir,
+                                     env.rank, env.device.type == "cuda")
+        self.step = self.epoch = self.batches_done = 0  # batches: of the current epoch
+        self.saved_step, self.saved_path = -1, None  # the newest checkpoint this launch wrote
+        self.stepped = False  # whether this process has taken a step yet
+        self.last: dict[str, float] = {}  # the newest metrics, for summary.json
+        self.held: tuple[int, dict] = (-1, {})  # (step, figures) of the newest evaluation
+        self.world_sizes = [[0, env.world_size]]  # [step, ranks] at every change
+        self.checkpointer = Checkpointer(cfg, env, self.run_dir)
+        position.phase("resuming")
+        self.resumed = self.checkpointer.resume()  # last: it overwrites state (and RNG) built above
+        if self.resumed is not None:
+            self.load_state_dict(self.resumed.shared, self.resumed.own)
+        # resumed at step S: an earlier attempt's events after S are hidden in TensorBoard
+        self.log = RunLogger(self.run_dir, env.is_main, purge_step=self.step + 1 if self.resumed else None)
+        if self.resumed is not None:
+            self.log.print(self.resumed.describe(self.step, self._position(), env.world_size))
+        if not self._already_complete():
+            self.checkpointer.record_launch()  # from here on, this launch writes into run_dir
+        faults.install(self)  # DDP_LAB_FAULT only: otherwise nothing is wrapped
+
+    # ------------------------------------------------------------ the loop
+    def fit(self) -> dict:
+        if self._already_complete():
+            self.log.print(f"{self.run_dir} holds a complete run (step {self.step} of "
+                           f"{self.total_steps}): nothing left to do, nothing written")
+            return json.loads((self.run_dir / "summary.json").read_text())
+        self.log.config(self.cfg)
+        self.log.scalars({"dist/world_size": self.env.world_size}, self.step)
+        # (batches_done > 0 when done: resumed from the save that max_steps made mid-epoch)
+        while self.epoch < self.cfg.trainer.epochs and (not self.done or self.batches_done > 0):
+            self._end_epoch(self._run_epoch(self.epoch))
+        return self.finish()
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.total_steps or self.target.stop
+
+    def _run_epoch(self, epoch: int) -> dict:
+        """One pass over this rank's shard (from batch batches_done when resumed mid-epoch)."""
+        self.model.train()
+        self.meter.start_epoch()
+        show = self.env.is_main and self.cfg.trainer.progress and sys.stderr.isatty()
+        bar = tqdm(total=self.steps_per_epoch, initial=self.batches_done // self.cfg.trainer.grad_accum,
+                   desc=f"epoch {epoch + 1}", leave=False, disable=not show)
+        for micro in self._optimizer_steps(epoch):
+            images = sum(len(y) for _, y in micro)
+            self.meter.start_step(images)
+            self.sync.measuring = self.meter.measuring  # count communication in the same window
+            self.target.start()
+            self._run_batch(micro)
+            self.step += 1
+            self.batches_done += len(micro)
+            self.meter.step_done(images)
+            self.profiler.step()
+            bar.update()
+            self._after_step()
+            if self.preemption.stop_here(self.step) and not self.done:
+                self._save_and_stop()
+        bar.close()
+        return self.meter.end_epoch(self.scheduler.get_last_lr()[0], self.sync)
+
+    def _optimizer_steps(self, epoch: int):
+        """Lists of grad_accum micro-batches, one per optimizer step, until the epoch
+        runs out of them or the run reaches total_steps."""
+        k = self.cfg.trainer.grad_accum
+        batches = self.train_loader.epoch(epoch, start=self.batches_done)
+        while not self.done:
+            position.phase("data loading")
+            t0 = time.perf_counter()  # the host's wait for data: no device sync
+            micro = [b for _, b in zip(range(k), batches)]
+            self.meter.data_seconds += time.perf_counter() - t0
+            if len(micro) < k:
+                return
+            yield micro
+
+    def _run_batch(self, micro: list) -> None:
+        """One optimizer step over k micro-batches; only the last one communicates."""
+        position.at_step(self.step + 1)
+        # a compiled model's first step in this process builds its kernels
+        position.phase("compile" if self.compiled and not self.stepped else "forward/backward")
+        self.stepped = True
+        self.step_timer.start_step()
+        step_loss = 0.0  # the step's: the mean over its micro-batches
+        for i, (x, y) in enumerate(micro):
+            with self.sync.during_backward(last=i == len(micro) - 1):
+                with self.autocast():
+                    out = self.forward(x)
+                loss = self.loss_fn(out, y)
+                self.scaler.scale(loss / len(micro)).backward()
+            self.meter.add_batch(loss, out, y)
+            step_loss = step_loss + loss.detach() / len(micro)
+        self.sync.after_backward()
+        position.phase("optimizer step")
+        self.step_timer.synced()
+        self.last_loss = step_loss
+        self.loss_watch.observe(self.last_loss, self.step + 1)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=self.sync.grads_set_to_none)
+        self.scheduler.step()
+        self.sync.after_step(self.step + 1)  # local_sgd, diloco: the weights travel here
+
+    def _after_step(self) -> None:
+        position.phase("logging")
+        if self.step % self.cfg.trainer.log_every == 0:
+            self.log.scalars({"loss/train_step": self.last_loss.item(),
+                              "lr": self.scheduler.get_last_lr()[0],
+                              **self.step_timer.report()}, self.step)
+        if self.target.due(self.step):
+            self.log.scalars(self._evaluate(), self.step)
+        if self.checkpointer.due(self.step, self.done, self._epoch_exhausted()):
+            self._save_checkpoint()
+
+    def _end_epoch(self, metrics: dict) -> None:
+        t = self.cfg.trainer
+        if self.done:  # local_sgd, diloco: the same final weights on every rank
+            self.sync.finish(self.step)
+        fresh = self.held[0] != self.step  # (else evaluated after this step, and logged)
+        if not fresh or self.epoch + 1 == t.epochs or self.done or (
+                t.eval_every > 0 and (self.epoch + 1) % t.eval_every == 0):
+            if fresh:
+                metrics.update(self._evaluate())
+            at = (self.step, self.total_steps) if self.cut and self.done else None  # cut: count steps
+            self.log.print(epoch_line(self.epoch, t.epochs, {**metrics, **self.held[1]}, self.task, at))
+        self.log.scalars(metrics, self.step)
+        self.last.update(metrics)
+        complete = self._epoch_exhausted()  # else max_steps cut it (saved in the loop)
+        self.epoch += 1
+        self.batches_done = 0
+        if complete:
+            self._save_checkpoint()
+
+    # ------------------------------------------------------------ checkpoints
+    def _epoch_exhausted(self) -> bool:
+        """Too few batches left in this epoch for another optimizer step."""
+        return self.batches_done + self.cfg.trainer.grad_accum > len(self.train_loader)
+
+    def state_dict(self) -> dict:
+        """What rank 0 saves: everything every rank shares (ddp_lab.checkpoint.state)."""
+        return shared_state(self)
+
+    def load_state_dict(self, shared: dict, own: dict) -> None:
+        restore(self, shared, own)
+
+    def _save_checkpoint(self) -> Path | None:
+        """Every rank calls this at the same step; see ddp_lab.checkpoint for the layout."""
+        self.meter.throughput.pause()  # saving is not training: keep it out of img/s
+        self.loss_watch.check()  # never save weights a diverged step produced
+        shared = self.state_dict() if self.env.is_main else None
+        path = self.checkpointer.save(self.step, shared, own_state(self))
+        if path is not None:
+            self.log.print(f"checkpoint {path.name} ({self._position()})")
+        self.meter.throughput.resume()
+        self.saved_step, self.saved_path = self.step, path
+        return path
+
+    def _save_and_stop(self) -> None:
+        """At the step agreed after a signal: save (unless this step's is written) and exit 128 + the signal."""
+        path = self.saved_path if self.saved_step == self.step else self._save_checkpoint()
+        raise self.preemption.saved(path)
+
+    def _position(self) -> str:
+        mid = f"epoch {self.epoch + 1}, batch {self.batches_done}"
+        return mid if self.batches_done else f"end of epoch {self.epoch}"
+
+    def _already_complete(self) -> bool:
+        """Resumed where the run had already ended and written its results: write nothing."""
+        return self.resumed is not None and self.done and is_complete(self.run_dir)
+
+    def evaluate(self) -> tuple[float, int, int]:
+        """Exact held-out (loss sum, correct, targets) of the weights the ranks agree on (sync.consensus)."""
+        self.meter.throughput.pause()
+        with self.sync.consensus():
+            return evaluate(self.model, self.test_loader, self.env, self.task, self.autocast)
+
+    def _evaluate(self) -> dict:
+        """Evaluate now: the held-out figures, also logged against time; the target judged."""
+        t0, split = time.perf_counter(), self.task.held_out
+        loss_sum, correct, total = self.evaluate()
+        metrics = self.task.metrics(loss_sum, correct, total, split)
+        warn_if_at_chance(self, metrics)  # a classifier still at chance at its first evaluation
+        # judged where the ranks hold the weights evaluated (local_sgd, diloco: at synchronisations)
+        if self.target.evaluated(metrics, split, time.perf_counter() - t0, self.step, self.sync.synced_at(self.step)):
+            self.log.print(f"target reached at step {self.step}, {self.target.reached['seconds']:.1f} s")
+        self.log.scalars(*self.target.by_time(metrics))
+        self.held = (self.step, metrics)
+        self.last.update({**metrics, f"{split}_correct": int(correct), f"{split}_total": int(total)})
+        return metrics
+
+    # ------------------------------------------------------------ the end
+    def finish(self) -> dict:
+        """summary.json and model.pt (rank 0), the closing line; every rank returns the summary."""
+        self.loss_watch.check()
+        position.phase("writing results")
+        summary = run_summary(self)
+        headline = summary_name(self.task.headline)
+        self.log.hparams(self.cfg, self.env.world_size, summary["backend"],
+                         {k: summary[k] for k in (headline, "train_loss", "samples_per_sec")})
+        if self.env.is_main:
+            write_results(self.run_dir, self.model.state_dict(), summary)
+        self.log.print(final_line(summary, headline))
+        return summary
+
+    def close(self) -> None:
+        self.profiler.close()
+        self.log.close()
+        self.sync = self.forward = None  # DDP's Python comm hook before the process group: else aborts at exit

@@ -1,0 +1,74 @@
+"""What a run trains on: the datasets `data._target_` builds, the task their
+targets imply, checked against the model before any step, and each rank's
+loaders over them."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from ddp_lab.config import ConfigError
+from ddp_lab.datasets import as_tensor_pairs
+from ddp_lab.distributed import DistEnv
+from ddp_lab.models import check_fits_data
+from ddp_lab.training.data import build_datasets, build_loaders, example
+from ddp_lab.training.memory_estimate import check_fits_memory
+from ddp_lab.training.tasks import Task, build_loss, choose_task
+
+log = logging.getLogger("ddp_lab")
+
+
+@dataclass
+class Workload:
+    train_loader: object
+    test_loader: object
+    task: Task
+    input_example: torch.Tensor   # one sample's input, for the FLOP count
+    targets_per_sample: int       # 1 for classification, the sequence length for a language model
+    channels_last: bool           # the images' layout (off for other inputs)
+    classes: int = 0              # the largest target + 1 (0: regression, no classes)
+
+    def loaders(self) -> tuple:
+        return self.train_loader, self.test_loader
+
+
+def num_classes(train) -> int:
+    """The largest target + 1: the classes (or tokens) the model must predict."""
+    pairs = as_tensor_pairs(train)
+    return int(pairs.targets.max()) + 1 if pairs is not None else int(example(train)[1].max()) + 1
+
+
+def build_workload(cfg, env: DistEnv) -> Workload:
+    train, test = build_datasets(cfg.data)
+    x, y = example(train)
+    task = choose_task(cfg.data.task, y, build_loss(cfg.trainer.get("loss")))
+    classes = num_classes(train) if task.correct_name else 0
+    out = check_fits_data(cfg, x, y, task, classes)
+    if task.criterion is not None:
+        check_loss(cfg, task, out, y)
+    channels_last = cfg.trainer.channels_last and x.dim() == 3  # memory layouts are for images
+    train_loader, test_loader = build_loaders(cfg.data, train, test, env.rank, env.world_size, env.device,
+                                              cfg.seed, channels_last)
+    check_fits_memory(cfg, env, x, y, task, train_loader.batch_size)  # a CPU run: refused if it cannot fit
+    log.info("data: %d training and %d held-out samples of %s -> %s (%s), %s loader", len(train), len(test),
+             list(x.shape), list(y.shape) or "a class", task.name, type(train_loader).__name__)
+    return Workload(train_loader, test_loader, task, x, max(y.numel(), 1), channels_last, classes)
+
+
+def check_loss(cfg, task: Task, out: torch.Size, y: torch.Tensor) -> None:
+    """trainer.loss must turn a batch of the model's outputs and its targets into one number
+    (tried on the meta device: shapes only)."""
+    outs = torch.empty(2, *out[1:], device="meta")
+    ys = torch.empty(2, *y.shape, dtype=y.dtype, device="meta")
+    name = cfg.trainer.loss["_target_"]
+    try:
+        loss = task.loss(outs, ys)
+    except Exception as e:  # a user's callable: any error it raises is said in one line
+        cause = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ConfigError(f"trainer.loss._target_={name} fails on the model's outputs {list(outs.shape)} and the "
+                          f"targets {list(ys.shape)}: {cause}") from None
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        got = list(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise ConfigError(f"trainer.loss._target_={name} returns {got} for a batch, not one number: make it "
+                          f"a mean over the batch (reduction='mean')")

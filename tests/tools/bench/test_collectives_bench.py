@@ -1,0 +1,232 @@
+"""ddp_lab.bench.collectives: formulas, sweep sizes, validation, check pattern, a real torchrun sweep."""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+from hydra.errors import ConfigCompositionException
+
+from ddp_lab.config import ConfigError
+from ddp_lab.tools.bench.collectives import check, interleaved, output, plan
+from tests.conftest import run_module
+
+
+def test_algbw_and_busbw_on_known_numbers():
+    # 1e9 bytes in 1 s is 1 GB/s of algorithm bandwidth
+    assert plan.algbw_gbps(1e9, 1e6) == pytest.approx(1.0)
+    assert plan.algbw_gbps(4096, 40.96) == pytest.approx(0.1)
+    # busbw = algbw * 2(n-1)/n
+    assert plan.busbw_gbps(1.0, 2) == pytest.approx(1.0)
+    assert plan.busbw_gbps(1.0, 4) == pytest.approx(1.5)
+    assert plan.busbw_gbps(2.0, 8) == pytest.approx(3.5)
+    assert plan.busbw_gbps(1.0, 1) == 0.0
+
+
+def test_message_sizes_follow_nccl_tests_b_e_f():
+    assert plan.message_sizes(4096, 65536, 2) == [4096, 8192, 16384, 32768, 65536]
+    assert plan.message_sizes(1000, 10000, 3) == [1000, 3000, 9000]
+    assert plan.message_sizes(64, 64, 2) == [64]
+    assert len(plan.message_sizes(4096, 64 << 20, 2)) == 15  # the default sweep
+
+
+@pytest.mark.parametrize("dtype", list(plan.DTYPES))
+@pytest.mark.parametrize("world", [2, 3, 8])
+def test_check_pattern_sums_exactly_in_every_dtype(dtype, world):
+    count = 4099
+    bufs = []
+    for r in range(world):
+        b = torch.empty(count, dtype=plan.DTYPES[dtype])
+        check.fill_pattern(b, r, world, dtype)
+        bufs.append(b)
+    assert not torch.equal(bufs[0], bufs[1])  # rank-dependent
+    want = check.expected_sum(count, world, dtype, torch.device("cpu"))
+    # any summation order is exact: forwards and backwards in the dtype itself
+    fwd, bwd = bufs[0].clone(), bufs[-1].clone()
+    for b in bufs[1:]:
+        fwd += b
+    for b in reversed(bufs[:-1]):
+        bwd += b
+    assert torch.equal(fwd, want) and torch.equal(bwd, want)
+
+
+def _cfg(overrides=()):
+    with initialize_config_module(version_base="1.3", config_module="ddp_lab.conf"):
+        return compose(config_name="bench_collectives", overrides=list(overrides))
+
+
+def test_defaults_are_valid():
+    p = plan.validate(_cfg())
+    assert p.sizes[0] == 4096 and p.sizes[-1] == 64 << 20
+    assert p.algos == ["builtin", "naive", "ring", "halving_doubling"]
+    assert p.dtype == torch.float32 and p.elem_size == 4
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["min_bytes=8192", "max_bytes=4096"], "min_bytes=8192 is larger than max_bytes=4096"),
+    (["factor=1"], "factor=1 must be >= 2"),
+    (["algos=[]"], "algos=[] must be at least one algorithm"),
+    (["min_bytes=4098"], "min_bytes=4098 is not a multiple of the 4-byte element size"),
+    (["dtype=float64", "min_bytes=1024", "max_bytes=1028"], "max_bytes=1028 is not a multiple of the 8-byte"),
+    (["iters=0"], "iters=0 must be >= 1"),
+    (["min_iters=9", "iters=4"], "min_iters=9 is larger than iters=4"),
+    (["time_budget_s=0"], "time_budget_s=0.0 must be a positive number of seconds"),
+])
+def test_bad_input_names_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        plan.validate(_cfg(overrides))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("factor=2.5", "Value '2.5' of type 'float' could not be converted to Integer"),
+    ("algos=[ring,butterfly]", "Invalid value 'butterfly', expected one of [builtin, naive, ring"),
+    ("dtype=int32", "Invalid value 'int32', expected one of [float32, float64, bfloat16, float16]"),
+    ("mode=both", "Invalid value 'both', expected one of [sweep, interleaved]"),
+    ("warmpu=5", "Could not override 'warmpu'"),
+])
+def test_a_wrong_type_or_choice_is_refused_when_the_config_is_composed(override, message):
+    with pytest.raises(ConfigCompositionException) as e:
+        _cfg([override])
+    assert message in str(e.value) + str(e.value.__cause__)
+
+
+def test_the_configuration_guide_holds_the_bench_reference():
+    from ddp_lab.tools.bench.collectives.config import markdown
+    from tests.conftest import guide_reference
+    assert guide_reference("ddp_lab.bench.collectives.config") == markdown(), (
+        "docs/configuration.md is out of date: paste `python -m ddp_lab.bench.collectives.config` there")
+
+
+def test_the_schema_holds_every_key_and_the_yaml_only_hydras_settings():
+    from ddp_lab.tools.bench.collectives.config import BenchCollectivesConfig
+    cfg = _cfg()
+    assert set(cfg) == {f.name for f in dataclasses.fields(BenchCollectivesConfig)}
+    yaml = (Path(plan.__file__).parents[4] / "conf" / "bench_collectives.yaml").read_text()
+    assert [ln.split(":")[0] for ln in yaml.splitlines() if ln and not ln.startswith(("#", " "))] == [
+        "defaults", "hydra"]
+
+
+def test_interleaved_mode_reads_its_sizes_and_always_times_builtin():
+    p = plan.validate(_cfg(["mode=interleaved", "algos=[ring,ring_textbook]",
+                             "interleaved.sizes=[4096,64K,1M,1.5M]"]))
+    assert p.mode == "interleaved"
+    assert p.sizes == [4096, 65536, 1 << 20, 3 << 19]
+    assert p.algos == ["builtin", "ring", "ring_textbook"]
+    assert plan.validate(_cfg(["mode=interleaved"])).sizes == [64 << 10, 1 << 20, 4 << 20, 16 << 20]
+
+
+@pytest.mark.parametrize("text, size", [("4096", 4096), (4096, 4096), ("64K", 65536), ("1MiB", 1 << 20),
+                                        ("2mb", 2 << 20), ("1G", 1 << 30)])
+def test_parse_size(text, size):
+    assert interleaved.parse_size(text) == size
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["mode=interleaved", "interleaved.sizes=[64Q]"], "interleaved.sizes: '64Q' is not a size in bytes"),
+    (["mode=interleaved", "interleaved.sizes=[]"], "interleaved.sizes is empty"),
+    (["mode=interleaved", "interleaved.sizes=[6]"], "6 bytes is not a positive multiple of the 4-byte"),
+    (["mode=interleaved", "interleaved.rounds=0"], "interleaved.rounds=0 must be >= 1"),
+])
+def test_bad_interleaved_input_names_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        plan.validate(_cfg(overrides))
+
+
+@pytest.mark.system
+def test_torchrun_interleaved_two_processes(tmp_path):
+    algos = ["builtin", "ring", "ring_textbook", "halving_doubling_textbook"]
+    r = run_module("ddp_lab.bench.collectives",
+                   ["mode=interleaved", "interleaved.sizes=[4K,512K]", "interleaved.rounds=3",
+                    "algos=[ring,ring_textbook,halving_doubling_textbook]",
+                    f"hydra.run.dir={tmp_path}"], nproc=2, timeout=180)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.stdout.count("machine tuning: gloo's threads at") == 1  # one line, from rank 0
+    with open(tmp_path / "interleaved.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(row["algo"], int(row["size_bytes"])) for row in rows] == [
+        (a, s) for s in (4096, 524288) for a in algos]
+    for row in rows:
+        assert int(row["wrong"]) == 0 and int(row["rounds"]) == 3 and int(row["world_size"]) == 2
+        assert float(row["time_us"]) > 0 and float(row["vs_builtin"]) > 0
+        calls = 20 if row["size_bytes"] == "4096" else 8000000 // 524288  # 15
+        assert int(row["calls_per_block"]) == calls
+    assert {float(row["vs_builtin"]) for row in rows if row["algo"] == "builtin"} == {1.0}
+    assert not (tmp_path / "collectives.csv").exists()
+    record = json.loads((tmp_path / "record.json").read_text())
+    assert (record["mode"], record["world_size"], record["backend"]) == ("interleaved", 2, "gloo")
+    assert record["command"].startswith("torchrun --nproc_per_node=2 -m ddp_lab.bench.collectives mode=interleaved")
+
+
+def test_bad_input_single_process_exits_2(tmp_path):
+    r = run_module("ddp_lab.bench.collectives", ["min_bytes=8192", "max_bytes=4096",
+                                                 f"hydra.run.dir={tmp_path}"], nproc=0, timeout=120)
+    assert r.returncode == 2
+    assert "ddp_lab.bench.collectives: error: min_bytes=8192 is larger than max_bytes=4096" in r.stderr
+    assert not (tmp_path / "collectives.csv").exists()
+
+
+@pytest.mark.system
+def test_torchrun_sweep_two_processes(tmp_path):
+    algos = ["builtin", "naive", "ring", "halving_doubling"]
+    run_dir = tmp_path / "run"
+    r = run_module("ddp_lab.bench.collectives",
+                   ["min_bytes=1024", "max_bytes=65536", "factor=4", "warmup=1", "iters=3",
+                    "min_iters=1", f"hydra.run.dir={run_dir}"], nproc=2, timeout=180)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "busbw" in r.stdout and "wrong elements in total: 0 OK" in r.stdout
+    with open(run_dir / "collectives.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames == ["algo", "size_bytes", "count", "dtype", "world_size",
+                                     "time_us", "algbw_gbps", "busbw_gbps", "wrong"]
+        rows = list(reader)
+    sizes = [1024, 4096, 16384, 65536]
+    assert [(row["algo"], int(row["size_bytes"])) for row in rows] == [(a, s) for a in algos for s in sizes]
+    for row in rows:
+        assert int(row["wrong"]) == 0, row
+        assert int(row["world_size"]) == 2 and row["dtype"] == "float32"
+        assert int(row["count"]) == int(row["size_bytes"]) // 4
+        t = float(row["time_us"])
+        assert t > 0
+        alg = float(row["algbw_gbps"])
+        assert alg == pytest.approx(int(row["size_bytes"]) / t / 1e3, rel=1e-3)
+        assert float(row["busbw_gbps"]) == pytest.approx(alg * 2 * (2 - 1) / 2, rel=1e-3)
+    assert (run_dir / "collectives.png").stat().st_size > 0
+    assert any((run_dir / "tb").iterdir())
+    record = json.loads((run_dir / "record.json").read_text())
+    assert record["command"] == ("torchrun --nproc_per_node=2 -m ddp_lab.bench.collectives min_bytes=1024 "
+                                 "max_bytes=65536 factor=4 warmup=1 iters=3 min_iters=1")
+    assert (record["world_size"], record["backend"], record["torch"]) == (2, "gloo", torch.__version__)
+    assert record["mode"] == "sweep"
+    assert {"date", "machine", "git_commit", "cpu_model", "cores", "cpu_flags", "comm_threads"} <= set(record)
+    # a second sweep into the same directory stops, every rank, and keeps the first one's CSV
+    before = (run_dir / "collectives.csv").read_bytes()
+    r = run_module("ddp_lab.bench.collectives", ["max_bytes=4096", f"hydra.run.dir={run_dir}"],
+                   nproc=2, timeout=120)
+    assert r.returncode != 0
+    assert "already holds collectives.csv from an earlier sweep" in r.stderr
+    assert (run_dir / "collectives.csv").read_bytes() == before
+
+
+@pytest.mark.system
+def test_torchrun_bad_input_fails_every_rank_quickly(tmp_path):
+    r = run_module("ddp_lab.bench.collectives", ["algos=[ring,butterfly]", f"hydra.run.dir={tmp_path}"],
+                   nproc=2, timeout=120)
+    assert r.returncode != 0
+    assert "Invalid value 'butterfly', expected one of [builtin, naive, ring" in r.stderr + r.stdout
+
+
+def test_median_of_runs(tmp_path):
+    def run(times):
+        rows = [{"algo": "ring", "size_bytes": 4096, "count": 1024, "dtype": "float32", "world_size": 2,
+                 "time_us": t, "algbw_gbps": 0, "busbw_gbps": 0, "wrong": w} for t, w in times]
+        return output.write_rows(rows, tmp_path / f"{len(list(tmp_path.iterdir()))}.csv")
+
+    paths = [run([(10.0, 0)]), run([(40.0, 0)]), run([(20.0, 2)])]
+    (row,) = output.median_of_runs(paths)
+    assert row["time_us"] == 20.0 and row["wrong"] == 2
+    assert row["algbw_gbps"] == pytest.approx(4096 / 20.0 / 1e3, rel=1e-5)
+    assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"], rel=1e-5)  # 2(n-1)/n = 1 at n = 2

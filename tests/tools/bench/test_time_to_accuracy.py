@@ -1,0 +1,78 @@
+"""The race to a target: the cost model's pricing on canned rows, refusals, and a short real race."""
+import csv
+import json
+
+import pytest
+
+from ddp_lab.tools.bench.time_to_accuracy import main, parse_args
+from ddp_lab.tools.costmodel.formulas import Params
+from ddp_lab.tools.costmodel.strategies import by_rate, link_ms_per_step, time_to_target_s
+from tests.conftest import tiny_overrides
+
+LINK = Params(alpha=1e-4, beta=8e-8, gamma=0.0)  # about 100 Mbit/s, 0.1 ms a message
+
+
+def test_the_link_adds_its_all_reduce_per_step_to_the_loopback_time():
+    b = 516_272  # LeNet's gradients, bytes
+    ring4 = 2 * 3 * 1e-4 + 2 * 3 / 4 * b * 8e-8  # one all-reduce on 4 ranks, seconds
+    assert link_ms_per_step(LINK, 4, b, 1) == pytest.approx(1e3 * ring4)
+    # every 8 steps the whole weights: the bytes per step are an eighth, the messages too
+    assert link_ms_per_step(LINK, 4, b / 8, 8) == pytest.approx(1e3 * ring4 / 8)
+    row = {"steps_to_target": "400", "time_to_target_s": "100.0", "wire_bytes_per_step": str(b), "every": "1"}
+    assert time_to_target_s(row, LINK, 4) == pytest.approx(100.0 + 400 * ring4)
+    assert time_to_target_s({**row, "time_to_target_s": ""}, LINK, 4) is None  # missed the target
+    # at ten times the rate the bytes cost a tenth; the messages the same
+    fast = by_rate({"ddp": row}, LINK, 100_000_000, 4, [100_000_000, 1_000_000_000])["ddp"]
+    assert fast[0] == pytest.approx(100.0 + 400 * ring4)
+    assert fast[1] == pytest.approx(100.0 + 400 * (2 * 3 * 1e-4 + 2 * 3 / 4 * b * 8e-9))
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--target-acc", "0.9"], "give --hosts N --rate R"),
+    (["--ranks", "2"], "give one target"),
+    (["--ranks", "2", "--target-acc", "0.9", "--strategies", "ddp,zero"], "zero not among"),
+    (["--hosts", "2", "--target-acc", "0.9"], "--hosts and --rate go together"),
+    (["--ranks", "2", "--target-acc", "0.9", "--fit", "f.csv"], "--fit and --steps-from go together"),
+])
+def test_bad_arguments_are_refused(capsys, argv, says):
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv)
+    assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+@pytest.mark.system
+def test_a_short_race_on_loopback(tiny_fmnist, tmp_path):
+    """Two ranks, the tiny Fashion-MNIST (8 steps an epoch), evaluated every 2 steps, then priced
+    as if on a slow link with --steps-from its own race.csv."""
+    over = [o for o in tiny_overrides(tiny_fmnist, tmp_path / "unused") if not o.startswith(
+        ("hydra.", "trainer.epochs"))] + ["trainer.amp=off", "trainer.compile=false", "sync.every=2"]
+    rows = main(["--ranks", "2", "--target-acc", "0.5", "--epochs", "2", "--eval-every", "2",
+                 "--strategies", "ddp,local_sgd", "--out", str(tmp_path / "race"), *over])
+    assert [r["strategy"] for r in rows] == ["ddp", "local_sgd"]
+    ddp, local = rows
+    assert local["sync"] == "local_sgd/builtin(every 2)" and local["every"] == 2
+    for r in rows:
+        assert r["steps"] == 16 and r["target_reached"] and r["steps_to_target"] % 2 == 0
+        assert 0 < r["time_to_target_s"] and 0 < r["final"] <= 1
+    assert local["wire_bytes_per_step"] == pytest.approx(ddp["wire_bytes_per_step"] / 2)
+    assert local["bytes_vs_ddp"] == pytest.approx(2.0)
+    assert ddp["vs_ddp"] == 1.0
+    out = tmp_path / "race"
+    assert (out / "race.png").stat().st_size > 1000
+    assert "| local_sgd | local_sgd/builtin(every 2) |" in (out / "race.md").read_text()
+    record = json.loads((out / "record.json").read_text())
+    assert record["command"].startswith("python -m ddp_lab.bench.time_to_accuracy --ranks 2")
+
+    fit = tmp_path / "fit.csv"
+    fit.write_text("algo,points,alpha_s,beta_s_per_byte,gamma_s_per_byte,median_abs_rel_err,max_abs_rel_err\n"
+                   "builtin,10,0,8e-8,0,0.01,0.02\n")
+    with open(out / "race.csv") as f:
+        saved = {r["strategy"]: r for r in csv.DictReader(f)}
+    priced = main(["--ranks", "2", "--target-acc", "0.5", "--epochs", "2", "--eval-every", "2",
+                   "--strategies", "ddp", "--fit", str(fit), "--steps-from", str(out / "race.csv"),
+                   "--out", str(tmp_path / "priced"), *over])[0]
+    base = saved["ddp"]
+    want = float(base["time_to_target_s"]) + int(base["steps_to_target"]) * float(
+        base["wire_bytes_per_step"]) * 8e-8  # 2 ranks: the ring sends 2(2-1)/2 = 1 x the bytes
+    assert priced["predicted_time_to_target_s"] == pytest.approx(want)
+    assert priced["prediction_error"] == pytest.approx(want / priced["time_to_target_s"] - 1)

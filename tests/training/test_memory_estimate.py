@@ -1,0 +1,141 @@
+"""The memory a rank's training takes, estimated before the first step: refused where it cannot fit."""
+import logging
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from ddp_lab.config import ConfigError, schema
+from ddp_lab.distributed import DistEnv
+from ddp_lab.models.gpt import gpt
+from ddp_lab.training import memory_estimate
+from ddp_lab.training.memory_estimate import GiB, activation_bytes, check_fits_memory, estimate, optimizer_state
+from ddp_lab.training.tasks import CLASSIFICATION, LANGUAGE_MODEL, REGRESSION
+from ddp_lab.training.trainer import Trainer
+from tests.workloads import linear
+
+CPU = torch.device("cpu")
+TOKENS = torch.zeros(64, dtype=torch.long)
+
+
+def _gpt(compose_train, *extra):
+    return compose_train(["model=gpt", "data=text", "optim=adamw", *extra])
+
+
+def test_the_optimizers_state_per_parameter(compose_train):
+    assert optimizer_state(compose_train(["optim=adamw"]).optim) == (2, "AdamW")  # two moments
+    assert optimizer_state(compose_train([]).optim) == (1, "SGD")  # momentum 0.9
+    plain = compose_train(["optim.momentum=0", "optim.nesterov=false"]).optim
+    assert optimizer_state(plain) == (0, "SGD")
+    rms = compose_train(["optim=custom", "optim._target_=torch.optim.RMSprop"]).optim
+    assert optimizer_state(rms) == (2, "RMSprop")  # any other: counted as Adam
+
+
+def test_activations_are_what_autograd_saves_and_attention_is_linear_in_the_context():
+    with torch.device("meta"):
+        mlp = linear()  # 8 -> 32 -> ReLU -> 4
+    # per sample: the input (8 floats), the hidden ReLU output (32: saved once, by ReLU and the
+    # second layer alike), the log-probabilities (4), the target (an int64), and the loss's
+    # scalar weight shared by the batch of two (2 bytes a sample)
+    assert activation_bytes(mlp, torch.zeros(8), torch.tensor(0), CLASSIFICATION) == (8 + 32 + 4) * 4 + 8 + 2
+    per_sample = {}
+    for t in (1024, 4096):
+        with torch.device("meta"):
+            net = gpt(block_size=t)
+        ids = torch.zeros(t, dtype=torch.long)
+        per_sample[t] = activation_bytes(net, ids, ids, LANGUAGE_MODEL)
+        # at least the residual stream: 4 layers of t x 128 floats, saved several times each
+        assert per_sample[t] > 4 * t * 128 * 4 * 8
+    # the fused CPU kernel keeps no T x T score matrix: 4 x the context, 4 x the bytes (not 16 x)
+    assert 3.9 < per_sample[4096] / per_sample[1024] < 4.1
+
+
+def test_model_state_counts_weights_gradients_and_adams_moments(compose_train):
+    e = estimate(_gpt(compose_train), TOKENS, TOKENS, LANGUAGE_MODEL, batch=32)
+    assert (e.parameters, e.weight_bytes, e.optimizer_bytes) == (834_304, 834_304 * 4, 834_304 * 8)
+    assert e.state_bytes == 834_304 * 16 and e.optimizer == "AdamW"
+    assert e.activation_bytes == 32 * estimate(_gpt(compose_train), TOKENS, TOKENS, LANGUAGE_MODEL, 1).activation_bytes
+    assert e.total_bytes == e.state_bytes + e.activation_bytes
+
+
+@pytest.mark.parametrize("model,data,optim,batch,under_gib", [
+    ("lenet_fast", "fashion_mnist", "sgd", 256, 0.05), ("lenet", "fashion_mnist", "sgd", 256, 0.05),
+    ("resnet18", "fashion_mnist", "sgd", 256, 1.2), ("gpt", "text", "adamw", 32, 0.1),
+    ("gpt_small", "text", "adamw", 32, 1.5),
+])
+def test_the_shipped_runs_at_two_ranks_fit_a_small_machine(compose_train, model, data, optim, batch, under_gib):
+    cfg = compose_train([f"model={model}", f"data={data}", f"optim={optim}"])
+    x, y = ((torch.zeros(cfg.model.block_size, dtype=torch.long),) * 2 if data == "text"
+            else (torch.zeros(1, 28, 28), torch.tensor(0)))
+    task = LANGUAGE_MODEL if data == "text" else CLASSIFICATION
+    assert batch == cfg.data.batch_size // 2  # the preset's global batch over 2 ranks
+    assert estimate(cfg, x, y, task, batch).total_bytes < under_gib * GiB
+
+
+def test_a_long_context_is_refused_with_the_estimate_the_memory_and_what_to_lower(compose_train, monkeypatch):
+    """model.block_size=100000: about 3.3 GiB of activations a sample (the fused attention keeps
+    no T x T matrix: that would be 640 GB), so 8 samples per rank do not fit 12 GiB."""
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    cfg = _gpt(compose_train, "model.block_size=100000")
+    ids = torch.zeros(100_000, dtype=torch.long)
+    env = DistEnv(0, 2, 0, CPU, "gloo")
+    fits = check_fits_memory(cfg, env, ids, ids, LANGUAGE_MODEL, batch=1, available=24 * GiB)
+    assert 3 * GiB < fits.activation_bytes < 4 * GiB
+    with pytest.raises(ConfigError) as e:
+        check_fits_memory(cfg, env, ids, ids, LANGUAGE_MODEL, batch=8, available=24 * GiB)
+    big = estimate(cfg, ids, ids, LANGUAGE_MODEL, 8)
+    assert str(e.value) == (
+        f"model=gpt needs about {big.total_bytes / GiB:.1f} GiB per rank, more than the 12.0 GiB available to each "
+        f"of the 2 rank(s) on this machine (MemAvailable 24.0 GiB): activations {big.activation_bytes / GiB:.1f} "
+        f"GiB (8 samples per rank, what autograd keeps for the backward), model state {big.state_bytes / GiB:.1f} "
+        f"GiB (13,626,112 parameters: weights, gradients and AdamW's state); lower data.batch_size or the context, "
+        f"model.block_size (activations grow with both; trainer.grad_accum keeps the samples per step), or run "
+        f"fewer ranks per machine (trainer.memory_check=false: try anyway)")
+    assert 25 * GiB < big.total_bytes < 30 * GiB
+
+
+def test_memory_check_false_only_warns_and_a_gpu_is_not_checked(compose_train, caplog):
+    cfg = _gpt(compose_train, "trainer.memory_check=false")
+    env = DistEnv(0, 1, 0, CPU, "none")
+    with caplog.at_level(logging.WARNING, logger="ddp_lab"):
+        e = check_fits_memory(cfg, env, TOKENS, TOKENS, LANGUAGE_MODEL, batch=32, available=2**20)
+    assert e.total_bytes > 2**20
+    assert "model=gpt needs about 0.1 GiB per rank, more than the 0.0 GiB available" in caplog.text
+    assert check_fits_memory(cfg, DistEnv(0, 1, 0, torch.device("cuda"), "nccl"), TOKENS, TOKENS,
+                             LANGUAGE_MODEL, batch=32, available=2**20) is None
+
+
+def test_a_large_model_is_told_to_shrink_not_to_lower_the_batch(compose_train):
+    cfg = compose_train(["model=custom", "model._target_=torch.nn.Linear", "+model.in_features=4096",
+                         "+model.out_features=4096", "optim=adamw"])
+    e = estimate(cfg, torch.zeros(4096), torch.zeros(4096), REGRESSION, batch=1)
+    line = memory_estimate.describe(e, cfg, available=2**20, ranks=1, machine=2**20)
+    assert line.endswith("model state 0.3 GiB (16,781,312 parameters: weights, gradients and AdamW's state); use "
+                         "a smaller model or an optimizer with less state (optim=sgd), or run fewer ranks per machine")
+
+
+def test_the_trainer_refuses_a_run_that_cannot_fit_before_any_step(compose_train, tmp_path, monkeypatch):
+    (tmp_path / "c.txt").write_bytes(bytes(range(256)) * 40)  # 10,240 bytes
+    monkeypatch.setattr(memory_estimate, "mem_available", lambda: 64 * 2**20)  # a 64 MiB machine
+    cfg = _gpt(compose_train, f"data.path={tmp_path}/c.txt", "data.batch_size=32", "trainer.compile=false")
+    schema.check(cfg)
+    with pytest.raises(ConfigError, match=r"^model=gpt needs about 0\.\d GiB per rank, more than the 0\.1 GiB"):
+        Trainer(cfg, DistEnv(0, 1, 0, CPU, "none"), tmp_path).close()
+
+
+class _ReadsItsWeights(torch.nn.Module):
+    """A user's model whose constructor reads a value: it cannot be built on meta."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 4)
+        self.scale = float(self.layer.weight.detach().abs().max())
+
+
+def test_a_model_that_cannot_be_built_on_meta_is_not_estimated_and_the_run_goes_on(monkeypatch, caplog):
+    monkeypatch.setattr(memory_estimate, "build_model", lambda cfg: _ReadsItsWeights())
+    cfg = OmegaConf.create({"model": {}, "optim": {"_target_": "torch.optim.SGD"}, "trainer": {}})
+    env = DistEnv(0, 1, 0, torch.device("cpu"), "none")
+    with caplog.at_level("INFO", logger="ddp_lab"):
+        assert check_fits_memory(cfg, env, torch.zeros(8), torch.tensor(0), None, 4, available=2**30) is None
+    assert "memory estimate: not made (the model cannot be built on the meta device" in caplog.text
