@@ -29,6 +29,7 @@ SyncMode = choices("SyncMode", "auto ddp flat per_param local_sgd diloco")
 Algo = choices("Algo", "builtin naive ring halving_doubling ring_textbook halving_doubling_textbook")
 Compress = choices("Compress", "none bf16 fp16 powersgd")
 Amp = choices("Amp", "auto bf16 fp16 off")
+Measure = choices("Measure", "full light off")
 Backend = choices("Backend", "auto gloo nccl")
 Device = choices("Device", "auto cpu cuda")
 CommThreads = choices("CommThreads", "auto realtime normal")
@@ -102,6 +103,9 @@ class TrainerConfig:
                                       "(0: stop at once, no save)", at_least=0)
     straggler_threshold: float = key(1.2, "name a rank whose compute per step is this many times the "
                                           "others' median", at_least=1)
+    measure: Measure = key(Measure.full, "what each step measures: full (train loss and accuracy, throughput, "
+                                         "stragglers, communication time) | light (train loss, throughput) | "
+                                         "off (throughput only); the divergence check runs at every level")
     profile: bool = key(False, "write a torch.profiler Chrome trace per rank to <run dir>/profile/")
     profile_wait: int = key(5, "steps skipped before profiling (plus one warm-up step)", at_least=0)
     profile_active: int = key(3, "steps recorded in the trace", at_least=1)

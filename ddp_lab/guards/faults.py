@@ -138,27 +138,26 @@ class Fault:
         return loss
 
 
-def install(trainer) -> Fault | None:
-    """Wrap the trainer's parts that DDP_LAB_FAULT acts through, on the chosen rank only."""
+def install(rank: int, measure, sync, loss_fn):
+    """Wrap the seams DDP_LAB_FAULT acts through (the step's observer, the sync, the loss), on the
+    chosen rank only; returns the loss function the trainer uses."""
     fault = Fault.from_env()
-    if fault is None or trainer.env.rank != fault.rank:
-        return fault
-    rank = fault.rank
+    if fault is None or rank != fault.rank:
+        return loss_fn
 
     def step() -> int:  # the step being taken (1-based)
-        return trainer.step + 1
+        return position.HERE.step
 
-    after_step, start_step = trainer._after_step, trainer.step_timer.start_step
-    loss_fn, sync = trainer.loss_fn, trainer.sync
+    closed, starts = measure.step_closed, measure.step_starts
     during_backward, after_backward = sync.during_backward, sync.after_backward
 
-    def after_step_then_fire():
-        after_step()
-        fault.after_step(rank, trainer.step)
+    def closed_then_fire(done: int) -> None:  # after the step's logging, evaluation and checkpoint
+        closed(done)
+        fault.after_step(rank, done)
 
-    def start_step_then_sleep():  # the sleep counts as this rank's compute
-        start_step()
-        fault.slow_down(rank, step(), trainer.step_timer.last_compute)
+    def starts_then_sleep(images: int) -> None:  # the sleep counts as this rank's compute
+        starts(images)
+        fault.slow_down(rank, step(), measure.last_compute)
 
     if fault.phase is not None:  # every caller reaches position.phase through the module
         phase = position.phase
@@ -168,12 +167,10 @@ def install(trainer) -> Fault | None:
             fault.entering(rank, name, position.HERE.step)
 
         position.phase = phase_then_fire
-    trainer._after_step = after_step_then_fire
-    trainer.step_timer.start_step = start_step_then_sleep
-    trainer.loss_fn = lambda out, y: fault.loss(loss_fn(out, y), rank, step())
+    measure.step_closed, measure.step_starts = closed_then_fire, starts_then_sleep
     sync.during_backward = lambda last: during_backward(last and not fault.skips_sync(rank, step()))
     sync.after_backward = lambda: None if fault.skipping(step()) else after_backward()
-    return fault
+    return lambda out, y: fault.loss(loss_fn(out, y), rank, step())
 
 
 def _factor(kind: str) -> float | None:

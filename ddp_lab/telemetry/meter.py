@@ -109,6 +109,7 @@ class Meter:
         self.clock = Clock(env.device)
         self.throughput = Throughput(self.clock, warmup_steps)
         self.sums = torch.zeros(3, dtype=torch.float64, device=env.device)  # loss*n, correct, n (targets)
+        self.counts = "loss and correct"  # what add_batch is given (trainer.measure): else NaN
         self.epoch_seconds: list[float] = []
         # the current epoch's seconds in earlier launches (a mid-epoch resume carries them)
         self.epoch_carried_s = 0.0
@@ -172,6 +173,10 @@ class Meter:
             all_reduce_sum(self.sums, self.env)
         loss_sum, correct, n = self.sums.tolist()
         self.sums.zero_()
+        if "correct" not in self.counts:  # not measured (trainer.measure): NaN, never 0
+            correct = math.nan
+        if "loss" not in self.counts:
+            loss_sum = math.nan
         tp = self.throughput
         window = tp.seconds - seconds0
         rate = (tp.images - images0) / window if window > 0 and tp.images > images0 else float("nan")

@@ -62,7 +62,7 @@ def run_summary(trainer) -> dict:
         "wire_bytes_per_step": sync.wire_bytes / tp.seen if tp.seen else None,
         **trainer.target.summary(),  # target, target_reached, steps_to_target, time_to_target_s, eval_s
         "peak_mem_mb": peak_memory_mb(env.device),  # rank 0's process (ranks are alike)
-        "straggler": trainer.step_timer.straggler(cfg.trainer.straggler_threshold),
+        "straggler": trainer.measure.straggler(cfg.trainer.straggler_threshold),
         "mfu": trainer.meter.mfu(rate), "peak_flops": trainer.meter.peak_flops,
         "flops_per_sample": trainer.meter.flops_per_image,
         **({"tokens_per_sec": rate * trainer.work.targets_per_sample}

@@ -32,6 +32,7 @@ from ddp_lab.telemetry.chance import warn_if_at_chance
 from ddp_lab.telemetry.meter import Meter, flops_and_peak
 from ddp_lab.telemetry.metrics import RunLogger, epoch_line, final_line
 from ddp_lab.telemetry.profiling import StepProfiler
+from ddp_lab.telemetry.step_measure import StepMeasure
 from ddp_lab.telemetry.stragglers import StepTimer
 from ddp_lab.telemetry.target import TimeToTarget
 from ddp_lab.training.evaluation import evaluate
@@ -81,11 +82,9 @@ class Trainer:
         self.sync = build_sync(cfg.sync, net, env)
         self.forward = self.sync.module
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp == "fp16")
-        self.loss_fn = self.task.loss  # the task's loss (a seam for guards.faults)
         self.meter = Meter(env, t.warmup_steps, *flops_and_peak(self.model, self.work.input_example, self.amp, env),
                            full_step_images=step_samples, task=self.task,
                            targets_per_sample=self.work.targets_per_sample)
-        self.step_timer = StepTimer(self.model, env)  # compute and sync wait: stragglers
         # ranks whose weights differ between synchronisations compare losses as they synchronise
         apart, lr = self.sync.diverges, self.optimizer.defaults.get("lr", 0.0)
         self.loss_watch = LossWatch(env, cfg.sync.every if apart else t.log_every, lr, self.amp,
@@ -93,6 +92,8 @@ class Trainer:
         self.target = TimeToTarget(cfg, self.task.name)  # trainer.target_acc/_loss, eval_every_steps
         self.profiler = StepProfiler(t.profile, t.profile_wait, t.profile_active, self.run_dir,
                                      env.rank, env.device.type == "cuda")
+        timer = StepTimer(self.model, env) if t.measure == "full" else None  # stragglers: a hook per parameter
+        self.measure = StepMeasure(t.measure, self.meter, self.sync, self.profiler, timer)  # trainer.measure
         self.step = self.epoch = self.batches_done = 0  # batches: of the current epoch
         self.saved_step, self.saved_path = -1, None  # the newest checkpoint this launch wrote
         self.stepped = False  # whether this process has taken a step yet
@@ -110,7 +111,8 @@ class Trainer:
             self.log.print(self.resumed.describe(self.step, self._position(), env.world_size))
         if not self._already_complete():
             self.checkpointer.record_launch()  # from here on, this launch writes into run_dir
-        faults.install(self)  # DDP_LAB_FAULT only: otherwise nothing is wrapped
+        # DDP_LAB_FAULT only: otherwise nothing is wrapped, and the loss is the task's
+        self.loss_fn = faults.install(env.rank, self.measure, self.sync, self.task.loss)
 
     # ------------------------------------------------------------ the loop
     def fit(self) -> dict:
@@ -137,17 +139,14 @@ class Trainer:
         bar = tqdm(total=self.steps_per_epoch, initial=self.batches_done // self.cfg.trainer.grad_accum,
                    desc=f"epoch {epoch + 1}", leave=False, disable=not show)
         for micro in self._optimizer_steps(epoch):
-            images = sum(len(y) for _, y in micro)
-            self.meter.start_step(images)
-            self.sync.measuring = self.meter.measuring  # count communication in the same window
             self.target.start()
             self._run_batch(micro)
             self.step += 1
             self.batches_done += len(micro)
-            self.meter.step_done(images)
-            self.profiler.step()
+            self.measure.step_done()
             bar.update()
             self._after_step()
+            self.measure.step_closed(self.step)
             if self.preemption.stop_here(self.step) and not self.done:
                 self._save_and_stop()
         bar.close()
@@ -173,7 +172,7 @@ class Trainer:
         # a compiled model's first step in this process builds its kernels
         position.phase("compile" if self.compiled and not self.stepped else "forward/backward")
         self.stepped = True
-        self.step_timer.start_step()
+        self.measure.step_starts(sum(len(y) for _, y in micro))
         step_loss = 0.0  # the step's: the mean over its micro-batches
         for i, (x, y) in enumerate(micro):
             with self.sync.during_backward(last=i == len(micro) - 1):
@@ -181,11 +180,11 @@ class Trainer:
                     out = self.forward(x)
                 loss = self.loss_fn(out, y)
                 self.scaler.scale(loss / len(micro)).backward()
-            self.meter.add_batch(loss, out, y)
+            self.measure.batch_done(loss, out, y)
             step_loss = step_loss + loss.detach() / len(micro)
         self.sync.after_backward()
         position.phase("optimizer step")
-        self.step_timer.synced()
+        self.measure.synced()
         self.last_loss = step_loss
         self.loss_watch.observe(self.last_loss, self.step + 1)
         self.scaler.step(self.optimizer)
@@ -199,7 +198,7 @@ class Trainer:
         if self.step % self.cfg.trainer.log_every == 0:
             self.log.scalars({"loss/train_step": self.last_loss.item(),
                               "lr": self.scheduler.get_last_lr()[0],
-                              **self.step_timer.report()}, self.step)
+                              **self.measure.log_step()}, self.step)
         if self.target.due(self.step):
             self.log.scalars(self._evaluate(), self.step)
         if self.checkpointer.due(self.step, self.done, self._epoch_exhausted()):
