@@ -26,6 +26,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from ddp_lab import config, distributed, tuning
 from ddp_lab.config import ConfigError, RunFailed, error_file, say, schema
+from ddp_lab.config.validate import validate
 from ddp_lab.distributed import rendezvous
 from ddp_lab.guards import stall
 from ddp_lab.guards.preemption import Preemption, Terminated
@@ -67,7 +68,7 @@ def main(cfg) -> dict:
     # SIGTERM/SIGINT: finish the step, save, exit 143 (ddp_lab.guards.preemption)
     preemption = Preemption(rank, cfg.trainer.preempt_save_s, run_dir).install()
     try:
-        schema.check(cfg)  # every value in its range, before any rank waits for another
+        validate(cfg)  # every value in its range, every pair of groups agreeing, before any rank waits
         d = cfg.dist  # machine tuning only where asked for (ddp_lab.tuning)
         env = (tuning.start(d, cfg.sync.poll) if tuning.asked(d, cfg.sync.poll)
                else distributed.setup(d.backend, d.device, d.timeout_s))

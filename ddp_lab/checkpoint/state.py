@@ -28,16 +28,14 @@ def shared_state(tr) -> dict:
             "step": tr.step, "epoch": tr.epoch, "batches_done": tr.batches_done,
             "sampler_seed": tr.cfg.seed, "world_size": tr.env.world_size,
             "total_steps": tr.total_steps, "last": dict(tr.last),
-            "world_sizes": tr.world_sizes,
-            "epoch_seconds": list(tr.meter.epoch_seconds),
-            "epoch_elapsed_s": tr.meter.epoch_elapsed_s(),  # mid-epoch: its time so far
+            "world_sizes": tr.world_sizes, **tr.meter.state_dict(),  # epoch_seconds, epoch_elapsed_s
             "sync": tr.sync.state_dict(), "target": tr.target.state_dict()}
 
 
 def own_state(tr) -> dict:
     """What each rank saves for itself."""
     own = {"rng": rng_state(tr.env.device), "step": tr.step,
-           "batches_done": tr.batches_done, "sums": tr.meter.sums.cpu(),
+           "batches_done": tr.batches_done, **tr.meter.own_state_dict(),  # sums
            "sync": tr.sync.own_state_dict()}
     if tr.sync.diverges:
         own.update(model=tr.model.state_dict(), optimizer=tr.optimizer.state_dict())
@@ -52,9 +50,9 @@ def restore(tr, shared: dict, own: dict) -> None:
     tr.scaler.load_state_dict(shared["scaler"])
     tr.step, tr.epoch = shared["step"], shared["epoch"]
     tr.batches_done = shared["batches_done"]
-    tr.last, tr.meter.epoch_seconds = dict(shared["last"]), list(shared["epoch_seconds"])
-    tr.meter.epoch_carried_s = shared.get("epoch_elapsed_s", 0.0)  # (older checkpoints lack it)
-    tr.meter.sums.copy_(own["sums"])  # a resumed epoch's metrics go on
+    tr.last = dict(shared["last"])
+    tr.meter.load_state_dict(shared)
+    tr.meter.load_own_state_dict(own)
     if "model" in own:  # this rank's own weights (at the same world size only)
         tr.model.load_state_dict(own["model"])
         tr.optimizer.load_state_dict(own["optimizer"])

@@ -221,12 +221,11 @@ class Preemption:
             except Exception as e:  # a lost store must not kill training
                 log.debug("preemption poll: %s", e)
 
-    def saved(self, path: Path | None) -> Terminated:
-        """The line after the save at P, and the exit that follows it."""
+    def report_save(self, path: Path | None) -> None:
+        """Say what was saved at P and when, and stop polling: the rank exits (exit_code) next."""
         took = time.monotonic() - self.got_at
         what = (f"saved checkpoint {path.name}" if path is not None
                 else "saved nothing (trainer.keep_ckpts=0)")
         log.warning("rank %d: %s %.1f s after %s; exit %d: continue with trainer.resume=auto",
                     self.rank, what, took, self.proposer, self.exit_code)
         self.close()
-        return Terminated(self.exit_code)

@@ -1,6 +1,6 @@
 """Gradient synchronisation strategies: how every rank ends a step with the same gradient.
 
-`build_sync(cfg.sync, model, env)` returns a GradSync (base.py lists what the
+`build_sync(cfg.sync, model, env)` returns a ReplicaSync (base.py lists what the
 trainer calls: `sync.module(x)` for the forward pass, `during_backward()`
 around each micro-batch, `after_backward()` before the optimizer step,
 `after_step()` where weights travel, `consensus()` around an evaluation, and
@@ -64,7 +64,7 @@ from torch import nn
 from ddp_lab.collectives import ALGORITHMS
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
-from ddp_lab.sync.base import COMPRESS_DTYPES, GradSync
+from ddp_lab.sync.base import COMPRESS_DTYPES, ReplicaSync
 from ddp_lab.sync.ddp import DDPSync
 from ddp_lab.sync.diloco import DiLoCoSync
 from ddp_lab.sync.flat import FlatSync
@@ -113,10 +113,10 @@ def validate(cfg) -> None:
                           f"of the weights)")
 
 
-def build_sync(cfg, model: nn.Module, env: DistEnv) -> GradSync:
+def build_sync(cfg, model: nn.Module, env: DistEnv) -> ReplicaSync:
     validate(cfg)
     if not env.distributed:
-        return GradSync(model, env)
+        return ReplicaSync(model, env)
     mode = resolved_mode(cfg, env.device)
     if mode != cfg.mode:  # the strategies read cfg.mode (describe() reports it)
         items = vars(cfg) if isinstance(cfg, SimpleNamespace) else dict(cfg)

@@ -40,7 +40,7 @@ from ddp_lab.telemetry import position
 COMPRESS_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class GradSync:
+class ReplicaSync:
     """No communication at all: a single process, or the base of the others."""
 
     comm_timing = "none"  # see the module docstring
@@ -156,8 +156,8 @@ def broadcast_from_rank0(model: nn.Module) -> None:
             dist.broadcast(t.data, src=0)
 
 
-class AveragingSync(GradSync):
-    """A GradSync that averages 1-D buffers itself with the chosen algorithm."""
+class AveragingSync(ReplicaSync):
+    """A ReplicaSync that averages 1-D buffers itself with the chosen algorithm."""
 
     def __init__(self, model: nn.Module, env: DistEnv, cfg):
         super().__init__(model, env)

@@ -32,14 +32,11 @@ def chance_warning(acc: float, classes: int, train_loss: float, lr: float | None
             f"is not learning; lower optim.lr{now}")
 
 
-def warn_if_at_chance(trainer, metrics: dict) -> None:
-    """Called by Trainer._evaluate before it keeps the evaluation: at this launch's first one,
-    of a classifier trained by cross-entropy, warn on rank 0 (the last step's loss is rank 0's)."""
-    task = trainer.task
-    if (trainer.held[0] >= 0 or not trainer.env.is_main or task.name != "classification"
-            or task.criterion is not None or getattr(trainer, "last_loss", None) is None):
+def warn_if_at_chance(metrics: dict, task, classes: int, last_loss, lr: float | None) -> None:
+    """At a launch's first evaluation (the trainer calls this on rank 0 only), of a classifier
+    trained by cross-entropy: warn if it is still at chance (`last_loss`: the last step's, rank 0's)."""
+    if task.name != "classification" or task.criterion is not None or last_loss is None:
         return
-    line = chance_warning(metrics[f"acc/{task.held_out}"], trainer.work.classes, float(trainer.last_loss),
-                          trainer.optimizer.defaults.get("lr"), task.held_out)
+    line = chance_warning(metrics[f"acc/{task.held_out}"], classes, float(last_loss), lr, task.held_out)
     if line is not None:
         log.warning("%s", line)

@@ -137,6 +137,21 @@ class Meter:
         (what a checkpoint carries); 0 between epochs."""
         return self.epoch_carried_s + self.clock.now() - self._epoch_start[0] if self._in_epoch else 0.0
 
+    def state_dict(self) -> dict:
+        """What every rank shares (rank 0 saves it): the epochs' seconds, the current one's so far."""
+        return {"epoch_seconds": list(self.epoch_seconds), "epoch_elapsed_s": self.epoch_elapsed_s()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch_seconds = list(state["epoch_seconds"])
+        self.epoch_carried_s = state.get("epoch_elapsed_s", 0.0)  # (older checkpoints lack it)
+
+    def own_state_dict(self) -> dict:
+        """This rank's own: the partial epoch's sums."""
+        return {"sums": self.sums.cpu()}
+
+    def load_own_state_dict(self, own: dict) -> None:
+        self.sums.copy_(own["sums"])  # a resumed epoch's metrics go on
+
     def add_batch(self, loss: torch.Tensor, out: torch.Tensor, y: torch.Tensor) -> None:
         """A batch's (loss x targets, correct, targets), as its task counts them (ddp_lab.training.tasks)."""
         self.task.accumulate(self.sums, loss, out, y)

@@ -2,9 +2,10 @@
 
 Read top to bottom: __init__ builds the parts from config, fit() runs epochs, _run_epoch() runs optimizer
 steps, _run_batch() is one of them, evaluate() scores the held-out set across all ranks, finish() writes the
-results. Each concern is one object: the Workload holds the data and its task, the Meter measures, the
-RunLogger reports, the Checkpointer saves and resumes, the LossWatch stops a diverging run, TimeToTarget stops
-a run that reached its target, the GradSync (ddp_lab.sync) syncs.
+results. Each concern is one object: the Workload holds the data and its task, StepMeasure measures
+(trainer.measure), the RunLogger reports, the Checkpointer saves and resumes, the LossWatch stops a diverging
+run, TimeToTarget stops a run that reached its target, the ReplicaSync (ddp_lab.sync) keeps the replicas in
+agreement (their gradients each step, or their weights every few).
 """
 from __future__ import annotations
 
@@ -20,11 +21,10 @@ from tqdm import tqdm
 
 from ddp_lab.checkpoint import Checkpointer
 from ddp_lab.checkpoint.state import own_state, restore, shared_state
-from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
 from ddp_lab.guards import faults
 from ddp_lab.guards.divergence import LossWatch
-from ddp_lab.guards.preemption import Preemption
+from ddp_lab.guards.preemption import Preemption, Terminated
 from ddp_lab.models import build_model, check_sync_bn
 from ddp_lab.sync import build_sync
 from ddp_lab.telemetry import position
@@ -55,15 +55,11 @@ class Trainer:
         self.amp = resolve_amp(t.amp, env.device)
         log.info(amp_reason(t.amp, self.amp, env.device))
         self.autocast = partial(autocast, self.amp, env.device)  # a context for the forward pass
-        position.phase("loading data")  # every stretch of a rank's life is named (guards/stall.py)
+        position.phase("loading data")  # every stretch of a rank's life is named (telemetry/position.py)
         self.work = build_workload(cfg, env)  # the data and its task, checked against the model
         self.train_loader, self.test_loader, self.task = self.work.loaders() + (self.work.task,)
         self.memory_format = torch.channels_last if self.work.channels_last else torch.contiguous_format
         self.steps_per_epoch = len(self.train_loader) // t.grad_accum
-        if self.steps_per_epoch == 0:
-            raise ConfigError(f"trainer.grad_accum={t.grad_accum} takes {t.grad_accum} batches per optimizer step, "
-                              f"but each rank has only {len(self.train_loader)} per epoch: lower trainer.grad_accum "
-                              "(or data.batch_size)")
         total = self.steps_per_epoch * t.epochs
         self.total_steps = min(total, t.max_steps) if t.max_steps > 0 else total
         self.cut = self.total_steps < total  # trainer.max_steps ends the run before its epochs do
@@ -89,7 +85,7 @@ class Trainer:
         apart, lr = self.sync.diverges, self.optimizer.defaults.get("lr", 0.0)
         self.loss_watch = LossWatch(env, cfg.sync.every if apart else t.log_every, lr, self.amp,
                                     None if apart else self.model.parameters())
-        self.target = TimeToTarget(cfg, self.task.name)  # trainer.target_acc/_loss, eval_every_steps
+        self.target = TimeToTarget(t, self.task.name)  # trainer.target_acc/_loss, eval_every_steps
         self.profiler = StepProfiler(t.profile, t.profile_wait, t.profile_active, self.run_dir,
                                      env.rank, env.device.type == "cuda")
         timer = StepTimer(self.model, env) if t.measure == "full" else None  # stragglers: a hook per parameter
@@ -98,7 +94,7 @@ class Trainer:
         self.saved_step, self.saved_path = -1, None  # the newest checkpoint this launch wrote
         self.stepped = False  # whether this process has taken a step yet
         self.last: dict[str, float] = {}  # the newest metrics, for summary.json
-        self.held: tuple[int, dict] = (-1, {})  # (step, figures) of the newest evaluation
+        self.last_eval: tuple[int, dict] = (-1, {})  # (step, figures) of the newest evaluation
         self.world_sizes = [[0, env.world_size]]  # [step, ranks] at every change
         self.checkpointer = Checkpointer(cfg, env, self.run_dir)
         position.phase("resuming")
@@ -208,13 +204,13 @@ class Trainer:
         t = self.cfg.trainer
         if self.done:  # local_sgd, diloco: the same final weights on every rank
             self.sync.finish(self.step)
-        fresh = self.held[0] != self.step  # (else evaluated after this step, and logged)
-        if not fresh or self.epoch + 1 == t.epochs or self.done or (
+        unevaluated = self.last_eval[0] != self.step  # (else evaluated after this step, and logged)
+        if not unevaluated or self.epoch + 1 == t.epochs or self.done or (
                 t.eval_every > 0 and (self.epoch + 1) % t.eval_every == 0):
-            if fresh:
+            if unevaluated:
                 metrics.update(self._evaluate())
             at = (self.step, self.total_steps) if self.cut and self.done else None  # cut: count steps
-            self.log.print(epoch_line(self.epoch, t.epochs, {**metrics, **self.held[1]}, self.task, at))
+            self.log.print(epoch_line(self.epoch, t.epochs, {**metrics, **self.last_eval[1]}, self.task, at))
         self.log.scalars(metrics, self.step)
         self.last.update(metrics)
         complete = self._epoch_exhausted()  # else max_steps cut it (saved in the loop)
@@ -250,7 +246,8 @@ class Trainer:
     def _save_and_stop(self) -> None:
         """At the step agreed after a signal: save (unless this step's is written) and exit 128 + the signal."""
         path = self.saved_path if self.saved_step == self.step else self._save_checkpoint()
-        raise self.preemption.saved(path)
+        self.preemption.report_save(path)  # its line; the poll thread stopped
+        raise Terminated(self.preemption.exit_code)
 
     def _position(self) -> str:
         mid = f"epoch {self.epoch + 1}, batch {self.batches_done}"
@@ -271,12 +268,14 @@ class Trainer:
         t0, split = time.perf_counter(), self.task.held_out
         loss_sum, correct, total = self.evaluate()
         metrics = self.task.metrics(loss_sum, correct, total, split)
-        warn_if_at_chance(self, metrics)  # a classifier still at chance at its first evaluation
+        if self.last_eval[0] < 0 and self.env.is_main:  # a classifier still at chance at its first evaluation
+            warn_if_at_chance(metrics, self.task, self.work.classes, getattr(self, "last_loss", None),
+                              self.optimizer.defaults.get("lr"))
         # judged where the ranks hold the weights evaluated (local_sgd, diloco: at synchronisations)
         if self.target.evaluated(metrics, split, time.perf_counter() - t0, self.step, self.sync.synced_at(self.step)):
             self.log.print(f"target reached at step {self.step}, {self.target.reached['seconds']:.1f} s")
         self.log.scalars(*self.target.by_time(metrics))
-        self.held = (self.step, metrics)
+        self.last_eval = (self.step, metrics)
         self.last.update({**metrics, f"{split}_correct": int(correct), f"{split}_total": int(total)})
         return metrics
 

@@ -50,6 +50,10 @@ def build_workload(cfg, env: DistEnv) -> Workload:
     channels_last = cfg.trainer.channels_last and x.dim() == 3  # memory layouts are for images
     train_loader, test_loader = build_loaders(cfg.data, train, test, env.rank, env.world_size, env.device,
                                               cfg.seed, channels_last)
+    k = cfg.trainer.grad_accum
+    if len(train_loader) < k:
+        raise ConfigError(f"trainer.grad_accum={k} takes {k} batches per optimizer step, but each rank has only "
+                          f"{len(train_loader)} per epoch: lower trainer.grad_accum (or data.batch_size)")
     check_fits_memory(cfg, env, x, y, task, train_loader.batch_size)  # a CPU run: refused if it cannot fit
     log.info("data: %d training and %d held-out samples of %s -> %s (%s), %s loader", len(train), len(test),
              list(x.shape), list(y.shape) or "a class", task.name, type(train_loader).__name__)

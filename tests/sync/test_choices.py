@@ -13,7 +13,7 @@ from ddp_lab.config import ConfigError
 from ddp_lab.config.schema import Algo, SyncConfig
 from ddp_lab.distributed import DistEnv
 from ddp_lab.models.lenet import lenet
-from ddp_lab.sync import ALGOS, MODES, PERIODIC, GradSync, build_sync, resolve_mode, resolved_mode, validate
+from ddp_lab.sync import ALGOS, MODES, PERIODIC, ReplicaSync, build_sync, resolve_mode, resolved_mode, validate
 from tests.multiproc import run_in_processes
 from tests.sync import sync_cfg
 
@@ -96,7 +96,7 @@ def test_base_is_no_longer_a_preset(compose_train):
 def test_single_process_has_nothing_to_communicate():
     model = lenet()
     sync = build_sync(sync_cfg("flat", "ring"), model, DistEnv(0, 1, 0, CPU, "none"))
-    assert type(sync) is GradSync and sync.module is model and sync.describe() == "none"
+    assert type(sync) is ReplicaSync and sync.module is model and sync.describe() == "none"
     assert sync.comm_figures(10, 1.0) == (0.0, 0.0)
     assert all(math.isnan(v) for v in sync.comm_figures(0, 0.0))
 

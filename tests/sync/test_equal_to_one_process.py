@@ -25,7 +25,7 @@ from ddp_lab.distributed import DistEnv
 from ddp_lab.models import num_parameters
 from ddp_lab.models.gpt import gpt
 from ddp_lab.models.lenet import lenet
-from ddp_lab.sync import ALGOS, MODES, GradSync, build_sync
+from ddp_lab.sync import ALGOS, MODES, ReplicaSync, build_sync
 from ddp_lab.training.tasks import LANGUAGE_MODEL
 from tests.conftest import failure, read_summary, run_module, tiny_overrides
 from tests.multiproc import run_in_processes
@@ -88,7 +88,7 @@ def _global_batches(micro: int):
     return x, y
 
 
-def _train(sync: GradSync, model, steps, set_to_none: bool) -> None:
+def _train(sync: ReplicaSync, model, steps, set_to_none: bool) -> None:
     """The trainer's _run_batch: no_sync for all but the last micro-batch, mean loss."""
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     for micro in steps:
@@ -120,7 +120,7 @@ def _run_cases(rank: int, world_size: int) -> dict:
         cl = opts.get("channels_last", False)
         if micro not in refs:  # one process, the whole global batch (micro-batches joined)
             model = _model()
-            _train(GradSync(model, SINGLE), model,
+            _train(ReplicaSync(model, SINGLE), model,
                    [[(x[s].flatten(0, 1), y[s].flatten(0, 1))] for s in range(STEPS)], True)
             refs[micro] = [p.detach().clone() for p in model.parameters()]
         model = _model(cl)
@@ -236,7 +236,7 @@ def _run_gpt_cases(rank: int, world_size: int) -> dict:
 
     torch.manual_seed(0)
     ref_model = gpt(**GPT_ARGS)
-    ref = train(GradSync(ref_model, SINGLE), ref_model, list(zip(x, y)))
+    ref = train(ReplicaSync(ref_model, SINGLE), ref_model, list(zip(x, y)))
     per, out = BATCH // world_size, {}
     for name in GPT_CASES:
         torch.manual_seed(0)

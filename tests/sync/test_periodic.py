@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from ddp_lab.distributed import DistEnv
 from ddp_lab.models import num_parameters
 from ddp_lab.models.lenet import lenet
-from ddp_lab.sync import GradSync, build_sync
+from ddp_lab.sync import ReplicaSync, build_sync
 from tests.conftest import failure, read_summary, run_module, tiny_overrides
 from tests.multiproc import run_in_processes
 from tests.sync import sync_cfg
@@ -86,7 +86,7 @@ def _run(rank: int, world_size: int) -> dict:
     for name, (c, momentum) in CASES.items():
         torch.manual_seed(0)
         ref = lenet()
-        _train(GradSync(ref, DistEnv(0, 1, 0, CPU, "none")), ref, x, y, momentum)
+        _train(ReplicaSync(ref, DistEnv(0, 1, 0, CPU, "none")), ref, x, y, momentum)
         torch.manual_seed(0)
         model = lenet()
         sync = build_sync(c, model, DistEnv(rank, world_size, 0, CPU, "gloo"))

@@ -39,8 +39,17 @@ def test_a_run_stops_at_the_first_evaluation_that_reaches_its_target(compose_tra
 
 @pytest.mark.parametrize("extra,says", [
     (["data=text", "model=gpt", "trainer.target_acc=0.5"], "needs a classification task"),
-    (["sync=diloco", "sync.every=4", "trainer.eval_every_steps=6"], "must be a multiple of sync.every=4"),
 ])
 def test_a_target_that_cannot_be_judged_is_refused(compose_train, tiny_fmnist, tmp_path, extra, says):
     with pytest.raises(ConfigError, match=says):
         _fit(compose_train, tiny_fmnist, tmp_path / "run", extra)
+
+
+@pytest.mark.parametrize("mode", ["local_sgd", "diloco"])
+def test_evaluations_between_synchronisations_are_refused_at_start_up(compose_train, mode):
+    from ddp_lab.config.validate import validate
+    with pytest.raises(ConfigError, match=rf"trainer.eval_every_steps=6 must be a multiple of sync.every=4 "
+                                          rf"with sync.mode={mode}"):
+        validate(compose_train([f"sync={mode}", "sync.every=4", "trainer.eval_every_steps=6"]))
+    validate(compose_train([f"sync={mode}", "sync.every=4", "trainer.eval_every_steps=8"]))
+    validate(compose_train(["sync=ddp", "sync.every=4", "trainer.eval_every_steps=6"]))
