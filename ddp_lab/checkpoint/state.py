@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 
 from ddp_lab.checkpoint.rng import rng_state, set_rng_state
+from ddp_lab.config import ConfigError
 
 log = logging.getLogger("ddp_lab")
 
@@ -39,11 +40,16 @@ def own_state(tr) -> dict:
            "sync": tr.sync.own_state_dict()}
     if tr.sync.diverges:
         own.update(model=tr.model.state_dict(), optimizer=tr.optimizer.state_dict())
+    elif tr.sync.shards:  # (zero) this rank's shard of the optimizer state
+        own.update(optimizer=tr.optimizer.state_dict())
     return own
 
 
 def restore(tr, shared: dict, own: dict) -> None:
     """Put a checkpoint's state back into a freshly built Trainer."""
+    if tr.sync.shards and "optimizer" not in own:  # another world size: rank 0's shard fits no other
+        raise ConfigError(f"this checkpoint holds the optimizer state in {shared['world_size']} shards "
+                          f"(sync.mode=zero): resume it at {shared['world_size']} ranks")
     tr.model.load_state_dict(shared["model"])
     tr.optimizer.load_state_dict(shared["optimizer"])
     tr.scheduler.load_state_dict(shared["scheduler"])
@@ -55,6 +61,7 @@ def restore(tr, shared: dict, own: dict) -> None:
     tr.meter.load_own_state_dict(own)
     if "model" in own:  # this rank's own weights (at the same world size only)
         tr.model.load_state_dict(own["model"])
+    if "optimizer" in own:  # its own optimizer state (local_sgd, diloco; zero: its shard's)
         tr.optimizer.load_state_dict(own["optimizer"])
     tr.sync.load_state_dict(shared.get("sync", {}), own.get("sync"))
     if "sync" not in own and (tr.sync.diverges or tr.sync.own_state_dict()):  # another world size

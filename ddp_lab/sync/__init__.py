@@ -70,11 +70,14 @@ from ddp_lab.sync.diloco import DiLoCoSync
 from ddp_lab.sync.flat import FlatSync
 from ddp_lab.sync.local_sgd import LocalSGDSync
 from ddp_lab.sync.per_param import PerParamSync
+from ddp_lab.sync.zero import ALGOS as ZERO_ALGOS
+from ddp_lab.sync.zero import ZeroSync
 
 STRATEGIES = {"ddp": DDPSync, "flat": FlatSync, "per_param": PerParamSync,
-              "local_sgd": LocalSGDSync, "diloco": DiLoCoSync}
+              "local_sgd": LocalSGDSync, "diloco": DiLoCoSync, "zero": ZeroSync}
 MODES = ("ddp", "flat", "per_param")  # the modes that average every step's gradients
 PERIODIC = ("local_sgd", "diloco")  # the modes that send weights every sync.every steps
+SHARDED = ("zero",)  # the modes that shard the optimizer state over the ranks
 ALGOS = tuple(ALGORITHMS)  # builtin, naive, ring, halving_doubling, ring_textbook, halving_doubling_textbook
 COMPRESS = (*COMPRESS_DTYPES, "powersgd")  # none, bf16, fp16, powersgd
 
@@ -107,10 +110,23 @@ def validate(cfg) -> None:
         raise ConfigError(f"sync.compress=powersgd runs as torch's DDP communication hook: it takes "
                           f"sync.mode=ddp (or auto) and sync.algo=builtin, not sync.mode={cfg.mode} "
                           f"sync.algo={cfg.algo}")
+    if cfg.mode == "zero":
+        validate_zero(cfg)
     if cfg.mode == "local_sgd" and cfg.compress != "none":
         raise ConfigError(f"sync.compress={cfg.compress} with sync.mode=local_sgd would round the weights "
                           f"themselves: use sync.compress=none, or sync.mode=diloco (which sends changes "
                           f"of the weights)")
+
+
+def validate_zero(cfg) -> None:
+    if cfg.zero_stage != 1:
+        raise ConfigError(f"sync.zero_stage={cfg.zero_stage} is not built yet (stages 2 and 3 shard the "
+                          f"gradients and the weights too): use sync.zero_stage=1")
+    if cfg.algo not in ZERO_ALGOS:
+        raise ConfigError(f"sync.algo={cfg.algo} has no reduce-scatter and all-gather of its own: sync.mode=zero "
+                          f"takes sync.algo={' or '.join(ZERO_ALGOS)}")
+    if cfg.compress != "none":
+        raise ConfigError(f"sync.compress={cfg.compress} is not built for sync.mode=zero: use sync.compress=none")
 
 
 def build_sync(cfg, model: nn.Module, env: DistEnv) -> ReplicaSync:

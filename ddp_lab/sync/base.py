@@ -98,6 +98,14 @@ class ReplicaSync:
     # (DDP: its all-reduces overlap it) or in after_backward (the others).
     syncs_in_backward = False
 
+    # True where each rank steps the optimizer on its own shard (zero): the optimizer's state
+    # is checkpointed by every rank, and the gradients differ between ranks after the sync
+    shards = False
+
+    def parameters(self) -> list:
+        """What this rank's optimizer steps: the model's parameters (zero: this rank's shard)."""
+        return list(self.model.parameters())
+
     def no_sync(self):
         return contextlib.nullcontext()
 

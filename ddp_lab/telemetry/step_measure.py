@@ -13,12 +13,18 @@ is measured there:
 What is not measured is NaN in the epoch's figures and summary.json, never 0. The guards
 are not measurement: the divergence check and the step's loss at log steps run at every
 level. On a GPU no level reads the device on a step that is not a log step.
+
+Once a launch, at every level, the model state this rank holds is counted
+(telemetry/memory.py) where it is largest: after the second step's gradient sync, when
+the gradients and the optimizer's state (made by its first step) both exist.
 """
 from __future__ import annotations
 
 import time
 
 import torch
+
+from ddp_lab.telemetry.memory import model_state_bytes
 
 LEVELS = ("full", "light", "off")
 
@@ -28,8 +34,11 @@ class StepMeasure:
     StepTimer (stragglers; built at level full only), the sync's communication timing and
     the profiler."""
 
-    def __init__(self, level: str, meter, sync, profiler, step_timer=None):
+    def __init__(self, level: str, meter, sync, profiler, step_timer=None, model_and_optimizer=None):
         self.level, self.meter, self.sync, self.profiler = level, meter, sync, profiler
+        self.model_and_optimizer = model_and_optimizer
+        self.model_state: dict[str, int] | None = None  # counted at the second sync of this launch
+        self._syncs = 0
         self.step_timer = step_timer if level == "full" else None
         meter.counts = {"full": "loss and correct", "light": "loss", "off": "nothing"}[level]
         self._start = self._synced = 0.0  # this step's, where no StepTimer times it
@@ -55,6 +64,9 @@ class StepMeasure:
             self.step_timer.synced()
         else:
             self._synced = time.perf_counter()
+        self._syncs += 1
+        if self._syncs == 2 and self.model_and_optimizer is not None:
+            self.model_state = model_state_bytes(*self.model_and_optimizer)
 
     def step_done(self) -> None:
         self.meter.step_done(self.images)

@@ -20,8 +20,8 @@ Not counted: the data held in memory, the process itself (torch's libraries, abo
 0.5 GB), the backward's transient buffers, bf16 autocast's halving of activations
 (so it is an upper bound under amp). The available memory is /proc/meminfo's
 MemAvailable shared by the ranks on this machine. CPU runs only: a GPU's memory is
-its own, and its kernels keep other things. The model state's three parts are kept
-apart for optimizer-state sharding (ZeRO), which divides some of them by the ranks.
+its own, and its kernels keep other things. Under sync.mode=zero (ZeRO stage 1) each
+rank keeps the optimizer state of its 1/N of the parameters only.
 """
 from __future__ import annotations
 
@@ -118,8 +118,9 @@ def activation_bytes(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, tas
     return sum(saved.values()) // 2
 
 
-def estimate(cfg, x: torch.Tensor, y: torch.Tensor, task, batch: int) -> Estimate:
-    """The estimate for `batch` samples per rank like (x, y), of cfg's model and optimizer."""
+def estimate(cfg, x: torch.Tensor, y: torch.Tensor, task, batch: int, world_size: int = 1) -> Estimate:
+    """The estimate for `batch` samples per rank like (x, y), of cfg's model and optimizer,
+    at `world_size` ranks (which matters under sync.mode=zero only)."""
     with torch.device("meta"):
         net = build_model(cfg.model)
     n = sum(p.numel() for p in net.parameters())
@@ -130,7 +131,9 @@ def estimate(cfg, x: torch.Tensor, y: torch.Tensor, task, batch: int) -> Estimat
     except (RuntimeError, ValueError, TypeError, NotImplementedError, AssertionError, IndexError) as e:  # on meta
         log.info("memory estimate: activations not counted (%s)", str(e).strip().splitlines()[0] if str(e) else e)
         per_sample = 0
-    return Estimate(n, weights, kept * weights, per_sample * batch, batch, name)
+    shards = world_size if cfg.get("sync", {}).get("mode") == "zero" else 1
+    optimizer = kept * -(-weights // shards)  # zero: this rank's shard's (the last one padded)
+    return Estimate(n, weights, optimizer, per_sample * batch, batch, name)
 
 
 def mem_available() -> int | None:
@@ -157,6 +160,9 @@ def describe(e: Estimate, cfg, available: int, ranks: int, machine: int) -> str:
         lower = ("data.batch_size or the context, model.block_size (activations grow with both"
                  if "block_size" in cfg.model else "data.batch_size (activations grow with it")
         fix = f"lower {lower}; trainer.grad_accum keeps the samples per step)"
+    elif cfg.get("sync", {}).get("mode") != "zero" and e.optimizer_bytes > 0:
+        fix = ("shard the optimizer state over the ranks (sync=zero), use a smaller model or an optimizer "
+               "with less state (optim=sgd)")
     else:
         fix = "use a smaller model or an optimizer with less state (optim=sgd)"
     return f"{what}; {fix}, or run fewer ranks per machine"
@@ -172,7 +178,7 @@ def check_fits_memory(cfg, env: DistEnv, x: torch.Tensor, y: torch.Tensor, task,
     if machine is None:
         return None
     try:
-        e = estimate(cfg, x, y, task, batch)
+        e = estimate(cfg, x, y, task, batch, env.world_size)
     except Exception as err:  # a user's model that cannot be built on meta (it reads values, loads weights)
         log.info("memory estimate: not made (the model cannot be built on the meta device: %s)", err)
         return None

@@ -17,6 +17,7 @@ import torch
 from ddp_lab.checkpoint.files import all_finite, nbytes, write_error
 from ddp_lab.config import RunFailed
 from ddp_lab.models import model_name
+from ddp_lab.telemetry.memory import by_rank, model_state_bytes
 from ddp_lab.telemetry.metrics import peak_memory_mb, write_json_atomic
 from ddp_lab.training.tasks import summary_name
 
@@ -61,13 +62,24 @@ def run_summary(trainer) -> dict:
         # bytes handed to all-reduces per optimizer step, as counted at each call (ddp_lab.sync)
         "wire_bytes_per_step": sync.wire_bytes / tp.seen if tp.seen else None,
         **trainer.target.summary(),  # target, target_reached, steps_to_target, time_to_target_s, eval_s
-        "peak_mem_mb": peak_memory_mb(env.device),  # rank 0's process (ranks are alike)
+        "peak_mem_mb": peak_memory_mb(env.device),  # rank 0's process
+        # every rank's: under sharding (sync.mode=zero) the ranks are not alike (telemetry/memory.py)
+        "peak_mem_mb_by_rank": by_rank(peak_memory_mb(env.device), env),
+        # counted at the second step's sync (telemetry/step_measure.py), or now if it took fewer
+        "model_state_bytes": [int(b) for b in by_rank(
+            (trainer.measure.model_state or model_state_bytes(trainer.model, trainer.optimizer))["total"], env)],
         "straggler": trainer.measure.straggler(cfg.trainer.straggler_threshold),
         "mfu": trainer.meter.mfu(rate), "peak_flops": trainer.meter.peak_flops,
         "flops_per_sample": trainer.meter.flops_per_image,
         **({"tokens_per_sec": rate * trainer.work.targets_per_sample}
            if trainer.task.name == "language_model" else {}),
     }
+
+
+def memory_scalars(summary: dict) -> dict[str, float]:
+    """TensorBoard's memory figures of the run, one per rank (MiB)."""
+    model = {f"mem/model_state_mb/rank{r}": b / 2**20 for r, b in enumerate(summary["model_state_bytes"])}
+    return {**model, **{f"mem/peak_mb/rank{r}": mb for r, mb in enumerate(summary["peak_mem_mb_by_rank"])}}
 
 
 def write_results(run_dir: Path, model_state: dict, summary: dict) -> None:

@@ -38,7 +38,7 @@ from ddp_lab.telemetry.target import TimeToTarget
 from ddp_lab.training.evaluation import evaluate
 from ddp_lab.training.fast_path import amp_reason, autocast, resolve_amp, resolve_compile
 from ddp_lab.training.optim import build_optimizer, build_schedule
-from ddp_lab.training.results import is_complete, run_summary, write_results
+from ddp_lab.training.results import is_complete, memory_scalars, run_summary, write_results
 from ddp_lab.training.tasks import summary_name
 from ddp_lab.training.workload import build_workload
 
@@ -73,23 +73,23 @@ class Trainer:
         # Compile the bare model, DDP wraps the compiled one: compiling the DDP wrapper breaks
         # the graph inside DDP's forward (and made 1-thread CPU LeNet steps slower than eager).
         net = torch.compile(self.model) if self.compiled else self.model
-        self.optimizer = build_optimizer(cfg.optim, self.model.parameters())
-        self.scheduler = build_schedule(self.optimizer, cfg.optim, self.steps_per_epoch, self.total_steps)
         self.sync = build_sync(cfg.sync, net, env)
         self.forward = self.sync.module
+        self.optimizer = build_optimizer(cfg.optim, self.sync.parameters())  # (zero: this rank's shard)
+        self.scheduler = build_schedule(self.optimizer, cfg.optim, self.steps_per_epoch, self.total_steps)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp == "fp16")
         self.meter = Meter(env, t.warmup_steps, *flops_and_peak(self.model, self.work.input_example, self.amp, env),
                            full_step_images=step_samples, task=self.task,
                            targets_per_sample=self.work.targets_per_sample)
-        # ranks whose weights differ between synchronisations compare losses as they synchronise
+        # ranks whose weights or gradients differ after the sync compare losses instead
         apart, lr = self.sync.diverges, self.optimizer.defaults.get("lr", 0.0)
         self.loss_watch = LossWatch(env, cfg.sync.every if apart else t.log_every, lr, self.amp,
-                                    None if apart else self.model.parameters())
+                                    None if apart or self.sync.shards else self.model.parameters())
         self.target = TimeToTarget(t, self.task.name)  # trainer.target_acc/_loss, eval_every_steps
         self.profiler = StepProfiler(t.profile, t.profile_wait, t.profile_active, self.run_dir,
                                      env.rank, env.device.type == "cuda")
         timer = StepTimer(self.model, env) if t.measure == "full" else None  # stragglers: a hook per parameter
-        self.measure = StepMeasure(t.measure, self.meter, self.sync, self.profiler, timer)  # trainer.measure
+        self.measure = StepMeasure(t.measure, self.meter, self.sync, self.profiler, timer, (self.model, self.optimizer))
         self.step = self.epoch = self.batches_done = 0  # batches: of the current epoch
         self.saved_step, self.saved_path = -1, None  # the newest checkpoint this launch wrote
         self.stepped = False  # whether this process has taken a step yet
@@ -288,6 +288,7 @@ class Trainer:
         headline = summary_name(self.task.headline)
         self.log.hparams(self.cfg, self.env.world_size, summary["backend"],
                          {k: summary[k] for k in (headline, "train_loss", "samples_per_sec")})
+        self.log.scalars(memory_scalars(summary), self.step)  # every rank's model state and peak memory
         if self.env.is_main:
             write_results(self.run_dir, self.model.state_dict(), summary)
         self.log.print(final_line(summary, headline))

@@ -29,7 +29,7 @@ def test_every_model_and_data_config_composes(compose_train, model, params, data
     ("model.init=bogus", "[default, d2l]"),
     ("data.loader=magic", "[auto, device, dataloader]"),
     ("data.task=ranking", "[auto, classification, language_model, regression]"),
-    ("sync.mode=allgather", "[auto, ddp, flat, per_param, local_sgd, diloco]"),
+    ("sync.mode=allgather", "[auto, ddp, flat, per_param, local_sgd, diloco, zero]"),
     ("sync.algo=tree", "[builtin, naive, ring, halving_doubling, ring_textbook, "
                        "halving_doubling_textbook]"),
     ("sync.compress=int8", "[none, bf16, fp16, powersgd]"),
@@ -48,9 +48,9 @@ def test_a_value_off_its_list_is_refused_when_the_config_is_composed(compose_tra
 def test_the_schema_lists_what_the_code_has():
     from ddp_lab.collectives import ALGORITHMS
     from ddp_lab.config import schema
-    from ddp_lab.sync import COMPRESS, MODES, PERIODIC
+    from ddp_lab.sync import COMPRESS, MODES, PERIODIC, SHARDED
     assert [a.value for a in schema.Algo] == list(ALGORITHMS)
-    assert [m.value for m in schema.SyncMode] == ["auto", *MODES, *PERIODIC]
+    assert [m.value for m in schema.SyncMode] == ["auto", *MODES, *PERIODIC, *SHARDED]
     assert [c.value for c in schema.Compress] == list(COMPRESS)
 
 

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from ddp_lab.guards import preemption
 from ddp_lab.guards.preemption import Preemption, Terminated
+from ddp_lab.telemetry import position
 from tests.conftest import free_port
 from tests.guards.apart import SLOW_RANK_1, SLOW_STEPS, rank_pids, saves, signal_apart
 
@@ -157,9 +158,10 @@ def test_closing_stops_the_store_poller(tmp_path, handlers):
     assert not p._poller.is_alive()  # no store call left in flight when the process exits
 
 
-def test_a_rank_that_learned_the_step_first_still_saves_on_its_own_signal(handlers, caplog):
+def test_a_rank_that_learned_the_step_first_still_saves_on_its_own_signal(handlers, caplog, monkeypatch):
     """On many nodes the signals arrive apart: rank 1 reads rank 0's step, then gets its
     own SIGTERM. That is its first signal, not a second: it saves at the agreed step."""
+    monkeypatch.setattr(position, "HERE", position.Place())  # at step 0, whatever ran before in this process
     store = dist.HashStore()
     first, second = Preemption(0, 30.0), Preemption(1, 30.0).install()
     first.watch(store, 2)

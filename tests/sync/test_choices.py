@@ -13,7 +13,7 @@ from ddp_lab.config import ConfigError
 from ddp_lab.config.schema import Algo, SyncConfig
 from ddp_lab.distributed import DistEnv
 from ddp_lab.models.lenet import lenet
-from ddp_lab.sync import ALGOS, MODES, PERIODIC, ReplicaSync, build_sync, resolve_mode, resolved_mode, validate
+from ddp_lab.sync import ALGOS, MODES, PERIODIC, SHARDED, ReplicaSync, build_sync, resolve_mode, resolved_mode, validate
 from tests.multiproc import run_in_processes
 from tests.sync import sync_cfg
 
@@ -80,9 +80,10 @@ def test_presets_state_only_what_differs_from_the_schema(compose_train, preset):
 def test_the_schema_holds_every_sync_key_with_a_true_choice_list():
     fields = {f.name: f.metadata["help"] for f in dataclasses.fields(SyncConfig)}
     assert list(fields) == ["mode", "algo", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph",
-                            "compress", "powersgd_rank", "powersgd_start_step", "every", "local_sgd_start_step",
+                            "compress", "powersgd_rank", "powersgd_start_step", "zero_stage", "every",
+                            "local_sgd_start_step",
                             "outer_lr", "outer_momentum", "poll"]
-    assert all(m in fields["mode"] for m in ("auto", *MODES, *PERIODIC))
+    assert all(m in fields["mode"] for m in ("auto", *MODES, *PERIODIC, *SHARDED))
     assert [a.value for a in Algo] == list(ALGOS)
     assert fields["compress"].startswith("none | bf16 | fp16") and "powersgd" in fields["compress"]
     assert "auto" in fields["poll"] and SyncConfig().poll == "false"

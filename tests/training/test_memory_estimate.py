@@ -110,8 +110,23 @@ def test_a_large_model_is_told_to_shrink_not_to_lower_the_batch(compose_train):
                          "+model.out_features=4096", "optim=adamw"])
     e = estimate(cfg, torch.zeros(4096), torch.zeros(4096), REGRESSION, batch=1)
     line = memory_estimate.describe(e, cfg, available=2**20, ranks=1, machine=2**20)
-    assert line.endswith("model state 0.3 GiB (16,781,312 parameters: weights, gradients and AdamW's state); use "
-                         "a smaller model or an optimizer with less state (optim=sgd), or run fewer ranks per machine")
+    assert line.endswith("model state 0.3 GiB (16,781,312 parameters: weights, gradients and AdamW's state); shard "
+                         "the optimizer state over the ranks (sync=zero), use a smaller model or an optimizer with "
+                         "less state (optim=sgd), or run fewer ranks per machine")
+
+
+def test_under_zero_a_rank_counts_its_shard_of_the_optimizer_state(compose_train):
+    big = ["model=custom", "model._target_=torch.nn.Linear", "+model.in_features=4096", "+model.out_features=4096",
+           "optim=adamw"]
+    x = torch.zeros(4096)
+    ddp = estimate(compose_train(big), x, x, REGRESSION, batch=1, world_size=4)
+    zero = estimate(compose_train(big + ["sync=zero"]), x, x, REGRESSION, batch=1, world_size=4)
+    weights = 4 * 16_781_312
+    assert (ddp.weight_bytes, ddp.optimizer_bytes) == (weights, 2 * weights)  # each rank all of AdamW's moments
+    assert (zero.weight_bytes, zero.optimizer_bytes) == (weights, 2 * weights // 4)  # a quarter of them
+    line = memory_estimate.describe(zero, compose_train(big + ["sync=zero"]), available=2**20, ranks=4, machine=2**22)
+    assert line.endswith("use a smaller model or an optimizer with less state (optim=sgd), or run fewer ranks per "
+                         "machine")
 
 
 def test_the_trainer_refuses_a_run_that_cannot_fit_before_any_step(compose_train, tmp_path, monkeypatch):

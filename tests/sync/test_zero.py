@@ -1,0 +1,160 @@
+"""sync.mode=zero (ZeRO stage 1): the same steps as one process, the optimizer state split N ways.
+
+Every case trains a few steps at 2 and 3 ranks against one process on the whole global batch
+and against sync.mode=flat (the all-reduce every other mode is tested equal to one process
+with): LeNet under SGD with momentum and weight decay and under AdamW, with grad_accum=2, and
+the small GPT (tied embedding) under AdamW; each with torch's collectives and with ours.
+AdamW divides by the root of its second moment, so where a gradient is near zero the float
+sums of N ranks (in another order than one process's) move a weight further than under SGD:
+1e-5 from one process under SGD, 1e-4 under AdamW, and 1e-6 from flat under both.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ddp_lab.config import ConfigError
+from ddp_lab.distributed import DistEnv
+from ddp_lab.models.gpt import gpt
+from ddp_lab.models.lenet import lenet
+from ddp_lab.sync import ReplicaSync, build_sync
+from ddp_lab.telemetry.memory import model_state_bytes
+from ddp_lab.training.tasks import LANGUAGE_MODEL
+from tests.multiproc import run_in_processes
+from tests.sync import sync_cfg
+
+STEPS, BATCH = 3, 12
+CPU = torch.device("cpu")
+SINGLE = DistEnv(0, 1, 0, CPU, "none")
+GPT_ARGS = dict(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=16)
+OPTIMIZERS = {
+    "sgd": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=1e-3),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
+}
+# (name, model, optimizer, micro-batches per step, algo)
+CASES = [(f"{m}/{o}/accum{k}/{a}", m, o, k, a)
+         for m, o, k in (("lenet", "sgd", 1), ("lenet", "adamw", 2), ("gpt", "adamw", 1))
+         for a in ("builtin", "ring_textbook")]
+
+
+def zero_cfg(algo="builtin", stage=1, **extra):
+    return sync_cfg("zero", algo, zero_stage=stage, **extra)
+
+
+def _model(kind: str):
+    torch.manual_seed(0)
+    return lenet() if kind == "lenet" else gpt(**GPT_ARGS)
+
+
+def _data(kind: str, micro: int):
+    g = torch.Generator().manual_seed(micro)
+    if kind == "lenet":
+        return (torch.randn(STEPS, micro, BATCH, 1, 28, 28, generator=g),
+                torch.randint(0, 10, (STEPS, micro, BATCH), generator=g))
+    tokens = torch.randint(0, 16, (STEPS, micro, BATCH, 9), generator=g)
+    return tokens[..., :-1], tokens[..., 1:]
+
+
+def _train(sync, kind: str, optimizer: str, steps) -> torch.optim.Optimizer:
+    """The trainer's step: backward per micro-batch, sync, optimizer step on what the sync says, after_step."""
+    opt = OPTIMIZERS[optimizer](sync.parameters())
+    loss_fn = F.cross_entropy if kind == "lenet" else LANGUAGE_MODEL.loss
+    for step, micro in enumerate(steps, 1):
+        for i, (x, y) in enumerate(micro):
+            with contextlib.nullcontext() if i == len(micro) - 1 else sync.no_sync():
+                (loss_fn(sync.module(x), y) / len(micro)).backward()
+        sync.after_backward()
+        opt.step()
+        opt.zero_grad(set_to_none=sync.grads_set_to_none)
+        sync.after_step(step)
+    return opt
+
+
+def _state_bytes(opt: torch.optim.Optimizer) -> int:
+    return sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
+               if isinstance(t, torch.Tensor) and t.dim() > 0)
+
+
+def _run(rank: int, world_size: int) -> dict:
+    out = {}
+    env = DistEnv(rank, world_size, 0, CPU, "gloo")
+    for name, kind, optimizer, micro, algo in CASES:
+        x, y = _data(kind, micro)
+        per = BATCH // world_size
+        mine = [[(x[s, m, rank * per:(rank + 1) * per], y[s, m, rank * per:(rank + 1) * per])
+                 for m in range(micro)] for s in range(STEPS)]
+        model = _model(kind)
+        ref_opt = _train(ReplicaSync(model, SINGLE), kind, optimizer,
+                         [[(x[s].flatten(0, 1), y[s].flatten(0, 1))] for s in range(STEPS)])
+        ref = [p.detach().clone() for p in model.parameters()]
+        model = _model(kind)
+        _train(build_sync(sync_cfg("flat", "builtin", bucket_cap_mb=0), model, env), kind, optimizer, mine)
+        flat = [p.detach().clone() for p in model.parameters()]
+        model = _model(kind)
+        if rank > 0:  # only rank 0's initial weights may count: the sync must broadcast them
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.01 * rank)
+        sync = build_sync(zero_cfg(algo), model, env)
+        opt = _train(sync, kind, optimizer, mine)
+        params = [p.detach().contiguous().clone() for p in model.parameters()]
+        out[name] = {"ref_diff": max((a - b).abs().max().item() for a, b in zip(params, ref)),
+                     "flat_diff": max((a - b).abs().max().item() for a, b in zip(params, flat)),
+                     "sha1": hashlib.sha1(b"".join(p.numpy().tobytes() for p in params)).hexdigest(),
+                     "state_bytes": _state_bytes(opt), "ref_state_bytes": _state_bytes(ref_opt),
+                     "shard": sync.shard_size, "numel": sum(p.numel() for p in params),
+                     "wire_bytes": sync.wire_bytes, "describe": sync.describe(),
+                     "model_state": model_state_bytes(model, opt)}
+    return out
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"{n}ranks")
+def results(request):
+    return request.param, run_in_processes(_run, request.param, timeout=240)
+
+
+def test_every_case_takes_the_steps_of_one_process(results):
+    n, ranks = results
+    for name, _, optimizer, _, _ in CASES:
+        r = ranks[0][name]
+        assert r["ref_diff"] < (1e-5 if optimizer == "sgd" else 1e-4), (n, name, r["ref_diff"])
+        assert r["flat_diff"] < 1e-6, (n, name, r["flat_diff"])
+        assert {x[name]["sha1"] for x in ranks} == {r["sha1"]}, (n, name)  # every rank the same weights
+
+
+def test_each_rank_holds_one_nth_of_the_optimizer_state(results):
+    n, ranks = results
+    for name, _, optimizer, _, algo in CASES:
+        r = ranks[0][name]
+        assert r["shard"] == -(-r["numel"] // n)  # the parameters in N equal shards, the last padded
+        per_element = {"sgd": 4, "adamw": 8}[optimizer]  # the momentum; AdamW's two moments (fp32)
+        assert r["ref_state_bytes"] == per_element * r["numel"], name
+        for x in ranks:
+            assert x[name]["state_bytes"] == per_element * r["shard"], name
+        assert r["describe"] == f"zero1/{algo}"
+        assert r["wire_bytes"] == 4 * r["shard"] * n * STEPS, name  # one all-reduce's worth a step
+        # ZeRO stage 1 in fp32: the whole (padded) weights and gradients, 1/N of the optimizer state
+        whole = 4 * r["shard"] * n
+        assert r["model_state"] == {"weights": whole, "grads": whole, "optimizer": per_element * r["shard"],
+                                    "total": 2 * whole + per_element * r["shard"]}, name
+
+
+@pytest.mark.parametrize("extra,says", [
+    ({"stage": 2}, "sync.zero_stage=2 is not built yet"),
+    ({"algo": "ring"}, "sync.algo=ring has no reduce-scatter and all-gather of its own"),
+    ({"compress": "bf16"}, "sync.compress=bf16 is not built for sync.mode=zero"),
+])
+def test_what_zero_cannot_do_is_refused_in_one_line(extra, says):
+    with pytest.raises(ConfigError, match=says):
+        build_sync(zero_cfg(**extra), lenet(), DistEnv(0, 2, 0, CPU, "gloo"))
+
+
+def test_the_schema_takes_stages_one_to_three(compose_train):
+    from ddp_lab.config import schema
+    schema.check(compose_train(["sync=zero", "sync.zero_stage=3"]))
+    with pytest.raises(ConfigError, match=r"sync.zero_stage=4 must be 1, 2 or 3"):
+        schema.check(compose_train(["sync=zero", "sync.zero_stage=4"]))

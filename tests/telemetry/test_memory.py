@@ -1,0 +1,50 @@
+"""The model state a rank holds, counted from storages: each once, views adding nothing."""
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ddp_lab.models import build_model, num_parameters
+from ddp_lab.models.gpt import gpt
+from ddp_lab.models.lenet import lenet
+from ddp_lab.sync.flat import Bucket
+from ddp_lab.telemetry.memory import model_state_bytes
+from tests.conftest import fit_alone
+
+
+def _step(model, opt, x, y):
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+
+
+def test_adamw_in_fp32_holds_16_bytes_a_parameter():
+    torch.manual_seed(0)
+    model = lenet()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    n = num_parameters(model)
+    assert model_state_bytes(model, opt) == {"weights": 4 * n, "grads": 0, "optimizer": 0, "total": 4 * n}
+    _step(model, opt, torch.randn(4, 1, 28, 28), torch.tensor([0, 1, 2, 3]))
+    assert model_state_bytes(model, opt) == {"weights": 4 * n, "grads": 4 * n, "optimizer": 8 * n, "total": 16 * n}
+
+
+def test_a_tied_weight_and_gradient_views_count_once():
+    torch.manual_seed(0)
+    model = gpt(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=16)  # embedding tied to the output
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    params = list(model.parameters())
+    n = sum(p.numel() for p in params)  # parameters() yields a tied weight once
+    bucket = Bucket(params)
+    bucket.attach()  # every .grad a view into one buffer
+    tokens = torch.randint(0, 16, (2, 9))
+    F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
+    opt.step()
+    got = model_state_bytes(model, opt)
+    assert got == {"weights": 4 * n, "grads": 4 * n, "optimizer": 4 * n, "total": 12 * n}
+
+
+def test_a_run_reports_every_rank_model_state_and_peak(compose_train, tiny_fmnist, tmp_path):
+    summary = fit_alone(compose_train, tiny_fmnist, tmp_path / "run", ["trainer.max_steps=2", "optim=adamw"])
+    n = num_parameters(build_model(compose_train().model))
+    assert summary["model_state_bytes"] == [16 * n]
+    assert len(summary["peak_mem_mb_by_rank"]) == 1 and summary["peak_mem_mb_by_rank"][0] > 0
+    assert math.isclose(summary["peak_mem_mb_by_rank"][0], summary["peak_mem_mb"], rel_tol=0.05)
