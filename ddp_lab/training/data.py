@@ -142,7 +142,7 @@ def eval_indices(n: int, rank: int, world_size: int) -> torch.Tensor:
     their sizes differ by at most one, which evaluation (no collective per
     batch) does not mind.
     """
-    return torch.arange(rank, n, world_size)
+    return torch.arange(rank, max(n, rank), world_size)  # a rank past the last sample: none
 
 
 # ---------------------------------------------------------------- loaders
