@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -230,3 +231,135 @@ def test_median_of_runs(tmp_path):
     assert row["time_us"] == 20.0 and row["wrong"] == 2
     assert row["algbw_gbps"] == pytest.approx(4096 / 20.0 / 1e3, rel=1e-5)
     assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"], rel=1e-5)  # 2(n-1)/n = 1 at n = 2
+
+
+# ------------------------------------------- collective=reduce_scatter | all_gather
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather"])
+def test_busbw_of_all_reduces_halves_is_n_minus_1_over_n(collective):
+    # nccl-tests' doc/PERFORMANCE.md: (n-1)/n for ReduceScatter and AllGather, of the whole buffer
+    assert plan.busbw_gbps(1.0, 2, collective) == pytest.approx(0.5)
+    assert plan.busbw_gbps(1.0, 4, collective) == pytest.approx(0.75)
+    assert plan.busbw_gbps(2.0, 8, collective) == pytest.approx(1.75)
+    assert plan.busbw_gbps(1.0, 1, collective) == 0.0
+    assert plan.busbw_gbps(1.0, 4) == plan.busbw_gbps(1.0, 4, "all_reduce") == pytest.approx(1.5)
+
+
+def test_chunked_sizes_round_down_to_whole_chunks_and_say_so():
+    assert plan.chunked_sizes([4096, 8192], 2, 4, "reduce_scatter") == ([4096, 8192], "")
+    assert plan.chunked_sizes([4098, 6], 3, 2, "all_reduce") == ([4098, 6], "")  # all_reduce: as asked
+    assert plan.chunked_sizes([1028, 6], 1, 2, "all_gather") == ([1028, 6], "")  # one rank: whole already
+    sizes, note = plan.chunked_sizes([4, 16, 24, 64, 4096], 3, 4, "all_gather")
+    assert sizes == [12, 24, 60, 4092]
+    assert note == ("sizes rounded down to a multiple of world_size 3 x 4 B = 12 B: 4 skipped, 16 -> 12, "
+                    "64 -> 60, 4096 -> 4092")
+    sizes, note = plan.chunked_sizes([12, 16], 3, 4, "reduce_scatter")
+    assert sizes == [12] and note.endswith("16 -> 12 (a repeat) skipped")
+    with pytest.raises(ConfigError, match="collective=reduce_scatter at world_size 4 needs sizes of at least 16"):
+        plan.chunked_sizes([4, 8], 4, 4, "reduce_scatter")
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather"])
+def test_reduce_scatter_and_all_gather_take_builtin_and_ring_textbook(collective):
+    p = plan.validate(_cfg([f"collective={collective}"]))  # the default algos: the two it has
+    assert (p.collective, p.algos) == (collective, ["builtin", "ring_textbook"])
+    p = plan.validate(_cfg([f"collective={collective}", "algos=[ring_textbook]"]))
+    assert p.algos == ["ring_textbook"] and p.busbw_factor(4) == pytest.approx(0.75)
+    p = plan.validate(_cfg([f"collective={collective}", "mode=interleaved", "algos=[ring_textbook]"]))
+    assert p.algos == ["builtin", "ring_textbook"]
+    assert plan.validate(_cfg()).collective == "all_reduce"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["collective=reduce_scatter", "algos=[builtin,ring]"],
+     "algos: ring has no reduce-scatter (collective=reduce_scatter); choose among builtin, ring_textbook, "
+     "e.g. 'algos=[builtin,ring_textbook]'"),
+    (["collective=all_gather", "algos=[naive,ring_textbook,halving_doubling_textbook]"],
+     "algos: naive, halving_doubling_textbook have no all-gather (collective=all_gather)"),
+    (["collective=all_gather", "mode=interleaved", "algos=[halving_doubling]"],
+     "algos: halving_doubling has no all-gather"),
+])
+def test_an_algorithm_without_the_collective_is_refused(overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)) as e:
+        plan.validate(_cfg(overrides))
+    assert "\n" not in str(e.value)
+
+
+def test_an_unknown_collective_is_refused_when_the_config_is_composed():
+    with pytest.raises(ConfigCompositionException) as e:
+        _cfg(["collective=broadcast"])
+    assert "Invalid value 'broadcast', expected one of [all_reduce, reduce_scatter, all_gather]" in (
+        str(e.value) + str(e.value.__cause__))
+
+
+@pytest.mark.parametrize("dtype", list(plan.DTYPES))
+@pytest.mark.parametrize("world", [2, 3])
+def test_check_of_reduce_scatter_and_all_gather_is_exact(dtype, world):
+    count, dev = 6 * 7, torch.device("cpu")
+    c = count // world
+    inputs = {}
+    for collective in ("reduce_scatter", "all_gather"):
+        inputs[collective] = []
+        for r in range(world):
+            b = torch.empty(count, dtype=plan.DTYPES[dtype])
+            check.fill_input(b, collective, r, world, dtype)
+            inputs[collective].append(b)
+    total = inputs["reduce_scatter"][0].clone()
+    for b in inputs["reduce_scatter"][1:]:
+        total += b
+    gathered = torch.cat([b[r * c:(r + 1) * c] for r, b in enumerate(inputs["all_gather"])])
+    for r in range(world):
+        want = check.expected("reduce_scatter", count, r, world, dtype, dev)
+        assert torch.equal(want, total[r * c:(r + 1) * c])
+        want = check.expected("all_gather", count, r, world, dtype, dev)
+        assert torch.equal(want, gathered)
+        # before the all-gather, the chunks of the others are not there: all of them wrong
+        assert int((inputs["all_gather"][r] != want).sum()) == count - c
+
+
+def _sweep_rows(tmp_path, collective, sizes_args):
+    run_dir = tmp_path / "run"
+    r = run_module("ddp_lab.bench.collectives",
+                   [f"collective={collective}", *sizes_args, "warmup=1", "iters=3", "min_iters=1",
+                    "plot=false", "tensorboard=false", f"hydra.run.dir={run_dir}"], nproc=2, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "wrong elements in total: 0 OK" in r.stdout
+    with open(run_dir / "collectives.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames == [*output.CSV_COLUMNS, "collective"]
+        rows = list(reader)
+    for row in rows:
+        assert int(row["wrong"]) == 0, row
+        assert row["collective"] == collective and int(row["world_size"]) == 2
+        assert int(row["count"]) == int(row["size_bytes"]) // 4 and int(row["size_bytes"]) % 8 == 0
+        alg = float(row["algbw_gbps"])
+        assert alg == pytest.approx(int(row["size_bytes"]) / float(row["time_us"]) / 1e3, rel=1e-3)
+        assert float(row["busbw_gbps"]) / alg == pytest.approx((2 - 1) / 2, rel=1e-3)
+    assert json.loads((run_dir / "record.json").read_text())["collective"] == collective
+    return r, rows
+
+
+@pytest.mark.system
+def test_torchrun_reduce_scatter_two_processes(tmp_path):
+    # 1028 B is not a multiple of 2 ranks x 4 B: rounded down to 1024, and said
+    r, rows = _sweep_rows(tmp_path, "reduce_scatter", ["min_bytes=1028", "max_bytes=70000", "factor=4"])
+    assert "# sizes rounded down to a multiple of world_size 2 x 4 B = 8 B: 1028 -> 1024" in r.stdout
+    assert [(row["algo"], int(row["size_bytes"])) for row in rows] == [
+        (a, s) for a in ("builtin", "ring_textbook") for s in (1024, 4112, 16448, 65792)]
+
+
+@pytest.mark.system
+def test_torchrun_all_gather_two_processes(tmp_path):
+    r, rows = _sweep_rows(tmp_path, "all_gather", ["min_bytes=1024", "max_bytes=65536", "factor=4"])
+    assert "rounded down" not in r.stdout
+    assert [(row["algo"], int(row["size_bytes"])) for row in rows] == [
+        (a, s) for a in ("builtin", "ring_textbook") for s in (1024, 4096, 16384, 65536)]
+
+
+def test_a_collective_the_algorithm_lacks_exits_2_with_one_line(tmp_path):
+    r = run_module("ddp_lab.bench.collectives", ["collective=all_gather", "algos=[builtin,naive]",
+                                                 f"hydra.run.dir={tmp_path}"], nproc=0, timeout=120)
+    assert r.returncode == 2
+    errors = [ln for ln in r.stderr.splitlines() if "error:" in ln]
+    assert errors == ["ddp_lab.bench.collectives: error: algos: naive has no all-gather (collective=all_gather); "
+                      "choose among builtin, ring_textbook, e.g. 'algos=[builtin,ring_textbook]'"]
+    assert not (tmp_path / "collectives.csv").exists()

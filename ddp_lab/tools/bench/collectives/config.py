@@ -3,7 +3,8 @@
 conf/bench_collectives.yaml composes on top of BenchCollectivesConfig, so Hydra
 refuses unknown keys, wrong types and values off a list; ddp_lab.config.schema.check
 refuses a value out of range, and plan.validate what depends on
-two keys at once (min_bytes <= max_bytes, sizes that fit the dtype).
+two keys at once (min_bytes <= max_bytes, sizes that fit the dtype, algos that
+have the chosen collective).
 `python -m ddp_lab.bench.collectives.config` prints the reference
 (docs/configuration.md).
 """
@@ -19,6 +20,7 @@ from ddp_lab.config.schema import Algo, DistConfig, reference
 
 Mode = choices("Mode", "sweep interleaved")
 Dtype = choices("Dtype", "float32 float64 bfloat16 float16")
+Collective = choices("Collective", "all_reduce reduce_scatter all_gather")
 
 
 @dataclass
@@ -35,6 +37,10 @@ class InterleavedConfig:
 class BenchCollectivesConfig:
     mode: Mode = key(Mode.sweep, "sweep: every algo over every size (CSV, PNG, tb/) | interleaved: against "
                                  "builtin in shuffled rounds (interleaved.csv)")
+    collective: Collective = key(Collective.all_reduce, "what is timed, as nccl-tests' all_reduce_perf | "
+                                 "reduce_scatter_perf | all_gather_perf: busbw = algbw x 2(n-1)/n | (n-1)/n | "
+                                 "(n-1)/n; a size is the whole buffer (all ranks' chunks), for the last two "
+                                 "rounded down to a multiple of n x the element size")
     min_bytes: int = key(4096, "smallest message in bytes (nccl-tests -b); a multiple of the dtype's size",
                          at_least=1)
     max_bytes: int = key(64 << 20, "largest message in bytes (nccl-tests -e); the sweep stops at the last "
@@ -42,7 +48,9 @@ class BenchCollectivesConfig:
     factor: int = key(2, "each size is the previous one times this (nccl-tests -f)", at_least=2)
     dtype: Dtype = key(Dtype.float32, "element type (nccl-tests -d)")
     algos: List[Algo] = key([Algo.builtin, Algo.naive, Algo.ring, Algo.halving_doubling],
-                            "swept in this order (ddp_lab.collectives' names)", ok=non_empty,
+                            "swept in this order (ddp_lab.collectives' names); reduce_scatter and "
+                            "all_gather have builtin and ring_textbook, and this default means those two "
+                            "there", ok=non_empty,
                             rule="at least one algorithm, e.g. 'algos=[builtin,ring]'")
     warmup: int = key(5, "untimed calls per size after the correctness call, cut to fit half of "
                          "time_budget_s (nccl-tests -w)", at_least=0)

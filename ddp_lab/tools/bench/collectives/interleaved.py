@@ -1,5 +1,6 @@
 """mode=interleaved of ddp_lab.bench.collectives: all-reduces timed against
-dist.all_reduce in interleaved rounds, for a tight ratio on a noisy machine.
+dist.all_reduce in interleaved rounds, for a tight ratio on a noisy machine
+(with collective=reduce_scatter|all_gather, those against torch's own).
 
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=3 -m ddp_lab.bench.collectives \
         mode=interleaved 'interleaved.sizes=[64K,1M,4M,16M]' interleaved.rounds=15 \
@@ -24,6 +25,8 @@ time over rounds, the bus bandwidth it implies (busbw = size / time *
 per-round busbw ratio to builtin (paired, so less sensitive to load drifting
 between rounds than the ratio of medians). Each algorithm's first call on a
 size is checked against the exact sum (`wrong`, as in the sweep).
+reduce_scatter and all_gather use their factor, (n-1)/n (sweep.py), and their
+interleaved.csv ends with a column `collective`.
 """
 from __future__ import annotations
 
@@ -91,11 +94,13 @@ def run(cfg, plan, env, fns: dict[str, Callable], run_dir: Path, check: Callable
 
     check(algo, fn, size) -> the count of wrong elements of a first call."""
     n, rounds = env.world_size, int(cfg.interleaved.rounds)
-    factor = 2 * (n - 1) / n
+    factor = plan.busbw_factor(n)  # 2(n-1)/n for all_reduce, (n-1)/n for its halves
+    columns = CSV_COLUMNS if plan.collective == "all_reduce" else [*CSV_COLUMNS, "collective"]
+    named = "" if plan.collective == "all_reduce" else f"collective={plan.collective} "
     cuda = env.device.type == "cuda"
     rows = []
     if env.is_main:
-        print(f"# ddp_lab.bench.collectives mode=interleaved: world_size={n} dtype={plan.dtype_name} "
+        print(f"# ddp_lab.bench.collectives mode=interleaved: {named}world_size={n} dtype={plan.dtype_name} "
               f"rounds={rounds} warmup={cfg.interleaved.warmup} comm_threads={env.comm_threads} "
               "(median over rounds; vs_builtin = median of per-round busbw / builtin's)")
         print(f"{'size':>10} {'algo':>26} {'time_us':>10} {'busbw_GB/s':>11} {'vs_builtin':>10} {'wrong':>6}",
@@ -117,7 +122,7 @@ def run(cfg, plan, env, fns: dict[str, Callable], run_dir: Path, check: Callable
                 "rounds": rounds, "calls_per_block": calls, "time_us": round(med * 1e6, 2),
                 "busbw_gbps": round(size / med * factor / 1e9, 6),
                 "vs_builtin": round(statistics.median(b / x for b, x in zip(times["builtin"], times[a])), 4),
-                "wrong": wrong[a],
+                "wrong": wrong[a], "collective": plan.collective,
             })
             if env.is_main:
                 r = rows[-1]
@@ -126,7 +131,7 @@ def run(cfg, plan, env, fns: dict[str, Callable], run_dir: Path, check: Callable
     if env.is_main:
         path = run_dir / "interleaved.csv"
         with open(path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+            w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
             w.writeheader()
             w.writerows(rows)
         print(f"# wrote {path}")

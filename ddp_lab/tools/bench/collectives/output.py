@@ -14,8 +14,14 @@ CSV_COLUMNS = ["algo", "size_bytes", "count", "dtype", "world_size",
 _TYPE_LABEL = {"float32": "float", "float64": "double", "bfloat16": "bfloat16", "float16": "half"}
 
 
+def csv_columns(collective: str = "all_reduce") -> list[str]:
+    """collectives.csv's columns: an all-reduce's as ever; reduce_scatter's and
+    all_gather's end with `collective`, since their busbw has another factor."""
+    return CSV_COLUMNS if collective == "all_reduce" else [*CSV_COLUMNS, "collective"]
+
+
 def median_of_runs(paths: list[str | Path]) -> list[dict]:
-    """Combine repeated sweeps: per (algo, dtype, world_size, size) the median time_us.
+    """Combine repeated sweeps: per (collective, algo, dtype, world_size, size) the median time_us.
 
     On a shared machine one sweep can catch a burst of someone else's load;
     the median over a few sweeps, taken minutes apart, does not. algbw/busbw are
@@ -29,23 +35,26 @@ def median_of_runs(paths: list[str | Path]) -> list[dict]:
     for path in paths:
         with open(path, newline="") as f:
             for r in csv.DictReader(f):
-                key = (r["algo"], r["dtype"], int(r["world_size"]), int(r["size_bytes"]))
+                key = (r.get("collective") or "all_reduce", r["algo"], r["dtype"], int(r["world_size"]),
+                       int(r["size_bytes"]))
                 groups.setdefault(key, []).append(r)
     out = []
-    for (algo, dtype, world, size), rs in groups.items():
+    for (collective, algo, dtype, world, size), rs in groups.items():
         t = statistics.median(float(r["time_us"]) for r in rs)
         alg = algbw_gbps(size, t)
         out.append({"algo": algo, "size_bytes": size, "count": int(rs[0]["count"]), "dtype": dtype,
                     "world_size": world, "time_us": sig(t), "algbw_gbps": sig(alg),
-                    "busbw_gbps": sig(busbw_gbps(alg, world)),
-                    "wrong": max(int(r["wrong"]) for r in rs)})
+                    "busbw_gbps": sig(busbw_gbps(alg, world, collective)),
+                    "wrong": max(int(r["wrong"]) for r in rs), "collective": collective})
     return out
 
 
 def write_rows(rows: list[dict], path: str | Path) -> Path:
-    """Write rows in collectives.csv's format."""
+    """Write rows in collectives.csv's format (with `collective` where a row is not an all-reduce)."""
+    kinds = {r.get("collective") or "all_reduce" for r in rows}
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+        w = csv.DictWriter(f, fieldnames=csv_columns("all_reduce" if kinds <= {"all_reduce"} else "other"),
+                           extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
     return Path(path)

@@ -1,9 +1,10 @@
-"""What a collectives sweep will run, checked before any collective: the sizes,
-algorithms and dtype (`validate`, the same verdict on every rank), and the
-bandwidth formulas of nccl-tests (doc/PERFORMANCE.md there) that its rows use."""
+"""What a collectives sweep will run, checked before any collective: the
+collective, sizes, algorithms and dtype (`validate`, the same verdict on every
+rank; `chunked_sizes` once the world size is known), and the bandwidth formulas
+of nccl-tests (doc/PERFORMANCE.md there) that its rows use."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from omegaconf import DictConfig
@@ -19,6 +20,12 @@ DTYPES = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
+# The algorithms each collective other than all_reduce has (all_reduce: every
+# one of ddp_lab.collectives.ALGORITHMS): torch's own, and the textbook ring's phase.
+COLLECTIVE_ALGOS = {
+    "reduce_scatter": ("builtin", "ring_textbook"),
+    "all_gather": ("builtin", "ring_textbook"),
+}
 
 
 # ----------------------------------------------------------------- formulas
@@ -27,13 +34,16 @@ def algbw_gbps(size_bytes: float, time_us: float) -> float:
     return size_bytes / (time_us * 1e-6) / 1e9
 
 
-def busbw_factor(world_size: int) -> float:
-    """nccl-tests' allreduce factor 2(n-1)/n: the bytes each rank must send per byte."""
-    return 2.0 * (world_size - 1) / world_size
+def busbw_factor(world_size: int, collective: str = "all_reduce") -> float:
+    """nccl-tests' factor, the bytes each rank must send per byte of the whole buffer:
+    2(n-1)/n for all_reduce, (n-1)/n for reduce_scatter and all_gather (each is
+    one of all-reduce's two halves)."""
+    sends = 2.0 if collective == "all_reduce" else 1.0
+    return sends * (world_size - 1) / world_size
 
 
-def busbw_gbps(algbw: float, world_size: int) -> float:
-    return algbw * busbw_factor(world_size)
+def busbw_gbps(algbw: float, world_size: int, collective: str = "all_reduce") -> float:
+    return algbw * busbw_factor(world_size, collective)
 
 
 def message_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
@@ -54,6 +64,41 @@ class Plan:
     dtype_name: str
     dtype: torch.dtype
     elem_size: int
+    collective: str = "all_reduce"
+
+    def busbw_factor(self, world_size: int) -> float:
+        return busbw_factor(world_size, self.collective)
+
+
+def chunked_sizes(sizes: list[int], world_size: int, elem_size: int, collective: str) -> tuple[list[int], str]:
+    """The sizes reduce_scatter and all_gather run: each rounded down to a multiple of
+    world_size x elem_size, so every rank's chunk is whole and the same (nccl-tests'
+    count per rank); a size that rounds to 0 or repeats an earlier one is skipped.
+    Returns the sizes and a line saying what changed ("" when nothing did)."""
+    unit = world_size * elem_size
+    if collective == "all_reduce" or world_size == 1:
+        return list(sizes), ""
+    kept, changes = [], []
+    for s in sizes:
+        r = s - s % unit
+        if r == 0 or r in kept:
+            changes.append(f"{s} skipped" if r == 0 else f"{s} -> {r} (a repeat) skipped")
+        else:
+            kept.append(r)
+            if r != s:
+                changes.append(f"{s} -> {r}")
+    if not kept:
+        raise ConfigError(f"collective={collective} at world_size {world_size} needs sizes of at least {unit} "
+                          f"bytes (one {elem_size}-byte element per rank), and every size asked for is smaller; "
+                          "raise max_bytes (mode=interleaved: interleaved.sizes)")
+    note = (f"sizes rounded down to a multiple of world_size {world_size} x {elem_size} B = {unit} B: "
+            + ", ".join(changes)) if changes else ""
+    return kept, note
+
+
+def _default_algos() -> list[str]:
+    (f,) = (f for f in fields(BenchCollectivesConfig) if f.name == "algos")
+    return [str(a) for a in f.default_factory()]
 
 
 def validate(cfg: DictConfig) -> Plan:
@@ -79,7 +124,19 @@ def validate(cfg: DictConfig) -> Plan:
         raise ConfigError(f"min_iters={cfg.min_iters} is larger than iters={cfg.iters}; "
                           "lower min_iters or raise iters")
     algos = list(dict.fromkeys(str(a) for a in cfg.algos))  # drop repeats, keep order
+    collective = str(cfg.collective)
+    if collective in COLLECTIVE_ALGOS:
+        have = COLLECTIVE_ALGOS[collective]
+        if [str(a) for a in cfg.algos] == _default_algos():  # not asked for: the ones it has
+            algos = list(have)
+        missing = [a for a in algos if a not in have]
+        if missing:
+            raise ConfigError(
+                f"algos: {', '.join(missing)} {'has' if len(missing) == 1 else 'have'} no "
+                f"{collective.replace('_', '-')} (collective={collective}); choose among "
+                f"{', '.join(have)}, e.g. 'algos=[{','.join(have)}]'")
     if cfg.mode == "interleaved":  # ratios to builtin: it always runs
         return Plan("interleaved", interleaved.sizes_of(cfg, elem), list(dict.fromkeys(["builtin", *algos])),
-                    dtype_name, DTYPES[dtype_name], elem)
-    return Plan("sweep", message_sizes(min_b, max_b, cfg.factor), algos, dtype_name, DTYPES[dtype_name], elem)
+                    dtype_name, DTYPES[dtype_name], elem, collective)
+    return Plan("sweep", message_sizes(min_b, max_b, cfg.factor), algos, dtype_name, DTYPES[dtype_name], elem,
+                collective)

@@ -1,10 +1,12 @@
-"""Allreduce benchmark in the style of NVIDIA's nccl-tests (all_reduce_perf).
+"""Allreduce benchmark in the style of NVIDIA's nccl-tests (all_reduce_perf), and with
+`collective=reduce_scatter|all_gather` their reduce_scatter_perf and all_gather_perf.
 
     torchrun --standalone --nproc_per_node=4 -m ddp_lab.bench.collectives
     torchrun --standalone --nproc_per_node=2 -m ddp_lab.bench.collectives \
         min_bytes=1024 max_bytes=1048576 factor=4 'algos=[builtin,ring]' dtype=bfloat16
     python -m ddp_lab.bench.collectives          # a world of one (busbw is 0 there)
     torchrun --standalone --nproc_per_node=3 -m ddp_lab.bench.collectives mode=interleaved
+    torchrun --standalone --nproc_per_node=2 -m ddp_lab.bench.collectives collective=reduce_scatter
 
 mode=interleaved times the algorithms against builtin in shuffled rounds
 instead of sweeping them one after another: see interleaved.py.
@@ -45,9 +47,22 @@ Bandwidths follow nccl-tests (doc/PERFORMANCE.md there):
 busbw is comparable across world sizes: it is the per-link speed a ring
 allreduce would need to reach the measured time.
 
+collective=reduce_scatter and collective=all_gather time one of all-reduce's
+two halves, with the algorithms that have it: `builtin`
+(dist.reduce_scatter_tensor, SUM, into a chunk-sized output of its own /
+dist.all_gather_into_tensor with this rank's chunk of the buffer as input, in
+place) and `ring_textbook` (ddp_lab.collectives.ring_textbook_reduce_scatter /
+ring_textbook_all_gather, in place on the whole buffer). As in nccl-tests, a
+size is the whole buffer, all ranks' chunks together, and busbw = algbw *
+(n - 1) / n: each rank sends (n-1)/n of the buffer. Sizes are rounded down to a
+multiple of n x the element size, so every chunk is whole (a line says so when
+that changes one). The check: reduce_scatter compares this rank's chunk with
+the sum's, all_gather the whole buffer with every rank's chunk (check.py).
+
 Outputs in the run directory (outputs/bench/collectives/<run id>/ unless
 hydra.run.dir=... says otherwise):
   collectives.csv   algo,size_bytes,count,dtype,world_size,time_us,algbw_gbps,busbw_gbps,wrong
+                    (reduce_scatter, all_gather: then ,collective)
   collectives.png   busbw against size (log x) and time against size (log-log)
   tb/               TensorBoard scalars busbw/<algo>, algbw/<algo> (GB/s) and
                     time_us/<algo>, with global_step = log2(size_bytes) rounded
@@ -56,6 +71,8 @@ hydra.run.dir=... says otherwise):
 from __future__ import annotations
 
 import csv
+import dataclasses
+import functools
 import math
 import os
 import time
@@ -72,14 +89,71 @@ from torch.utils.tensorboard import SummaryWriter
 
 import ddp_lab.config  # noqa: F401  (registers the ${ddp_lab.run_id:} resolver)
 from ddp_lab import tuning
+from ddp_lab.collectives import own_chunk, ring_textbook_all_gather, ring_textbook_reduce_scatter
 from ddp_lab.config import CONFIG_PATH, ConfigError, say
 from ddp_lab.distributed import DistEnv, resolve_backend, teardown
 from ddp_lab.telemetry.provenance import hydra_command, write_record
 from ddp_lab.tools.bench.collectives import interleaved
-from ddp_lab.tools.bench.collectives.check import count_wrong, expected_sum, fill_pattern
-from ddp_lab.tools.bench.collectives.output import CSV_COLUMNS, header, line, sig
-from ddp_lab.tools.bench.collectives.plan import Plan, algbw_gbps, busbw_gbps, validate
+from ddp_lab.tools.bench.collectives.check import count_wrong, fill_input, result_of, wrong_elements
+from ddp_lab.tools.bench.collectives.output import csv_columns, header, line, sig
+from ddp_lab.tools.bench.collectives.plan import Plan, algbw_gbps, busbw_gbps, chunked_sizes, validate
 from ddp_lab.tools.bench.plots import plot_collectives
+from ddp_lab.tuning import at_comm_priority
+
+# What the printed header says each collective does.
+_WHAT = {
+    "all_reduce": "allreduce SUM, in place",
+    "reduce_scatter": "reduce_scatter SUM (builtin: into a chunk of its own; ring_textbook: in place), "
+                      "size = the whole buffer",
+    "all_gather": "all_gather, in place, size = the whole buffer",
+}
+
+
+# ------------------------------------------------------------- algorithms
+def collective_fns(plan: Plan, env: DistEnv) -> dict[str, Callable]:
+    """Each algorithm of the plan as `fn(buf)`, as this rank should run it: the
+    all-reduces as ddp_lab.tuning.allreduce gives them; reduce_scatter's return
+    this rank's chunk of the sum, all_gather's the buffer."""
+    if plan.collective == "all_reduce":
+        return {a: tuning.allreduce(a, env) for a in plan.algos}
+    return {a: _half(plan.collective, a, env) for a in plan.algos}
+
+
+def _half(collective: str, algo: str, env: DistEnv) -> Callable:
+    if algo == "builtin":
+        return _builtin_reduce_scatter() if collective == "reduce_scatter" else _builtin_all_gather
+    fn = ring_textbook_reduce_scatter if collective == "reduce_scatter" else ring_textbook_all_gather
+    if env.comm_threads != "realtime":
+        return fn
+
+    @functools.wraps(fn)
+    def at_priority(tensor: torch.Tensor) -> torch.Tensor:  # as tuning.allreduce does
+        with at_comm_priority(True):
+            return fn(tensor)
+    return at_priority
+
+
+def _builtin_reduce_scatter() -> Callable:
+    """dist.reduce_scatter_tensor(SUM) of the whole buffer into an output chunk of its
+    own, kept from call to call while the buffer's shape stays (nccl-tests' out of
+    place, and how torch's API is used), so no call times an allocation."""
+    kept: dict[tuple, torch.Tensor] = {}
+
+    def reduce_scatter(tensor: torch.Tensor) -> torch.Tensor:
+        shape = (tensor.numel(), tensor.dtype, tensor.device)
+        if shape not in kept:
+            kept.clear()
+            kept[shape] = torch.empty(tensor.numel() // dist.get_world_size(), dtype=tensor.dtype,
+                                      device=tensor.device)
+        dist.reduce_scatter_tensor(kept[shape], tensor, op=dist.ReduceOp.SUM)
+        return kept[shape]
+    return reduce_scatter
+
+
+def _builtin_all_gather(tensor: torch.Tensor) -> torch.Tensor:
+    """dist.all_gather_into_tensor in place: this rank's chunk of the buffer is the input."""
+    dist.all_gather_into_tensor(tensor, own_chunk(tensor))
+    return tensor
 
 
 # ------------------------------------------------------------------ timing
@@ -97,46 +171,46 @@ class _Sweep:
         dist.all_reduce(t, op=op)
         return float(t.item())
 
-    def timed(self, fn: Callable, buf: torch.Tensor, n: int) -> float:
-        """Mean seconds per call over n back-to-back calls on this rank (after a barrier)."""
+    def timed(self, fn: Callable, buf: torch.Tensor, n: int) -> tuple[float, torch.Tensor]:
+        """Mean seconds per call over n back-to-back calls on this rank (after a
+        barrier), and what the last call returned."""
         dist.barrier()
         self.sync()
         t0 = time.perf_counter()
         for _ in range(n):
-            fn(buf)
+            out = fn(buf)
         self.sync()
-        return (time.perf_counter() - t0) / n
+        return (time.perf_counter() - t0) / n, out
 
     def point(self, algo: str, fn: Callable, size: int) -> dict:
         env, cfg, plan = self.env, self.cfg, self.plan
         count = size // plan.elem_size
         buf = torch.empty(count, dtype=plan.dtype, device=env.device)
         # 1. correctness (also the first warm-up call and the cost estimate)
-        fill_pattern(buf, env.rank, env.world_size, plan.dtype_name)
-        t_first = self.timed(fn, buf, 1)
+        fill_input(buf, plan.collective, env.rank, env.world_size, plan.dtype_name)
+        t_first, out = self.timed(fn, buf, 1)
         wrong = -1  # -1: not checked (check=false)
         if cfg.check:
-            want = expected_sum(count, env.world_size, plan.dtype_name, env.device)
-            wrong = int(self.reduce(int((buf != want).sum().item()), dist.ReduceOp.SUM))
-            del want
+            wrong = wrong_elements(result_of(plan.collective, buf, out), count, env, plan)
+        del out
         estimate = self.reduce(t_first, dist.ReduceOp.MAX)
         # 2. warm-up on zeros, at most half the budget
         buf.zero_()
         budget = float(cfg.time_budget_s)
         n_warm = min(int(cfg.warmup), int(0.5 * budget / max(estimate, 1e-9)))
         if n_warm > 0:
-            estimate = self.reduce(self.timed(fn, buf, n_warm), dist.ReduceOp.MAX)
+            estimate = self.reduce(self.timed(fn, buf, n_warm)[0], dist.ReduceOp.MAX)
         # 3. timed calls
         n_iter = min(int(cfg.iters), max(int(cfg.min_iters), int(budget / max(estimate, 1e-9))))
-        per_call = self.timed(fn, buf, n_iter)
+        per_call, _ = self.timed(fn, buf, n_iter)
         slowest = self.reduce(per_call, dist.ReduceOp.MAX)
         time_us = slowest * 1e6
         alg = algbw_gbps(size, time_us)
         return {
             "algo": algo, "size_bytes": size, "count": count, "dtype": plan.dtype_name,
             "world_size": env.world_size, "time_us": sig(time_us),
-            "algbw_gbps": sig(alg), "busbw_gbps": sig(busbw_gbps(alg, env.world_size)),
-            "wrong": wrong, "iters": n_iter,
+            "algbw_gbps": sig(alg), "busbw_gbps": sig(busbw_gbps(alg, env.world_size, plan.collective)),
+            "wrong": wrong, "iters": n_iter, "collective": plan.collective,
         }
 
 
@@ -162,10 +236,11 @@ def _refuse_an_earlier_sweep(run_dir: Path, env: DistEnv, name: str = "collectiv
                           "per launch)")
 
 
-def _write_record(run_dir: Path, env: DistEnv, mode: str) -> None:
+def _write_record(run_dir: Path, env: DistEnv, plan: Plan) -> None:
     """record.json: the command and the machine beside the figures (ddp_lab.telemetry.provenance)."""
     write_record(run_dir, hydra_command("ddp_lab.bench.collectives"),
-                 {"mode": mode, "world_size": env.world_size, "backend": dist.get_backend(),
+                 {"mode": plan.mode, "collective": plan.collective, "world_size": env.world_size,
+                  "backend": dist.get_backend(),
                   "device": str(env.device), "comm_threads": env.comm_threads})
 
 
@@ -173,32 +248,39 @@ def run(cfg: DictConfig, run_dir: Path) -> list[dict]:
     """The sweep; returns the rows (on every rank), writes the outputs on rank 0."""
     plan = validate(cfg)  # before any collective, identical on every rank
     env = tuning.start(cfg.dist)
-    # Each as this machine runs it: the tuned ones with its plan, hand-written
-    # ones at the priority gloo's threads have (see ddp_lab.tuning).
-    fns = {a: tuning.allreduce(a, env) for a in plan.algos}
     rows: list[dict] = []
     writer = None
     try:
+        # reduce_scatter, all_gather: whole chunks, now that the world size is known
+        sizes, resized = chunked_sizes(plan.sizes, env.world_size, plan.elem_size, plan.collective)
+        plan = dataclasses.replace(plan, sizes=sizes)
+        # Each as this machine runs it: the tuned ones with its plan, hand-written
+        # ones at the priority gloo's threads have (see ddp_lab.tuning).
+        fns = collective_fns(plan, env)
         if not env.distributed:
             _init_world_of_one(cfg.dist.backend, env)
         if plan.mode == "interleaved":
             _refuse_an_earlier_sweep(run_dir, env, "interleaved.csv")
             run_dir.mkdir(parents=True, exist_ok=True)
+            if env.is_main and resized:
+                print(f"# {resized}")
             rows = interleaved.run(cfg, plan, env, fns, run_dir,
                                    lambda algo, fn, size: count_wrong(fn, size, env, cfg, plan))
             if env.is_main:
-                _write_record(run_dir, env, plan.mode)
+                _write_record(run_dir, env, plan)
             return rows
         _refuse_an_earlier_sweep(run_dir, env)
         backend = dist.get_backend()
         sweep = _Sweep(env, cfg, plan)
         if env.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
-            print(f"# ddp_lab.bench.collectives: allreduce SUM, in place, world_size={env.world_size}, "
+            print(f"# ddp_lab.bench.collectives: {_WHAT[plan.collective]}, world_size={env.world_size}, "
                   f"backend={backend}, device={env.device}, dtype={plan.dtype_name}")
             print(f"# sizes {plan.sizes[0]}..{plan.sizes[-1]} B x{int(cfg.factor)}, algos {','.join(plan.algos)}, "
                   f"warmup<={cfg.warmup}, iters {cfg.min_iters}..{cfg.iters} within ~{cfg.time_budget_s}s per size, "
                   f"time = slowest rank's mean per call")
+            if resized:
+                print(f"# {resized}")
             print(f"# run directory: {run_dir}")
             print(header(plan), flush=True)
             if cfg.tensorboard:
@@ -207,7 +289,8 @@ def run(cfg: DictConfig, run_dir: Path) -> list[dict]:
         csv_path = run_dir / "collectives.csv"
         handle = open(csv_path, "w", newline="") if env.is_main else None
         try:
-            out = csv.DictWriter(handle, fieldnames=CSV_COLUMNS, extrasaction="ignore") if handle else None
+            out = csv.DictWriter(handle, fieldnames=csv_columns(plan.collective), extrasaction="ignore") \
+                if handle else None
             if out:
                 out.writeheader()
             for algo in plan.algos:
@@ -232,10 +315,11 @@ def run(cfg: DictConfig, run_dir: Path) -> list[dict]:
                 total_wrong = sum(r["wrong"] for r in rows)
                 print(f"# wrong elements in total: {total_wrong} {'OK' if total_wrong == 0 else 'FAILED'}")
             print(f"# wrote {csv_path}")
-            _write_record(run_dir, env, plan.mode)
+            _write_record(run_dir, env, plan)
             if cfg.plot:
                 png = plot_collectives(rows, run_dir / "collectives.png",
-                                       f"allreduce {plan.dtype_name}, {env.world_size} ranks, {backend} on "
+                                       f"{'allreduce' if plan.collective == 'all_reduce' else plan.collective} "
+                                       f"{plan.dtype_name}, {env.world_size} ranks, {backend} on "
                                        f"{env.device.type} (time = slowest rank)")
                 print(f"# wrote {png}")
             if writer is not None:
