@@ -80,7 +80,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from ddp_lab.collectives.basics import SUPPORTED_DTYPES, check_tensor
+from ddp_lab.collectives.basics import SUPPORTED_DTYPES, TORCH_ALL_GATHER, TORCH_REDUCE_SCATTER, check_tensor
 from ddp_lab.collectives.halving_doubling_textbook import (
     halving_doubling_textbook_allreduce,
 )
@@ -99,6 +99,8 @@ from ddp_lab.collectives.tuned.ring import ring_allreduce
 __all__ = [
     "ALGORITHMS",
     "SUPPORTED_DTYPES",
+    "TORCH_ALL_GATHER",
+    "TORCH_REDUCE_SCATTER",
     "TUNED",
     "TunedPlan",
     "builtin_allreduce",

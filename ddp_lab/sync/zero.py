@@ -23,7 +23,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_lab.collectives import ring_textbook_all_gather, ring_textbook_reduce_scatter
+from ddp_lab.collectives import (
+    TORCH_ALL_GATHER,
+    TORCH_REDUCE_SCATTER,
+    ring_textbook_all_gather,
+    ring_textbook_reduce_scatter,
+)
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
 from ddp_lab.sync.base import ReplicaSync, broadcast_from_rank0
@@ -31,9 +36,6 @@ from ddp_lab.sync.flat import dense_strides
 from ddp_lab.telemetry import position
 
 ALGOS = ("builtin", "ring_textbook")  # those with a reduce-scatter and an all-gather of their own
-# torch's own, by their newer names where this torch has them (the older ones warn there)
-REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def views_into(buffer: torch.Tensor, params: list[nn.Parameter]) -> list[torch.Tensor]:
@@ -86,7 +88,7 @@ class ZeroSync(ReplicaSync):
         with position.collective("gradient sync"), self._timed():
             if self.cfg.algo == "builtin":  # (into a buffer of its own: no collective writes its input)
                 mine = torch.empty_like(self.shard.grad)
-                REDUCE_SCATTER(mine, self.grads, op=dist.ReduceOp.SUM)
+                TORCH_REDUCE_SCATTER(mine, self.grads, op=dist.ReduceOp.SUM)
                 self.shard.grad.copy_(mine)
             else:  # in place: this rank's shard of the buffer ends with the sum
                 ring_textbook_reduce_scatter(self.grads)
@@ -99,7 +101,7 @@ class ZeroSync(ReplicaSync):
         """All-gather the new weights (each rank stepped its own shard); clear the gradients."""
         with position.collective("weight sync"), self._timed(), torch.no_grad():
             if self.cfg.algo == "builtin":
-                ALL_GATHER(self.weights, self.shard.detach().clone())
+                TORCH_ALL_GATHER(self.weights, self.shard.detach().clone())
             else:
                 ring_textbook_all_gather(self.weights)
         self.grads.zero_()

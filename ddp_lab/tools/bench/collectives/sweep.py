@@ -12,7 +12,7 @@ mode=interleaved times the algorithms against builtin in shuffled rounds
 instead of sweeping them one after another: see interleaved.py.
 What follows is mode=sweep, the default. Its parts: plan.py (the config
 checked, the bandwidth formulas), check.py (the exact-sum check), output.py
-(the CSV, the printed table, medians of sweeps); this file times each point
+(the CSV, the printed table, medians of sweeps), algorithms.py (what is timed); this file times each point
 and runs the sweep.
 
 For every message size from `min_bytes` to `max_bytes` (multiplying by `factor`,
@@ -72,7 +72,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import functools
 import math
 import os
 import time
@@ -89,16 +88,15 @@ from torch.utils.tensorboard import SummaryWriter
 
 import ddp_lab.config  # noqa: F401  (registers the ${ddp_lab.run_id:} resolver)
 from ddp_lab import tuning
-from ddp_lab.collectives import own_chunk, ring_textbook_all_gather, ring_textbook_reduce_scatter
 from ddp_lab.config import CONFIG_PATH, ConfigError, say
 from ddp_lab.distributed import DistEnv, resolve_backend, teardown
 from ddp_lab.telemetry.provenance import hydra_command, write_record
 from ddp_lab.tools.bench.collectives import interleaved
+from ddp_lab.tools.bench.collectives.algorithms import collective_fns
 from ddp_lab.tools.bench.collectives.check import count_wrong, fill_input, result_of, wrong_elements
 from ddp_lab.tools.bench.collectives.output import csv_columns, header, line, sig
 from ddp_lab.tools.bench.collectives.plan import Plan, algbw_gbps, busbw_gbps, chunked_sizes, validate
 from ddp_lab.tools.bench.plots import plot_collectives
-from ddp_lab.tuning import at_comm_priority
 
 # What the printed header says each collective does.
 _WHAT = {
@@ -107,53 +105,6 @@ _WHAT = {
                       "size = the whole buffer",
     "all_gather": "all_gather, in place, size = the whole buffer",
 }
-
-
-# ------------------------------------------------------------- algorithms
-def collective_fns(plan: Plan, env: DistEnv) -> dict[str, Callable]:
-    """Each algorithm of the plan as `fn(buf)`, as this rank should run it: the
-    all-reduces as ddp_lab.tuning.allreduce gives them; reduce_scatter's return
-    this rank's chunk of the sum, all_gather's the buffer."""
-    if plan.collective == "all_reduce":
-        return {a: tuning.allreduce(a, env) for a in plan.algos}
-    return {a: _half(plan.collective, a, env) for a in plan.algos}
-
-
-def _half(collective: str, algo: str, env: DistEnv) -> Callable:
-    if algo == "builtin":
-        return _builtin_reduce_scatter() if collective == "reduce_scatter" else _builtin_all_gather
-    fn = ring_textbook_reduce_scatter if collective == "reduce_scatter" else ring_textbook_all_gather
-    if env.comm_threads != "realtime":
-        return fn
-
-    @functools.wraps(fn)
-    def at_priority(tensor: torch.Tensor) -> torch.Tensor:  # as tuning.allreduce does
-        with at_comm_priority(True):
-            return fn(tensor)
-    return at_priority
-
-
-def _builtin_reduce_scatter() -> Callable:
-    """dist.reduce_scatter_tensor(SUM) of the whole buffer into an output chunk of its
-    own, kept from call to call while the buffer's shape stays (nccl-tests' out of
-    place, and how torch's API is used), so no call times an allocation."""
-    kept: dict[tuple, torch.Tensor] = {}
-
-    def reduce_scatter(tensor: torch.Tensor) -> torch.Tensor:
-        shape = (tensor.numel(), tensor.dtype, tensor.device)
-        if shape not in kept:
-            kept.clear()
-            kept[shape] = torch.empty(tensor.numel() // dist.get_world_size(), dtype=tensor.dtype,
-                                      device=tensor.device)
-        dist.reduce_scatter_tensor(kept[shape], tensor, op=dist.ReduceOp.SUM)
-        return kept[shape]
-    return reduce_scatter
-
-
-def _builtin_all_gather(tensor: torch.Tensor) -> torch.Tensor:
-    """dist.all_gather_into_tensor in place: this rank's chunk of the buffer is the input."""
-    dist.all_gather_into_tensor(tensor, own_chunk(tensor))
-    return tensor
 
 
 # ------------------------------------------------------------------ timing
