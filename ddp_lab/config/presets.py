@@ -120,6 +120,8 @@ class OptimConfig:
     warmup_epochs: float = key(0.5, "linear warm-up from about 0, in epochs (0: none)", at_least=0)
     warmup_steps: int = key(0, "linear warm-up in optimizer steps; when > 0 it replaces warmup_epochs",
                             at_least=0)
+    clip_grad_norm: float = key(0.0, "clip the gradients' norm over the whole model to this before each step "
+                                     "(0: off; under sync.mode=zero the norm over every rank's shard)", at_least=0)
 
 
 @dataclass
@@ -147,7 +149,7 @@ PRESETS = {
 
 # the keys of each group that ddp_lab reads itself and does not pass to the callable
 OWN_KEYS = {"model": ("name",), "data": ("batch_size", "loader", "num_workers", "task", "input_key", "target_key"),
-            "optim": ("schedule", "warmup_epochs", "warmup_steps")}
+            "optim": ("schedule", "warmup_epochs", "warmup_steps", "clip_grad_norm")}
 
 
 def base_defaults(group: str) -> dict:

@@ -106,6 +106,12 @@ class ReplicaSync:
         """What this rank's optimizer steps: the model's parameters (zero: this rank's shard)."""
         return list(self.model.parameters())
 
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """Scale the gradients this rank steps with so that their norm over the whole model is at
+        most max_norm; returns the norm before. The gradients are the same on every rank here (or
+        each rank's own, where the ranks step alone), so each rank can do it alone."""
+        return torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm)
+
     def no_sync(self):
         return contextlib.nullcontext()
 

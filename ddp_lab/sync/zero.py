@@ -106,6 +106,15 @@ class ZeroSync(ReplicaSync):
                 ring_textbook_all_gather(self.weights)
         self.grads.zero_()
 
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """The norm over every rank's shard (one all-reduce of a number), then each rank scales its own."""
+        squares = self.shard.grad.double().pow(2).sum().reshape(1)
+        with position.collective("gradient norm"):
+            dist.all_reduce(squares)
+        norm = squares.sqrt().squeeze().to(self.shard.grad.dtype)
+        self.shard.grad.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))  # as torch's clip_grad_norm_
+        return norm
+
     def _reattach(self) -> None:
         """A .grad that is not its view (set to None, or replaced) goes back into the buffer."""
         for p, g in zip(self.params, views_into(self.grads, self.params)):

@@ -1,12 +1,8 @@
-"""The training loop: one Trainer per rank, built from the config.
-
-Read top to bottom: __init__ builds the parts from config, fit() runs epochs, _run_epoch() runs optimizer
-steps, _run_batch() is one of them, evaluate() scores the held-out set across all ranks, finish() writes the
-results. Each concern is one object: the Workload holds the data and its task, StepMeasure measures
-(trainer.measure), the RunLogger reports, the Checkpointer saves and resumes, the LossWatch stops a diverging
-run, TimeToTarget stops a run that reached its target, the ReplicaSync (ddp_lab.sync) keeps the replicas in
-agreement (their gradients each step, or their weights every few).
-"""
+"""The training loop: one Trainer per rank, built from the config. Read top to bottom: __init__ builds the
+parts, fit() runs epochs, _run_epoch() optimizer steps, _run_batch() one of them, evaluate() scores the
+held-out set across all ranks, finish() writes the results. One object per concern: the Workload (data, task),
+StepMeasure, RunLogger, Checkpointer, LossWatch, TimeToTarget, and the ReplicaSync (ddp_lab.sync), which keeps
+the replicas in agreement: their gradients each step, or their weights every few."""
 from __future__ import annotations
 
 import json
@@ -181,6 +177,9 @@ class Trainer:
         self.sync.after_backward()
         position.phase("optimizer step")
         self.measure.synced()
+        if self.cfg.optim.clip_grad_norm > 0:  # on the unscaled gradients (fp16)
+            self.scaler.unscale_(self.optimizer)
+            self.sync.clip_grad_norm(self.cfg.optim.clip_grad_norm)
         self.last_loss = step_loss
         self.loss_watch.observe(self.last_loss, self.step + 1)
         self.scaler.step(self.optimizer)

@@ -6,7 +6,7 @@ with): LeNet under SGD with momentum and weight decay and under AdamW, with grad
 the small GPT (tied embedding) under AdamW; each with torch's collectives and with ours.
 AdamW divides by the root of its second moment, so where a gradient is near zero the float
 sums of N ranks (in another order than one process's) move a weight further than under SGD:
-1e-5 from one process under SGD, 1e-4 under AdamW, and 1e-6 from flat under both.
+1e-5 from one process under SGD, 1e-4 under AdamW, and 1e-6 from flat (but clipped under AdamW).
 """
 from __future__ import annotations
 
@@ -35,9 +35,10 @@ OPTIMIZERS = {
     "sgd": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=1e-3),
     "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
 }
-# (name, model, optimizer, micro-batches per step, algo)
-CASES = [(f"{m}/{o}/accum{k}/{a}", m, o, k, a)
-         for m, o, k in (("lenet", "sgd", 1), ("lenet", "adamw", 2), ("gpt", "adamw", 1))
+# (name, model, optimizer, micro-batches per step, algo, gradient norm clipped to (0: not))
+CASES = [(f"{m}/{o}/accum{k}/{a}" + (f"/clip{c}" if c else ""), m, o, k, a, c)
+         for m, o, k, c in (("lenet", "sgd", 1, 0), ("lenet", "adamw", 2, 0), ("gpt", "adamw", 1, 0),
+                            ("lenet", "sgd", 1, 0.5), ("gpt", "adamw", 1, 0.5))
          for a in ("builtin", "ring_textbook")]
 
 
@@ -59,15 +60,19 @@ def _data(kind: str, micro: int):
     return tokens[..., :-1], tokens[..., 1:]
 
 
-def _train(sync, kind: str, optimizer: str, steps) -> torch.optim.Optimizer:
-    """The trainer's step: backward per micro-batch, sync, optimizer step on what the sync says, after_step."""
+def _train(sync, kind: str, optimizer: str, steps, clip: float = 0.0) -> torch.optim.Optimizer:
+    """The trainer's step: backward per micro-batch, sync, clipping, optimizer step on what the sync says,
+    after_step."""
     opt = OPTIMIZERS[optimizer](sync.parameters())
+    opt.norms = norms = []  # the norms before clipping, step by step
     loss_fn = F.cross_entropy if kind == "lenet" else LANGUAGE_MODEL.loss
     for step, micro in enumerate(steps, 1):
         for i, (x, y) in enumerate(micro):
             with contextlib.nullcontext() if i == len(micro) - 1 else sync.no_sync():
                 (loss_fn(sync.module(x), y) / len(micro)).backward()
         sync.after_backward()
+        if clip:
+            norms.append(sync.clip_grad_norm(clip).item())
         opt.step()
         opt.zero_grad(set_to_none=sync.grads_set_to_none)
         sync.after_step(step)
@@ -82,17 +87,17 @@ def _state_bytes(opt: torch.optim.Optimizer) -> int:
 def _run(rank: int, world_size: int) -> dict:
     out = {}
     env = DistEnv(rank, world_size, 0, CPU, "gloo")
-    for name, kind, optimizer, micro, algo in CASES:
+    for name, kind, optimizer, micro, algo, clip in CASES:
         x, y = _data(kind, micro)
         per = BATCH // world_size
         mine = [[(x[s, m, rank * per:(rank + 1) * per], y[s, m, rank * per:(rank + 1) * per])
                  for m in range(micro)] for s in range(STEPS)]
         model = _model(kind)
         ref_opt = _train(ReplicaSync(model, SINGLE), kind, optimizer,
-                         [[(x[s].flatten(0, 1), y[s].flatten(0, 1))] for s in range(STEPS)])
+                         [[(x[s].flatten(0, 1), y[s].flatten(0, 1))] for s in range(STEPS)], clip)
         ref = [p.detach().clone() for p in model.parameters()]
         model = _model(kind)
-        _train(build_sync(sync_cfg("flat", "builtin", bucket_cap_mb=0), model, env), kind, optimizer, mine)
+        _train(build_sync(sync_cfg("flat", "builtin", bucket_cap_mb=0), model, env), kind, optimizer, mine, clip)
         flat = [p.detach().clone() for p in model.parameters()]
         model = _model(kind)
         if rank > 0:  # only rank 0's initial weights may count: the sync must broadcast them
@@ -100,7 +105,7 @@ def _run(rank: int, world_size: int) -> dict:
                 for p in model.parameters():
                     p.add_(0.01 * rank)
         sync = build_sync(zero_cfg(algo), model, env)
-        opt = _train(sync, kind, optimizer, mine)
+        opt = _train(sync, kind, optimizer, mine, clip)
         params = [p.detach().contiguous().clone() for p in model.parameters()]
         out[name] = {"ref_diff": max((a - b).abs().max().item() for a, b in zip(params, ref)),
                      "flat_diff": max((a - b).abs().max().item() for a, b in zip(params, flat)),
@@ -108,7 +113,8 @@ def _run(rank: int, world_size: int) -> dict:
                      "state_bytes": _state_bytes(opt), "ref_state_bytes": _state_bytes(ref_opt),
                      "shard": sync.shard_size, "numel": sum(p.numel() for p in params),
                      "wire_bytes": sync.wire_bytes, "describe": sync.describe(),
-                     "model_state": model_state_bytes(model, opt)}
+                     "model_state": model_state_bytes(model, opt),
+                     "norms": opt.norms, "ref_norms": ref_opt.norms}
     return out
 
 
@@ -119,16 +125,21 @@ def results(request):
 
 def test_every_case_takes_the_steps_of_one_process(results):
     n, ranks = results
-    for name, _, optimizer, _, _ in CASES:
+    for name, _, optimizer, _, _, clip in CASES:
         r = ranks[0][name]
+        if clip:  # the norm over the whole model, the one process's, on every rank; and clipping engaged
+            assert all(abs(a - b) < 1e-4 * b for x in ranks for a, b in zip(x[name]["norms"], r["ref_norms"]))
+            assert max(r["ref_norms"]) > clip, (name, r["ref_norms"])
         assert r["ref_diff"] < (1e-5 if optimizer == "sgd" else 1e-4), (n, name, r["ref_diff"])
-        assert r["flat_diff"] < 1e-6, (n, name, r["flat_diff"])
+        # (clipped: the norm summed over shards, not over parameters, scales by a hair's other factor,
+        # which AdamW then amplifies as it does the sums' order)
+        assert r["flat_diff"] < (1e-4 if clip and optimizer == "adamw" else 1e-6), (n, name, r["flat_diff"])
         assert {x[name]["sha1"] for x in ranks} == {r["sha1"]}, (n, name)  # every rank the same weights
 
 
 def test_each_rank_holds_one_nth_of_the_optimizer_state(results):
     n, ranks = results
-    for name, _, optimizer, _, algo in CASES:
+    for name, _, optimizer, _, algo, _ in CASES:
         r = ranks[0][name]
         assert r["shard"] == -(-r["numel"] // n)  # the parameters in N equal shards, the last padded
         per_element = {"sgd": 4, "adamw": 8}[optimizer]  # the momentum; AdamW's two moments (fp32)
