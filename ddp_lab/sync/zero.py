@@ -69,15 +69,16 @@ class ZeroSync(ReplicaSync):
         dtype, device = next(iter(kinds))
         self.weights = torch.zeros(self.shard_size * n, dtype=dtype, device=device)
         self.grads = torch.zeros_like(self.weights)
-        self.params = params
+        self.params, self.grad_views = params, views_into(self.grads, params)
         with torch.no_grad():
-            for p, w, g in zip(params, views_into(self.weights, params), views_into(self.grads, params)):
+            for p, w, g in zip(params, views_into(self.weights, params), self.grad_views):
                 w.copy_(p)
                 p.data = w  # the model's weights now live in the flat buffer
                 p.grad = g  # and backward accumulates into the flat gradient buffer
         mine = slice(r * self.shard_size, (r + 1) * self.shard_size)
         self.shard = nn.Parameter(self.weights[mine])  # shares the buffer: the optimizer's only parameter
         self.shard.grad = self.grads[mine]  # where the reduce-scatter leaves this rank's sum
+        self._out = torch.empty_like(self.shard.grad)  # builtin: collectives write no input of theirs
 
     def parameters(self):
         return [self.shard]
@@ -86,10 +87,9 @@ class ZeroSync(ReplicaSync):
         """Reduce-scatter the gradients: shard r's mean over the ranks lands in self.shard.grad."""
         self._reattach()
         with position.collective("gradient sync"), self._timed():
-            if self.cfg.algo == "builtin":  # (into a buffer of its own: no collective writes its input)
-                mine = torch.empty_like(self.shard.grad)
-                TORCH_REDUCE_SCATTER(mine, self.grads, op=dist.ReduceOp.SUM)
-                self.shard.grad.copy_(mine)
+            if self.cfg.algo == "builtin":
+                TORCH_REDUCE_SCATTER(self._out, self.grads, op=dist.ReduceOp.SUM)
+                self.shard.grad.copy_(self._out)
             else:  # in place: this rank's shard of the buffer ends with the sum
                 ring_textbook_reduce_scatter(self.grads)
             self.shard.grad.div_(self.env.world_size)
@@ -101,7 +101,7 @@ class ZeroSync(ReplicaSync):
         """All-gather the new weights (each rank stepped its own shard); clear the gradients."""
         with position.collective("weight sync"), self._timed(), torch.no_grad():
             if self.cfg.algo == "builtin":
-                TORCH_ALL_GATHER(self.weights, self.shard.detach().clone())
+                TORCH_ALL_GATHER(self.weights, self._out.copy_(self.shard.detach()))
             else:
                 ring_textbook_all_gather(self.weights)
         self.grads.zero_()
@@ -117,7 +117,7 @@ class ZeroSync(ReplicaSync):
 
     def _reattach(self) -> None:
         """A .grad that is not its view (set to None, or replaced) goes back into the buffer."""
-        for p, g in zip(self.params, views_into(self.grads, self.params)):
+        for p, g in zip(self.params, self.grad_views):
             if p.grad is None:
                 continue  # unused this step: its zeros in the buffer stand for it
             if p.grad.data_ptr() != g.data_ptr():

@@ -109,7 +109,7 @@ class Meter:
         self.clock = Clock(env.device)
         self.throughput = Throughput(self.clock, warmup_steps)
         self.sums = torch.zeros(3, dtype=torch.float64, device=env.device)  # loss*n, correct, n (targets)
-        self.counts = "loss and correct"  # what add_batch is given (trainer.measure): else NaN
+        self.counted = {"loss", "correct"}  # what add_batch counts (trainer.measure); the rest is NaN
         self.epoch_seconds: list[float] = []
         # the current epoch's seconds in earlier launches (a mid-epoch resume carries them)
         self.epoch_carried_s = 0.0
@@ -188,9 +188,9 @@ class Meter:
             all_reduce_sum(self.sums, self.env)
         loss_sum, correct, n = self.sums.tolist()
         self.sums.zero_()
-        if "correct" not in self.counts:  # not measured (trainer.measure): NaN, never 0
+        if "correct" not in self.counted:  # not measured (trainer.measure): NaN, never 0
             correct = math.nan
-        if "loss" not in self.counts:
+        if "loss" not in self.counted:
             loss_sum = math.nan
         tp = self.throughput
         window = tp.seconds - seconds0

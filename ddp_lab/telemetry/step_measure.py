@@ -40,7 +40,7 @@ class StepMeasure:
         self.model_state: dict[str, int] | None = None  # counted at the second sync of this launch
         self._syncs = 0
         self.step_timer = step_timer if level == "full" else None
-        meter.counts = {"full": "loss and correct", "light": "loss", "off": "nothing"}[level]
+        meter.counted = {"full": {"loss", "correct"}, "light": {"loss"}, "off": set()}[level]
         self._start = self._synced = 0.0  # this step's, where no StepTimer times it
         self.images = 0  # this rank's, in the current step
 

@@ -37,6 +37,7 @@ def run_summary(trainer) -> dict:
     rate = tp.per_sec
     comm_ms, comm_frac = sync.comm_figures(tp.steps, tp.seconds)
     seconds = trainer.meter.epoch_seconds
+    peaks = by_rank(peak_memory_mb(env.device), env)  # every rank's: under zero the ranks are not alike
     return {
         # the task's figures, named by it: test_acc, train_loss (classification); val_ppl, ...
         **{summary_name(k): v for k, v in last.items() if k.split("/")[0] in FIGURES},
@@ -62,9 +63,7 @@ def run_summary(trainer) -> dict:
         # bytes handed to all-reduces per optimizer step, as counted at each call (ddp_lab.sync)
         "wire_bytes_per_step": sync.wire_bytes / tp.seen if tp.seen else None,
         **trainer.target.summary(),  # target, target_reached, steps_to_target, time_to_target_s, eval_s
-        "peak_mem_mb": peak_memory_mb(env.device),  # rank 0's process
-        # every rank's: under sharding (sync.mode=zero) the ranks are not alike (telemetry/memory.py)
-        "peak_mem_mb_by_rank": by_rank(peak_memory_mb(env.device), env),
+        "peak_mem_mb": peaks[0], "peak_mem_mb_by_rank": peaks,  # rank 0's, every rank's (telemetry/memory.py)
         # counted at the second step's sync (telemetry/step_measure.py), or now if it took fewer
         "model_state_bytes": [int(b) for b in by_rank(
             (trainer.measure.model_state or model_state_bytes(trainer.model, trainer.optimizer))["total"], env)],

@@ -59,7 +59,6 @@ def test_off_counts_neither_but_keeps_the_throughput_clock():
     figures, measure = _one_step("off")
     assert math.isnan(figures["loss/train"]) and math.isnan(figures["acc/train"])
     assert measure.meter.throughput.steps == 1  # the step still counts for images/s
-    assert measure.last_compute >= 0.0
 
 
 @pytest.mark.parametrize("level", ["full", "light", "off"])
