@@ -7,7 +7,9 @@ of one (`cfg.sync`, `self.cfg`, `t.amp` after `t = cfg.trainer`), or an object c
 import f` / `mod.f`, classes' __init__, methods on `self` and on instances of known classes); other calls are skipped.
 In the callee, the parameter that got the object is tracked. Each function counts once. "Returns up": steps of the
 visit order to a function in a higher layer (lower number in LAYERS). "Returns to a module left": modules of the
-visit order (repeats in a row collapsed) seen before, with another module in between.
+visit order (repeats in a row collapsed) seen before, with another module in between. "Calls into a higher layer":
+calls that pass the object from a function to one in a higher layer (the walk's edges, not its order), each listed.
+A second walk follows the whole object only (not `cfg.sync`, `cfg["x"]`): the functions a part reaches unnarrowed.
 """
 from __future__ import annotations
 
@@ -92,8 +94,9 @@ class Walk:
     """One depth-first walk. In a function `names` hold (a part of) the object, `typed` maps names to known classes
     (module, ClassDef, None); a typed name with tracked names under it (`self` with `self.cfg`) carries the object."""
 
-    def __init__(self, index: Index):
+    def __init__(self, index: Index, parts: bool = True):
         self.index, self.order, self.made = index, {}, {}  # order: key -> (module, depth); made: an __init__'s state
+        self.parts = parts
 
     def key(self, module: str, fn, cls=None) -> str:
         return f"{module.removeprefix(self.index.pkg + '.')}.{cls[1].name + '.' if cls else ''}{fn.name}"
@@ -104,8 +107,8 @@ class Walk:
             sides = [node.body, node.orelse] if isinstance(node, ast.IfExp) else node.values
             return next((h for h in (self.holds(n, names, typed) for n in sides) if h), None)
         if isinstance(node, (ast.Subscript, ast.Starred)):  # cfg["_target_"]: a part
-            return True if self.holds(node.value, names, typed) else None
-        if (d := dotted(node)) and any(d == n or d.startswith(n + ".") for n in names):
+            return True if self.parts and self.holds(node.value, names, typed) else None
+        if (d := dotted(node)) and any(d == n or self.parts and d.startswith(n + ".") for n in names):
             return True
         return d if d in typed and any(n.startswith(d + ".") for n in names) else None
 
@@ -181,6 +184,8 @@ def main() -> None:
     index = Index(args.package.resolve())
     trainer = next((m, d["Trainer"]) for m, (d, _) in index.mods.items() if isinstance(d.get("Trainer"), ast.ClassDef))
     for name in args.name or ["cfg", "env"]:
+        whole = Walk(index, parts=False)  # only the calls that pass the whole object, not one of its groups
+        whole.visit(index.method(trainer, "__init__"), {name}, {})
         walk = Walk(index)
         walk.visit(index.method(trainer, "__init__"), {name}, {})
         modules = [m for m, _ in walk.order.values()]
@@ -188,8 +193,17 @@ def main() -> None:
         up = sum(1 for a, b in zip(layers, layers[1:]) if a is not None and b is not None and b < a)
         runs = [m for i, m in enumerate(modules) if i == 0 or m != modules[i - 1]]
         back = sum(1 for i, m in enumerate(runs) if m in runs[:i])
+        depths, callers = [d for _, d in walk.order.values()], []
+        for i, d in enumerate(depths):  # a function's caller: the last one before it, one level shallower
+            callers.append(next((j for j in range(i - 1, -1, -1) if depths[j] == d - 1), None))
+        calls_up = [i for i, j in enumerate(callers) if j is not None and None not in (layers[i], layers[j])
+                    and layers[i] < layers[j]]
         print(f"{name}: {len(walk.order)} functions in {len(set(modules))} modules; {up} returns up a layer; "
-              f"{back} returns to a module left")
+              f"{back} returns to a module left; {len(calls_up)} calls into a higher layer; "
+              f"the whole {name} reaches {len(whole.order) - 1} functions: {', '.join(list(whole.order)[1:])}")
+        keys = list(walk.order)
+        for i in calls_up:
+            print(f"  up: {keys[callers[i]]} -> {keys[i]}")
         for (key, (_, depth)), number in zip(walk.order.items(), layers) if args.list else ():
             print(f"  {'?' if number is None else number}  {'  ' * depth}{key}")
 

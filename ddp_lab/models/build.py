@@ -60,13 +60,13 @@ def check_sync_bn(model: nn.Module, distributed: bool, device: torch.device) -> 
                           "with its own batch's statistics)")
 
 
-def check_fits_data(cfg, x: torch.Tensor, y: torch.Tensor, task, classes: int) -> torch.Size:
+def check_fits_data(model, data, x: torch.Tensor, y: torch.Tensor, task, classes: int) -> torch.Size:
     """Refuse, before training, data the model cannot take: inputs its layers do not fit,
     outputs of another shape than the targets, targets beyond the classes it predicts.
     One sample's forward pass on the meta device (shapes only: no arithmetic, no
     memory) finds them all, for any model. x, y: one sample; classes: the largest
-    target + 1. Returns the output's shape for one input."""
-    m, name = cfg.model, model_name(cfg.model)
+    target + 1; model, data: their config groups. Returns the output's shape for one input."""
+    m, name = model, model_name(model)
     image = x.dim() == 3 and x.is_floating_point()
     if image and "in_channels" in m and x.shape[0] != m.in_channels:
         raise ConfigError(f"model.in_channels={m.in_channels} but the data has "
@@ -74,7 +74,7 @@ def check_fits_data(cfg, x: torch.Tensor, y: torch.Tensor, task, classes: int) -
     with torch.device("meta"):
         net = build_model(m).eval()
     out, error = _dry_forward(net, x)
-    if out is None and image and "image_shape" in cfg.data:
+    if out is None and image and "image_shape" in data:
         raise ConfigError(_misfit(net, tuple(x.shape), name, error))
     if out is None:
         raise ConfigError(f"model={name} cannot take the data's inputs (one is {list(x.shape)}, "
@@ -88,19 +88,19 @@ def check_fits_data(cfg, x: torch.Tensor, y: torch.Tensor, task, classes: int) -
     if tuple(out[:-1]) != (1, *y.shape):
         raise ConfigError(f"model={name} outputs {list(out)} for one input, but a {task.name} target is "
                           f"{list(y.shape) or 'one class id'}: the model must output {[1, *y.shape, 'classes']}")
-    _check_classes(cfg, name, out[-1], classes)
+    _check_classes(model, data, name, out[-1], classes)
     return out
 
 
-def _check_classes(cfg, name: str, predicts: int, classes: int) -> None:
+def _check_classes(model, data, name: str, predicts: int, classes: int) -> None:
     if classes <= predicts:
         return
-    if "num_classes" in cfg.data and "num_classes" in cfg.model:
+    if "num_classes" in data and "num_classes" in model:
         raise ConfigError(f"data.num_classes={classes} is more than model.num_classes={predicts}, the "
                           f"classes model={name} predicts: set model.num_classes={classes} "
                           f"(or data.num_classes<={predicts})")
     for key in ("num_classes", "vocab_size"):
-        if key in cfg.model:
+        if key in model:
             raise ConfigError(f"model.{key}={predicts} is fewer than the {classes} classes of the data: "
                               f"set model.{key}={classes}")
     raise ConfigError(f"the data's targets go up to {classes - 1} but model={name} predicts {predicts} "

@@ -118,20 +118,19 @@ def activation_bytes(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, tas
     return sum(saved.values()) // 2
 
 
-def estimate(cfg, x: torch.Tensor, y: torch.Tensor, task, batch: int, world_size: int = 1) -> Estimate:
-    """The estimate for `batch` samples per rank like (x, y), of cfg's model and optimizer,
-    at `world_size` ranks (which matters under sync.mode=zero only)."""
+def estimate(model, optim, x: torch.Tensor, y: torch.Tensor, task, batch: int, shards: int = 1) -> Estimate:
+    """The estimate for `batch` samples per rank like (x, y), of the model and optimizer groups,
+    with the optimizer state in `shards` parts (sync.mode=zero: the world size)."""
     with torch.device("meta"):
-        net = build_model(cfg.model)
+        net = build_model(model)
     n = sum(p.numel() for p in net.parameters())
     weights = sum(p.numel() * p.element_size() for p in net.parameters())
-    kept, name = optimizer_state(cfg.optim)
+    kept, name = optimizer_state(optim)
     try:
         per_sample = activation_bytes(net, x, y, task)
     except (RuntimeError, ValueError, TypeError, NotImplementedError, AssertionError, IndexError) as e:  # on meta
         log.info("memory estimate: activations not counted (%s)", str(e).strip().splitlines()[0] if str(e) else e)
         per_sample = 0
-    shards = world_size if cfg.get("sync", {}).get("mode") == "zero" else 1
     optimizer = kept * -(-weights // shards)  # zero: this rank's shard's (the last one padded)
     return Estimate(n, weights, optimizer, per_sample * batch, batch, name)
 
@@ -148,9 +147,9 @@ def mem_available() -> int | None:
     return None
 
 
-def describe(e: Estimate, cfg, available: int, ranks: int, machine: int) -> str:
+def describe(e: Estimate, model, sharded: bool, available: int, ranks: int, machine: int) -> str:
     """The line that says the estimate, the memory and what to lower."""
-    what = (f"model={model_name(cfg.model)} needs about {e.total_bytes / GiB:.1f} GiB per rank, "
+    what = (f"model={model_name(model)} needs about {e.total_bytes / GiB:.1f} GiB per rank, "
             f"{'more than' if e.total_bytes > available else 'close to'} the {available / GiB:.1f} GiB available to "
             f"each of the {ranks} rank(s) on this machine (MemAvailable {machine / GiB:.1f} GiB): "
             f"activations {e.activation_bytes / GiB:.1f} GiB ({e.batch} samples per rank, what autograd keeps for "
@@ -158,9 +157,9 @@ def describe(e: Estimate, cfg, available: int, ranks: int, machine: int) -> str:
             f"gradients and {e.optimizer}'s state)")
     if e.activation_bytes >= e.state_bytes:
         lower = ("data.batch_size or the context, model.block_size (activations grow with both"
-                 if "block_size" in cfg.model else "data.batch_size (activations grow with it")
+                 if "block_size" in model else "data.batch_size (activations grow with it")
         fix = f"lower {lower}; trainer.grad_accum keeps the samples per step)"
-    elif cfg.get("sync", {}).get("mode") != "zero" and e.optimizer_bytes > 0:
+    elif not sharded and e.optimizer_bytes > 0:
         fix = ("shard the optimizer state over the ranks (sync=zero), use a smaller model or an optimizer "
                "with less state (optim=sgd)")
     else:
@@ -168,17 +167,18 @@ def describe(e: Estimate, cfg, available: int, ranks: int, machine: int) -> str:
     return f"{what}; {fix}, or run fewer ranks per machine"
 
 
-def check_fits_memory(cfg, env: DistEnv, x: torch.Tensor, y: torch.Tensor, task, batch: int,
-                      available: int | None = None) -> Estimate | None:
-    """Refuse (trainer.memory_check) or warn about a CPU run whose estimate is more than the
-    memory available to each rank; warn where it takes most of it. None where not checked."""
+def check_fits_memory(model, optim, env: DistEnv, x: torch.Tensor, y: torch.Tensor, task, batch: int, *,
+                      sharded: bool = False, refuse: bool = True, available: int | None = None) -> Estimate | None:
+    """Refuse (`refuse`: trainer.memory_check) or warn about a CPU run whose estimate is more than the
+    memory available to each rank; warn where it takes most of it. None where not checked.
+    model, optim: their config groups; sharded: the optimizer state is split over the ranks (sync.mode=zero)."""
     if env.device.type != "cpu":
         return None
     machine = mem_available() if available is None else available
     if machine is None:
         return None
     try:
-        e = estimate(cfg, x, y, task, batch, env.world_size)
+        e = estimate(model, optim, x, y, task, batch, env.world_size if sharded else 1)
     except Exception as err:  # a user's model that cannot be built on meta (it reads values, loads weights)
         log.info("memory estimate: not made (the model cannot be built on the meta device: %s)", err)
         return None
@@ -186,8 +186,9 @@ def check_fits_memory(cfg, env: DistEnv, x: torch.Tensor, y: torch.Tensor, task,
     per_rank = machine // ranks
     log.info("memory estimate: %.2f GiB per rank (activations %.2f, model state %.2f), %.1f GiB available to each",
              e.total_bytes / GiB, e.activation_bytes / GiB, e.state_bytes / GiB, per_rank / GiB)
-    if e.total_bytes > per_rank and cfg.trainer.get("memory_check", True):
-        raise ConfigError(describe(e, cfg, per_rank, ranks, machine) + " (trainer.memory_check=false: try anyway)")
+    if e.total_bytes > per_rank and refuse:
+        raise ConfigError(describe(e, model, sharded, per_rank, ranks, machine) +
+                          " (trainer.memory_check=false: try anyway)")
     if e.total_bytes > WARN_SHARE * per_rank and env.is_main:
-        log.warning("%s", describe(e, cfg, per_rank, ranks, machine))
+        log.warning("%s", describe(e, model, sharded, per_rank, ranks, machine))
     return e

@@ -52,7 +52,7 @@ class Trainer:
         log.info(amp_reason(t.amp, self.amp, env.device))
         self.autocast = partial(autocast, self.amp, env.device)  # a context for the forward pass
         position.phase("loading data")  # every stretch of a rank's life is named (telemetry/position.py)
-        self.work = build_workload(cfg, env)  # the data and its task, checked against the model
+        self.work = build_workload(cfg.data, env, cfg.seed, model=cfg.model, trainer=t, optim=cfg.optim, sync=cfg.sync)
         self.train_loader, self.test_loader, self.task = self.work.loaders() + (self.work.task,)
         self.memory_format = torch.channels_last if self.work.channels_last else torch.contiguous_format
         self.steps_per_epoch = len(self.train_loader) // t.grad_accum

@@ -39,33 +39,35 @@ def num_classes(train) -> int:
     return int(pairs.targets.max()) + 1 if pairs is not None else int(example(train)[1].max()) + 1
 
 
-def build_workload(cfg, env: DistEnv) -> Workload:
-    train, test = build_datasets(cfg.data)
+def build_workload(data, env: DistEnv, seed: int, *, model, trainer, optim, sync) -> Workload:
+    """data's datasets, loaders and task. The other groups are the checks': the model must take the data,
+    trainer.loss its outputs, and model, optimizer (sharded or not) and a batch must fit in memory."""
+    train, test = build_datasets(data)
     x, y = example(train)
-    task = choose_task(cfg.data.task, y, build_loss(cfg.trainer.get("loss")))
+    task = choose_task(data.task, y, build_loss(trainer.get("loss")))
     classes = num_classes(train) if task.correct_name else 0
-    out = check_fits_data(cfg, x, y, task, classes)
+    out = check_fits_data(model, data, x, y, task, classes)
     if task.criterion is not None:
-        check_loss(cfg, task, out, y)
-    channels_last = cfg.trainer.channels_last and x.dim() == 3  # memory layouts are for images
-    train_loader, test_loader = build_loaders(cfg.data, train, test, env.rank, env.world_size, env.device,
-                                              cfg.seed, channels_last)
-    k = cfg.trainer.grad_accum
+        check_loss(trainer.loss["_target_"], task, out, y)
+    channels_last = trainer.channels_last and x.dim() == 3  # memory layouts are for images
+    train_loader, test_loader = build_loaders(data, train, test, env.rank, env.world_size, env.device,
+                                              seed, channels_last)
+    k = trainer.grad_accum
     if len(train_loader) < k:
         raise ConfigError(f"trainer.grad_accum={k} takes {k} batches per optimizer step, but each rank has only "
                           f"{len(train_loader)} per epoch: lower trainer.grad_accum (or data.batch_size)")
-    check_fits_memory(cfg, env, x, y, task, train_loader.batch_size)  # a CPU run: refused if it cannot fit
+    check_fits_memory(model, optim, env, x, y, task, train_loader.batch_size, sharded=sync.mode == "zero",
+                      refuse=trainer.get("memory_check", True))  # a CPU run: refused if it cannot fit
     log.info("data: %d training and %d held-out samples of %s -> %s (%s), %s loader", len(train), len(test),
              list(x.shape), list(y.shape) or "a class", task.name, type(train_loader).__name__)
     return Workload(train_loader, test_loader, task, x, max(y.numel(), 1), channels_last, classes)
 
 
-def check_loss(cfg, task: Task, out: torch.Size, y: torch.Tensor) -> None:
-    """trainer.loss must turn a batch of the model's outputs and its targets into one number
-    (tried on the meta device: shapes only)."""
+def check_loss(name: str, task: Task, out: torch.Size, y: torch.Tensor) -> None:
+    """trainer.loss (its _target_: `name`) must turn a batch of the model's outputs and its targets
+    into one number (tried on the meta device: shapes only)."""
     outs = torch.empty(2, *out[1:], device="meta")
     ys = torch.empty(2, *y.shape, dtype=y.dtype, device="meta")
-    name = cfg.trainer.loss["_target_"]
     try:
         loss = task.loss(outs, ys)
     except Exception as e:  # a user's callable: any error it raises is said in one line

@@ -22,6 +22,10 @@ def _gpt(compose_train, *extra):
     return compose_train(["model=gpt", "data=text", "optim=adamw", *extra])
 
 
+def _groups(cfg):
+    return cfg.model, cfg.optim
+
+
 def test_the_optimizers_state_per_parameter(compose_train):
     assert optimizer_state(compose_train(["optim=adamw"]).optim) == (2, "AdamW")  # two moments
     assert optimizer_state(compose_train([]).optim) == (1, "SGD")  # momentum 0.9
@@ -51,10 +55,11 @@ def test_activations_are_what_autograd_saves_and_attention_is_linear_in_the_cont
 
 
 def test_model_state_counts_weights_gradients_and_adams_moments(compose_train):
-    e = estimate(_gpt(compose_train), TOKENS, TOKENS, LANGUAGE_MODEL, batch=32)
+    e = estimate(*_groups(_gpt(compose_train)), TOKENS, TOKENS, LANGUAGE_MODEL, batch=32)
     assert (e.parameters, e.weight_bytes, e.optimizer_bytes) == (834_304, 834_304 * 4, 834_304 * 8)
     assert e.state_bytes == 834_304 * 16 and e.optimizer == "AdamW"
-    assert e.activation_bytes == 32 * estimate(_gpt(compose_train), TOKENS, TOKENS, LANGUAGE_MODEL, 1).activation_bytes
+    one = estimate(*_groups(_gpt(compose_train)), TOKENS, TOKENS, LANGUAGE_MODEL, 1)
+    assert e.activation_bytes == 32 * one.activation_bytes
     assert e.total_bytes == e.state_bytes + e.activation_bytes
 
 
@@ -69,7 +74,7 @@ def test_the_shipped_runs_at_two_ranks_fit_a_small_machine(compose_train, model,
             else (torch.zeros(1, 28, 28), torch.tensor(0)))
     task = LANGUAGE_MODEL if data == "text" else CLASSIFICATION
     assert batch == cfg.data.batch_size // 2  # the preset's global batch over 2 ranks
-    assert estimate(cfg, x, y, task, batch).total_bytes < under_gib * GiB
+    assert estimate(cfg.model, cfg.optim, x, y, task, batch).total_bytes < under_gib * GiB
 
 
 def test_a_long_context_is_refused_with_the_estimate_the_memory_and_what_to_lower(compose_train, monkeypatch):
@@ -79,11 +84,11 @@ def test_a_long_context_is_refused_with_the_estimate_the_memory_and_what_to_lowe
     cfg = _gpt(compose_train, "model.block_size=100000")
     ids = torch.zeros(100_000, dtype=torch.long)
     env = DistEnv(0, 2, 0, CPU, "gloo")
-    fits = check_fits_memory(cfg, env, ids, ids, LANGUAGE_MODEL, batch=1, available=24 * GiB)
+    fits = check_fits_memory(cfg.model, cfg.optim, env, ids, ids, LANGUAGE_MODEL, batch=1, available=24 * GiB)
     assert 3 * GiB < fits.activation_bytes < 4 * GiB
     with pytest.raises(ConfigError) as e:
-        check_fits_memory(cfg, env, ids, ids, LANGUAGE_MODEL, batch=8, available=24 * GiB)
-    big = estimate(cfg, ids, ids, LANGUAGE_MODEL, 8)
+        check_fits_memory(cfg.model, cfg.optim, env, ids, ids, LANGUAGE_MODEL, batch=8, available=24 * GiB)
+    big = estimate(cfg.model, cfg.optim, ids, ids, LANGUAGE_MODEL, 8)
     assert str(e.value) == (
         f"model=gpt needs about {big.total_bytes / GiB:.1f} GiB per rank, more than the 12.0 GiB available to each "
         f"of the 2 rank(s) on this machine (MemAvailable 24.0 GiB): activations {big.activation_bytes / GiB:.1f} "
@@ -98,18 +103,19 @@ def test_memory_check_false_only_warns_and_a_gpu_is_not_checked(compose_train, c
     cfg = _gpt(compose_train, "trainer.memory_check=false")
     env = DistEnv(0, 1, 0, CPU, "none")
     with caplog.at_level(logging.WARNING, logger="ddp_lab"):
-        e = check_fits_memory(cfg, env, TOKENS, TOKENS, LANGUAGE_MODEL, batch=32, available=2**20)
+        e = check_fits_memory(cfg.model, cfg.optim, env, TOKENS, TOKENS, LANGUAGE_MODEL, batch=32, available=2**20,
+                              refuse=cfg.trainer.memory_check)
     assert e.total_bytes > 2**20
     assert "model=gpt needs about 0.1 GiB per rank, more than the 0.0 GiB available" in caplog.text
-    assert check_fits_memory(cfg, DistEnv(0, 1, 0, torch.device("cuda"), "nccl"), TOKENS, TOKENS,
+    assert check_fits_memory(cfg.model, cfg.optim, DistEnv(0, 1, 0, torch.device("cuda"), "nccl"), TOKENS, TOKENS,
                              LANGUAGE_MODEL, batch=32, available=2**20) is None
 
 
 def test_a_large_model_is_told_to_shrink_not_to_lower_the_batch(compose_train):
     cfg = compose_train(["model=custom", "model._target_=torch.nn.Linear", "+model.in_features=4096",
                          "+model.out_features=4096", "optim=adamw"])
-    e = estimate(cfg, torch.zeros(4096), torch.zeros(4096), REGRESSION, batch=1)
-    line = memory_estimate.describe(e, cfg, available=2**20, ranks=1, machine=2**20)
+    e = estimate(cfg.model, cfg.optim, torch.zeros(4096), torch.zeros(4096), REGRESSION, batch=1)
+    line = memory_estimate.describe(e, cfg.model, False, available=2**20, ranks=1, machine=2**20)
     assert line.endswith("model state 0.3 GiB (16,781,312 parameters: weights, gradients and AdamW's state); shard "
                          "the optimizer state over the ranks (sync=zero), use a smaller model or an optimizer with "
                          "less state (optim=sgd), or run fewer ranks per machine")
@@ -119,12 +125,13 @@ def test_under_zero_a_rank_counts_its_shard_of_the_optimizer_state(compose_train
     big = ["model=custom", "model._target_=torch.nn.Linear", "+model.in_features=4096", "+model.out_features=4096",
            "optim=adamw"]
     x = torch.zeros(4096)
-    ddp = estimate(compose_train(big), x, x, REGRESSION, batch=1, world_size=4)
-    zero = estimate(compose_train(big + ["sync=zero"]), x, x, REGRESSION, batch=1, world_size=4)
+    cfg = compose_train(big)
+    ddp = estimate(cfg.model, cfg.optim, x, x, REGRESSION, batch=1)
+    zero = estimate(cfg.model, cfg.optim, x, x, REGRESSION, batch=1, shards=4)
     weights = 4 * 16_781_312
     assert (ddp.weight_bytes, ddp.optimizer_bytes) == (weights, 2 * weights)  # each rank all of AdamW's moments
     assert (zero.weight_bytes, zero.optimizer_bytes) == (weights, 2 * weights // 4)  # a quarter of them
-    line = memory_estimate.describe(zero, compose_train(big + ["sync=zero"]), available=2**20, ranks=4, machine=2**22)
+    line = memory_estimate.describe(zero, cfg.model, True, available=2**20, ranks=4, machine=2**22)
     assert line.endswith("use a smaller model or an optimizer with less state (optim=sgd), or run fewer ranks per "
                          "machine")
 
@@ -152,5 +159,6 @@ def test_a_model_that_cannot_be_built_on_meta_is_not_estimated_and_the_run_goes_
     cfg = OmegaConf.create({"model": {}, "optim": {"_target_": "torch.optim.SGD"}, "trainer": {}})
     env = DistEnv(0, 1, 0, torch.device("cpu"), "none")
     with caplog.at_level("INFO", logger="ddp_lab"):
-        assert check_fits_memory(cfg, env, torch.zeros(8), torch.tensor(0), None, 4, available=2**30) is None
+        assert check_fits_memory(cfg.model, cfg.optim, env, torch.zeros(8), torch.tensor(0), None, 4,
+                                 available=2**30) is None
     assert "memory estimate: not made (the model cannot be built on the meta device" in caplog.text
