@@ -72,6 +72,7 @@ from ddp_lab.sync.local_sgd import LocalSGDSync
 from ddp_lab.sync.per_param import PerParamSync
 from ddp_lab.sync.zero import ALGOS as ZERO_ALGOS
 from ddp_lab.sync.zero import ZeroSync
+from ddp_lab.sync.zero2 import Zero2Sync
 
 STRATEGIES = {"ddp": DDPSync, "flat": FlatSync, "per_param": PerParamSync,
               "local_sgd": LocalSGDSync, "diloco": DiLoCoSync, "zero": ZeroSync}
@@ -118,10 +119,13 @@ def validate(cfg) -> None:
                           f"of the weights)")
 
 
+ZERO_STAGES = {1: ZeroSync, 2: Zero2Sync}
+
+
 def validate_zero(cfg) -> None:
-    if cfg.zero_stage != 1:
-        raise ConfigError(f"sync.zero_stage={cfg.zero_stage} is not built yet (stages 2 and 3 shard the "
-                          f"gradients and the weights too): use sync.zero_stage=1")
+    if cfg.zero_stage not in ZERO_STAGES:
+        raise ConfigError(f"sync.zero_stage={cfg.zero_stage} is not built yet (stage 3 shards the weights "
+                          f"too): use sync.zero_stage=1 or 2")
     if cfg.algo not in ZERO_ALGOS:
         raise ConfigError(f"sync.algo={cfg.algo} has no reduce-scatter and all-gather of its own: sync.mode=zero "
                           f"takes sync.algo={' or '.join(ZERO_ALGOS)}")
@@ -137,4 +141,4 @@ def build_sync(cfg, model: nn.Module, env: DistEnv) -> ReplicaSync:
     if mode != cfg.mode:  # the strategies read cfg.mode (describe() reports it)
         items = vars(cfg) if isinstance(cfg, SimpleNamespace) else dict(cfg)
         cfg = SimpleNamespace(**{**items, "mode": mode})
-    return STRATEGIES[mode](model, env, cfg)
+    return (ZERO_STAGES[cfg.zero_stage] if mode == "zero" else STRATEGIES[mode])(model, env, cfg)

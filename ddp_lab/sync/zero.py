@@ -44,9 +44,19 @@ def views_into(buffer: torch.Tensor, params: list[nn.Parameter]) -> list[torch.T
     for p in params:
         strides = dense_strides(p)  # the parameter's own layout (e.g. channels_last)
         views.append(buffer[offset:offset + p.numel()].view(p.shape) if strides is None
-                     else buffer.as_strided(p.shape, strides, offset))
+                     else buffer.as_strided(p.shape, strides, buffer.storage_offset() + offset))  # (absolute)
         offset += p.numel()
     return views
+
+
+def trainable_parameters(model: nn.Module, what: str) -> list[nn.Parameter]:
+    """The parameters that train, refused unless all of one floating-point dtype and device (one flat buffer)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    kinds = {(p.dtype, p.device) for p in params}
+    if len(kinds) != 1 or not next(iter(kinds))[0].is_floating_point:
+        raise ConfigError(f"{what} needs every trainable parameter of one floating-point dtype "
+                          f"and device; this model has {sorted(str(d) for d, _ in kinds)}: use sync.mode=flat")
+    return params
 
 
 class ZeroSync(ReplicaSync):
@@ -57,16 +67,12 @@ class ZeroSync(ReplicaSync):
     def __init__(self, model: nn.Module, env: DistEnv, cfg):
         super().__init__(model, env)
         self.cfg = cfg
-        params = [p for p in model.parameters() if p.requires_grad]
-        kinds = {(p.dtype, p.device) for p in params}
-        if len(kinds) != 1 or not next(iter(kinds))[0].is_floating_point:
-            raise ConfigError(f"sync.mode=zero needs every trainable parameter of one floating-point dtype "
-                              f"and device; this model has {sorted(str(d) for d, _ in kinds)}: use sync.mode=flat")
+        params = trainable_parameters(model, "sync.mode=zero")
         broadcast_from_rank0(model)
         n, r = env.world_size, env.rank
         total = sum(p.numel() for p in params)
         self.shard_size = -(-total // n)  # ceil: the last shard padded with zeros
-        dtype, device = next(iter(kinds))
+        dtype, device = params[0].dtype, params[0].device
         self.weights = torch.zeros(self.shard_size * n, dtype=dtype, device=device)
         self.grads = torch.zeros_like(self.weights)
         self.params, self.grad_views = params, views_into(self.grads, params)

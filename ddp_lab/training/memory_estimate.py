@@ -20,8 +20,8 @@ Not counted: the data held in memory, the process itself (torch's libraries, abo
 0.5 GB), the backward's transient buffers, bf16 autocast's halving of activations
 (so it is an upper bound under amp). The available memory is /proc/meminfo's
 MemAvailable shared by the ranks on this machine. CPU runs only: a GPU's memory is
-its own, and its kernels keep other things. Under sync.mode=zero (ZeRO stage 1) each
-rank keeps the optimizer state of its 1/N of the parameters only.
+its own, and its kernels keep other things. Under sync.mode=zero each rank keeps the
+optimizer state of its 1/N of the parameters only (stage 1), and their gradients (stage 2).
 """
 from __future__ import annotations
 
@@ -50,10 +50,11 @@ class Estimate:
     activation_bytes: int   # saved for the backward, for `batch` samples
     batch: int              # samples per rank in one forward
     optimizer: str
+    grad_shards: int = 1    # the gradients kept between steps are 1/grad_shards of the weights (ZeRO stage 2)
 
     @property
     def state_bytes(self) -> int:
-        return 2 * self.weight_bytes + self.optimizer_bytes
+        return self.weight_bytes + -(-self.weight_bytes // self.grad_shards) + self.optimizer_bytes
 
     @property
     def total_bytes(self) -> int:
@@ -118,9 +119,11 @@ def activation_bytes(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, tas
     return sum(saved.values()) // 2
 
 
-def estimate(model, optim, x: torch.Tensor, y: torch.Tensor, task, batch: int, shards: int = 1) -> Estimate:
+def estimate(model, optim, x: torch.Tensor, y: torch.Tensor, task, batch: int, shards: int = 1,
+             stage: int = 1) -> Estimate:
     """The estimate for `batch` samples per rank like (x, y), of the model and optimizer groups,
-    with the optimizer state in `shards` parts (sync.mode=zero: the world size)."""
+    with the optimizer state in `shards` parts (sync.mode=zero: the world size), and from stage 2
+    the gradients too."""
     with torch.device("meta"):
         net = build_model(model)
     n = sum(p.numel() for p in net.parameters())
@@ -132,7 +135,7 @@ def estimate(model, optim, x: torch.Tensor, y: torch.Tensor, task, batch: int, s
         log.info("memory estimate: activations not counted (%s)", str(e).strip().splitlines()[0] if str(e) else e)
         per_sample = 0
     optimizer = kept * -(-weights // shards)  # zero: this rank's shard's (the last one padded)
-    return Estimate(n, weights, optimizer, per_sample * batch, batch, name)
+    return Estimate(n, weights, optimizer, per_sample * batch, batch, name, shards if stage >= 2 else 1)
 
 
 def mem_available() -> int | None:
@@ -147,7 +150,7 @@ def mem_available() -> int | None:
     return None
 
 
-def describe(e: Estimate, model, sharded: bool, available: int, ranks: int, machine: int) -> str:
+def describe(e: Estimate, model, stage: int, available: int, ranks: int, machine: int) -> str:
     """The line that says the estimate, the memory and what to lower."""
     what = (f"model={model_name(model)} needs about {e.total_bytes / GiB:.1f} GiB per rank, "
             f"{'more than' if e.total_bytes > available else 'close to'} the {available / GiB:.1f} GiB available to "
@@ -159,26 +162,28 @@ def describe(e: Estimate, model, sharded: bool, available: int, ranks: int, mach
         lower = ("data.batch_size or the context, model.block_size (activations grow with both"
                  if "block_size" in model else "data.batch_size (activations grow with it")
         fix = f"lower {lower}; trainer.grad_accum keeps the samples per step)"
-    elif not sharded and e.optimizer_bytes > 0:
-        fix = ("shard the optimizer state over the ranks (sync=zero), use a smaller model or an optimizer "
-               "with less state (optim=sgd)")
+    elif stage == 0:
+        fix = ("shard the optimizer state and the gradients over the ranks (sync=zero sync.zero_stage=2), use a "
+               "smaller model or an optimizer with less state (optim=sgd)")
+    elif stage == 1:
+        fix = "shard the gradients too (sync.zero_stage=2), use a smaller model or an optimizer with less state"
     else:
         fix = "use a smaller model or an optimizer with less state (optim=sgd)"
     return f"{what}; {fix}, or run fewer ranks per machine"
 
 
 def check_fits_memory(model, optim, env: DistEnv, x: torch.Tensor, y: torch.Tensor, task, batch: int, *,
-                      sharded: bool = False, refuse: bool = True, available: int | None = None) -> Estimate | None:
+                      stage: int = 0, refuse: bool = True, available: int | None = None) -> Estimate | None:
     """Refuse (`refuse`: trainer.memory_check) or warn about a CPU run whose estimate is more than the
     memory available to each rank; warn where it takes most of it. None where not checked.
-    model, optim: their config groups; sharded: the optimizer state is split over the ranks (sync.mode=zero)."""
+    model, optim: their config groups; stage: sync.zero_stage under sync.mode=zero (0: nothing sharded)."""
     if env.device.type != "cpu":
         return None
     machine = mem_available() if available is None else available
     if machine is None:
         return None
     try:
-        e = estimate(model, optim, x, y, task, batch, env.world_size if sharded else 1)
+        e = estimate(model, optim, x, y, task, batch, env.world_size if stage else 1, stage)
     except Exception as err:  # a user's model that cannot be built on meta (it reads values, loads weights)
         log.info("memory estimate: not made (the model cannot be built on the meta device: %s)", err)
         return None
@@ -187,8 +192,8 @@ def check_fits_memory(model, optim, env: DistEnv, x: torch.Tensor, y: torch.Tens
     log.info("memory estimate: %.2f GiB per rank (activations %.2f, model state %.2f), %.1f GiB available to each",
              e.total_bytes / GiB, e.activation_bytes / GiB, e.state_bytes / GiB, per_rank / GiB)
     if e.total_bytes > per_rank and refuse:
-        raise ConfigError(describe(e, model, sharded, per_rank, ranks, machine) +
+        raise ConfigError(describe(e, model, stage, per_rank, ranks, machine) +
                           " (trainer.memory_check=false: try anyway)")
     if e.total_bytes > WARN_SHARE * per_rank and env.is_main:
-        log.warning("%s", describe(e, model, sharded, per_rank, ranks, machine))
+        log.warning("%s", describe(e, model, stage, per_rank, ranks, machine))
     return e

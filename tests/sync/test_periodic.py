@@ -190,6 +190,7 @@ RESUMED = {
     "diloco": ["sync=diloco", "sync.every=4"],
     "powersgd": ["sync=powersgd", "sync.powersgd_start_step=4"],
     "zero": ["sync=zero", "sync.algo=ring_textbook", "optim=adamw"],  # each rank its shard of AdamW's state
+    "zero2": ["sync=zero", "sync.zero_stage=2", "optim=adamw"],  # and of the gradients, sent in the backward
 }
 
 
@@ -218,7 +219,7 @@ def test_a_killed_rank_resumes_bit_identical(strategy, tiny_fmnist, tmp_path):
     own = torch.load(tmp_path / "killed" / "checkpoints" / "step-9" / "rank1.pt", weights_only=True)
     if strategy == "powersgd":
         assert own["sync"]["powersgd"]["error"]  # this rank's error feedback, per parameter
-    elif strategy == "zero":  # this rank's shard of AdamW's moments, the same size as rank 0's, not its values
+    elif strategy.startswith("zero"):  # this rank's shard of AdamW's moments, the same size as rank 0's, not its values
         rank0 = torch.load(tmp_path / "killed" / "checkpoints" / "step-9" / "rank0.pt", weights_only=True)
         mine, first = own["optimizer"]["state"][0]["exp_avg"], rank0["optimizer"]["state"][0]["exp_avg"]
         assert mine.shape == first.shape and not torch.equal(mine, first)
@@ -226,4 +227,4 @@ def test_a_killed_rank_resumes_bit_identical(strategy, tiny_fmnist, tmp_path):
         rank0 = torch.load(tmp_path / "killed" / "checkpoints" / "step-9" / "state.pt", weights_only=True)
         assert any(not torch.equal(own["model"][k], rank0["model"][k]) for k in own["model"])
     assert a["wire_bytes_per_step"] > 0
-    assert a["sync"].startswith(("local_sgd", "diloco", "ddp/builtin+powersgd", "zero1"))
+    assert a["sync"].startswith(("local_sgd", "diloco", "ddp/builtin+powersgd", "zero1", "zero2"))

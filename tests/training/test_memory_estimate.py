@@ -115,10 +115,10 @@ def test_a_large_model_is_told_to_shrink_not_to_lower_the_batch(compose_train):
     cfg = compose_train(["model=custom", "model._target_=torch.nn.Linear", "+model.in_features=4096",
                          "+model.out_features=4096", "optim=adamw"])
     e = estimate(cfg.model, cfg.optim, torch.zeros(4096), torch.zeros(4096), REGRESSION, batch=1)
-    line = memory_estimate.describe(e, cfg.model, False, available=2**20, ranks=1, machine=2**20)
+    line = memory_estimate.describe(e, cfg.model, 0, available=2**20, ranks=1, machine=2**20)
     assert line.endswith("model state 0.3 GiB (16,781,312 parameters: weights, gradients and AdamW's state); shard "
-                         "the optimizer state over the ranks (sync=zero), use a smaller model or an optimizer with "
-                         "less state (optim=sgd), or run fewer ranks per machine")
+                         "the optimizer state and the gradients over the ranks (sync=zero sync.zero_stage=2), use a "
+                         "smaller model or an optimizer with less state (optim=sgd), or run fewer ranks per machine")
 
 
 def test_under_zero_a_rank_counts_its_shard_of_the_optimizer_state(compose_train):
@@ -131,7 +131,10 @@ def test_under_zero_a_rank_counts_its_shard_of_the_optimizer_state(compose_train
     weights = 4 * 16_781_312
     assert (ddp.weight_bytes, ddp.optimizer_bytes) == (weights, 2 * weights)  # each rank all of AdamW's moments
     assert (zero.weight_bytes, zero.optimizer_bytes) == (weights, 2 * weights // 4)  # a quarter of them
-    line = memory_estimate.describe(zero, cfg.model, True, available=2**20, ranks=4, machine=2**22)
+    assert (ddp.state_bytes, zero.state_bytes) == (4 * weights, 2 * weights + 2 * weights // 4)  # stage 1: 8 + 8/N
+    two = estimate(cfg.model, cfg.optim, x, x, REGRESSION, batch=1, shards=4, stage=2)
+    assert two.state_bytes == weights + 3 * weights // 4  # stage 2: 4 + 12/N bytes a parameter
+    line = memory_estimate.describe(zero, cfg.model, 2, available=2**20, ranks=4, machine=2**22)
     assert line.endswith("use a smaller model or an optimizer with less state (optim=sgd), or run fewer ranks per "
                          "machine")
 
