@@ -50,7 +50,8 @@ def restore(tr, shared: dict, own: dict) -> None:
     if tr.sync.shards and "optimizer" not in own:  # another world size: rank 0's shard fits no other
         raise ConfigError(f"this checkpoint holds the optimizer state in {shared['world_size']} shards "
                           f"(sync.mode=zero): resume it at {shared['world_size']} ranks")
-    tr.model.load_state_dict(shared["model"])
+    with tr.sync.whole_weights():  # (zero stage 3: each rank keeps its chunk of what is loaded)
+        tr.model.load_state_dict(shared["model"])
     tr.optimizer.load_state_dict(shared["optimizer"])
     tr.scheduler.load_state_dict(shared["scheduler"])
     tr.scaler.load_state_dict(shared["scaler"])

@@ -18,7 +18,15 @@ def evaluations_fall_on_synchronisations(cfg) -> None:
                           f"with sync.mode={s.mode}: an evaluation scores weights every rank holds")
 
 
-RULES = (evaluations_fall_on_synchronisations,)
+def stage_three_runs_eagerly(cfg) -> None:
+    """trainer x sync: ZeRO stage 3 gathers and frees each block's weights in module hooks that resize
+    their storage, which ddp_lab does not compile."""
+    if str(cfg.trainer.compile).lower() == "true" and cfg.sync.mode == "zero" and cfg.sync.zero_stage == 3:
+        raise ConfigError("trainer.compile=true cannot run with sync.zero_stage=3, whose module hooks gather "
+                          "and free the weights by resizing their storage: set trainer.compile=false (or auto)")
+
+
+RULES = (evaluations_fall_on_synchronisations, stage_three_runs_eagerly)
 
 
 def validate(cfg) -> None:

@@ -73,6 +73,7 @@ from ddp_lab.sync.per_param import PerParamSync
 from ddp_lab.sync.zero import ALGOS as ZERO_ALGOS
 from ddp_lab.sync.zero import ZeroSync
 from ddp_lab.sync.zero2 import Zero2Sync
+from ddp_lab.sync.zero3 import Zero3Sync
 
 STRATEGIES = {"ddp": DDPSync, "flat": FlatSync, "per_param": PerParamSync,
               "local_sgd": LocalSGDSync, "diloco": DiLoCoSync, "zero": ZeroSync}
@@ -119,18 +120,22 @@ def validate(cfg) -> None:
                           f"of the weights)")
 
 
-ZERO_STAGES = {1: ZeroSync, 2: Zero2Sync}
+ZERO_STAGES = {1: ZeroSync, 2: Zero2Sync, 3: Zero3Sync}
 
 
 def validate_zero(cfg) -> None:
-    if cfg.zero_stage not in ZERO_STAGES:
-        raise ConfigError(f"sync.zero_stage={cfg.zero_stage} is not built yet (stage 3 shards the weights "
-                          f"too): use sync.zero_stage=1 or 2")
     if cfg.algo not in ZERO_ALGOS:
         raise ConfigError(f"sync.algo={cfg.algo} has no reduce-scatter and all-gather of its own: sync.mode=zero "
                           f"takes sync.algo={' or '.join(ZERO_ALGOS)}")
     if cfg.compress != "none":
         raise ConfigError(f"sync.compress={cfg.compress} is not built for sync.mode=zero: use sync.compress=none")
+
+
+def eager_only(cfg) -> str:
+    """Why the model must run eagerly under this sync ("" where it need not)."""
+    if cfg.mode == "zero" and cfg.zero_stage == 3:
+        return "sync.zero_stage=3 gathers and frees the weights in module hooks that resize their storage"
+    return ""
 
 
 def build_sync(cfg, model: nn.Module, env: DistEnv) -> ReplicaSync:

@@ -143,6 +143,11 @@ class ReplicaSync:
         """A context in which the model holds the weights an evaluation scores."""
         return contextlib.nullcontext()
 
+    def whole_weights(self):
+        """A context in which the model holds all its weights (zero stage 3 gathers them: every rank
+        enters it), for a state_dict to be saved or loaded."""
+        return contextlib.nullcontext()
+
     def state_dict(self) -> dict:
         """The strategy's state every rank shares (rank 0's is checkpointed)."""
         return {}

@@ -75,14 +75,17 @@ def inductor_available(device: torch.device) -> bool:
     return any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "c++", "clang++"))
 
 
-def resolve_compile(setting, device: torch.device, images_per_rank: int) -> tuple[bool, str]:
+def resolve_compile(setting, device: torch.device, images_per_rank: int, eager: str = "") -> tuple[bool, str]:
     """trainer.compile=auto|true|false -> (compile?, why), the reason for the run log.
 
-    images_per_rank: the images one rank trains on in this run (steps x its batch).
+    images_per_rank: the images one rank trains on in this run (steps x its batch); eager: why the model
+    must run eagerly ("" where it need not; config.validate refuses trainer.compile=true then).
     """
     value = str(setting).lower()  # one of auto, true, false (ddp_lab.config.schema checks)
     if value != "auto":
         return value == "true", f"trainer.compile={value}"
+    if eager:
+        return False, f"trainer.compile=auto: off, {eager}"
     if images_per_rank < AUTO_COMPILE_MIN_IMAGES:
         return False, (f"trainer.compile=auto: off, {images_per_rank:,} samples per rank are too "
                        f"few to repay compiling (needs {AUTO_COMPILE_MIN_IMAGES:,})")

@@ -21,7 +21,8 @@ Not counted: the data held in memory, the process itself (torch's libraries, abo
 (so it is an upper bound under amp). The available memory is /proc/meminfo's
 MemAvailable shared by the ranks on this machine. CPU runs only: a GPU's memory is
 its own, and its kernels keep other things. Under sync.mode=zero each rank keeps the
-optimizer state of its 1/N of the parameters only (stage 1), and their gradients (stage 2).
+optimizer state of its 1/N of the parameters only (stage 1), their gradients (stage 2) and
+their weights (stage 3; a block's whole weights while it computes are not counted).
 """
 from __future__ import annotations
 
@@ -51,10 +52,12 @@ class Estimate:
     batch: int              # samples per rank in one forward
     optimizer: str
     grad_shards: int = 1    # the gradients kept between steps are 1/grad_shards of the weights (ZeRO stage 2)
+    weight_shards: int = 1  # and the weights themselves (stage 3: both)
 
     @property
     def state_bytes(self) -> int:
-        return self.weight_bytes + -(-self.weight_bytes // self.grad_shards) + self.optimizer_bytes
+        return -(-self.weight_bytes // self.weight_shards) + -(-self.weight_bytes // self.grad_shards) + \
+            self.optimizer_bytes
 
     @property
     def total_bytes(self) -> int:
@@ -135,7 +138,8 @@ def estimate(model, optim, x: torch.Tensor, y: torch.Tensor, task, batch: int, s
         log.info("memory estimate: activations not counted (%s)", str(e).strip().splitlines()[0] if str(e) else e)
         per_sample = 0
     optimizer = kept * -(-weights // shards)  # zero: this rank's shard's (the last one padded)
-    return Estimate(n, weights, optimizer, per_sample * batch, batch, name, shards if stage >= 2 else 1)
+    return Estimate(n, weights, optimizer, per_sample * batch, batch, name, shards if stage >= 2 else 1,
+                    shards if stage == 3 else 1)
 
 
 def mem_available() -> int | None:
@@ -163,10 +167,11 @@ def describe(e: Estimate, model, stage: int, available: int, ranks: int, machine
                  if "block_size" in model else "data.batch_size (activations grow with it")
         fix = f"lower {lower}; trainer.grad_accum keeps the samples per step)"
     elif stage == 0:
-        fix = ("shard the optimizer state and the gradients over the ranks (sync=zero sync.zero_stage=2), use a "
-               "smaller model or an optimizer with less state (optim=sgd)")
-    elif stage == 1:
-        fix = "shard the gradients too (sync.zero_stage=2), use a smaller model or an optimizer with less state"
+        fix = ("shard the model state over the ranks (sync=zero sync.zero_stage=3), use a smaller model or an "
+               "optimizer with less state (optim=sgd)")
+    elif stage in (1, 2):
+        fix = ("shard the gradients and the weights too (sync.zero_stage=3), use a smaller model or an optimizer "
+               "with less state")
     else:
         fix = "use a smaller model or an optimizer with less state (optim=sgd)"
     return f"{what}; {fix}, or run fewer ranks per machine"

@@ -22,7 +22,7 @@ from ddp_lab.guards import faults
 from ddp_lab.guards.divergence import LossWatch
 from ddp_lab.guards.preemption import Preemption, Terminated
 from ddp_lab.models import build_model, check_sync_bn
-from ddp_lab.sync import build_sync
+from ddp_lab.sync import build_sync, eager_only
 from ddp_lab.telemetry import position
 from ddp_lab.telemetry.chance import warn_if_at_chance
 from ddp_lab.telemetry.meter import Meter, flops_and_peak
@@ -64,10 +64,10 @@ class Trainer:
         self.model = build_model(cfg.model).to(env.device, memory_format=self.memory_format)
         check_sync_bn(self.model, env.distributed, env.device)
         step_samples = t.grad_accum * self.train_loader.batch_size  # a rank's, in a whole step
-        self.compiled, why = resolve_compile(t.compile, env.device, self.total_steps * step_samples)
+        n = self.total_steps * step_samples
+        self.compiled, why = resolve_compile(t.compile, env.device, n, eager_only(cfg.sync))
         log.info(why)
-        # Compile the bare model, DDP wraps the compiled one: compiling the DDP wrapper breaks
-        # the graph inside DDP's forward (and made 1-thread CPU LeNet steps slower than eager).
+        # DDP wraps the compiled model: compiling DDP breaks its forward's graph (and slowed CPU LeNet)
         net = torch.compile(self.model) if self.compiled else self.model
         self.sync = build_sync(cfg.sync, net, env)
         self.forward = self.sync.module
@@ -159,13 +159,13 @@ class Trainer:
             yield micro
 
     def _run_batch(self, micro: list) -> None:
-        """One optimizer step over k micro-batches; only the last one communicates."""
+        """One optimizer step over k micro-batches; only the last one communicates (but under zero stages 2, 3)."""
         position.at_step(self.step + 1)
         # a compiled model's first step in this process builds its kernels
         position.phase("compile" if self.compiled and not self.stepped else "forward/backward")
         self.stepped = True
         self.measure.step_starts(sum(len(y) for _, y in micro))
-        step_loss = 0.0  # the step's: the mean over its micro-batches
+        self.last_loss = 0.0  # the step's: the mean over its micro-batches
         for i, (x, y) in enumerate(micro):
             with self.sync.during_backward(last=i == len(micro) - 1):
                 with self.autocast():
@@ -173,14 +173,13 @@ class Trainer:
                 loss = self.loss_fn(out, y)
                 self.scaler.scale(loss / len(micro)).backward()
             self.measure.batch_done(loss, out, y)
-            step_loss = step_loss + loss.detach() / len(micro)
+            self.last_loss = self.last_loss + loss.detach() / len(micro)
         self.sync.after_backward()
         position.phase("optimizer step")
         self.measure.synced()
         if self.cfg.optim.clip_grad_norm > 0:  # on the unscaled gradients (fp16)
             self.scaler.unscale_(self.optimizer)
             self.sync.clip_grad_norm(self.cfg.optim.clip_grad_norm)
-        self.last_loss = step_loss
         self.loss_watch.observe(self.last_loss, self.step + 1)
         self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -234,8 +233,8 @@ class Trainer:
         """Every rank calls this at the same step; see ddp_lab.checkpoint for the layout."""
         self.meter.throughput.pause()  # saving is not training: keep it out of img/s
         self.loss_watch.check()  # never save weights a diverged step produced
-        shared = self.state_dict() if self.env.is_main else None
-        path = self.checkpointer.save(self.step, shared, own_state(self))
+        with self.sync.whole_weights():  # (zero stage 3 gathers the weights on every rank for rank 0)
+            path = self.checkpointer.save(self.step, self.state_dict() if self.env.is_main else None, own_state(self))
         if path is not None:
             self.log.print(f"checkpoint {path.name} ({self._position()})")
         self.meter.throughput.resume()
@@ -288,8 +287,9 @@ class Trainer:
         self.log.hparams(self.cfg, self.env.world_size, summary["backend"],
                          {k: summary[k] for k in (headline, "train_loss", "samples_per_sec")})
         self.log.scalars(memory_scalars(summary), self.step)  # every rank's model state and peak memory
-        if self.env.is_main:
-            write_results(self.run_dir, self.model.state_dict(), summary)
+        with self.sync.whole_weights():
+            if self.env.is_main:
+                write_results(self.run_dir, self.model.state_dict(), summary)
         self.log.print(final_line(summary, headline))
         return summary
 

@@ -191,6 +191,7 @@ RESUMED = {
     "powersgd": ["sync=powersgd", "sync.powersgd_start_step=4"],
     "zero": ["sync=zero", "sync.algo=ring_textbook", "optim=adamw"],  # each rank its shard of AdamW's state
     "zero2": ["sync=zero", "sync.zero_stage=2", "optim=adamw"],  # and of the gradients, sent in the backward
+    "zero3": ["sync=zero", "sync.zero_stage=3", "sync.algo=ring_textbook", "optim=adamw"],  # and of the weights
 }
 
 
@@ -227,4 +228,4 @@ def test_a_killed_rank_resumes_bit_identical(strategy, tiny_fmnist, tmp_path):
         rank0 = torch.load(tmp_path / "killed" / "checkpoints" / "step-9" / "state.pt", weights_only=True)
         assert any(not torch.equal(own["model"][k], rank0["model"][k]) for k in own["model"])
     assert a["wire_bytes_per_step"] > 0
-    assert a["sync"].startswith(("local_sgd", "diloco", "ddp/builtin+powersgd", "zero1", "zero2"))
+    assert a["sync"].startswith(("local_sgd", "diloco", "ddp/builtin+powersgd", "zero1", "zero2", "zero3"))

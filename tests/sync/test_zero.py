@@ -29,7 +29,7 @@ from tests.multiproc import run_in_processes
 from tests.sync import sync_cfg
 
 STEPS, BATCH = 3, 12
-STAGES = (1, 2)
+STAGES = (1, 2, 3)
 CPU = torch.device("cpu")
 SINGLE = DistEnv(0, 1, 0, CPU, "none")
 GPT_ARGS = dict(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=16)
@@ -88,7 +88,7 @@ def _state_bytes(opt: torch.optim.Optimizer) -> int:
 
 def _run(rank: int, world_size: int) -> dict:
     out = {}
-    env = DistEnv(rank, world_size, 0, CPU, "gloo")
+    env, n = DistEnv(rank, world_size, 0, CPU, "gloo"), world_size
     for name, kind, optimizer, micro, algo, clip in CASES:
         x, y = _data(kind, micro)
         per = BATCH // world_size
@@ -110,14 +110,18 @@ def _run(rank: int, world_size: int) -> dict:
             # stage 2: small buckets, so that a model spans several and they finish in the backward
             sync = build_sync(zero_cfg(algo, stage, bucket_cap_mb=0.05), model, env)
             opt = _train(sync, kind, optimizer, mine, clip)
-            params = [p.detach().contiguous().clone() for p in model.parameters()]
+            sent = sync.wire_bytes  # (before the gather below)
+            with sync.whole_weights():  # (stage 3: gathered; the others hold them)
+                params = [p.detach().contiguous().clone() for p in model.parameters()]
             out[name, stage] = {
                 "ref_diff": max((a - b).abs().max().item() for a, b in zip(params, ref)),
                 "flat_diff": max((a - b).abs().max().item() for a, b in zip(params, flat)),
                 "sha1": hashlib.sha1(b"".join(p.numpy().tobytes() for p in params)).hexdigest(),
                 "state_bytes": _state_bytes(opt), "ref_state_bytes": _state_bytes(ref_opt),
-                "shard": sync.shard_size, "numel": sum(p.numel() for p in params), "padded": sync.weights.numel(),
-                "buckets": len(getattr(sync, "buckets", [0])), "wire_bytes": sync.wire_bytes,
+                "shard": sync.shard_size, "numel": sum(p.numel() for p in params),
+                "padded": n * sync.shard_size if stage == 3 else sync.weights.numel(),
+                "buckets": len(getattr(sync, "buckets", [0])),
+                "root": getattr(getattr(sync, "root", None), "nbytes", 0), "wire_bytes": sent,
                 "describe": sync.describe(), "model_state": model_state_bytes(model, opt),
                 "grads_left": sum(p.grad is not None for p in model.parameters()),
                 "norms": opt.norms, "ref_norms": ref_opt.norms}
@@ -139,9 +143,10 @@ def test_every_case_takes_the_steps_of_one_process(results, stage):
             assert max(r["ref_norms"]) > clip, (name, r["ref_norms"])
         assert r["ref_diff"] < (1e-5 if optimizer == "sgd" else 1e-4), (n, name, r["ref_diff"])
         # (clipped: the norm summed over shards, not over parameters, scales by a hair's other factor;
-        # stage 2 lays its buffer out in reverse, padded per bucket, so at 3 ranks gloo sums an element in
-        # another rank order than flat's, and it sums each micro-batch: AdamW amplifies all as the sums' order)
-        apart = optimizer == "adamw" and (clip or stage == 2)
+        # stages 2 and 3 lay their buffers out in reverse, padded per bucket or unit, so at 3 ranks gloo sums
+        # an element in another rank order than flat's, and they sum each micro-batch: AdamW amplifies all
+        # as the sums' order)
+        apart = optimizer == "adamw" and (clip or stage >= 2)
         assert r["flat_diff"] < (1e-4 if apart else 1e-6), (n, name, r["flat_diff"])
         assert {x[name]["sha1"] for x in ranks} == {r["sha1"]}, (n, name)  # every rank the same weights
 
@@ -182,14 +187,48 @@ def test_stage_two_holds_one_nth_of_the_gradients_too(results):
                                     "total": whole + mine + per_element * r["shard"]}, name
 
 
+def test_stage_three_holds_one_nth_of_everything(results):
+    n, ranks = results
+    for name, kind, optimizer, micro, algo, _ in CASES:
+        r, name = ranks[0][name, 3], (name, 3)
+        per_element = {"sgd": 4, "adamw": 8}[optimizer]
+        # units: LeNet's 4 layers; the GPT's embedding of positions, block, final norm, and the root
+        # (its token embedding, tied to the output layer)
+        assert r["buckets"] == 4 and (r["root"] > 0) == (kind == "gpt"), (name, r["buckets"], r["root"])
+        for x in ranks:
+            assert x[name]["grads_left"] == 0, name
+            assert x[name]["model_state"] == {"weights": 4 * r["shard"], "grads": 4 * r["shard"],
+                                              "optimizer": per_element * r["shard"],
+                                              "total": (8 + per_element) * r["shard"]}, name
+        assert r["describe"] == f"zero3/{algo}"
+        # each micro-batch: every unit gathered in the forward, all but the root again in the backward,
+        # and reduce-scattered; each half an all-reduce's bytes: 1.5 all-reduces when there is no root
+        whole = 4 * r["padded"]
+        assert r["wire_bytes"] == STEPS * micro * (3 * whole - r["root"]) // 2, name
+
+
 @pytest.mark.parametrize("extra,says", [
-    ({"stage": 3}, "sync.zero_stage=3 is not built yet"),
     ({"algo": "ring"}, "sync.algo=ring has no reduce-scatter and all-gather of its own"),
     ({"compress": "bf16"}, "sync.compress=bf16 is not built for sync.mode=zero"),
 ])
 def test_what_zero_cannot_do_is_refused_in_one_line(extra, says):
     with pytest.raises(ConfigError, match=says):
         build_sync(zero_cfg(**extra), lenet(), DistEnv(0, 2, 0, CPU, "gloo"))
+
+
+def test_stage_three_is_not_compiled(compose_train):
+    from ddp_lab.config.validate import validate
+    from ddp_lab.sync import eager_only
+    from ddp_lab.training.fast_path import resolve_compile
+    with pytest.raises(ConfigError, match=r"^trainer.compile=true cannot run with sync.zero_stage=3, whose module "
+                                          r"hooks .*: set trainer.compile=false \(or auto\)$"):
+        validate(compose_train(["sync=zero", "sync.zero_stage=3", "trainer.compile=true"]))
+    cfg = compose_train(["sync=zero", "sync.zero_stage=3"])
+    validate(cfg)  # auto: turned off, with the reason in the log
+    assert resolve_compile("auto", CPU, 10**9, eager_only(cfg.sync)) == (
+        False, "trainer.compile=auto: off, sync.zero_stage=3 gathers and frees the weights in module hooks that "
+               "resize their storage")
+    assert eager_only(compose_train(["sync=zero", "sync.zero_stage=2"]).sync) == ""
 
 
 def test_the_schema_takes_stages_one_to_three(compose_train):

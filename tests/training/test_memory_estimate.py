@@ -117,8 +117,8 @@ def test_a_large_model_is_told_to_shrink_not_to_lower_the_batch(compose_train):
     e = estimate(cfg.model, cfg.optim, torch.zeros(4096), torch.zeros(4096), REGRESSION, batch=1)
     line = memory_estimate.describe(e, cfg.model, 0, available=2**20, ranks=1, machine=2**20)
     assert line.endswith("model state 0.3 GiB (16,781,312 parameters: weights, gradients and AdamW's state); shard "
-                         "the optimizer state and the gradients over the ranks (sync=zero sync.zero_stage=2), use a "
-                         "smaller model or an optimizer with less state (optim=sgd), or run fewer ranks per machine")
+                         "the model state over the ranks (sync=zero sync.zero_stage=3), use a smaller model or an "
+                         "optimizer with less state (optim=sgd), or run fewer ranks per machine")
 
 
 def test_under_zero_a_rank_counts_its_shard_of_the_optimizer_state(compose_train):
@@ -134,7 +134,11 @@ def test_under_zero_a_rank_counts_its_shard_of_the_optimizer_state(compose_train
     assert (ddp.state_bytes, zero.state_bytes) == (4 * weights, 2 * weights + 2 * weights // 4)  # stage 1: 8 + 8/N
     two = estimate(cfg.model, cfg.optim, x, x, REGRESSION, batch=1, shards=4, stage=2)
     assert two.state_bytes == weights + 3 * weights // 4  # stage 2: 4 + 12/N bytes a parameter
-    line = memory_estimate.describe(zero, cfg.model, 2, available=2**20, ranks=4, machine=2**22)
+    three = estimate(cfg.model, cfg.optim, x, x, REGRESSION, batch=1, shards=4, stage=3)
+    assert three.state_bytes == 4 * weights // 4  # stage 3: 16/N
+    line = memory_estimate.describe(zero, cfg.model, 1, available=2**20, ranks=4, machine=2**22)
+    assert "; shard the gradients and the weights too (sync.zero_stage=3), use a smaller model" in line
+    line = memory_estimate.describe(three, cfg.model, 3, available=2**20, ranks=4, machine=2**22)
     assert line.endswith("use a smaller model or an optimizer with less state (optim=sgd), or run fewer ranks per "
                          "machine")
 

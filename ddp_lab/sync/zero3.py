@@ -1,0 +1,195 @@
+"""sync.mode=zero sync.zero_stage=3: the weights sharded too, gathered a block at a time.
+
+Stages 1 and 2 (zero.py, zero2.py) keep the whole weights on every rank. Stage 3 keeps 1/N
+of everything between steps: with AdamW in fp32, 16/N bytes a parameter. The model is cut
+into units: its top-level children that hold parameters (for a ModuleList, each of its
+children: a GPT's blocks). Parameters no unit holds alone (the model's own, or the GPT's
+embedding tied to its output layer) form the root unit. Each unit's weights are one flat
+buffer padded to N chunks; a rank keeps chunk r (its piece, what its optimizer steps) and
+frees the buffer's memory when the unit is not in use (its storage resized to 0, so the
+tensors autograd saved still point at it and see the weights again once gathered).
+
+- forward: a pre-hook all-gathers the unit's weights; a post-hook frees them and hooks the
+  unit's outputs, whose gradient, in the backward, gathers them again before the unit's
+  backward runs. The root unit stays gathered from the model's forward to the end of its
+  backward.
+- backward: as stage 2, when a unit's gradients are all there they are reduce-scattered
+  (units in the reverse of their order, the same on every rank) into this rank's piece's
+  gradient, and the unit's weights freed. At the end of the backward, units a gradient
+  missed are sent as zeros and everything is freed.
+- whole_weights(): every unit gathered at once, for an evaluation, a checkpoint or
+  model.pt (each rank takes its chunk back after, so a loaded state_dict sticks).
+
+Per step the weights cross the wire twice (forward and backward) and the gradients once:
+1.5 times DDP's bytes, as the ZeRO paper says. The collectives run in the hooks, one at a
+time (no prefetch of the next unit yet). A unit's parameters must be used inside its own
+forward; the model runs eagerly (trainer.compile: its hooks resize storages).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+from ddp_lab.collectives import (
+    TORCH_ALL_GATHER,
+    TORCH_REDUCE_SCATTER,
+    ring_textbook_all_gather,
+    ring_textbook_reduce_scatter,
+)
+from ddp_lab.distributed import DistEnv
+from ddp_lab.sync.base import ReplicaSync, broadcast_from_rank0
+from ddp_lab.sync.zero import trainable_parameters, views_into
+from ddp_lab.sync.zero2 import Zero2Sync
+from ddp_lab.telemetry import position
+
+
+def unit_modules(model: nn.Module) -> list[nn.Module]:
+    """The modules gathered one at a time: the top-level children with parameters, and the
+    children of a top-level ModuleList or ModuleDict (which has no forward of its own)."""
+    out = []
+    for child in model.children():
+        inner = list(child.children()) if isinstance(child, (nn.ModuleList, nn.ModuleDict)) else [child]
+        out += [m for m in inner if any(p.requires_grad for p in m.parameters())]
+    return out
+
+
+class Unit:
+    """One unit's flat weights (whole while gathered, empty otherwise) and this rank's piece of them."""
+
+    def __init__(self, params: list[nn.Parameter], world_size: int):
+        self.params = params
+        self.chunk = -(-sum(p.numel() for p in params) // world_size)  # ceil: the last chunk padded
+        self.flat = torch.zeros(self.chunk * world_size, dtype=params[0].dtype, device=params[0].device)
+        self.nbytes = self.flat.untyped_storage().nbytes()
+        self.gathered = True
+        with torch.no_grad():
+            for p, w in zip(params, views_into(self.flat, params)):
+                w.copy_(p)
+                p.data = w
+
+    def free(self) -> None:
+        self.flat.untyped_storage().resize_(0)
+        self.gathered = False
+
+
+class Zero3Sync(Zero2Sync):
+    def __init__(self, model: nn.Module, env: DistEnv, cfg):
+        ReplicaSync.__init__(self, model, env)
+        self.cfg = cfg
+        params = trainable_parameters(model, "sync.mode=zero")
+        broadcast_from_rank0(model)
+        n, r = env.world_size, env.rank
+        owners = {}  # parameter -> the units whose modules hold it
+        mods = unit_modules(model)
+        for i, m in enumerate(mods):
+            for p in m.parameters():
+                owners.setdefault(p, set()).add(i)
+        alone = {i: [p for p in params if owners.get(p) == {i}] for i in range(len(mods))}
+        root = [p for p in params if len(owners.get(p, ())) != 1]  # the model's own, and tied ones
+        self.modules = [m for i, m in enumerate(mods) if alone[i]] + ([model] if root else [])
+        self.units = [Unit(ps, n) for ps in [a for a in alone.values() if a] + ([root] if root else [])]
+        self.root = self.units[-1] if root else None
+        self.shard_size = sum(u.chunk for u in self.units)
+        dtype, device = params[0].dtype, params[0].device
+        self.mine = torch.zeros(self.shard_size, dtype=dtype, device=device)  # this rank's pieces
+        self.grads = torch.zeros_like(self.mine)
+        offset = 0
+        for u in self.units:
+            u.piece = nn.Parameter(self.mine[offset:offset + u.chunk])  # a view: one buffer for all pieces
+            u.piece.detach().copy_(u.flat[r * u.chunk:(r + 1) * u.chunk])
+            u.piece.grad = self.grads[offset:offset + u.chunk]
+            offset += u.chunk
+            u.free()
+        self.units = self.units[::-1]  # sent in the reverse of the forward's order
+        self.buckets, self.pieces = [u.params for u in self.units], [u.piece for u in self.units]
+        self.bucket_of = {id(p): i for i, u in enumerate(self.units) for p in u.params}
+        self.whole = False
+        for m, u in zip(self.modules, self.units[::-1]):
+            m.register_forward_pre_hook(lambda _m, _a, u=u: self._gather(u))
+            m.register_forward_hook(lambda _m, _a, out, u=u: self._after_forward(u, out))
+        self.hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
+        self._start_backward()
+
+    # ------------------------------------------------------------ gathering and freeing
+    def _gather(self, u: Unit) -> None:
+        if u.gathered:
+            return
+        r = self.env.rank
+        with position.collective("weight gather"), self._timed(), torch.no_grad():
+            u.flat.untyped_storage().resize_(u.nbytes)
+            piece = u.piece.detach()
+            if self.cfg.algo == "builtin":
+                TORCH_ALL_GATHER(u.flat, piece.clone())
+            else:
+                u.flat[r * u.chunk:(r + 1) * u.chunk].copy_(piece)
+                ring_textbook_all_gather(u.flat)
+        u.gathered = True
+        self.wire_bytes += u.nbytes // 2  # half an all-reduce's bytes (as counted)
+
+    def _after_forward(self, u: Unit, out) -> None:
+        if self.whole or u is self.root:
+            return
+        if torch.is_grad_enabled():  # the backward gathers the unit again before it needs it
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    t.register_hook(lambda g, u=u: self._gather(u))
+        u.free()
+
+    @contextlib.contextmanager
+    def whole_weights(self):
+        """Every unit gathered (a collective); after, each rank keeps its chunk of what they hold."""
+        if self.whole:
+            yield
+            return
+        for u in self.units[::-1]:
+            self._gather(u)
+        self.whole = True
+        try:
+            yield
+        finally:
+            self.whole = False
+            r = self.env.rank
+            with torch.no_grad():
+                for u in self.units:
+                    u.piece.copy_(u.flat[r * u.chunk:(r + 1) * u.chunk])
+                    u.free()
+
+    def consensus(self):
+        return self.whole_weights()
+
+    # ------------------------------------------------------------ the backward (Zero2Sync's, with frees)
+    def _send(self, i: int) -> None:
+        """Reduce-scatter unit i's gradients into this rank's piece; free its weights."""
+        u, n = self.units[i], self.env.world_size
+        with self._timed():
+            flat = torch.zeros(u.chunk * n, dtype=self.grads.dtype, device=self.grads.device)
+            for p, g in zip(u.params, views_into(flat, u.params)):
+                if p.grad is not None:
+                    g.copy_(p.grad)
+                    p.grad = None
+            self.wire_bytes += flat.numel() * flat.element_size() // 2
+            if self.cfg.algo == "builtin":
+                out = torch.empty(u.chunk, dtype=flat.dtype, device=flat.device)
+                TORCH_REDUCE_SCATTER(out, flat, op=dist.ReduceOp.SUM)
+            else:
+                out = ring_textbook_reduce_scatter(flat)
+            self.pieces[i].grad.add_(out.div_(n))
+        if not self.whole and u is not self.root:
+            u.free()
+
+    def _end_backward(self) -> None:
+        super()._end_backward()
+        if not self.whole:
+            for u in self.units:
+                if u.gathered:
+                    u.free()
+
+    def after_step(self, step: int) -> None:
+        """Nothing to send: the next forward gathers each unit from its updated pieces."""
+
+    def describe(self) -> str:
+        return f"zero3/{self.cfg.algo}"
