@@ -1,0 +1,27 @@
+#!/bin/sh
+# Model state and peak memory per rank: DDP's equivalent (sync=flat) against ZeRO stages 1, 2 and 3,
+# AdamW in fp32, gpt_small and gpt2, 2 and 4 CPU ranks, 3 steps each.
+# Usage (from the repository root): [VENV=path/to/venv] sh docs/results/2026-11-27_xeon-2c_zero-stages-memory/run.sh
+set -e
+here=$(dirname "$0")
+out=$(mktemp -d /tmp/zero-memory.XXXX)
+head -c 300000 /usr/share/games/fortunes/fortunes > "$out/corpus.txt"  # a small corpus: the steps, not the text, matter
+: > "$here/runs.txt"
+for model in gpt_small gpt2; do
+  for n in 2 4; do
+    for sync in flat zero1 zero2 zero3; do
+      case $sync in
+        flat) args="sync=flat" ;;
+        *) args="sync=zero sync.zero_stage=${sync#zero}" ;;
+      esac
+      ${VENV:-.venv}/bin/torchrun --standalone --nproc_per_node=$n -m ddp_lab.train \
+        model=$model data=text data.path="$out/corpus.txt" data.val_fraction=0.1 data.batch_size=$n \
+        optim=adamw $args trainer.max_steps=3 trainer.warmup_steps=1 trainer.keep_ckpts=0 \
+        trainer.compile=false trainer.amp=off trainer.progress=false \
+        hydra.run.dir="$out/$model-$n-$sync" > "$here/$model-$n-$sync.log" 2>&1
+      ${VENV:-.venv}/bin/python -c "import json,sys; s=json.load(open(sys.argv[1])); print(*sys.argv[2:], s['model_state_bytes'], s['peak_mem_mb_by_rank'], s['sync'], s['test_loss'], s['wire_bytes_per_step'], s['ms_per_step'])" \
+        "$out/$model-$n-$sync/summary.json" $model $n $sync | tee -a "$here/runs.txt"
+    done
+  done
+done
+rm -rf "$out"
