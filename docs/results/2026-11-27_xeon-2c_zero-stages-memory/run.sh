@@ -19,7 +19,7 @@ for model in gpt_small gpt2; do
         optim=adamw $args trainer.max_steps=3 trainer.warmup_steps=1 trainer.keep_ckpts=0 \
         trainer.compile=false trainer.amp=off trainer.progress=false \
         hydra.run.dir="$out/$model-$n-$sync" > "$here/$model-$n-$sync.log" 2>&1
-      ${VENV:-.venv}/bin/python -c "import json,sys; s=json.load(open(sys.argv[1])); print(*sys.argv[2:], s['model_state_bytes'], s['peak_mem_mb_by_rank'], s['sync'], s['test_loss'], s['wire_bytes_per_step'], s['step_ms'])" \
+      ${VENV:-.venv}/bin/python -c "import json,sys; s=json.load(open(sys.argv[1])); print(*sys.argv[2:], s['model_state_bytes'], s['peak_mem_mb_by_rank'], s['sync'], s['val_loss'], s['wire_bytes_per_step'], s['step_ms'])" \
         "$out/$model-$n-$sync/summary.json" $model $n $sync | tee -a "$here/runs.txt"
     done
   done
