@@ -53,7 +53,7 @@ class SyncConfig:
     powersgd_start_step: int = key(100, "compress=powersgd: plain all-reduce for this many first steps, "
                                         "where inaccurate gradients hurt most", at_least=2)
     zero_stage: int = key(1, "zero: what is sharded over the ranks: 1 the optimizer state, 2 also the "
-                             "gradients (3: also the weights, not built yet)", ok=lambda v: v in (1, 2, 3),
+                             "gradients, 3 also the weights (gathered a block at a time)", ok=lambda v: v in (1, 2, 3),
                           rule="1, 2 or 3")
     every: int = key(8, "local_sgd, diloco: steps between synchronisations of the weights (H)",
                      at_least=1)

@@ -141,13 +141,15 @@ class Zero3Sync(Zero2Sync):
 
     @contextlib.contextmanager
     def whole_weights(self):
-        """Every unit gathered (a collective); after, each rank keeps its chunk of what they hold."""
+        """Every unit gathered (a collective); after, each rank keeps its chunk of what they hold.
+        Its bytes are the evaluation's or the checkpoint's, not a training step's: not counted."""
         if self.whole:
             yield
             return
+        sent = self.wire_bytes
         for u in self.units[::-1]:
             self._gather(u)
-        self.whole = True
+        self.wire_bytes, self.whole = sent, True
         try:
             yield
         finally:

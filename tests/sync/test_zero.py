@@ -121,7 +121,7 @@ def _run(rank: int, world_size: int) -> dict:
                 "shard": sync.shard_size, "numel": sum(p.numel() for p in params),
                 "padded": n * sync.shard_size if stage == 3 else sync.weights.numel(),
                 "buckets": len(getattr(sync, "buckets", [0])),
-                "root": getattr(getattr(sync, "root", None), "nbytes", 0), "wire_bytes": sent,
+                "root": getattr(getattr(sync, "root", None), "nbytes", 0), "wire_bytes": sent, "wire_after_gather": sync.wire_bytes,
                 "describe": sync.describe(), "model_state": model_state_bytes(model, opt),
                 "grads_left": sum(p.grad is not None for p in model.parameters()),
                 "norms": opt.norms, "ref_norms": ref_opt.norms}
@@ -205,6 +205,7 @@ def test_stage_three_holds_one_nth_of_everything(results):
         # and reduce-scattered; each half an all-reduce's bytes: 1.5 all-reduces when there is no root
         whole = 4 * r["padded"]
         assert r["wire_bytes"] == STEPS * micro * (3 * whole - r["root"]) // 2, name
+        assert r["wire_after_gather"] == r["wire_bytes"], name  # whole_weights' gather is no training step's
 
 
 @pytest.mark.parametrize("extra,says", [
