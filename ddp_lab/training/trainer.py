@@ -1,8 +1,7 @@
-"""The training loop: one Trainer per rank, built from the config. Read top to bottom: __init__ builds the
-parts, fit() runs epochs, _run_epoch() optimizer steps, _run_batch() one of them, evaluate() scores the
-held-out set across all ranks, finish() writes the results. One object per concern: the Workload (data, task),
-StepMeasure, RunLogger, Checkpointer, LossWatch, TimeToTarget, and the ReplicaSync (ddp_lab.sync), which keeps
-the replicas in agreement: their gradients each step, or their weights every few."""
+"""The training loop: one Trainer per rank, built from the config. Read top to bottom: __init__ builds the parts, fit()
+runs epochs, _run_epoch() optimizer steps, _run_batch() one of them, evaluate() scores the held-out set across all
+ranks, finish() writes the results. One object per concern: the Workload (data, task), StepMeasure, RunLogger,
+Checkpointer, LossWatch, TimeToTarget, and the ReplicaSync (ddp_lab.sync), which keeps the replicas in agreement."""
 from __future__ import annotations
 
 import json
@@ -67,6 +66,10 @@ class Trainer:
         n = self.total_steps * step_samples
         self.compiled, why = resolve_compile(t.compile, env.device, n, eager_only(cfg.sync))
         log.info(why)
+        # the FLOP count runs the model once: before the sync's hooks (zero stage 3 would gather for it)
+        self.meter = Meter(env, t.warmup_steps, *flops_and_peak(self.model, self.work.input_example, self.amp, env),
+                           full_step_images=step_samples, task=self.task,
+                           targets_per_sample=self.work.targets_per_sample)
         # DDP wraps the compiled model: compiling DDP breaks its forward's graph (and slowed CPU LeNet)
         net = torch.compile(self.model) if self.compiled else self.model
         self.sync = build_sync(cfg.sync, net, env)
@@ -74,9 +77,6 @@ class Trainer:
         self.optimizer = build_optimizer(cfg.optim, self.sync.parameters())  # (zero: this rank's shard)
         self.scheduler = build_schedule(self.optimizer, cfg.optim, self.steps_per_epoch, self.total_steps)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp == "fp16")
-        self.meter = Meter(env, t.warmup_steps, *flops_and_peak(self.model, self.work.input_example, self.amp, env),
-                           full_step_images=step_samples, task=self.task,
-                           targets_per_sample=self.work.targets_per_sample)
         # ranks whose weights or gradients differ after the sync compare losses instead
         apart, lr = self.sync.diverges, self.optimizer.defaults.get("lr", 0.0)
         self.loss_watch = LossWatch(env, cfg.sync.every if apart else t.log_every, lr, self.amp,
