@@ -121,10 +121,31 @@ def _run(rank: int, world_size: int) -> dict:
                 "shard": sync.shard_size, "numel": sum(p.numel() for p in params),
                 "padded": n * sync.shard_size if stage == 3 else sync.weights.numel(),
                 "buckets": len(getattr(sync, "buckets", [0])),
-                "root": getattr(getattr(sync, "root", None), "nbytes", 0), "wire_bytes": sent, "wire_after_gather": sync.wire_bytes,
+                "root": getattr(getattr(sync, "root", None), "nbytes", 0),
+                "wire_bytes": sent, "wire_after_gather": sync.wire_bytes,
                 "describe": sync.describe(), "model_state": model_state_bytes(model, opt),
                 "grads_left": sum(p.grad is not None for p in model.parameters()),
                 "norms": opt.norms, "ref_norms": ref_opt.norms}
+    for stage in STAGES:  # fewer parameters (2) than ranks at 3: every rank's shard padded, one empty
+        x, y = torch.randn(STEPS, BATCH, 1, generator=torch.Generator().manual_seed(1)), torch.zeros(STEPS, BATCH, 1)
+        torch.manual_seed(0)
+        one = torch.nn.Linear(1, 1)
+        many = torch.nn.Linear(1, 1)
+        many.load_state_dict(one.state_dict())
+        per = BATCH // world_size
+        for sync, batches in ((ReplicaSync(one, SINGLE), [(x[s], y[s]) for s in range(STEPS)]),
+                              (build_sync(zero_cfg("builtin", stage), many, env),
+                               [(x[s, rank * per:(rank + 1) * per], y[s, rank * per:(rank + 1) * per])
+                                for s in range(STEPS)])):
+            opt = torch.optim.SGD(sync.parameters(), lr=0.1, momentum=0.9)
+            for step, (xs, ys) in enumerate(batches, 1):
+                F.mse_loss(sync.module(xs), ys).backward()
+                sync.after_backward()
+                opt.step()
+                opt.zero_grad(set_to_none=sync.grads_set_to_none)
+                sync.after_step(step)
+        with sync.whole_weights():
+            out["tiny", stage] = max((a - b).abs().max().item() for a, b in zip(many.parameters(), one.parameters()))
     return out
 
 
@@ -206,6 +227,21 @@ def test_stage_three_holds_one_nth_of_everything(results):
         whole = 4 * r["padded"]
         assert r["wire_bytes"] == STEPS * micro * (3 * whole - r["root"]) // 2, name
         assert r["wire_after_gather"] == r["wire_bytes"], name  # whole_weights' gather is no training step's
+
+
+def test_a_model_with_fewer_parameters_than_ranks_trains_as_one_process(results):
+    n, ranks = results
+    for stage in STAGES:
+        assert all(x["tiny", stage] < 1e-6 for x in ranks), (n, stage, [x["tiny", stage] for x in ranks])
+
+
+def test_parameters_of_two_dtypes_are_refused_in_one_line():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).half())
+    for stage in STAGES:
+        with pytest.raises(ConfigError, match=r"^sync.mode=zero needs every trainable parameter of one "
+                                              r"floating-point dtype and device; this model has \['torch.float16', "
+                                              r"'torch.float32'\]: use sync.mode=flat$"):
+            build_sync(zero_cfg(stage=stage), model, DistEnv(0, 2, 0, CPU, "gloo"))
 
 
 @pytest.mark.parametrize("extra,says", [

@@ -1,0 +1,158 @@
+"""Will it fit? Before a run: each strategy's memory per rank and its price on a link.
+
+    python -m ddp_lab.costmodel.will_it_fit --ranks 4 --memory 2GiB --link 1gbit -- model=gpt2 data=text \
+        data.path=corpus.txt optim=adamw
+
+For the model, optimizer and data the overrides after `--` choose (the training's own config:
+`model._target_=my.module.build` works as for ddp_lab.train), at --ranks ranks with --memory
+each, it prints for DDP and ZeRO stages 1, 2 and 3:
+
+- the model state each rank holds between steps (ZeRO's formulas, fp32: DDP 4 + 4 + K bytes a
+  parameter, stage 1 4 + 4 + K/N, stage 2 4 + (4 + K)/N, stage 3 (8 + K)/N, K the optimizer's
+  bytes of state), the activations of a rank's batch (ddp_lab.training.memory_estimate, the same
+  for every strategy) and whether the two fit in --memory; stage 3 also holds one block's whole
+  weights and gradients while it computes, not counted here;
+- the bytes each sends per step and their time on --link (the alpha-beta model's ring formulas,
+  ddp_lab.costmodel.formulas: an all-reduce of the gradients for DDP, stages 1 and 2 its two
+  halves, stage 3 the weights gathered twice and the gradients reduce-scattered once), and with
+  --compute-ms the step: compute plus communication, none of it overlapped (an upper bound).
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+from ddp_lab.config import ConfigError
+from ddp_lab.tools.cluster.shaping import ClusterError, parse_rate
+from ddp_lab.tools.costmodel.formulas import ring, ring_all_gather, ring_reduce_scatter
+
+GiB = 2**30
+SIZE = re.compile(r"^\s*([0-9.]+)\s*(b|kib|mib|gib|tib|kb|mb|gb|tb|k|m|g|t)?\s*$", re.I)
+UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6, "gb": 10**9,
+         "tb": 10**12, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
+
+
+def parse_size(text: str) -> int:
+    """'2GiB', '1g' (binary), '500MB' (decimal) -> bytes."""
+    m = SIZE.match(str(text))
+    if not m or float(m.group(1)) <= 0:
+        raise ConfigError(f"--memory {text!r}: give a size with a unit, e.g. --memory 2GiB or --memory 512m")
+    return int(float(m.group(1)) * UNITS[(m.group(2) or "b").lower()])
+
+
+def model_state_bytes(params: int, state_per_param: int, ranks: int, strategy: str, dtype_bytes: int = 4) -> int:
+    """Bytes of weights, gradients and optimizer state a rank holds (state_per_param tensors like a weight)."""
+    w, g, s = params * dtype_bytes, params * dtype_bytes, params * dtype_bytes * state_per_param
+    shard = {"ddp": (1, 1, 1), "zero1": (1, 1, ranks), "zero2": (1, ranks, ranks), "zero3": (ranks,) * 3}[strategy]
+    return sum(-(-b // n) for b, n in zip((w, g, s), shard))
+
+
+def wire_seconds(strategy: str, ranks: int, grad_bytes: int, alpha: float, beta: float, gamma: float) -> float:
+    """The communication of one step on a link (alpha s a message, beta s a byte, gamma s a byte added)."""
+    if strategy == "zero3":  # gather for the forward, again for the backward; reduce-scatter the gradients
+        return 2 * ring_all_gather(ranks, grad_bytes, alpha, beta, gamma) + \
+            ring_reduce_scatter(ranks, grad_bytes, alpha, beta, gamma)
+    return ring(ranks, grad_bytes, alpha, beta, gamma)  # DDP's all-reduce; stages 1 and 2: its two halves
+
+
+def wire_bytes(strategy: str, grad_bytes: int) -> int:
+    """Bytes handed to collectives per step, counted as ddp_lab's summary.json counts them (an
+    all-reduce's buffer once; a gather or a reduce-scatter as half of one)."""
+    return grad_bytes * 3 // 2 if strategy == "zero3" else grad_bytes
+
+
+def table(params: int, state: int, activations: int, ranks: int, memory: int, link_bits: int | None,
+          alpha: float, compute_ms: float | None) -> list[dict]:
+    rows = []
+    for s in STRATEGIES:
+        held = model_state_bytes(params, state, ranks, s)
+        row = {"strategy": s, "model_state_bytes": held, "total_bytes": held + activations,
+               "fits": held + activations <= memory, "wire_bytes": wire_bytes(s, 4 * params)}
+        if link_bits:
+            comm = wire_seconds(s, ranks, 4 * params, alpha, 8 / link_bits, 0.0)
+            row["comm_ms"] = comm * 1e3
+            if compute_ms is not None:
+                row["step_ms"] = compute_ms + comm * 1e3
+        rows.append(row)
+    return rows
+
+
+def describe(cfg, ranks: int, batch: int | None):
+    """(parameters, optimizer state tensors per parameter, its name, activation bytes per rank) of cfg."""
+    import torch
+
+    from ddp_lab.models import build_model
+    from ddp_lab.training.data import build_datasets, example
+    from ddp_lab.training.memory_estimate import activation_bytes, optimizer_state
+    from ddp_lab.training.tasks import build_loss, choose_task
+    with torch.device("meta"):
+        net = build_model(cfg.model)
+    params = sum(p.numel() for p in net.parameters() if p.requires_grad)
+    state, name = optimizer_state(cfg.optim)
+    train, _ = build_datasets(cfg.data)
+    x, y = example(train)
+    task = choose_task(cfg.data.task, y, build_loss(cfg.trainer.get("loss")))
+    per_rank = batch or max(1, cfg.data.batch_size // ranks)
+    return params, state, name, activation_bytes(net, x, y, task) * per_rank, per_rank
+
+
+def compose(overrides: list[str]):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+
+    from ddp_lab.config import schema
+    from ddp_lab.config.validate import validate
+    schema.register()  # the schemas the config composes on, as ddp_lab.train registers them
+    with initialize_config_module(version_base="1.3", config_module="ddp_lab.conf"):
+        cfg = hydra_compose(config_name="train", overrides=overrides)
+    validate(cfg)
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m ddp_lab.costmodel.will_it_fit", description=__doc__.split("\n")[0])
+    p.add_argument("--ranks", type=int, required=True, help="the world size")
+    p.add_argument("--memory", required=True, help="memory per rank, e.g. 2GiB, 512m")
+    p.add_argument("--link", help="a link's rate in tc's units (1gbit, 200mbit): prices each step's communication")
+    p.add_argument("--alpha-us", type=float, default=50.0, help="seconds a message costs on the link, in us")
+    p.add_argument("--compute-ms", type=float, help="a step's compute, to add to its communication")
+    p.add_argument("--batch", type=int, help="samples per rank in a forward (default: data.batch_size / ranks)")
+    p.add_argument("overrides", nargs="*", help="the training's config overrides (model=gpt2 optim=adamw ...)")
+    args = p.parse_args(argv)
+    try:
+        if args.ranks < 1:
+            raise ConfigError(f"--ranks {args.ranks}: give the world size, 1 or more")
+        memory = parse_size(args.memory)
+        try:
+            link = parse_rate(args.link) if args.link else None
+        except ClusterError as e:
+            raise ConfigError(str(e).replace("--rate", "--link")) from None
+        cfg = compose(args.overrides)
+        params, state, name, acts, batch = describe(cfg, args.ranks, args.batch)
+    except ConfigError as e:
+        print(f"ddp_lab.costmodel.will_it_fit: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    rows = table(params, state, acts, args.ranks, memory, link, args.alpha_us * 1e-6, args.compute_ms)
+    print(f"model={cfg.model.get('name') or cfg.model['_target_']}: {params:,} parameters; {name} keeps {state} "
+          f"tensor(s) a parameter; {args.ranks} ranks, {memory / GiB:.2f} GiB each; activations "
+          f"{acts / GiB:.2f} GiB for {batch} sample(s) a rank")
+    link_cols = f"  {'comm ms/step':>12}" + (f"  {'step ms':>9}" if args.compute_ms is not None else "")
+    print(f"{'strategy':<9} {'model state GiB':>15} {'+ activations':>13}  {'fits':<4} {'wire MB/step':>12}"
+          + (link_cols if link else ""))
+    for r in rows:
+        line = (f"{r['strategy']:<9} {r['model_state_bytes'] / GiB:>15.3f} {r['total_bytes'] / GiB:>13.3f}  "
+                f"{'yes' if r['fits'] else 'no':<4} {r['wire_bytes'] / 1e6:>12.1f}")
+        if link:
+            line += f"  {r['comm_ms']:>12.1f}" + (f"  {r['step_ms']:>9.1f}" if "step_ms" in r else "")
+        print(line)
+    fits = [r["strategy"] for r in rows if r["fits"]]
+    print(f"fits: {', '.join(fits)}; run the first with: " + {
+        "ddp": "sync=ddp (or flat)", "zero1": "sync=zero", "zero2": "sync=zero sync.zero_stage=2",
+        "zero3": "sync=zero sync.zero_stage=3"}[fits[0]] if fits else
+          "fits: none (fewer samples a rank: --batch, or more ranks)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""costmodel.will_it_fit: each strategy's memory per rank and its price on a link, before a run."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ddp_lab.distributed import DistEnv
+from ddp_lab.models.lenet import lenet
+from ddp_lab.sync import build_sync
+from ddp_lab.telemetry.memory import model_state_bytes as held_bytes
+from ddp_lab.tools.costmodel import will_it_fit
+from ddp_lab.tools.costmodel.formulas import ring
+from tests.multiproc import run_in_processes
+from tests.sync import sync_cfg
+
+LENET = 129_068  # parameters (each of its layers an even number: nothing padded at 2 ranks)
+SYNCS = {"ddp": sync_cfg("flat", "builtin"), "zero1": sync_cfg("zero", "builtin", zero_stage=1),
+         "zero2": sync_cfg("zero", "builtin", zero_stage=2), "zero3": sync_cfg("zero", "builtin", zero_stage=3)}
+
+
+def _held_after_a_step(rank: int, world_size: int) -> dict:
+    """What a rank holds after one real step of LeNet under SGD with momentum, per strategy."""
+    env, out = DistEnv(rank, world_size, 0, torch.device("cpu"), "gloo"), {}
+    for name, cfg in SYNCS.items():
+        torch.manual_seed(0)
+        model = lenet()
+        sync = build_sync(cfg, model, env)
+        opt = torch.optim.SGD(sync.parameters(), lr=0.1, momentum=0.9)
+        F.cross_entropy(sync.module(torch.randn(4, 1, 28, 28)), torch.randint(0, 10, (4,))).backward()
+        sync.after_backward()
+        opt.step()
+        out[name] = held_bytes(model, opt)["total"]  # (stage 3: between its gathers)
+        opt.zero_grad(set_to_none=sync.grads_set_to_none)
+        sync.after_step(1)
+    return out
+
+
+def test_its_bytes_are_what_a_real_step_holds():
+    assert sum(p.numel() for p in lenet().parameters()) == LENET
+    held = run_in_processes(_held_after_a_step, 2, timeout=120)
+    for name in SYNCS:
+        assert held[0][name] == held[1][name] == will_it_fit.model_state_bytes(LENET, 1, 2, name), name
+    # fp32 with momentum: 12 bytes a parameter under DDP; ZeRO's fractions of it
+    assert [will_it_fit.model_state_bytes(LENET, 1, 2, s) for s in will_it_fit.STRATEGIES] == \
+        [12 * LENET, 10 * LENET, 8 * LENET, 6 * LENET]
+
+
+def test_the_table_says_what_fits_and_prices_each_on_the_link():
+    p, gib = 10**8, 2**30  # 100M parameters, AdamW (2 tensors of state), 4 ranks
+    rows = {r["strategy"]: r for r in will_it_fit.table(p, 2, gib // 4, 4, gib, 10**9, 50e-6, 100.0)}
+    assert rows["ddp"]["model_state_bytes"] == 16 * p and rows["zero3"]["model_state_bytes"] == 4 * p
+    # in 1 GiB with 0.25 GiB of activations: 1.6 GB, 1.0 GB, 0.7 GB and 0.4 GB of model state
+    assert [rows[s]["fits"] for s in will_it_fit.STRATEGIES] == [False, False, True, True]
+    assert rows["zero1"]["comm_ms"] == rows["ddp"]["comm_ms"] == pytest.approx(ring(4, 4 * p, 50e-6, 8e-9, 0) * 1e3)
+    assert rows["zero3"]["wire_bytes"] == 1.5 * rows["ddp"]["wire_bytes"]
+    # 9 messages and 9/4 N bytes against the ring's 6 and 6/4 N: 1.5x in both terms
+    assert rows["zero3"]["comm_ms"] / rows["ddp"]["comm_ms"] == pytest.approx(1.5)
+    assert rows["ddp"]["step_ms"] == pytest.approx(100.0 + rows["ddp"]["comm_ms"])
+
+
+def test_the_command_line(tiny_fmnist, tmp_path, capsys):
+    data = [f"data.root={tiny_fmnist}", f"data.cache_dir={tmp_path}"]
+    will_it_fit.main(["--ranks", "2", "--memory", "1200KiB", "--batch", "1", *data])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("model=lenet_fast: 129,068 parameters; SGD keeps 1 tensor(s) a parameter; 2 ranks")
+    assert [line.split()[0] for line in out[2:6]] == list(will_it_fit.STRATEGIES)
+    assert out[-1] == "fits: zero2, zero3; run the first with: sync=zero sync.zero_stage=2"  # 12P: 1.5 MB
+    for argv, says in ((["--memory", "lots"], "--memory 'lots': give a size with a unit"),
+                       (["--memory", "1g", "--link", "fast"], "--link 'fast': give bits per second"),
+                       (["--memory", "1g", "sync.zero_stage=4"], "sync.zero_stage=4 must be 1, 2 or 3")):
+        with pytest.raises(SystemExit) as e:
+            will_it_fit.main(["--ranks", "2", *argv, *data])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and says in err and err.count("\n") == 1, err
