@@ -37,7 +37,7 @@ from ddp_lab.collectives import (
 )
 from ddp_lab.distributed import DistEnv
 from ddp_lab.sync.base import ReplicaSync, broadcast_from_rank0
-from ddp_lab.sync.zero import trainable_parameters, views_into
+from ddp_lab.sync.zero import clip_sharded, trainable_parameters, views_into
 from ddp_lab.telemetry import position
 
 IN_FLIGHT = 2  # builtin: reduce-scatters launched and not yet waited for (bounds their buffers)
@@ -166,13 +166,7 @@ class Zero2Sync(ReplicaSync):
                     ring_textbook_all_gather(self.weights[span])
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
-        """The norm over every rank's chunks (one all-reduce of a number), then each rank scales its own."""
-        squares = self.grads.double().pow(2).sum().reshape(1)
-        with position.collective("gradient norm"):
-            dist.all_reduce(squares)
-        norm = squares.sqrt().squeeze().to(self.grads.dtype)
-        self.grads.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))  # as torch's clip_grad_norm_
-        return norm
+        return clip_sharded(self.grads, max_norm)  # this rank's chunks, one buffer
 
     def describe(self) -> str:
         return f"zero2/{self.cfg.algo}"
