@@ -80,22 +80,20 @@ def table(params: int, state: int, activations: int, ranks: int, memory: int, li
 
 
 def describe(cfg, ranks: int, batch: int | None):
-    """(parameters, optimizer state tensors per parameter, its name, activation bytes per rank) of cfg."""
-    import torch
-
-    from ddp_lab.models import build_model
+    """(parameters, optimizer state tensors per parameter, its name, activation bytes per rank, samples per
+    rank) of cfg; the model is checked against the data first, as the training checks it."""
+    from ddp_lab.models import check_fits_data
     from ddp_lab.training.data import build_datasets, example
-    from ddp_lab.training.memory_estimate import activation_bytes, optimizer_state
+    from ddp_lab.training.memory_estimate import estimate, optimizer_state
     from ddp_lab.training.tasks import build_loss, choose_task
-    with torch.device("meta"):
-        net = build_model(cfg.model)
-    params = sum(p.numel() for p in net.parameters() if p.requires_grad)
-    state, name = optimizer_state(cfg.optim)
+    from ddp_lab.training.workload import num_classes
     train, _ = build_datasets(cfg.data)
     x, y = example(train)
     task = choose_task(cfg.data.task, y, build_loss(cfg.trainer.get("loss")))
+    check_fits_data(cfg.model, cfg.data, x, y, task, num_classes(train) if task.correct_name else 0)
     per_rank = batch or max(1, cfg.data.batch_size // ranks)
-    return params, state, name, activation_bytes(net, x, y, task) * per_rank, per_rank
+    e = estimate(cfg.model, cfg.optim, x, y, task, per_rank)  # (activations it cannot count: 0, logged)
+    return e.parameters, optimizer_state(cfg.optim)[0], e.optimizer, e.activation_bytes, per_rank
 
 
 def compose(overrides: list[str]):

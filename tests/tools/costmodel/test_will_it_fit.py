@@ -68,7 +68,9 @@ def test_the_command_line(tiny_fmnist, tmp_path, capsys):
     assert out[-1] == "fits: zero2, zero3; run the first with: sync=zero sync.zero_stage=2"  # 12P: 1.5 MB
     for argv, says in ((["--memory", "lots"], "--memory 'lots': give a size with a unit"),
                        (["--memory", "1g", "--link", "fast"], "--link 'fast': give bits per second"),
-                       (["--memory", "1g", "sync.zero_stage=4"], "sync.zero_stage=4 must be 1, 2 or 3")):
+                       (["--memory", "1g", "sync.zero_stage=4"], "sync.zero_stage=4 must be 1, 2 or 3"),
+                       (["--memory", "1g", "model=custom", "model._target_=torch.nn.Linear", "+model.in_features=8",
+                         "+model.out_features=2"], "model=Linear cannot take the data's inputs")):
         with pytest.raises(SystemExit) as e:
             will_it_fit.main(["--ranks", "2", *argv, *data])
         err = capsys.readouterr().err
