@@ -135,11 +135,11 @@ class Zero2Sync(ReplicaSync):
                 self._land(None, i, ring_textbook_reduce_scatter(flat), flat)
 
     def _land(self, work, i: int, out: torch.Tensor, flat: torch.Tensor) -> None:
-        """Wait for bucket i's reduce-scatter; add its mean to this rank's chunk's gradient."""
+        """Wait for bucket i's reduce-scatter; add its mean to this rank's chunk's gradient.
+        (`flat` rides along in in_flight so that gloo can read it in the background until here.)"""
         if work is not None:
             work.wait()
         self.pieces[i].grad.add_(out.div_(self.env.world_size))
-        del flat  # (kept alive until here: gloo reads it in the background)
 
     def _end_backward(self) -> None:
         with position.collective("gradient sync"):

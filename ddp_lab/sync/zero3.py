@@ -13,15 +13,16 @@ tensors autograd saved still point at it and see the weights again once gathered
   unit's outputs, whose gradient, in the backward, gathers them again before the unit's
   backward runs. The root unit stays gathered from the model's forward to the end of its
   backward.
-- backward: as stage 2, when a unit's gradients are all there they are reduce-scattered
-  (units in the reverse of their order, the same on every rank) into this rank's piece's
-  gradient, and the unit's weights freed. At the end of the backward, units a gradient
+- backward: stage 2's (Zero2Sync: a unit is its bucket), when a unit's gradients are all
+  there they are reduce-scattered (units in the reverse of their order, the same on every
+  rank, two of torch's in flight) into this rank's piece's gradient, and the unit's weights
+  freed. At the end of the backward, units a gradient
   missed are sent as zeros and everything is freed.
 - whole_weights(): every unit gathered at once, for an evaluation, a checkpoint or
   model.pt (each rank takes its chunk back after, so a loaded state_dict sticks).
 
 Per step the weights cross the wire twice (forward and backward) and the gradients once:
-1.5 times DDP's bytes, as the ZeRO paper says. The collectives run in the hooks, one at a
+1.5 times DDP's bytes, as the ZeRO paper says. The gathers run in the hooks, one at a
 time (no prefetch of the next unit yet). A unit's parameters must be used inside its own
 forward; the model runs eagerly (trainer.compile: its hooks resize storages).
 """
@@ -30,15 +31,12 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from ddp_lab.collectives import (
     TORCH_ALL_GATHER,
-    TORCH_REDUCE_SCATTER,
     ring_textbook_all_gather,
-    ring_textbook_reduce_scatter,
 )
 from ddp_lab.distributed import DistEnv
 from ddp_lab.sync.base import ReplicaSync, broadcast_from_rank0
@@ -106,6 +104,7 @@ class Zero3Sync(Zero2Sync):
             u.free()
         self.units = self.units[::-1]  # sent in the reverse of the forward's order
         self.buckets, self.pieces = [u.params for u in self.units], [u.piece for u in self.units]
+        self.chunks = [u.chunk for u in self.units]
         self.bucket_of = {id(p): i for i, u in enumerate(self.units) for p in u.params}
         self.whole = False
         for m, u in zip(self.modules, self.units[::-1]):
@@ -165,21 +164,9 @@ class Zero3Sync(Zero2Sync):
 
     # ------------------------------------------------------------ the backward (Zero2Sync's, with frees)
     def _send(self, i: int) -> None:
-        """Reduce-scatter unit i's gradients into this rank's piece; free its weights."""
-        u, n = self.units[i], self.env.world_size
-        with self._timed():
-            flat = torch.zeros(u.chunk * n, dtype=self.grads.dtype, device=self.grads.device)
-            for p, g in zip(u.params, views_into(flat, u.params)):
-                if p.grad is not None:
-                    g.copy_(p.grad)
-                    p.grad = None
-            self.wire_bytes += flat.numel() * flat.element_size() // 2
-            if self.cfg.algo == "builtin":
-                out = torch.empty(u.chunk, dtype=flat.dtype, device=flat.device)
-                TORCH_REDUCE_SCATTER(out, flat, op=dist.ReduceOp.SUM)
-            else:
-                out = ring_textbook_reduce_scatter(flat)
-            self.pieces[i].grad.add_(out.div_(n))
+        """Stage 2's reduce-scatter of unit i's gradients (into a copy), then its weights freed."""
+        super()._send(i)
+        u = self.units[i]
         if not self.whole and u is not self.root:
             u.free()
 
