@@ -22,9 +22,10 @@ from ddp_lab.config import ConfigError
 log = logging.getLogger("ddp_lab")
 
 
-def shared_state(tr) -> dict:
-    """What rank 0 saves: everything every rank shares."""
-    return {"model": tr.model.state_dict(), "optimizer": tr.optimizer.state_dict(),
+def shared_state(tr, model: dict) -> dict:
+    """What rank 0 saves: everything every rank shares; `model` is the whole model's state_dict
+    (sync.model_state_dict: every rank calls it). Sharded optimizer state is each rank's own."""
+    return {"model": model, "optimizer": {} if tr.sync.shards else tr.optimizer.state_dict(),
             "scheduler": tr.scheduler.state_dict(), "scaler": tr.scaler.state_dict(),
             "step": tr.step, "epoch": tr.epoch, "batches_done": tr.batches_done,
             "sampler_seed": tr.cfg.seed, "world_size": tr.env.world_size,
@@ -40,7 +41,7 @@ def own_state(tr) -> dict:
            "sync": tr.sync.own_state_dict()}
     if tr.sync.diverges:
         own.update(model=tr.model.state_dict(), optimizer=tr.optimizer.state_dict())
-    elif tr.sync.shards:  # (zero) this rank's shard of the optimizer state
+    elif tr.sync.shards:  # (zero, fsdp) this rank's shard of the optimizer state
         own.update(optimizer=tr.optimizer.state_dict())
     return own
 
@@ -49,10 +50,10 @@ def restore(tr, shared: dict, own: dict) -> None:
     """Put a checkpoint's state back into a freshly built Trainer."""
     if tr.sync.shards and "optimizer" not in own:  # another world size: rank 0's shard fits no other
         raise ConfigError(f"this checkpoint holds the optimizer state in {shared['world_size']} shards "
-                          f"(sync.mode=zero): resume it at {shared['world_size']} ranks")
-    with tr.sync.whole_weights():  # (zero stage 3: each rank keeps its chunk of what is loaded)
-        tr.model.load_state_dict(shared["model"])
-    tr.optimizer.load_state_dict(shared["optimizer"])
+                          f"(sync.mode=zero or fsdp): resume it at {shared['world_size']} ranks")
+    tr.sync.load_model_state_dict(tr.model, shared["model"])  # (sharded: each rank keeps its piece)
+    if not tr.sync.shards:
+        tr.optimizer.load_state_dict(shared["optimizer"])
     tr.scheduler.load_state_dict(shared["scheduler"])
     tr.scaler.load_state_dict(shared["scaler"])
     tr.step, tr.epoch = shared["step"], shared["epoch"]
@@ -62,7 +63,7 @@ def restore(tr, shared: dict, own: dict) -> None:
     tr.meter.load_own_state_dict(own)
     if "model" in own:  # this rank's own weights (at the same world size only)
         tr.model.load_state_dict(own["model"])
-    if "optimizer" in own:  # its own optimizer state (local_sgd, diloco; zero: its shard's)
+    if "optimizer" in own:  # its own optimizer state (local_sgd, diloco; zero, fsdp: its shard's)
         tr.optimizer.load_state_dict(own["optimizer"])
     tr.sync.load_state_dict(shared.get("sync", {}), own.get("sync"))
     if "sync" not in own and (tr.sync.diverges or tr.sync.own_state_dict()):  # another world size

@@ -25,7 +25,7 @@ from omegaconf.errors import ValidationError
 from ddp_lab.config import ConfigError, presets
 from ddp_lab.config.keys import TRI_STATE, choices, key, one_of, positive_finite
 
-SyncMode = choices("SyncMode", "auto ddp flat per_param local_sgd diloco zero")
+SyncMode = choices("SyncMode", "auto ddp flat per_param local_sgd diloco zero fsdp")
 Algo = choices("Algo", "builtin naive ring halving_doubling ring_textbook halving_doubling_textbook")
 Compress = choices("Compress", "none bf16 fp16 powersgd")
 Amp = choices("Amp", "auto bf16 fp16 off")
@@ -39,7 +39,8 @@ CommThreads = choices("CommThreads", "auto realtime normal")
 class SyncConfig:
     mode: SyncMode = key(SyncMode.auto, "when and in what pieces gradients travel: auto (flat on CPU, "
                                         "ddp on GPU) | ddp | flat | per_param; or weights every sync.every "
-                                        "steps: local_sgd | diloco; or the optimizer state sharded: zero")
+                                        "steps: local_sgd | diloco; or the model state sharded: zero (ours) | fsdp "
+                                        "(torch's FSDP2)")
     algo: Algo = key(Algo.builtin, "how a buffer is all-reduced: builtin (gloo/NCCL) or a hand-written "
                                    "one (ddp_lab.collectives)")
     bucket_cap_mb: float = key(25.0, "ddp: DDP's bucket size; flat: buffers of at most this size (0: one)",
@@ -55,6 +56,8 @@ class SyncConfig:
     zero_stage: int = key(1, "zero: what is sharded over the ranks: 1 the optimizer state, 2 also the "
                              "gradients, 3 also the weights (gathered a block at a time)", ok=lambda v: v in (1, 2, 3),
                           rule="1, 2 or 3")
+    shard_units: str = key("", "zero stage 3, fsdp: comma-separated class names of the modules gathered one "
+                               "at a time (e.g. Block); empty: the top-level children and a ModuleList's")
     every: int = key(8, "local_sgd, diloco: steps between synchronisations of the weights (H)",
                      at_least=1)
     local_sgd_start_step: int = key(0, "local_sgd: average gradients every step for this many first "

@@ -20,10 +20,15 @@ def evaluations_fall_on_synchronisations(cfg) -> None:
 
 def stage_three_runs_eagerly(cfg) -> None:
     """trainer x sync: ZeRO stage 3 gathers and frees each block's weights in module hooks that resize
-    their storage, which ddp_lab does not compile."""
-    if str(cfg.trainer.compile).lower() == "true" and cfg.sync.mode == "zero" and cfg.sync.zero_stage == 3:
+    their storage, which ddp_lab does not compile; fsdp shards the eager model's blocks."""
+    if str(cfg.trainer.compile).lower() != "true":
+        return
+    if cfg.sync.mode == "zero" and cfg.sync.zero_stage == 3:
         raise ConfigError("trainer.compile=true cannot run with sync.zero_stage=3, whose module hooks gather "
                           "and free the weights by resizing their storage: set trainer.compile=false (or auto)")
+    if cfg.sync.mode == "fsdp":
+        raise ConfigError("trainer.compile=true cannot run with sync.mode=fsdp: ddp_lab applies fully_shard to "
+                          "the eager model's blocks: set trainer.compile=false (or auto)")
 
 
 RULES = (evaluations_fall_on_synchronisations, stage_three_runs_eagerly)

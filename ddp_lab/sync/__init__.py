@@ -47,6 +47,9 @@ the ranks drift apart in between (docs/bandwidth.md compares all of them):
 * ``diloco`` (diloco.py): average the change in weights and apply it with an
   outer Nesterov SGD.
 
+Two modes shard the model state over the ranks (docs/memory.md): ``zero`` (ours, ZeRO stages
+1-3 by ``sync.zero_stage``: zero.py, zero2.py, zero3.py) and ``fsdp`` (torch's FSDP2: fsdp.py).
+
 Every strategy counts the bytes it hands to all-reduces (``wire_bytes``).
 
 ``sync.poll`` (how a CPU rank waits for the builtin allreduce, decided at
@@ -68,6 +71,7 @@ from ddp_lab.sync.base import COMPRESS_DTYPES, ReplicaSync
 from ddp_lab.sync.ddp import DDPSync
 from ddp_lab.sync.diloco import DiLoCoSync
 from ddp_lab.sync.flat import FlatSync
+from ddp_lab.sync.fsdp import FSDPSync
 from ddp_lab.sync.local_sgd import LocalSGDSync
 from ddp_lab.sync.per_param import PerParamSync
 from ddp_lab.sync.zero import ALGOS as ZERO_ALGOS
@@ -76,10 +80,10 @@ from ddp_lab.sync.zero2 import Zero2Sync
 from ddp_lab.sync.zero3 import Zero3Sync
 
 STRATEGIES = {"ddp": DDPSync, "flat": FlatSync, "per_param": PerParamSync,
-              "local_sgd": LocalSGDSync, "diloco": DiLoCoSync, "zero": ZeroSync}
+              "local_sgd": LocalSGDSync, "diloco": DiLoCoSync, "zero": ZeroSync, "fsdp": FSDPSync}
 MODES = ("ddp", "flat", "per_param")  # the modes that average every step's gradients
 PERIODIC = ("local_sgd", "diloco")  # the modes that send weights every sync.every steps
-SHARDED = ("zero",)  # the modes that shard the optimizer state over the ranks
+SHARDED = ("zero", "fsdp")  # the modes that shard the model state over the ranks
 ALGOS = tuple(ALGORITHMS)  # builtin, naive, ring, halving_doubling, ring_textbook, halving_doubling_textbook
 COMPRESS = (*COMPRESS_DTYPES, "powersgd")  # none, bf16, fp16, powersgd
 
@@ -112,7 +116,7 @@ def validate(cfg) -> None:
         raise ConfigError(f"sync.compress=powersgd runs as torch's DDP communication hook: it takes "
                           f"sync.mode=ddp (or auto) and sync.algo=builtin, not sync.mode={cfg.mode} "
                           f"sync.algo={cfg.algo}")
-    if cfg.mode == "zero":
+    if cfg.mode in SHARDED:
         validate_zero(cfg)
     if cfg.mode == "local_sgd" and cfg.compress != "none":
         raise ConfigError(f"sync.compress={cfg.compress} with sync.mode=local_sgd would round the weights "
@@ -124,17 +128,22 @@ ZERO_STAGES = {1: ZeroSync, 2: Zero2Sync, 3: Zero3Sync}
 
 
 def validate_zero(cfg) -> None:
+    if cfg.mode == "fsdp" and cfg.algo != "builtin":
+        raise ConfigError(f"sync.algo={cfg.algo} cannot run inside torch's FSDP2: sync.mode=fsdp takes "
+                          f"sync.algo=builtin (sync.mode=zero runs ring_textbook)")
     if cfg.algo not in ZERO_ALGOS:
         raise ConfigError(f"sync.algo={cfg.algo} has no reduce-scatter and all-gather of its own: sync.mode=zero "
                           f"takes sync.algo={' or '.join(ZERO_ALGOS)}")
     if cfg.compress != "none":
-        raise ConfigError(f"sync.compress={cfg.compress} is not built for sync.mode=zero: use sync.compress=none")
+        raise ConfigError(f"sync.compress={cfg.compress} is not built for sync.mode={cfg.mode}: use sync.compress=none")
 
 
 def eager_only(cfg) -> str:
     """Why the model must run eagerly under this sync ("" where it need not)."""
     if cfg.mode == "zero" and cfg.zero_stage == 3:
         return "sync.zero_stage=3 gathers and frees the weights in module hooks that resize their storage"
+    if cfg.mode == "fsdp":
+        return "sync.mode=fsdp applies fully_shard to the eager model's blocks"
     return ""
 
 

@@ -145,8 +145,17 @@ class ReplicaSync:
 
     def whole_weights(self):
         """A context in which the model holds all its weights (zero stage 3 gathers them: every rank
-        enters it), for a state_dict to be saved or loaded."""
+        enters it)."""
         return contextlib.nullcontext()
+
+    def model_state_dict(self, model: nn.Module) -> dict:
+        """The whole model's state_dict on rank 0, for state.pt and model.pt (sharded weights: every
+        rank calls it, and only rank 0's is whole)."""
+        return model.state_dict()
+
+    def load_model_state_dict(self, model: nn.Module, state: dict) -> None:
+        """Load a whole state_dict (every rank calls it with the same one; sharded: each keeps its piece)."""
+        model.load_state_dict(state)
 
     def state_dict(self) -> dict:
         """The strategy's state every rank shares (rank 0's is checkpointed)."""

@@ -59,14 +59,15 @@ def trainable_parameters(model: nn.Module, what: str) -> list[nn.Parameter]:
     return params
 
 
-def clip_sharded(grad: torch.Tensor, max_norm: float) -> torch.Tensor:
+def clip_sharded(grads: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     """The norm over every rank's shard of the gradients (one all-reduce of a number), then each rank
-    scales its own `grad` in place; returns the norm before."""
-    squares = grad.double().pow(2).sum().reshape(1)
+    scales its own `grads` in place; returns the norm before."""
+    squares = sum(g.double().pow(2).sum() for g in grads).reshape(1)
     with position.collective("gradient norm"):
         dist.all_reduce(squares)
-    norm = squares.sqrt().squeeze().to(grad.dtype)
-    grad.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))  # as torch's clip_grad_norm_
+    norm = squares.sqrt().squeeze().to(grads[0].dtype)
+    for g in grads:
+        g.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))  # as torch's clip_grad_norm_
     return norm
 
 
@@ -124,7 +125,7 @@ class ZeroSync(ReplicaSync):
         self.grads.zero_()
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
-        return clip_sharded(self.shard.grad, max_norm)
+        return clip_sharded([self.shard.grad], max_norm)
 
     def _reattach(self) -> None:
         """A .grad that is not its view (set to None, or replaced) goes back into the buffer."""

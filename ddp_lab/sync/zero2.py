@@ -166,7 +166,7 @@ class Zero2Sync(ReplicaSync):
                     ring_textbook_all_gather(self.weights[span])
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
-        return clip_sharded(self.grads, max_norm)  # this rank's chunks, one buffer
+        return clip_sharded([self.grads], max_norm)  # this rank's chunks, one buffer
 
     def describe(self) -> str:
         return f"zero2/{self.cfg.algo}"

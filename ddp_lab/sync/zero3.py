@@ -3,8 +3,9 @@
 Stages 1 and 2 (zero.py, zero2.py) keep the whole weights on every rank. Stage 3 keeps 1/N
 of everything between steps: with AdamW in fp32, 16/N bytes a parameter. The model is cut
 into units: its top-level children that hold parameters (for a ModuleList, each of its
-children: a GPT's blocks). Parameters no unit holds alone (the model's own, or the GPT's
-embedding tied to its output layer) form the root unit. Each unit's weights are one flat
+children: a GPT's blocks), or the modules of the classes sync.shard_units names. Parameters
+no unit holds alone (the model's own, or the GPT's embedding tied to its output layer) form
+the root unit. Each unit's weights are one flat
 buffer padded to N chunks; a rank keeps chunk r (its piece, what its optimizer steps) and
 frees the buffer's memory when the unit is not in use (its storage resized to 0, so the
 tensors autograd saved still point at it and see the weights again once gathered).
@@ -38,6 +39,7 @@ from ddp_lab.collectives import (
     TORCH_ALL_GATHER,
     ring_textbook_all_gather,
 )
+from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
 from ddp_lab.sync.base import ReplicaSync, broadcast_from_rank0
 from ddp_lab.sync.zero import trainable_parameters, views_into
@@ -45,9 +47,22 @@ from ddp_lab.sync.zero2 import Zero2Sync
 from ddp_lab.telemetry import position
 
 
-def unit_modules(model: nn.Module) -> list[nn.Module]:
-    """The modules gathered one at a time: the top-level children with parameters, and the
-    children of a top-level ModuleList or ModuleDict (which has no forward of its own)."""
+def unit_modules(model: nn.Module, classes: str = "") -> list[nn.Module]:
+    """The modules gathered one at a time: those of the comma-separated class names in `classes`
+    (sync.shard_units; outermost first, none inside another), or else the top-level children with
+    parameters, and the children of a top-level ModuleList or ModuleDict (no forward of its own)."""
+    names = {c.strip() for c in classes.split(",") if c.strip()}
+    if names:
+        found, inside = [], set()
+        for m in model.modules():
+            if type(m).__name__ in names and id(m) not in inside and m is not model:
+                found.append(m)
+                inside.update(id(s) for s in m.modules())
+        if not found:
+            known = sorted({type(m).__name__ for m in model.modules()})
+            raise ConfigError(f"sync.shard_units={classes} names no module of this model: its classes are "
+                              f"{', '.join(known)}")
+        return [m for m in found if any(p.requires_grad for p in m.parameters())]
     out = []
     for child in model.children():
         inner = list(child.children()) if isinstance(child, (nn.ModuleList, nn.ModuleDict)) else [child]
@@ -82,7 +97,7 @@ class Zero3Sync(Zero2Sync):
         broadcast_from_rank0(model)
         n, r = env.world_size, env.rank
         owners = {}  # parameter -> the units whose modules hold it
-        mods = unit_modules(model)
+        mods = unit_modules(model, cfg.shard_units)
         for i, m in enumerate(mods):
             for p in m.parameters():
                 owners.setdefault(p, set()).add(i)
@@ -161,6 +176,14 @@ class Zero3Sync(Zero2Sync):
 
     def consensus(self):
         return self.whole_weights()
+
+    def model_state_dict(self, model: nn.Module) -> dict:
+        with self.whole_weights():  # rank 0 copies what every rank gathered: the pieces are freed after
+            return {k: v.clone() for k, v in model.state_dict().items()} if self.env.is_main else {}
+
+    def load_model_state_dict(self, model: nn.Module, state: dict) -> None:
+        with self.whole_weights():  # each rank keeps its chunk of what is loaded
+            model.load_state_dict(state)
 
     # ------------------------------------------------------------ the backward (Zero2Sync's, with frees)
     def _send(self, i: int) -> None:

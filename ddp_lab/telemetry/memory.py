@@ -3,7 +3,7 @@
 Counted from the tensors' storages, each storage once: a view (flat's and zero's gradients, zero's
 shard of the weights, a tied embedding) adds nothing of its own. With AdamW in fp32 one process
 holds 16 bytes a parameter (4 weights, 4 gradients, 8 moments); ZeRO stage 1 (sync.mode=zero) holds
-8 + 8/N, stage 2 4 + 12/N, stage 3 16/N (between its blocks' gathers). Ranks are not alike under
+8 + 8/N, stage 2 4 + 12/N, stage 3 and fsdp 16/N (between its blocks' gathers). Ranks are not alike under
 sharding, so every rank's figure is reported (summary.json's model_state_bytes and
 peak_mem_mb_by_rank, lists by rank).
 """
@@ -20,7 +20,7 @@ def _storages(tensors) -> dict[int, int]:
     found = {}
     for t in tensors:
         if isinstance(t, torch.Tensor) and t.device.type != "meta":
-            s = t.untyped_storage()
+            s = (t.to_local() if hasattr(t, "to_local") else t).untyped_storage()  # (fsdp: this rank's rows)
             found[s.data_ptr()] = s.nbytes()
     return found
 

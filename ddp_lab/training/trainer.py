@@ -222,9 +222,9 @@ class Trainer:
         """Too few batches left in this epoch for another optimizer step."""
         return self.batches_done + self.cfg.trainer.grad_accum > len(self.train_loader)
 
-    def state_dict(self) -> dict:
+    def state_dict(self, model: dict) -> dict:
         """What rank 0 saves: everything every rank shares (ddp_lab.checkpoint.state)."""
-        return shared_state(self)
+        return shared_state(self, model)
 
     def load_state_dict(self, shared: dict, own: dict) -> None:
         restore(self, shared, own)
@@ -233,8 +233,8 @@ class Trainer:
         """Every rank calls this at the same step; see ddp_lab.checkpoint for the layout."""
         self.meter.throughput.pause()  # saving is not training: keep it out of img/s
         self.loss_watch.check()  # never save weights a diverged step produced
-        with self.sync.whole_weights():  # (zero stage 3 gathers the weights on every rank for rank 0)
-            path = self.checkpointer.save(self.step, self.state_dict() if self.env.is_main else None, own_state(self))
+        model = self.sync.model_state_dict(self.model)  # (sharded weights: every rank gathers them for rank 0)
+        path = self.checkpointer.save(self.step, self.state_dict(model) if self.env.is_main else None, own_state(self))
         if path is not None:
             self.log.print(f"checkpoint {path.name} ({self._position()})")
         self.meter.throughput.resume()
@@ -287,9 +287,9 @@ class Trainer:
         self.log.hparams(self.cfg, self.env.world_size, summary["backend"],
                          {k: summary[k] for k in (headline, "train_loss", "samples_per_sec")})
         self.log.scalars(memory_scalars(summary), self.step)  # every rank's model state and peak memory
-        with self.sync.whole_weights():
-            if self.env.is_main:
-                write_results(self.run_dir, self.model.state_dict(), summary)
+        model = self.sync.model_state_dict(self.model)
+        if self.env.is_main:
+            write_results(self.run_dir, model, summary)
         self.log.print(final_line(summary, headline))
         return summary
 

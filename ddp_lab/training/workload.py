@@ -56,7 +56,7 @@ def build_workload(data, env: DistEnv, seed: int, *, model, trainer, optim, sync
     if len(train_loader) < k:
         raise ConfigError(f"trainer.grad_accum={k} takes {k} batches per optimizer step, but each rank has only "
                           f"{len(train_loader)} per epoch: lower trainer.grad_accum (or data.batch_size)")
-    stage = sync.zero_stage if sync.mode == "zero" else 0
+    stage = sync.zero_stage if sync.mode == "zero" else 3 if sync.mode == "fsdp" else 0
     check_fits_memory(model, optim, env, x, y, task, train_loader.batch_size, stage=stage,
                       refuse=trainer.get("memory_check", True))  # a CPU run: refused if it cannot fit
     log.info("data: %d training and %d held-out samples of %s -> %s (%s), %s loader", len(train), len(test),

@@ -29,7 +29,7 @@ def test_every_model_and_data_config_composes(compose_train, model, params, data
     ("model.init=bogus", "[default, d2l]"),
     ("data.loader=magic", "[auto, device, dataloader]"),
     ("data.task=ranking", "[auto, classification, language_model, regression]"),
-    ("sync.mode=allgather", "[auto, ddp, flat, per_param, local_sgd, diloco, zero]"),
+    ("sync.mode=allgather", "[auto, ddp, flat, per_param, local_sgd, diloco, zero, fsdp]"),
     ("sync.algo=tree", "[builtin, naive, ring, halving_doubling, ring_textbook, "
                        "halving_doubling_textbook]"),
     ("sync.compress=int8", "[none, bf16, fp16, powersgd]"),

@@ -80,7 +80,7 @@ def test_presets_state_only_what_differs_from_the_schema(compose_train, preset):
 def test_the_schema_holds_every_sync_key_with_a_true_choice_list():
     fields = {f.name: f.metadata["help"] for f in dataclasses.fields(SyncConfig)}
     assert list(fields) == ["mode", "algo", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph",
-                            "compress", "powersgd_rank", "powersgd_start_step", "zero_stage", "every",
+                            "compress", "powersgd_rank", "powersgd_start_step", "zero_stage", "shard_units", "every",
                             "local_sgd_start_step",
                             "outer_lr", "outer_momentum", "poll"]
     assert all(m in fields["mode"] for m in ("auto", *MODES, *PERIODIC, *SHARDED))

@@ -21,11 +21,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.distributed.tensor  # noqa: F401  (fsdp checkpoints hold DTensors: torch.load needs it imported)
 
 from ddp_lab.distributed import DistEnv
 from ddp_lab.models import num_parameters
 from ddp_lab.models.lenet import lenet
 from ddp_lab.sync import ReplicaSync, build_sync
+from ddp_lab.sync.fsdp import local
 from tests.conftest import failure, read_summary, run_module, tiny_overrides
 from tests.multiproc import run_in_processes
 from tests.sync import sync_cfg
@@ -192,6 +194,7 @@ RESUMED = {
     "zero": ["sync=zero", "sync.algo=ring_textbook", "optim=adamw"],  # each rank its shard of AdamW's state
     "zero2": ["sync=zero", "sync.zero_stage=2", "optim=adamw"],  # and of the gradients, sent in the backward
     "zero3": ["sync=zero", "sync.zero_stage=3", "sync.algo=ring_textbook", "optim=adamw"],  # and of the weights
+    "fsdp": ["sync=fsdp", "optim=adamw"],  # torch's FSDP2: its DTensors saved by each rank
 }
 
 
@@ -220,12 +223,12 @@ def test_a_killed_rank_resumes_bit_identical(strategy, tiny_fmnist, tmp_path):
     own = torch.load(tmp_path / "killed" / "checkpoints" / "step-9" / "rank1.pt", weights_only=True)
     if strategy == "powersgd":
         assert own["sync"]["powersgd"]["error"]  # this rank's error feedback, per parameter
-    elif strategy.startswith("zero"):  # this rank's shard of AdamW's moments, the same size as rank 0's, not its values
+    elif strategy.startswith(("zero", "fsdp")):  # this rank's shard of AdamW's moments: rank 0's size, not its values
         rank0 = torch.load(tmp_path / "killed" / "checkpoints" / "step-9" / "rank0.pt", weights_only=True)
-        mine, first = own["optimizer"]["state"][0]["exp_avg"], rank0["optimizer"]["state"][0]["exp_avg"]
+        mine, first = (local(s["optimizer"]["state"][0]["exp_avg"]) for s in (own, rank0))
         assert mine.shape == first.shape and not torch.equal(mine, first)
     else:  # the rank's own weights, which differ from rank 0's at step 9
         rank0 = torch.load(tmp_path / "killed" / "checkpoints" / "step-9" / "state.pt", weights_only=True)
         assert any(not torch.equal(own["model"][k], rank0["model"][k]) for k in own["model"])
     assert a["wire_bytes_per_step"] > 0
-    assert a["sync"].startswith(("local_sgd", "diloco", "ddp/builtin+powersgd", "zero1", "zero2", "zero3"))
+    assert a["sync"].startswith(("local_sgd", "diloco", "ddp/builtin+powersgd", "zero1", "zero2", "zero3", "fsdp"))

@@ -62,9 +62,9 @@ def _data(kind: str, micro: int):
     return tokens[..., :-1], tokens[..., 1:]
 
 
-def _train(sync, kind: str, optimizer: str, steps, clip: float = 0.0) -> torch.optim.Optimizer:
+def _train(sync, kind: str, optimizer: str, steps, clip: float = 0.0, held: list | None = None):
     """The trainer's step: backward per micro-batch, sync, clipping, optimizer step on what the sync says,
-    after_step."""
+    after_step. `held`: the model state bytes after each optimizer step, its gradients still there."""
     opt = OPTIMIZERS[optimizer](sync.parameters())
     opt.norms = norms = []  # the norms before clipping, step by step
     loss_fn = F.cross_entropy if kind == "lenet" else LANGUAGE_MODEL.loss
@@ -76,6 +76,8 @@ def _train(sync, kind: str, optimizer: str, steps, clip: float = 0.0) -> torch.o
         if clip:
             norms.append(sync.clip_grad_norm(clip).item())
         opt.step()
+        if held is not None:
+            held.append(model_state_bytes(sync.model, opt))
         opt.zero_grad(set_to_none=sync.grads_set_to_none)
         sync.after_step(step)
     return opt

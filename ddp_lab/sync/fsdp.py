@@ -1,0 +1,115 @@
+"""sync.mode=fsdp: torch's FSDP2 (`fully_shard`), beside our own ZeRO stage 3 (zero3.py).
+
+FSDP2 shards every parameter over the ranks as a DTensor (dim 0, rank r holds rows r/N of it)
+and, like stage 3, gathers a unit's weights before its forward and its backward and frees them
+after, reduce-scattering its gradients in the backward. It is applied as torchtitan applies it:
+`fully_shard` on each unit (zero3.unit_modules: the top-level children and a ModuleList's
+children, or the classes sync.shard_units names), then on the whole model, whose own and tied
+parameters form the root unit. Unlike ours it prefetches the next unit's gather.
+
+On gloo it is made to sum and divide (`set_force_sum_reduction_for_comms`): gloo's
+reduce-scatter with ReduceOp.AVG summed in the torch releases ddp_lab first ran on
+(pytorch#162338); tests/sync/test_fsdp.py fails if that returns.
+
+The parameters, gradients and the optimizer's state are DTensors: this rank's optimizer steps
+its own rows, and its state is checkpointed by this rank (a DTensor saves and loads with
+`torch.load(weights_only=True)`). model_state_dict() gathers the whole state_dict on rank 0
+for state.pt and model.pt, as torch.distributed.checkpoint's full_state_dict option does.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddp_lab.config import ConfigError
+from ddp_lab.distributed import DistEnv
+from ddp_lab.sync.base import ReplicaSync, broadcast_from_rank0
+from ddp_lab.sync.zero import clip_sharded
+from ddp_lab.sync.zero3 import unit_modules
+
+
+def fully_shard_or_refuse():
+    """torch's fully_shard, or a one-line refusal on a torch without it (before 2.6 it was private)."""
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        raise ConfigError(f"sync.mode=fsdp needs torch.distributed.fsdp.fully_shard (torch >= 2.6); this "
+                          f"torch is {torch.__version__}: upgrade torch, or use sync.mode=zero "
+                          f"sync.zero_stage=3") from None
+    return fully_shard
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's rows of a DTensor (a plain tensor as it is)."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+class FSDPSync(ReplicaSync):
+    comm_timing = "unmeasured"  # FSDP's collectives run asynchronously inside its hooks
+    shards = True
+    syncs_in_backward = True
+
+    def __init__(self, model: nn.Module, env: DistEnv, cfg):
+        super().__init__(model, env)
+        self.cfg = cfg
+        fully_shard = fully_shard_or_refuse()
+        from torch.distributed.device_mesh import init_device_mesh
+        broadcast_from_rank0(model)  # fully_shard keeps each rank's rows of its own tensors
+        with torch.no_grad():
+            for p in model.parameters():  # FSDP2 shards contiguous rows only (trainer.channels_last is not)
+                p.data = p.data.contiguous()
+        mesh = init_device_mesh(env.device.type, (env.world_size,))
+        mods = unit_modules(model, cfg.shard_units)
+        owners = {}  # parameter -> how many units hold it; a tied one (the GPT's embedding) stays in the root
+        for m in mods:
+            for p in m.parameters():
+                owners[p] = owners.get(p, 0) + 1
+        self.units = [m for m in mods if all(owners[p] == 1 for p in m.parameters())]
+        for m in self.units:
+            fully_shard(m, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        if dist.get_backend() == "gloo" and hasattr(model, "set_force_sum_reduction_for_comms"):
+            for m in [*self.units, model]:  # each unit's setting is its own
+                m.set_force_sum_reduction_for_comms(True)
+        # bytes handed to collectives, counted as zero stage 3 counts them (unpadded): each micro-batch
+        # gathers a unit's weights twice (forward, backward; half an all-reduce's bytes each), the root's
+        # once; the step's last micro-batch reduce-scatters the gradients (half an all-reduce's)
+        in_units = {p for m in self.units for p in m.parameters()}
+        size = {id(p): p.numel() * p.element_size() for p in model.parameters()}
+        whole, root = sum(size.values()), sum(n for i, n in size.items() if i not in map(id, in_units))
+        self.gather_bytes, self.scatter_bytes = whole - root + root // 2, whole // 2
+        self.forwards = 0  # training forwards since the last after_backward
+        model.register_forward_pre_hook(lambda *_: setattr(self, "forwards", self.forwards + torch.is_grad_enabled()))
+
+    def no_sync(self):
+        """Micro-batches before the last keep their whole gradients (FSDP's own no_sync)."""
+        @contextlib.contextmanager
+        def held():
+            self.model.set_requires_gradient_sync(False)
+            try:
+                yield
+            finally:
+                self.model.set_requires_gradient_sync(True)
+        return held()
+
+    def after_backward(self) -> None:
+        self.wire_bytes += self.forwards * self.gather_bytes + self.scatter_bytes
+        self.forwards = 0
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        grads = [local(p.grad) for p in self.model.parameters() if p.grad is not None]
+        return clip_sharded(grads, max_norm)
+
+    def model_state_dict(self, model: nn.Module) -> dict:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def load_model_state_dict(self, model: nn.Module, state: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+
+    def describe(self) -> str:
+        return "fsdp/builtin"

@@ -1,0 +1,154 @@
+"""sync.mode=fsdp (torch's FSDP2): the same steps as one process, 1/N of the model state per rank.
+
+The cases of test_zero.py (LeNet under SGD with momentum and under AdamW with grad_accum=2, the
+GPT with its tied embedding under AdamW, clipping), at 2 and 3 ranks, against one process on the
+whole batch and against sync.mode=flat; and the averaging bug of gloo's reduce-scatter that
+fsdp.py guards against, checked where it lives.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ddp_lab.config import ConfigError
+from ddp_lab.distributed import DistEnv
+from ddp_lab.models.lenet import lenet
+from ddp_lab.sync import ReplicaSync, build_sync
+from tests.multiproc import run_in_processes
+from tests.sync import sync_cfg
+from tests.sync.test_zero import BATCH, CASES, CPU, SINGLE, STEPS, _data, _model, _train
+
+FSDP_CASES = [c for c in CASES if c[4] == "builtin"]  # FSDP2 runs torch's collectives
+
+
+def _padded_rows_bytes(params, n: int) -> int:
+    """What FSDP2 keeps of each parameter: ceil(rows / N) of its rows (dim 0, padded), in fp32."""
+    return sum(4 * -(-p.shape[0] // n) * (p.numel() // p.shape[0]) for p in params)
+
+
+def _run(rank: int, world_size: int) -> dict:
+    out = {}
+    env = DistEnv(rank, world_size, 0, CPU, "gloo")
+    # gloo's reduce-scatter with ReduceOp.AVG summed (pytorch#162338): the rank r+1 send r+1 each
+    mean = torch.empty(3)
+    dist.reduce_scatter_tensor(mean, torch.full((3 * world_size,), float(rank + 1)), op=dist.ReduceOp.AVG)
+    out["avg"] = mean.tolist()
+    for name, kind, optimizer, micro, _, clip in FSDP_CASES:
+        x, y = _data(kind, micro)
+        per = BATCH // world_size
+        mine = [[(x[s, m, rank * per:(rank + 1) * per], y[s, m, rank * per:(rank + 1) * per])
+                 for m in range(micro)] for s in range(STEPS)]
+        model = _model(kind)
+        ref_opt = _train(ReplicaSync(model, SINGLE), kind, optimizer,
+                         [[(x[s].flatten(0, 1), y[s].flatten(0, 1))] for s in range(STEPS)], clip)
+        ref = [p.detach().clone() for p in model.parameters()]
+        model = _model(kind)
+        _train(build_sync(sync_cfg("flat", "builtin", bucket_cap_mb=0), model, env), kind, optimizer, mine, clip)
+        flat = [p.detach().clone() for p in model.parameters()]
+        model = _model(kind)
+        if rank > 0:  # only rank 0's initial weights may count: the sync must broadcast them
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.01 * rank)
+        sync = build_sync(sync_cfg("fsdp"), model, env)
+        held = []  # the model state after each step, its gradients still there
+        opt = _train(sync, kind, optimizer, mine, clip, held)
+        whole = sync.model_state_dict(model)  # (rank 0's is whole)
+        params = [p.full_tensor().detach() for p in model.parameters()]
+        named = {k: p.full_tensor().detach() for k, p in model.named_parameters()}
+        out[name] = {
+            "ref_diff": max((a - b).abs().max().item() for a, b in zip(params, ref)),
+            "flat_diff": max((a - b).abs().max().item() for a, b in zip(params, flat)),
+            "sha1": hashlib.sha1(b"".join(p.numpy().tobytes() for p in params)).hexdigest(),
+            "norms": opt.norms, "ref_norms": ref_opt.norms,
+            "model_state": held[-1], "kept": _padded_rows_bytes(model.parameters(), world_size),
+            "local": sum(p.to_local().numel() for p in model.parameters()),
+            "numel": sum(p.numel() for p in params), "wire_bytes": sync.wire_bytes,
+            "describe": sync.describe(), "state_dict": sorted(whole) if whole else [],
+            "state_dict_equal": all(torch.equal(whole[k], v) for k, v in named.items()) if whole else None}
+    return out
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"{n}ranks")
+def results(request):
+    return request.param, run_in_processes(_run, request.param, timeout=240)
+
+
+def test_gloo_averages_in_its_reduce_scatter(results):
+    """If this fails, pytorch#162338 is back: fsdp.py's force-sum keeps FSDP2 right, and zero sums itself."""
+    n, ranks = results
+    assert all(x["avg"] == [(n + 1) / 2] * 3 for x in ranks), [x["avg"] for x in ranks]
+
+
+def test_every_case_takes_the_steps_of_one_process(results):
+    n, ranks = results
+    for name, _, optimizer, _, _, clip in FSDP_CASES:
+        r = ranks[0][name]
+        if clip:  # the norm over the whole model, the one process's, on every rank; and clipping engaged
+            assert all(abs(a - b) < 1e-4 * b for x in ranks for a, b in zip(x[name]["norms"], r["ref_norms"]))
+            assert max(r["ref_norms"]) > clip, (name, r["ref_norms"])
+        assert r["ref_diff"] < (1e-5 if optimizer == "sgd" else 1e-4), (n, name, r["ref_diff"])
+        assert r["flat_diff"] < (1e-6 if optimizer == "sgd" else 1e-4), (n, name, r["flat_diff"])
+        assert {x[name]["sha1"] for x in ranks} == {r["sha1"]}, (n, name)  # every rank the same weights
+
+
+def test_each_rank_holds_its_rows_of_the_model_state(results):
+    n, ranks = results
+    for name, kind, optimizer, micro, _, _ in FSDP_CASES:
+        per_element = {"sgd": 4, "adamw": 8}[optimizer]  # the momentum; AdamW's two moments (fp32)
+        assert sum(x[name]["local"] for x in ranks) == ranks[0][name]["numel"], name  # the rows split N ways
+        for x in ranks:
+            # weights and gradients: ceil(rows / N) rows of each parameter (its storage padded); the
+            # optimizer's state: this rank's rows alone
+            kept, state = x[name]["kept"], per_element * x[name]["local"]
+            assert kept < 4 * x[name]["numel"] // n + 4 * 64 * 16, name  # (padding: a row per parameter at most)
+            assert x[name]["model_state"] == {"weights": kept, "grads": kept, "optimizer": state,
+                                              "total": 2 * kept + state}, name
+        r = ranks[0][name]
+        assert r["describe"] == "fsdp/builtin"
+        # as zero stage 3 counts: each micro-batch gathers the weights in the forward and the backward (the
+        # GPT's root unit, its tied embedding, once), each step reduce-scatters the gradients once
+        assert r["wire_bytes"] > STEPS * (micro * 4 * r["numel"] * (0.75 if kind == "gpt" else 1)
+                                          + 2 * r["numel"]) * 0.99, name
+        assert r["wire_bytes"] <= STEPS * (micro * 4 * r["numel"] + 2 * r["numel"]), name
+
+
+def test_rank_zero_gets_the_whole_state_dict(results):
+    n, ranks = results
+    for name, kind, *_ in FSDP_CASES:
+        assert ranks[0][name]["state_dict_equal"] is True, name
+        assert all(x[name]["state_dict"] == [] for x in ranks[1:]), name
+
+
+@pytest.mark.parametrize("extra,says", [
+    ({"algo": "ring_textbook"}, r"^sync.algo=ring_textbook cannot run inside torch's FSDP2: sync.mode=fsdp takes "
+                                r"sync.algo=builtin \(sync.mode=zero runs ring_textbook\)$"),
+    ({"compress": "bf16"}, r"^sync.compress=bf16 is not built for sync.mode=fsdp: use sync.compress=none$"),
+])
+def test_what_fsdp_cannot_do_is_refused_in_one_line(extra, says):
+    with pytest.raises(ConfigError, match=says):
+        build_sync(sync_cfg("fsdp", **{"algo": "builtin", **extra}), lenet(), DistEnv(0, 2, 0, CPU, "gloo"))
+
+
+def test_fsdp_is_not_compiled(compose_train):
+    from ddp_lab.config.validate import validate
+    from ddp_lab.sync import eager_only
+    with pytest.raises(ConfigError, match=r"^trainer.compile=true cannot run with sync.mode=fsdp: .* set "
+                                          r"trainer.compile=false \(or auto\)$"):
+        validate(compose_train(["sync=fsdp", "trainer.compile=true"]))
+    assert "fully_shard" in eager_only(compose_train(["sync=fsdp"]).sync)
+
+
+def test_units_are_the_top_level_children_or_the_named_classes():
+    from ddp_lab.models.gpt import Block, gpt
+    from ddp_lab.sync.zero3 import unit_modules
+    model = gpt(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=16)
+    blocks = [m for m in model.modules() if isinstance(m, Block)]
+    assert len(blocks) == 2 and all(b in unit_modules(model) for b in blocks)  # a ModuleList's children
+    assert unit_modules(model, "Block") == blocks
+    with pytest.raises(ConfigError, match=r"^sync.shard_units=Layer names no module of this model: its classes "
+                                          r"are .*Block.*"):
+        unit_modules(model, "Layer")
