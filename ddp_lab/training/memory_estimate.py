@@ -19,7 +19,8 @@ Per rank, in the parameters' dtype (float32):
 Not counted: the data held in memory, the process itself (torch's libraries, about
 0.5 GB), the backward's transient buffers, bf16 autocast's halving of activations
 (so it is an upper bound under amp). The available memory is /proc/meminfo's
-MemAvailable shared by the ranks on this machine. CPU runs only: a GPU's memory is
+MemAvailable, or what this process's memory cgroup's limit leaves if less, shared by the
+ranks on this machine. CPU runs only: a GPU's memory is
 its own, and its kernels keep other things. Under sync.mode=zero each rank keeps the
 optimizer state of its 1/N of the parameters only (stage 1), their gradients (stage 2) and
 their weights (stage 3; a block's whole weights while it computes are not counted).
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +43,7 @@ log = logging.getLogger("ddp_lab")
 
 GiB = 2**30
 WARN_SHARE = 0.8  # warn (not refuse) above this share of the available memory
+CGROUPS = Path("/sys/fs/cgroup")
 
 
 @dataclass(frozen=True)
@@ -142,23 +145,49 @@ def estimate(model, optim, x: torch.Tensor, y: torch.Tensor, task, batch: int, s
                     shards if stage == 3 else 1)
 
 
-def mem_available() -> int | None:
-    """/proc/meminfo's MemAvailable in bytes (None where there is none)."""
+def mem_available() -> tuple[int, str] | None:
+    """(bytes, what says so): /proc/meminfo's MemAvailable, or less where this process's memory
+    cgroup (a container's, a SLURM job's, an emulated host's) leaves less; None where neither is known."""
+    found = []
     try:
         with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+            found += [(int(ln.split()[1]) * 1024, "MemAvailable") for ln in f if ln.startswith("MemAvailable:")]
     except (OSError, ValueError, IndexError):
         pass
-    return None
+    headroom = cgroup_headroom()
+    if headroom is not None:
+        found.append((headroom, "the memory cgroup's limit leaves"))
+    return min(found) if found else None
 
 
-def describe(e: Estimate, model, stage: int, available: int, ranks: int, machine: int) -> str:
+def cgroup_headroom() -> int | None:
+    """This process's memory cgroup's limit (v1 memory.limit_in_bytes, v2 memory.max) less what its
+    processes hold but the page cache the kernel can drop; None where there is no limit to read."""
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            v1 = "memory" in controllers.split(",")
+            if v1 or controllers == "":
+                d = CGROUPS / ("memory" if v1 else "") / path.lstrip("/")
+                names = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file") if v1 else \
+                    ("memory.max", "memory.current", "inactive_file")
+                if (d / names[0]).exists():
+                    break
+        else:
+            return None
+        limit = int((d / names[0]).read_text().replace("max", str(2**63)))
+        stat = dict(ln.split() for ln in (d / "memory.stat").read_text().splitlines())
+        held = int((d / names[1]).read_text()) - int(stat.get(names[2], 0))
+    except (OSError, ValueError):
+        return None
+    return max(limit - held, 0) if limit < 2**62 else None
+
+
+def describe(e: Estimate, model, stage: int, available: int, ranks: int, machine: tuple[int, str]) -> str:
     """The line that says the estimate, the memory and what to lower."""
     what = (f"model={model_name(model)} needs about {e.total_bytes / GiB:.1f} GiB per rank, "
             f"{'more than' if e.total_bytes > available else 'close to'} the {available / GiB:.1f} GiB available to "
-            f"each of the {ranks} rank(s) on this machine (MemAvailable {machine / GiB:.1f} GiB): "
+            f"each of the {ranks} rank(s) on this machine ({machine[1]} {machine[0] / GiB:.1f} GiB): "
             f"activations {e.activation_bytes / GiB:.1f} GiB ({e.batch} samples per rank, what autograd keeps for "
             f"the backward), model state {e.state_bytes / GiB:.1f} GiB ({e.parameters:,} parameters: weights, "
             f"gradients and {e.optimizer}'s state)")
@@ -184,7 +213,7 @@ def check_fits_memory(model, optim, env: DistEnv, x: torch.Tensor, y: torch.Tens
     model, optim: their config groups; stage: sync.zero_stage under sync.mode=zero (0: nothing sharded)."""
     if env.device.type != "cpu":
         return None
-    machine = mem_available() if available is None else available
+    machine = mem_available() if available is None else (available, "MemAvailable")
     if machine is None:
         return None
     try:
@@ -193,7 +222,7 @@ def check_fits_memory(model, optim, env: DistEnv, x: torch.Tensor, y: torch.Tens
         log.info("memory estimate: not made (the model cannot be built on the meta device: %s)", err)
         return None
     ranks = ranks_on_machine(env.world_size)
-    per_rank = machine // ranks
+    per_rank = machine[0] // ranks
     log.info("memory estimate: %.2f GiB per rank (activations %.2f, model state %.2f), %.1f GiB available to each",
              e.total_bytes / GiB, e.activation_bytes / GiB, e.state_bytes / GiB, per_rank / GiB)
     if e.total_bytes > per_rank and refuse:

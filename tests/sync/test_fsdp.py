@@ -118,7 +118,7 @@ def test_each_rank_holds_its_rows_of_the_model_state(results):
 
 def test_rank_zero_gets_the_whole_state_dict(results):
     n, ranks = results
-    for name, kind, *_ in FSDP_CASES:
+    for name, *_ in FSDP_CASES:
         assert ranks[0][name]["state_dict_equal"] is True, name
         assert all(x[name]["state_dict"] == [] for x in ranks[1:]), name
 

@@ -20,8 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-import torch.nn.functional as F
 import torch.distributed.tensor  # noqa: F401  (fsdp checkpoints hold DTensors: torch.load needs it imported)
+import torch.nn.functional as F
 
 from ddp_lab.distributed import DistEnv
 from ddp_lab.models import num_parameters

@@ -2,6 +2,7 @@
 
     python -m ddp_lab.cluster up --hosts 4 --rate 1gbit        # hosts lab-0 .. lab-3
     python -m ddp_lab.cluster up --hosts 4 --rate 1gbit --mtu 9000 --name jumbo  # jumbo frames
+    python -m ddp_lab.cluster up --hosts 2 --rate 1gbit --mem 1g --name small    # 1 GiB per host
     python -m ddp_lab.cluster status
     python -m ddp_lab.cluster run --nproc-per-host 1 -- -m ddp_lab.train trainer.epochs=1
     python -m ddp_lab.cluster exec lab-1 -- getent hosts lab-0
@@ -13,8 +14,9 @@ A test bed, not a launcher: each emulated host is a Linux network namespace
 with its own link into a bridge, both directions of the link shaped to a rate
 with a token bucket, its own hostname and /etc/hosts; `run` starts one
 ordinary torchrun agent per host there (c10d rendezvous at host 0). Needs root
-(CAP_NET_ADMIN and CAP_SYS_ADMIN). The hosts share this machine's CPU cores,
-memory and GPUs: only the network is emulated.
+(CAP_NET_ADMIN and CAP_SYS_ADMIN). The hosts share this machine's CPU cores
+and GPUs, and its memory unless `--mem` limits each host's (memory.py): only the network
+and that limit are emulated.
 
 In Python (tests, benchmarks):
 

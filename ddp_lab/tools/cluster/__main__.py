@@ -6,7 +6,7 @@ import signal
 import subprocess
 import sys
 
-from ddp_lab.tools.cluster import names, network
+from ddp_lab.tools.cluster import memory, names, network
 from ddp_lab.tools.cluster.commands import ClusterError
 from ddp_lab.tools.cluster.launch import Job, in_host
 from ddp_lab.tools.cluster.shaping import DEFAULT_MTU, format_rate
@@ -20,6 +20,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     up.add_argument("--rate", required=True, help="each link's rate, both ways: 1gbit, 200mbit, ...")
     up.add_argument("--mtu", default=DEFAULT_MTU, help=f"every link's MTU in bytes (default {DEFAULT_MTU}; "
                     "9000: jumbo frames)")
+    up.add_argument("--mem", default=None, help="each host's memory limit, e.g. 1g, 512m (a memory cgroup "
+                    "per host; default: none, the machine's)")
     down = sub.add_parser("down", help="remove a cluster, also what an interrupted up left")
     sub.add_parser("status", help="list clusters, hosts, addresses and rates")
     run = sub.add_parser("run", help="one torchrun agent per host: run -- <what torchrun runs>")
@@ -107,8 +109,9 @@ def show(clusters: list[network.Cluster]) -> None:
         print(f"cluster {c.name}: {len(c.hosts)} host(s), links {rate} each way, MTU {mtu}{state}")
         for h in c.hosts:
             rate = format_rate(h.rate_bits) if h.rate_bits else "-"
+            mem = f"mem {h.mem_bytes / 2**30:.2f} GiB " if h.mem_bytes else ""
             print(f"  {h.name:<16} {h.address:<15} {rate:<8} mtu {h.mtu or '-':<5} tcp {h.tcp or '-':<6} "
-                  f"(netns {h.netns})")
+                  f"{mem}(netns {h.netns})")
 
 
 def run_job(args) -> int:
@@ -137,7 +140,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         if args.action == "up":
-            show([network.create(args.name, args.hosts, args.rate, args.mtu)])
+            mem = None if args.mem is None else memory.parse_size(args.mem)
+            show([network.create(args.name, args.hosts, args.rate, args.mtu, mem)])
         elif args.action == "down":
             removed = network.destroy(args.name)
             print("\n".join(f"removed {r}" for r in removed) or f"no cluster named {args.name}")
@@ -153,7 +157,8 @@ def main(argv=None) -> int:
             print(f"{host.name}: killed {len(network.kill_processes(host))} process(es)")
         else:
             host = network.host_named(ready_cluster(args.name), args.host)
-            return subprocess.run(in_host(host, args.command)).returncode
+            rc = subprocess.run(in_host(host, args.command)).returncode
+            return rc if rc >= 0 else 128 - rc  # killed by signal S (the host's memory limit): 128 + S
     except ClusterError as e:
         print(f"ddp_lab.cluster: error: {e}", file=sys.stderr)
         return 2

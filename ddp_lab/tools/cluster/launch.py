@@ -30,20 +30,30 @@ import time
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from ddp_lab.tools.cluster import memory
 from ddp_lab.tools.cluster.commands import descendants
 from ddp_lab.tools.cluster.network import HOST_LINK, Cluster, Host, host_named, links_down
 from ddp_lab.tools.cluster.sharing import share
 
-# Runs inside `unshare --uts`: give this process the host's name, then become torchrun.
-SET_HOSTNAME = "import os,socket,sys; socket.sethostname(sys.argv[1]); os.execvp(sys.argv[2], sys.argv[2:])"
+# Runs inside `unshare --uts`: give this process the host's name; where the host has a memory
+# limit, mount the memory cgroups where a process looks for its limit (`ip netns exec` mounted
+# a /sys of its own without them: ddp_lab's memory check reads it there); then become torchrun.
+SET_HOSTNAME = ("import os,socket,sys; socket.sethostname(sys.argv[1]); sys.argv[2] and os.system("
+                "'mount -t tmpfs none /sys/fs/cgroup && mkdir /sys/fs/cgroup/memory && "
+                "mount -t cgroup -o memory none /sys/fs/cgroup/memory'); os.execvp(sys.argv[3], sys.argv[3:])")
+# Runs first, outside the namespace: join the host's memory cgroup where it has one (cluster
+# up --mem), then become `ip netns exec`.
+JOIN_CGROUP = ("import os,sys; c = sys.argv[1]; c and open(c, 'w').write(str(os.getpid())); "
+               "os.execvp(sys.argv[2], sys.argv[2:])")
 TERM_GRACE_S = 30  # after SIGTERM, as torchrun waits for its workers, then SIGKILL
 IDLE_S = 5  # an agent without workers after another host failed: stopped after this
 
 
 def in_host(host: Host, command: list[str]) -> list[str]:
     """`command` run inside the host: its network namespace, /etc/hosts and hostname."""
-    return ["ip", "netns", "exec", host.netns, "unshare", "--uts", "--",
-            sys.executable, "-c", SET_HOSTNAME, host.name, *command]
+    return [sys.executable, "-c", JOIN_CGROUP, memory.join_path(host.netns),
+            "ip", "netns", "exec", host.netns, "unshare", "--uts", "--",
+            sys.executable, "-c", SET_HOSTNAME, host.name, "1" if host.mem_bytes else "", *command]
 
 
 @dataclass
@@ -112,6 +122,7 @@ class Job:
                 f"--rdzv-id={self.run_id}", f"--rdzv-conf={conf}", *self.command]
 
     def start(self) -> Job:
+        self.oom_kills_before = {h.name: memory.oom_kills(h.netns) for h in self.hosts}
         env, note = self.environment()
         self._say(f"ddp_lab.cluster: {note}; run id {self.run_id}, rendezvous "
                   f"{self.hosts[0].name}:{self.port}" + (f", {self.min_hosts} to {len(self.hosts)} "
@@ -206,7 +217,18 @@ class Job:
         if failed:
             for name in links_down(self.cluster):
                 self._say(f"ddp_lab.cluster: the link of {name} is down")
+            self._say_out_of_memory()
         return self.agents[failed[0][1]].proc.returncode if failed else 0
+
+    def _say_out_of_memory(self) -> None:
+        """Name the hosts whose memory limit killed a process of this job: out of memory, not a hang."""
+        for h in self.hosts:
+            killed = memory.oom_kills(h.netns) - self.oom_kills_before.get(h.name, 0)
+            if killed:
+                self._say(f"ddp_lab.cluster: {h.name} ran out of memory: its limit of {h.mem_bytes / 2**30:.2f} GiB "
+                          f"(cluster up --mem) killed {killed} process(es) of this job; shard the model state "
+                          f"(sync=zero sync.zero_stage=3, or sync=fsdp), or check first: python -m "
+                          f"ddp_lab.costmodel.will_it_fit")
 
     def _stop_the_stuck(self, now: float) -> None:
         stuck = []

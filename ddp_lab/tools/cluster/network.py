@@ -21,7 +21,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-from ddp_lab.tools.cluster import names, shaping
+from ddp_lab.tools.cluster import memory, names, shaping
 from ddp_lab.tools.cluster.commands import ClusterError, alive, ip, require_privileges, require_tools
 
 SUBNETS = [ipaddress.ip_network(f"10.213.{x}.0/24") for x in range(256)]
@@ -38,6 +38,7 @@ class Host:
     rate_bits: int | None  # what its link is shaped to (None: unshaped or unknown)
     tcp: str | None = None  # the TCP congestion control its route names (shaping.CONGESTION_CONTROL)
     mtu: int | None = None  # eth0's MTU
+    mem_bytes: int | None = None  # its memory limit (cluster up --mem; None: the machine's)
 
 
 @dataclass
@@ -92,7 +93,8 @@ def find(cluster: str) -> Cluster | None:
         if not (names.ETC_NETNS / netns / "hosts").exists():
             problems.append(f"{names.host_name(cluster, i)} has no hosts file")
         hosts.append(Host(names.host_name(cluster, i), netns, address or "-", rate,
-                          shaping.congestion_control(netns, HOST_LINK), _mtu(netns, HOST_LINK)))
+                          shaping.congestion_control(netns, HOST_LINK), _mtu(netns, HOST_LINK),
+                          memory.limit_of(netns)))
     return Cluster(cluster, hosts, not problems, problems)
 
 
@@ -122,8 +124,9 @@ def free_subnet() -> ipaddress.IPv4Network:
                        "(python -m ddp_lab.cluster status, then down --name NAME)")
 
 
-def create(cluster: str, hosts: int, rate: str, mtu: int = shaping.DEFAULT_MTU) -> Cluster:
-    """Make the cluster; on any failure (or Ctrl-C) remove what was made, then raise."""
+def create(cluster: str, hosts: int, rate: str, mtu: int = shaping.DEFAULT_MTU, mem: int | None = None) -> Cluster:
+    """Make the cluster (`mem`: each host's memory limit in bytes); on any failure (or Ctrl-C)
+    remove what was made, then raise."""
     names.check_name(cluster)
     bits = shaping.parse_rate(rate)
     mtu = shaping.parse_mtu(mtu)
@@ -131,6 +134,8 @@ def create(cluster: str, hosts: int, rate: str, mtu: int = shaping.DEFAULT_MTU) 
         raise ClusterError(f"--hosts {hosts}: give 1 to {MAX_HOSTS} hosts")
     require_tools()
     require_privileges()
+    if mem is not None:
+        memory.require_controller()
     if find(cluster) is not None:
         raise ClusterError(f"a cluster named {cluster} exists (or an interrupted up left parts of "
                            f"it): remove it with `python -m ddp_lab.cluster down --name {cluster}`, "
@@ -155,6 +160,8 @@ def create(cluster: str, hosts: int, rate: str, mtu: int = shaping.DEFAULT_MTU) 
             shaping.set_congestion_control(netns, HOST_LINK, str(subnet), address)
             shaping.shape(netns, HOST_LINK, bits)   # what host i sends
             shaping.shape(switch, port, bits)       # what host i receives
+            if mem is not None:
+                memory.limit(netns, mem)
             addresses[names.host_name(cluster, i)] = address
         names.write_hosts_files(cluster, addresses)
     except BaseException:
@@ -188,6 +195,8 @@ def destroy(cluster: str) -> list[str]:
         with contextlib.suppress(FileNotFoundError):  # a mount point an interrupted add left
             (names.RUN_NETNS / netns).unlink()
         removed.append(f"namespace {netns} (and its links)")
+        if memory.remove(netns):
+            removed.append(f"memory cgroup {memory.folder(netns)}")
     removed += [f"folder {f}" for f in names.remove_hosts_files(cluster)]
     return removed
 
@@ -230,9 +239,10 @@ def links_down(cluster: Cluster) -> list[str]:
 
 
 @contextlib.contextmanager
-def emulated(hosts: int, rate: str, cluster: str = names.DEFAULT_NAME, mtu: int = shaping.DEFAULT_MTU):
+def emulated(hosts: int, rate: str, cluster: str = names.DEFAULT_NAME, mtu: int = shaping.DEFAULT_MTU,
+             mem: int | None = None):
     """`with emulated(2, "1gbit", "mytest") as c:` a cluster that is removed on the way out."""
-    made = create(cluster, hosts, rate, mtu)
+    made = create(cluster, hosts, rate, mtu, mem)
     try:
         yield made
     finally:

@@ -20,26 +20,15 @@ each, it prints for DDP and ZeRO stages 1, 2 and 3:
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 
 from ddp_lab.config import ConfigError
+from ddp_lab.tools.cluster.memory import parse_size
 from ddp_lab.tools.cluster.shaping import ClusterError, parse_rate
 from ddp_lab.tools.costmodel.formulas import ring, ring_all_gather, ring_reduce_scatter
 
 GiB = 2**30
-SIZE = re.compile(r"^\s*([0-9.]+)\s*(b|kib|mib|gib|tib|kb|mb|gb|tb|k|m|g|t)?\s*$", re.I)
-UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6, "gb": 10**9,
-         "tb": 10**12, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
-
-
-def parse_size(text: str) -> int:
-    """'2GiB', '1g' (binary), '500MB' (decimal) -> bytes."""
-    m = SIZE.match(str(text))
-    if not m or float(m.group(1)) <= 0:
-        raise ConfigError(f"--memory {text!r}: give a size with a unit, e.g. --memory 2GiB or --memory 512m")
-    return int(float(m.group(1)) * UNITS[(m.group(2) or "b").lower()])
 
 
 def model_state_bytes(params: int, state_per_param: int, ranks: int, strategy: str, dtype_bytes: int = 4) -> int:
@@ -122,8 +111,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.ranks < 1:
             raise ConfigError(f"--ranks {args.ranks}: give the world size, 1 or more")
-        memory = parse_size(args.memory)
         try:
+            memory = parse_size(args.memory, "--memory")
             link = parse_rate(args.link) if args.link else None
         except ClusterError as e:
             raise ConfigError(str(e).replace("--rate", "--link")) from None
