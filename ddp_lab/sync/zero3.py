@@ -17,10 +17,12 @@ tensors autograd saved still point at it and see the weights again once gathered
 - backward: stage 2's (Zero2Sync: a unit is its bucket), when a unit's gradients are all
   there they are reduce-scattered (units in the reverse of their order, the same on every
   rank, two of torch's in flight) into this rank's piece's gradient, and the unit's weights
-  freed. At the end of the backward, units a gradient
-  missed are sent as zeros and everything is freed.
-- whole_weights(): every unit gathered at once, for an evaluation, a checkpoint or
-  model.pt (each rank takes its chunk back after, so a loaded state_dict sticks).
+  freed. At the end of the backward, units a gradient missed are sent as zeros and
+  everything is freed.
+- an evaluation gathers and frees unit by unit as a training forward does; a checkpoint or
+  model.pt too (model_state_dict: rank 0 copies each unit while it is gathered), so no rank
+  ever holds the whole weights twice. whole_weights() gathers every unit at once, to load a
+  state_dict (each rank takes its chunk back after, so it sticks).
 
 Per step the weights cross the wire twice (forward and backward) and the gradients once:
 1.5 times DDP's bytes, as the ZeRO paper says. The gathers run in the hooks, one at a
@@ -174,12 +176,34 @@ class Zero3Sync(Zero2Sync):
                     u.piece.copy_(u.flat[r * u.chunk:(r + 1) * u.chunk])
                     u.free()
 
+    @contextlib.contextmanager
     def consensus(self):
-        return self.whole_weights()
+        """An evaluation's forward gathers and frees unit by unit, as in training (no backward keeps
+        them); its bytes are not a training step's: not counted."""
+        sent = self.wire_bytes
+        try:
+            yield
+        finally:
+            self.wire_bytes = sent
 
     def model_state_dict(self, model: nn.Module) -> dict:
-        with self.whole_weights():  # rank 0 copies what every rank gathered: the pieces are freed after
-            return {k: v.clone() for k, v in model.state_dict().items()} if self.env.is_main else {}
+        """Gathered a unit at a time (every rank), copied by rank 0: no rank holds two copies of the model."""
+        state = model.state_dict(keep_vars=True)
+        copies, sent = {}, self.wire_bytes  # id(tensor) -> rank 0's copy (a tied weight: one copy)
+        for u in self.units[::-1]:
+            was = u.gathered
+            self._gather(u)
+            if self.env.is_main:
+                copies.update({id(p): p.detach().clone() for p in u.params})
+            if not was:
+                u.free()
+        self.wire_bytes = sent
+        if not self.env.is_main:
+            return {}
+        for t in state.values():  # buffers, frozen parameters
+            if id(t) not in copies:
+                copies[id(t)] = t.detach().clone()
+        return {k: copies[id(t)] for k, t in state.items()}
 
     def load_model_state_dict(self, model: nn.Module, state: dict) -> None:
         with self.whole_weights():  # each rank keeps its chunk of what is loaded
