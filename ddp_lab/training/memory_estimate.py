@@ -28,6 +28,7 @@ their weights (stage 3; a block's whole weights while it computes are not counte
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,19 +146,22 @@ def estimate(model, optim, x: torch.Tensor, y: torch.Tensor, task, batch: int, s
                     shards if stage == 3 else 1)
 
 
-def mem_available() -> tuple[int, str] | None:
-    """(bytes, what says so): /proc/meminfo's MemAvailable, or less where this process's memory
-    cgroup (a container's, a SLURM job's, an emulated host's) leaves less; None where neither is known."""
+def mem_available(world_size: int) -> tuple[int, int, str] | None:
+    """(bytes, the ranks that share them, what says so): /proc/meminfo's MemAvailable shared by the ranks
+    on this machine, or what this process's memory cgroup (a container's, a SLURM job's, an emulated
+    host's) leaves, shared by torchrun's local ranks, whichever leaves a rank less; None where neither."""
     found = []
     try:
         with open("/proc/meminfo") as f:
-            found += [(int(ln.split()[1]) * 1024, "MemAvailable") for ln in f if ln.startswith("MemAvailable:")]
+            found += [(int(ln.split()[1]) * 1024, ranks_on_machine(world_size), "MemAvailable")
+                      for ln in f if ln.startswith("MemAvailable:")]
     except (OSError, ValueError, IndexError):
         pass
     headroom = cgroup_headroom()
     if headroom is not None:
-        found.append((headroom, "the memory cgroup's limit leaves"))
-    return min(found) if found else None
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        found.append((headroom, local, "the memory cgroup's limit leaves"))
+    return min(found, key=lambda f: f[0] // f[1]) if found else None
 
 
 def cgroup_headroom() -> int | None:
@@ -185,9 +189,10 @@ def cgroup_headroom() -> int | None:
 
 def describe(e: Estimate, model, stage: int, available: int, ranks: int, machine: tuple[int, str]) -> str:
     """The line that says the estimate, the memory and what to lower."""
+    where = "on this machine" if machine[1] == "MemAvailable" else "in this memory cgroup"
     what = (f"model={model_name(model)} needs about {e.total_bytes / GiB:.1f} GiB per rank, "
             f"{'more than' if e.total_bytes > available else 'close to'} the {available / GiB:.1f} GiB available to "
-            f"each of the {ranks} rank(s) on this machine ({machine[1]} {machine[0] / GiB:.1f} GiB): "
+            f"each of the {ranks} rank(s) {where} ({machine[1]} {machine[0] / GiB:.1f} GiB): "
             f"activations {e.activation_bytes / GiB:.1f} GiB ({e.batch} samples per rank, what autograd keeps for "
             f"the backward), model state {e.state_bytes / GiB:.1f} GiB ({e.parameters:,} parameters: weights, "
             f"gradients and {e.optimizer}'s state)")
@@ -213,15 +218,16 @@ def check_fits_memory(model, optim, env: DistEnv, x: torch.Tensor, y: torch.Tens
     model, optim: their config groups; stage: sync.zero_stage under sync.mode=zero (0: nothing sharded)."""
     if env.device.type != "cpu":
         return None
-    machine = mem_available() if available is None else (available, "MemAvailable")
-    if machine is None:
+    found = mem_available(env.world_size) if available is None else \
+        (available, ranks_on_machine(env.world_size), "MemAvailable")
+    if found is None:
         return None
     try:
         e = estimate(model, optim, x, y, task, batch, env.world_size if stage else 1, stage)
     except Exception as err:  # a user's model that cannot be built on meta (it reads values, loads weights)
         log.info("memory estimate: not made (the model cannot be built on the meta device: %s)", err)
         return None
-    ranks = ranks_on_machine(env.world_size)
+    machine, ranks = (found[0], found[2]), found[1]
     per_rank = machine[0] // ranks
     log.info("memory estimate: %.2f GiB per rank (activations %.2f, model state %.2f), %.1f GiB available to each",
              e.total_bytes / GiB, e.activation_bytes / GiB, e.state_bytes / GiB, per_rank / GiB)

@@ -115,7 +115,7 @@ def test_a_large_model_is_told_to_shrink_not_to_lower_the_batch(compose_train):
     cfg = compose_train(["model=custom", "model._target_=torch.nn.Linear", "+model.in_features=4096",
                          "+model.out_features=4096", "optim=adamw"])
     e = estimate(cfg.model, cfg.optim, torch.zeros(4096), torch.zeros(4096), REGRESSION, batch=1)
-    line = memory_estimate.describe(e, cfg.model, 0, available=2**20, ranks=1, machine=2**20)
+    line = memory_estimate.describe(e, cfg.model, 0, available=2**20, ranks=1, machine=(2**20, "MemAvailable"))
     assert line.endswith("model state 0.3 GiB (16,781,312 parameters: weights, gradients and AdamW's state); shard "
                          "the model state over the ranks (sync=zero sync.zero_stage=3), use a smaller model or an "
                          "optimizer with less state (optim=sgd), or run fewer ranks per machine")
@@ -136,16 +136,16 @@ def test_under_zero_a_rank_counts_its_shard_of_the_optimizer_state(compose_train
     assert two.state_bytes == weights + 3 * weights // 4  # stage 2: 4 + 12/N bytes a parameter
     three = estimate(cfg.model, cfg.optim, x, x, REGRESSION, batch=1, shards=4, stage=3)
     assert three.state_bytes == 4 * weights // 4  # stage 3: 16/N
-    line = memory_estimate.describe(zero, cfg.model, 1, available=2**20, ranks=4, machine=2**22)
+    line = memory_estimate.describe(zero, cfg.model, 1, available=2**20, ranks=4, machine=(2**22, "MemAvailable"))
     assert "; shard the gradients and the weights too (sync.zero_stage=3), use a smaller model" in line
-    line = memory_estimate.describe(three, cfg.model, 3, available=2**20, ranks=4, machine=2**22)
+    line = memory_estimate.describe(three, cfg.model, 3, available=2**20, ranks=4, machine=(2**22, "MemAvailable"))
     assert line.endswith("use a smaller model or an optimizer with less state (optim=sgd), or run fewer ranks per "
                          "machine")
 
 
 def test_the_trainer_refuses_a_run_that_cannot_fit_before_any_step(compose_train, tmp_path, monkeypatch):
     (tmp_path / "c.txt").write_bytes(bytes(range(256)) * 40)  # 10,240 bytes
-    monkeypatch.setattr(memory_estimate, "mem_available", lambda: 64 * 2**20)  # a 64 MiB machine
+    monkeypatch.setattr(memory_estimate, "mem_available", lambda n: (64 * 2**20, 1, "MemAvailable"))  # 64 MiB
     cfg = _gpt(compose_train, f"data.path={tmp_path}/c.txt", "data.batch_size=32", "trainer.compile=false")
     schema.check(cfg)
     with pytest.raises(ConfigError, match=r"^model=gpt needs about 0\.\d GiB per rank, more than the 0\.1 GiB"):
