@@ -28,7 +28,7 @@ from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
 from ddp_lab.sync.base import ReplicaSync, broadcast_from_rank0
 from ddp_lab.sync.zero import clip_sharded
-from ddp_lab.sync.zero3 import unit_modules
+from ddp_lab.sync.zero3 import return_freed_blocks, unit_modules
 
 
 def fully_shard_or_refuse():
@@ -58,6 +58,7 @@ class FSDPSync(ReplicaSync):
         fully_shard = fully_shard_or_refuse()
         from torch.distributed.device_mesh import init_device_mesh
         broadcast_from_rank0(model)  # fully_shard keeps each rank's rows of its own tensors
+        return_freed_blocks(env.device)
         with torch.no_grad():
             for p in model.parameters():  # FSDP2 shards contiguous rows only (trainer.channels_last is not)
                 p.data = p.data.contiguous()

@@ -32,6 +32,9 @@ forward; the model runs eagerly (trainer.compile: its hooks resize storages).
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import logging
+import os
 
 import torch
 from torch import nn
@@ -72,6 +75,26 @@ def unit_modules(model: nn.Module, classes: str = "") -> list[nn.Module]:
     return out
 
 
+log = logging.getLogger("ddp_lab")
+M_MMAP_THRESHOLD = -3  # glibc's mallopt() parameter
+
+
+def return_freed_blocks(device: torch.device, threshold: int = 2**20) -> bool:
+    """Have glibc mmap every CPU block of `threshold` bytes or more, so that freeing one gives it back to
+    the kernel. Its default threshold grows to the largest block freed (up to 32 MiB), after which the
+    weights stage 3 and fsdp gather and free every unit stay in the heap: gpt2's peak RSS at 2 ranks was
+    3,277 MiB so, 2,095 MiB at 1 MiB (docs/results/2026-11-27_xeon-2c_zero-stages-memory). Left alone on a
+    GPU, off glibc, or where the user set MALLOC_MMAP_THRESHOLD_; whether it was set."""
+    if device.type != "cpu" or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    try:
+        done = bool(ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, threshold))
+    except (OSError, AttributeError):
+        return False
+    log.info("glibc: blocks of %d bytes or more are mmapped, so freed gathers go back to the kernel", threshold)
+    return done
+
+
 class Unit:
     """One unit's flat weights (whole while gathered, empty otherwise) and this rank's piece of them."""
 
@@ -96,6 +119,7 @@ class Zero3Sync(Zero2Sync):
         ReplicaSync.__init__(self, model, env)
         self.cfg = cfg
         params = trainable_parameters(model, "sync.mode=zero")
+        return_freed_blocks(env.device)
         broadcast_from_rank0(model)
         n, r = env.world_size, env.rank
         owners = {}  # parameter -> the units whose modules hold it

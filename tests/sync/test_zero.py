@@ -275,3 +275,33 @@ def test_the_schema_takes_stages_one_to_three(compose_train):
     schema.check(compose_train(["sync=zero", "sync.zero_stage=3"]))
     with pytest.raises(ConfigError, match=r"sync.zero_stage=4 must be 1, 2 or 3"):
         schema.check(compose_train(["sync=zero", "sync.zero_stage=4"]))
+
+
+FREE_AND_MEASURE = """
+import os, sys, torch
+from ddp_lab.sync.zero3 import return_freed_blocks
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+print(return_freed_blocks(torch.device("cpu")) if sys.argv[1] == "set" else None)
+big = torch.ones(6 * 2**20)  # 24 MiB, mmapped and given back: glibc's threshold grows to 24 MiB
+del big
+before = rss()
+mid = torch.ones(4 * 2**20)  # 16 MiB: below the grown threshold, from the heap, which keeps it when freed
+del mid
+print(rss() - before)
+"""
+
+
+@pytest.mark.parametrize("how", ["set", "default"])
+def test_stage_three_has_freed_blocks_given_back_to_the_kernel(how):
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    out = subprocess.run([sys.executable, "-c", FREE_AND_MEASURE, how], capture_output=True, text=True, env=env,
+                         check=True).stdout.split()
+    kept = int(out[1])
+    if how == "set":
+        assert out[0] == "True" and kept < 4 * 2**20, out  # the 16 MiB went back
+    else:
+        assert kept > 15 * 2**20, out  # glibc's default: kept in the heap (what the setting is for)
