@@ -7,15 +7,17 @@ DiLoCo's anchor and outer momentum) and the clock of a run to a target.
 Every rank saves its own (rank<R>.pt): RNG states, the partial epoch's sums,
 the sync's per-rank state (PowerSGD's error feedback) and, where the ranks'
 weights differ between synchronisations (sync.mode=local_sgd, diloco), its
-own weights and optimizer state. At another world size no rank's own state
-but the RNG and sums comes back (reshard.py): every rank continues from
-rank 0's weights and optimizer state, and PowerSGD's error feedback starts
-at zero.
+own weights and optimizer state; under zero and fsdp, its shard of the
+optimizer state. At another world size no rank's own state but the RNG and
+sums comes back (reshard.py): every rank continues from rank 0's weights and
+optimizer state, and PowerSGD's error feedback starts at zero; zero's
+optimizer shards are resharded, fsdp's refused.
 """
 from __future__ import annotations
 
 import logging
 
+from ddp_lab.checkpoint.reshard import reshard_zero_state
 from ddp_lab.checkpoint.rng import rng_state, set_rng_state
 from ddp_lab.config import ConfigError
 
@@ -48,9 +50,17 @@ def own_state(tr) -> dict:
 
 def restore(tr, shared: dict, own: dict) -> None:
     """Put a checkpoint's state back into a freshly built Trainer."""
-    if tr.sync.shards and "optimizer" not in own:  # another world size: rank 0's shard fits no other
-        raise ConfigError(f"this checkpoint holds the optimizer state in {shared['world_size']} shards "
-                          f"(sync.mode=zero or fsdp): resume it at {shared['world_size']} ranks")
+    if tr.sync.shards and "optimizer" not in own:  # another world size: every old rank's shard, resharded
+        sizes = getattr(tr.sync, "group_sizes", None)
+        if "optimizers" not in own or sizes is None:
+            raise ConfigError(f"this checkpoint holds the optimizer state in {shared['world_size']} shards "
+                              f"(sync.mode=fsdp): resume it at {shared['world_size']} ranks")
+        try:
+            own = {**own, "optimizer": reshard_zero_state(own["optimizers"], sizes(), tr.env.rank,
+                                                          tr.env.world_size)}
+        except ValueError as e:
+            raise ConfigError(f"this checkpoint's optimizer state does not fit this run's shards ({e}): resume "
+                              f"it with the sync.zero_stage and sync.bucket_cap_mb that wrote it") from None
     tr.sync.load_model_state_dict(tr.model, shared["model"])  # (sharded: each rank keeps its piece)
     if not tr.sync.shards:
         tr.optimizer.load_state_dict(shared["optimizer"])

@@ -101,6 +101,10 @@ class ZeroSync(ReplicaSync):
     def parameters(self):
         return [self.shard]
 
+    def group_sizes(self) -> list[int]:
+        """The unpadded elements of what each of this rank's parameters is a chunk of (checkpoint/reshard.py)."""
+        return [sum(p.numel() for p in self.params)]
+
     def after_backward(self) -> None:
         """Reduce-scatter the gradients: shard r's mean over the ranks lands in self.shard.grad."""
         self._reattach()

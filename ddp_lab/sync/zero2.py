@@ -96,6 +96,10 @@ class Zero2Sync(ReplicaSync):
     def parameters(self):
         return list(self.pieces)
 
+    def group_sizes(self) -> list[int]:
+        """The unpadded elements of each bucket (stage 3: unit), as parameters() lists their chunks."""
+        return [sum(p.numel() for p in b) for b in self.buckets]
+
     def no_sync(self):
         return position.collective("gradient sync")  # every micro-batch reduce-scatters (see above)
 

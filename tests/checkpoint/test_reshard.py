@@ -105,3 +105,49 @@ def test_per_rank_sync_state_is_reconciled_by_the_rule(tiny_fmnist, tmp_path, sy
     s = read_summary(tmp_path / "run")
     assert s["world_sizes"] == [[0, 2], [8, 3]] and s["steps"] == 12
     assert s["test_acc"] > 0.3  # learned: three times chance (DiLoCo every 3 learns slowest in 12 steps)
+
+
+def _zero_states(values: torch.Tensor, world_size: int) -> list[dict]:
+    """Every rank's AdamW state_dict under zero: one group, chunk r of `values` padded to N chunks."""
+    chunk = -(-values.numel() // world_size)
+    padded = torch.cat([values, torch.zeros(chunk * world_size - values.numel())])
+    return [{"state": {0: {"step": torch.tensor(5.0), "exp_avg": padded[r * chunk:(r + 1) * chunk].clone(),
+                           "exp_avg_sq": 2 * padded[r * chunk:(r + 1) * chunk]}},
+             "param_groups": [{"lr": 0.1, "params": [0]}]} for r in range(world_size)]
+
+
+@pytest.mark.parametrize("before,after", [(4, 3), (3, 4), (2, 5)])
+def test_zero_optimizer_shards_are_cut_again_for_another_world_size(before, after):
+    from ddp_lab.checkpoint.reshard import reshard_zero_state
+    values = torch.arange(1.0, 11.0)  # a group of 10 elements: padded to 12 (4 and 3 ranks), 10 (2, 5)
+    new = [reshard_zero_state(_zero_states(values, before), [10], r, after) for r in range(after)]
+    for got, want in zip(new, _zero_states(values, after)):  # what a run at `after` ranks holds
+        assert torch.equal(got["state"][0]["exp_avg"], want["state"][0]["exp_avg"])
+        assert torch.equal(got["state"][0]["exp_avg_sq"], want["state"][0]["exp_avg_sq"])
+        assert got["state"][0]["step"].item() == 5.0 and got["param_groups"] == want["param_groups"]
+    with pytest.raises(ValueError, match=r"the checkpoint's optimizer steps 1 shard\(s\) a rank, this run 2"):
+        reshard_zero_state(_zero_states(values, before), [6, 4], 0, after)
+
+
+@pytest.mark.system
+def test_a_zero_stage_three_run_stopped_on_4_ranks_finishes_on_3_as_on_4(tiny_fmnist, tmp_path):
+    """AdamW's moments, sharded 4 ways, resharded 3 ways: the weights of an uninterrupted 4-rank run
+    (but for the sums' order; moments lost would move every weight by about the learning rate)."""
+    from concurrent.futures import ThreadPoolExecutor
+    common = ["data.batch_size=96", "trainer.amp=off", "optim=adamw", "optim.schedule=constant", "sync=zero",
+              "sync.zero_stage=3", "dist.timeout_s=120"]
+
+    def launch(name, nproc, *extra):
+        return run_module("ddp_lab.train", tiny_overrides(tiny_fmnist, tmp_path / name) + common + list(extra),
+                          nproc=nproc)
+
+    with ThreadPoolExecutor(2) as pool:
+        whole, part = pool.map(lambda a: launch(*a), [("whole", 4), ("run", 4, "trainer.max_steps=8")])
+    assert whole.returncode == 0 and part.returncode == 0, (whole.stderr[-3000:], part.stderr[-3000:])
+    rest = launch("run", 3, "trainer.resume=auto")
+    assert rest.returncode == 0, rest.stderr[-3000:]
+    assert "(step 8, epoch 2, batch 2) on 3 ranks, written by 4" in rest.stdout
+    assert read_summary(tmp_path / "run")["world_sizes"] == [[0, 4], [8, 3]]
+    a = torch.load(tmp_path / "whole" / "model.pt", weights_only=True)
+    b = torch.load(tmp_path / "run" / "model.pt", weights_only=True)
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
