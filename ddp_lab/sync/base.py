@@ -102,6 +102,10 @@ class ReplicaSync:
     # is checkpointed by every rank, and the gradients differ between ranks after the sync
     shards = False
 
+    # True where each forward gathers the weights (zero stage 3, fsdp): a collective, so every rank
+    # must run as many as the others, evaluating too
+    forward_gathers = False
+
     def parameters(self) -> list:
         """What this rank's optimizer steps: the model's parameters (zero: this rank's shard)."""
         return list(self.model.parameters())

@@ -51,6 +51,7 @@ class FSDPSync(ReplicaSync):
     comm_timing = "unmeasured"  # FSDP's collectives run asynchronously inside its hooks
     shards = True
     syncs_in_backward = True
+    forward_gathers = True
 
     def __init__(self, model: nn.Module, env: DistEnv, cfg):
         super().__init__(model, env)

@@ -115,6 +115,8 @@ class Unit:
 
 
 class Zero3Sync(Zero2Sync):
+    forward_gathers = True
+
     def __init__(self, model: nn.Module, env: DistEnv, cfg):
         ReplicaSync.__init__(self, model, env)
         self.cfg = cfg

@@ -20,8 +20,10 @@ from ddp_lab.training.tasks import CLASSIFICATION, Task
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader, env: DistEnv, task: Task = CLASSIFICATION,
-             autocast=contextlib.nullcontext) -> tuple[float, int, int]:
-    """(loss sum, correct, targets) over the whole held-out set, the same on every rank."""
+             autocast=contextlib.nullcontext, lockstep: torch.Tensor | None = None) -> tuple[float, int, int]:
+    """(loss sum, correct, targets) over the whole held-out set, the same on every rank.
+    lockstep: one sample's input, where every forward is a collective (zero stage 3, fsdp gather the
+    weights in it): a rank with fewer batches than another runs it, uncounted, until they are even."""
     if env.distributed:  # BatchNorm statistics drift apart per rank: use rank 0's
         with position.collective("evaluation buffers"):
             for b in model.buffers():
@@ -29,12 +31,19 @@ def evaluate(model: nn.Module, loader, env: DistEnv, task: Task = CLASSIFICATION
     was_training = model.training
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=env.device)
+    most = torch.tensor([len(loader)], device=env.device)
+    if lockstep is not None and env.distributed:  # (before any forward: those are collectives too)
+        with position.collective("evaluation batches"):
+            dist.all_reduce(most, op=dist.ReduceOp.MAX)
     position.phase("evaluation")
     for x, y in loader.epoch(0):
         position.progress()
         with autocast():
             out = model(x)
         task.accumulate(sums, task.loss(out, y), out, y)
+    for _ in range(int(most.item()) - len(loader)):
+        with autocast():
+            model(lockstep.unsqueeze(0).to(env.device))
     with position.collective("evaluation counts"):
         all_reduce_sum(sums, env)
     model.train(was_training)

@@ -103,8 +103,7 @@ class Trainer:
             self.log.print(self.resumed.describe(self.step, self._position(), env.world_size))
         if not self._already_complete():
             self.checkpointer.record_launch()  # from here on, this launch writes into run_dir
-        # DDP_LAB_FAULT only: otherwise nothing is wrapped, and the loss is the task's
-        self.loss_fn = faults.install(env.rank, self.measure, self.sync, self.task.loss)
+        self.loss_fn = faults.install(env.rank, self.measure, self.sync, self.task.loss)  # (wraps: DDP_LAB_FAULT)
 
     # ------------------------------------------------------------ the loop
     def fit(self) -> dict:
@@ -258,8 +257,9 @@ class Trainer:
     def evaluate(self) -> tuple[float, int, int]:
         """Exact held-out (loss sum, correct, targets) of the weights the ranks agree on (sync.consensus)."""
         self.meter.throughput.pause()
+        lockstep = self.work.input_example if self.sync.forward_gathers else None  # (zero 3, fsdp: see evaluate)
         with self.sync.consensus():
-            return evaluate(self.model, self.test_loader, self.env, self.task, self.autocast)
+            return evaluate(self.model, self.test_loader, self.env, self.task, self.autocast, lockstep)
 
     def _evaluate(self) -> dict:
         """Evaluate now: the held-out figures, also logged against time; the target judged."""

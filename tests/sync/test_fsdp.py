@@ -16,10 +16,10 @@ import torch.distributed as dist
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
 from ddp_lab.models.lenet import lenet
-from ddp_lab.sync import ReplicaSync, build_sync
+from ddp_lab.sync import build_sync
 from tests.multiproc import run_in_processes
 from tests.sync import sync_cfg
-from tests.sync.test_zero import BATCH, CASES, CPU, SINGLE, STEPS, _data, _model, _train
+from tests.sync.test_zero import CASES, CPU, STEPS, _model, _train, references
 
 FSDP_CASES = [c for c in CASES if c[4] == "builtin"]  # FSDP2 runs torch's collectives
 
@@ -37,17 +37,7 @@ def _run(rank: int, world_size: int) -> dict:
     dist.reduce_scatter_tensor(mean, torch.full((3 * world_size,), float(rank + 1)), op=dist.ReduceOp.AVG)
     out["avg"] = mean.tolist()
     for name, kind, optimizer, micro, _, clip in FSDP_CASES:
-        x, y = _data(kind, micro)
-        per = BATCH // world_size
-        mine = [[(x[s, m, rank * per:(rank + 1) * per], y[s, m, rank * per:(rank + 1) * per])
-                 for m in range(micro)] for s in range(STEPS)]
-        model = _model(kind)
-        ref_opt = _train(ReplicaSync(model, SINGLE), kind, optimizer,
-                         [[(x[s].flatten(0, 1), y[s].flatten(0, 1))] for s in range(STEPS)], clip)
-        ref = [p.detach().clone() for p in model.parameters()]
-        model = _model(kind)
-        _train(build_sync(sync_cfg("flat", "builtin", bucket_cap_mb=0), model, env), kind, optimizer, mine, clip)
-        flat = [p.detach().clone() for p in model.parameters()]
+        mine, ref_opt, ref, flat = references(kind, optimizer, micro, clip, env)
         model = _model(kind)
         if rank > 0:  # only rank 0's initial weights may count: the sync must broadcast them
             with torch.no_grad():

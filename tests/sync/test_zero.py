@@ -88,21 +88,27 @@ def _state_bytes(opt: torch.optim.Optimizer) -> int:
                if isinstance(t, torch.Tensor) and t.dim() > 0)
 
 
+def references(kind: str, optimizer: str, micro: int, clip: float, env: DistEnv):
+    """(this rank's micro-batches, one process's optimizer, its weights, sync=flat's weights) of a case."""
+    rank, world_size = env.rank, env.world_size
+    x, y = _data(kind, micro)
+    per = BATCH // world_size
+    mine = [[(x[s, m, rank * per:(rank + 1) * per], y[s, m, rank * per:(rank + 1) * per])
+             for m in range(micro)] for s in range(STEPS)]
+    model = _model(kind)
+    ref_opt = _train(ReplicaSync(model, SINGLE), kind, optimizer,
+                     [[(x[s].flatten(0, 1), y[s].flatten(0, 1))] for s in range(STEPS)], clip)
+    ref = [p.detach().clone() for p in model.parameters()]
+    model = _model(kind)
+    _train(build_sync(sync_cfg("flat", "builtin", bucket_cap_mb=0), model, env), kind, optimizer, mine, clip)
+    return mine, ref_opt, ref, [p.detach().clone() for p in model.parameters()]
+
+
 def _run(rank: int, world_size: int) -> dict:
     out = {}
     env, n = DistEnv(rank, world_size, 0, CPU, "gloo"), world_size
     for name, kind, optimizer, micro, algo, clip in CASES:
-        x, y = _data(kind, micro)
-        per = BATCH // world_size
-        mine = [[(x[s, m, rank * per:(rank + 1) * per], y[s, m, rank * per:(rank + 1) * per])
-                 for m in range(micro)] for s in range(STEPS)]
-        model = _model(kind)
-        ref_opt = _train(ReplicaSync(model, SINGLE), kind, optimizer,
-                         [[(x[s].flatten(0, 1), y[s].flatten(0, 1))] for s in range(STEPS)], clip)
-        ref = [p.detach().clone() for p in model.parameters()]
-        model = _model(kind)
-        _train(build_sync(sync_cfg("flat", "builtin", bucket_cap_mb=0), model, env), kind, optimizer, mine, clip)
-        flat = [p.detach().clone() for p in model.parameters()]
+        mine, ref_opt, ref, flat = references(kind, optimizer, micro, clip, env)
         for stage in STAGES:
             model = _model(kind)
             if rank > 0:  # only rank 0's initial weights may count: the sync must broadcast them
