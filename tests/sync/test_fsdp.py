@@ -142,3 +142,14 @@ def test_units_are_the_top_level_children_or_the_named_classes():
     with pytest.raises(ConfigError, match=r"^sync.shard_units=Layer names no module of this model: its classes "
                                           r"are .*Block.*"):
         unit_modules(model, "Layer")
+
+
+def test_a_torch_without_fully_shard_is_refused_in_one_line(monkeypatch):
+    import torch.distributed.fsdp
+
+    from ddp_lab.sync.fsdp import fully_shard_or_refuse
+    monkeypatch.delattr(torch.distributed.fsdp, "fully_shard")
+    with pytest.raises(ConfigError, match=r"^sync.mode=fsdp needs torch.distributed.fsdp.fully_shard \(torch >= "
+                                          r"2.6\); this torch is .*: upgrade torch, or use sync.mode=zero "
+                                          r"sync.zero_stage=3$"):
+        fully_shard_or_refuse()
