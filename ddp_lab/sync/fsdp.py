@@ -8,8 +8,8 @@ children, or the classes sync.shard_units names), then on the whole model, whose
 parameters form the root unit. Unlike ours it prefetches the next unit's gather.
 
 On gloo it is made to sum and divide (`set_force_sum_reduction_for_comms`): gloo's
-reduce-scatter with ReduceOp.AVG summed in the torch releases ddp_lab first ran on
-(pytorch#162338); tests/sync/test_fsdp.py fails if that returns.
+reduce-scatter with ReduceOp.AVG summed (pytorch#162338, open when this was written; torch
+2.14.1 averages); tests/sync/test_fsdp.py checks that collective and fails if the bug returns.
 
 The parameters, gradients and the optimizer's state are DTensors: this rank's optimizer steps
 its own rows, and its state is checkpointed by this rank (a DTensor saves and loads with
