@@ -58,15 +58,18 @@ def load_own(step_dir: Path, rank: int, world_size: int, saved_world_size: int,
 
     if world_size == saved_world_size:
         return read(rank)
-    saved = [read(r) for r in range(saved_world_size)]
+    first = read(0)
+    sharded = "optimizer" in first and "model" not in first  # (zero, fsdp) every rank's shard is needed
+    everyone = rank == 0 or sharded  # (rank 0 adds every rank's sums)
+    saved = {r: first if r == 0 else read(r) for r in range(saved_world_size) if everyone or r == rank}
     sums = torch.zeros(3, dtype=torch.float64)
     if rank == 0:
-        for own in saved:
+        for own in saved.values():
             sums += own["sums"]
     rng = saved[rank]["rng"] if rank < saved_world_size else fresh_rng_state(seed, step, rank)
     out = {"rng": rng, "sums": sums}
-    if "optimizer" in saved[0] and "model" not in saved[0]:  # (zero, fsdp) every rank's shard of the state
-        out["optimizers"] = [own["optimizer"] for own in saved]
+    if sharded:
+        out["optimizers"] = [saved[r]["optimizer"] for r in range(saved_world_size)]
     return out
 
 

@@ -81,10 +81,10 @@ M_MMAP_THRESHOLD = -3  # glibc's mallopt() parameter
 
 def return_freed_blocks(device: torch.device, threshold: int = 2**20) -> bool:
     """Have glibc mmap every CPU block of `threshold` bytes or more, so that freeing one gives it back to
-    the kernel. Its default threshold grows to the largest block freed (up to 32 MiB), after which the
-    weights stage 3 and fsdp gather and free every unit stay in the heap: gpt2's peak RSS at 2 ranks was
-    3,277 MiB so, 2,095 MiB at 1 MiB (docs/results/2026-11-27_xeon-2c_zero-stages-memory). Left alone on a
-    GPU, off glibc, or where the user set MALLOC_MMAP_THRESHOLD_; whether it was set."""
+    the kernel. Its default threshold grows to the largest block freed, after which the weights stage 3
+    and fsdp gather and free stay in the heap: a memory limit then kills what fits on paper
+    (docs/results/2026-11-27_xeon-2c_memory-wall). Left alone on a GPU, off glibc, or where the user set
+    MALLOC_MMAP_THRESHOLD_; whether it was set."""
     if device.type != "cpu" or "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False
     try:

@@ -31,17 +31,19 @@ def evaluate(model: nn.Module, loader, env: DistEnv, task: Task = CLASSIFICATION
     was_training = model.training
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=env.device)
-    most = torch.tensor([len(loader)], device=env.device)
+    extra = 0  # uncounted forwards to run (lockstep)
     if lockstep is not None and env.distributed:  # (before any forward: those are collectives too)
+        most = torch.tensor([len(loader)], device=env.device)
         with position.collective("evaluation batches"):
             dist.all_reduce(most, op=dist.ReduceOp.MAX)
+        extra = int(most.item()) - len(loader)
     position.phase("evaluation")
     for x, y in loader.epoch(0):
         position.progress()
         with autocast():
             out = model(x)
         task.accumulate(sums, task.loss(out, y), out, y)
-    for _ in range(int(most.item()) - len(loader)):
+    for _ in range(extra):
         with autocast():
             model(lockstep.unsqueeze(0).to(env.device))
     with position.collective("evaluation counts"):
