@@ -5,7 +5,7 @@ and, like stage 3, gathers a unit's weights before its forward and its backward 
 after, reduce-scattering its gradients in the backward. It is applied as torchtitan applies it:
 `fully_shard` on each unit (zero3.unit_modules: the top-level children and a ModuleList's
 children, or the classes sync.shard_units names), then on the whole model, whose own and tied
-parameters form the root unit. Unlike ours it prefetches the next unit's gather.
+parameters form the root unit. Like ours (sync.prefetch) it gathers the next unit ahead.
 
 On gloo it is made to sum and divide (`set_force_sum_reduction_for_comms`): gloo's
 reduce-scatter with ReduceOp.AVG summed (pytorch#162338, open when this was written; torch

@@ -13,7 +13,10 @@ tensors autograd saved still point at it and see the weights again once gathered
 - forward: a pre-hook all-gathers the unit's weights; a post-hook frees them and hooks the
   unit's outputs, whose gradient, in the backward, gathers them again before the unit's
   backward runs. The root unit stays gathered from the model's forward to the end of its
-  backward.
+  backward. With sync.prefetch (and algo=builtin, whose collectives run in the background),
+  the hook that gathers a unit also starts the gather of the unit that comes next (in the
+  forward the next one, in the backward the one before): its bytes travel while this one
+  computes, at the price of one more unit's weights held.
 - backward: stage 2's (Zero2Sync: a unit is its bucket), when a unit's gradients are all
   there they are reduce-scattered (units in the reverse of their order, the same on every
   rank, two of torch's in flight) into this rank's piece's gradient, and the unit's weights
@@ -25,8 +28,7 @@ tensors autograd saved still point at it and see the weights again once gathered
   state_dict (each rank takes its chunk back after, so it sticks).
 
 Per step the weights cross the wire twice (forward and backward) and the gradients once:
-1.5 times DDP's bytes, as the ZeRO paper says. The gathers run in the hooks, one at a
-time (no prefetch of the next unit yet). A unit's parameters must be used inside its own
+1.5 times DDP's bytes, as the ZeRO paper says. A unit's parameters must be used inside its own
 forward; the model runs eagerly (trainer.compile: its hooks resize storages).
 """
 from __future__ import annotations
@@ -132,53 +134,84 @@ class Zero3Sync(Zero2Sync):
         alone = {i: [p for p in params if owners.get(p) == {i}] for i in range(len(mods))}
         root = [p for p in params if len(owners.get(p, ())) != 1]  # the model's own, and tied ones
         self.modules = [m for i, m in enumerate(mods) if alone[i]] + ([model] if root else [])
-        self.units = [Unit(ps, n) for ps in [a for a in alone.values() if a] + ([root] if root else [])]
-        self.root = self.units[-1] if root else None
-        self.shard_size = sum(u.chunk for u in self.units)
+        # the units in the model's order, the root last
+        self.forward = [Unit(ps, n) for ps in [a for a in alone.values() if a] + ([root] if root else [])]
+        self.root = self.forward[-1] if root else None
+        self.shard_size = sum(u.chunk for u in self.forward)
         dtype, device = params[0].dtype, params[0].device
         self.mine = torch.zeros(self.shard_size, dtype=dtype, device=device)  # this rank's pieces
         self.grads = torch.zeros_like(self.mine)
         offset = 0
-        for u in self.units:
+        for u in self.forward:
             u.piece = nn.Parameter(self.mine[offset:offset + u.chunk])  # a view: one buffer for all pieces
             u.piece.detach().copy_(u.flat[r * u.chunk:(r + 1) * u.chunk])
             u.piece.grad = self.grads[offset:offset + u.chunk]
             offset += u.chunk
             u.free()
-        self.units = self.units[::-1]  # sent in the reverse of the forward's order
+        # sent in the reverse of the forward's order, the root last: its gradients (a tied embedding's)
+        # end last, and a unit waiting for it would keep every unit after it whole until the end
+        self.units = [u for u in self.forward[::-1] if u is not self.root] + ([self.root] if root else [])
         self.buckets, self.pieces = [u.params for u in self.units], [u.piece for u in self.units]
         self.chunks = [u.chunk for u in self.units]
         self.bucket_of = {id(p): i for i, u in enumerate(self.units) for p in u.params}
         self.whole = False
-        for m, u in zip(self.modules, self.units[::-1]):
-            m.register_forward_pre_hook(lambda _m, _a, u=u: self._gather(u))
-            m.register_forward_hook(lambda _m, _a, out, u=u: self._after_forward(u, out))
+        self.pending: dict[int, tuple] = {}  # id(unit) -> (work, input) of a gather started ahead
+        self.prefetched = 0  # gathers found already started when needed (their count, for the tests)
+        ahead = cfg.prefetch and cfg.algo == "builtin"
+        order = [u for u in self.forward if u is not self.root]
+        for m, u in zip(self.modules, self.forward):
+            i = order.index(u) if u is not self.root else -1
+            after = order[i + 1] if ahead and 0 <= i < len(order) - 1 else None  # the forward's next
+            before = order[i - 1] if ahead and i > 0 else None  # the backward's next
+            m.register_forward_pre_hook(lambda _m, _a, u=u, nxt=after: self._gather(u, nxt))
+            m.register_forward_hook(lambda _m, _a, out, u=u, nxt=before: self._after_forward(u, out, nxt))
         self.hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
         self._start_backward()
 
     # ------------------------------------------------------------ gathering and freeing
-    def _gather(self, u: Unit) -> None:
-        if u.gathered:
-            return
-        r = self.env.rank
-        with position.collective("weight gather"), self._timed(), torch.no_grad():
-            u.flat.untyped_storage().resize_(u.nbytes)
-            piece = u.piece.detach()
-            if self.cfg.algo == "builtin":
-                TORCH_ALL_GATHER(u.flat, piece.clone())
-            else:
-                u.flat[r * u.chunk:(r + 1) * u.chunk].copy_(piece)
-                ring_textbook_all_gather(u.flat)
-        u.gathered = True
-        self.wire_bytes += u.nbytes // 2  # half an all-reduce's bytes (as counted)
+    def _gather(self, u: Unit, ahead: Unit | None = None) -> None:
+        """Unit u's weights whole (waiting for its gather if one was started ahead); then, with
+        sync.prefetch, the gather of `ahead` (the unit needed next) started in the background."""
+        if not u.gathered:
+            with position.collective("weight gather"), self._timed(), torch.no_grad():
+                started = self.pending.pop(id(u), None)
+                if started is not None:
+                    started[0].wait()
+                    self.prefetched += 1
+                else:
+                    self._start_gather(u, async_op=False)
+            u.gathered = True
+        if ahead is not None and not ahead.gathered and id(ahead) not in self.pending:
+            with position.collective("weight gather"), self._timed(), torch.no_grad():
+                self.pending[id(ahead)] = self._start_gather(ahead, async_op=True)
 
-    def _after_forward(self, u: Unit, out) -> None:
+    def _start_gather(self, u: Unit, async_op: bool):
+        """All-gather unit u's pieces into its flat weights: (work, its input), work None when done."""
+        u.flat.untyped_storage().resize_(u.nbytes)
+        self.wire_bytes += u.nbytes // 2  # half an all-reduce's bytes (as counted)
+        piece = u.piece.detach()
+        if self.cfg.algo == "builtin":  # (the input rides along: gloo reads it until the wait)
+            piece = piece.clone()
+            return TORCH_ALL_GATHER(u.flat, piece, async_op=async_op), piece
+        r = self.env.rank
+        u.flat[r * u.chunk:(r + 1) * u.chunk].copy_(piece)
+        ring_textbook_all_gather(u.flat)
+        return None, piece
+
+    def _settle(self) -> None:
+        """Wait for the gathers started ahead and not needed (a forward that skipped a unit): their
+        buffers must not be freed while a collective writes them."""
+        for u in self.units:
+            if id(u) in self.pending:
+                self._gather(u)
+
+    def _after_forward(self, u: Unit, out, ahead: Unit | None = None) -> None:
         if self.whole or u is self.root:
             return
         if torch.is_grad_enabled():  # the backward gathers the unit again before it needs it
             for t in tree_leaves(out):
                 if isinstance(t, torch.Tensor) and t.requires_grad:
-                    t.register_hook(lambda g, u=u: self._gather(u))
+                    t.register_hook(lambda g, u=u, nxt=ahead: self._gather(u, nxt))
         u.free()
 
     @contextlib.contextmanager
@@ -189,7 +222,7 @@ class Zero3Sync(Zero2Sync):
             yield
             return
         sent = self.wire_bytes
-        for u in self.units[::-1]:
+        for u in self.forward:
             self._gather(u)
         self.wire_bytes, self.whole = sent, True
         try:
@@ -210,13 +243,14 @@ class Zero3Sync(Zero2Sync):
         try:
             yield
         finally:
+            self._settle()
             self.wire_bytes = sent
 
     def model_state_dict(self, model: nn.Module) -> dict:
         """Gathered a unit at a time (every rank), copied by rank 0: no rank holds two copies of the model."""
         state = model.state_dict(keep_vars=True)
         copies, sent = {}, self.wire_bytes  # id(tensor) -> rank 0's copy (a tied weight: one copy)
-        for u in self.units[::-1]:
+        for u in self.forward:
             was = u.gathered
             self._gather(u)
             if self.env.is_main:
@@ -245,6 +279,7 @@ class Zero3Sync(Zero2Sync):
 
     def _end_backward(self) -> None:
         super()._end_backward()
+        self._settle()
         if not self.whole:
             for u in self.units:
                 if u.gathered:

@@ -6,4 +6,5 @@ def sync_cfg(mode="ddp", algo="builtin", compress="none", bucket_cap_mb=0.1, **e
     """A sync config; 0.1 MB buckets split LeNet's 0.5 MB of gradients into several.
     (sync.poll is read at start-up by ddp_lab.tuning: the strategies get env.poll.)"""
     return SimpleNamespace(mode=mode, algo=algo, compress=compress, bucket_cap_mb=bucket_cap_mb,
-                           gradient_as_bucket_view=True, static_graph=False, **{"shard_units": "", **extra})
+                           gradient_as_bucket_view=True, static_graph=False,
+                           **{"shard_units": "", "prefetch": True, **extra})
