@@ -16,6 +16,9 @@ each, it prints for DDP and ZeRO stages 1, 2 and 3:
   ddp_lab.costmodel.formulas: an all-reduce of the gradients for DDP, stages 1 and 2 its two
   halves, stage 3 the weights gathered twice and the gradients reduce-scattered once), and with
   --compute-ms the step: compute plus communication, none of it overlapped (an upper bound).
+  A reduce-scatter is priced as the run's collectives send it: torch's on gloo (sync.algo=builtin
+  on CPU) is an all-reduce that keeps one chunk (pytorch#118911), twice a ring's bytes; ours
+  (sync.algo=ring_textbook) and NCCL's are a ring's.
 """
 from __future__ import annotations
 
@@ -38,12 +41,27 @@ def model_state_bytes(params: int, state_per_param: int, ranks: int, strategy: s
     return sum(-(-b // n) for b, n in zip((w, g, s), shard))
 
 
-def wire_seconds(strategy: str, ranks: int, grad_bytes: int, alpha: float, beta: float, gamma: float) -> float:
-    """The communication of one step on a link (alpha s a message, beta s a byte, gamma s a byte added)."""
-    if strategy == "zero3":  # gather for the forward, again for the backward; reduce-scatter the gradients
-        return 2 * ring_all_gather(ranks, grad_bytes, alpha, beta, gamma) + \
-            ring_reduce_scatter(ranks, grad_bytes, alpha, beta, gamma)
-    return ring(ranks, grad_bytes, alpha, beta, gamma)  # DDP's all-reduce; stages 1 and 2: its two halves
+def wire_seconds(strategy: str, ranks: int, grad_bytes: int, alpha: float, beta: float, gamma: float,
+                 reduce_scatter: str = "ring") -> float:
+    """The communication of one step on a link (alpha s a message, beta s a byte, gamma s a byte added);
+    reduce_scatter: "ring", or "all-reduce" where the backend runs one in its place (gloo)."""
+    if strategy == "ddp":
+        return ring(ranks, grad_bytes, alpha, beta, gamma)
+    rs = (ring if reduce_scatter == "all-reduce" else ring_reduce_scatter)(ranks, grad_bytes, alpha, beta, gamma)
+    gathers = 2 if strategy == "zero3" else 1  # stage 3: for the forward and again for the backward
+    return rs + gathers * ring_all_gather(ranks, grad_bytes, alpha, beta, gamma)
+
+
+def reduce_scatter_of(cfg) -> str:
+    """How the run's reduce-scatter travels: "all-reduce" for torch's on gloo, else "ring"."""
+    if cfg.sync.algo != "builtin":
+        return "ring"  # ours (sync.algo=ring_textbook)
+    backend = cfg.dist.backend
+    if backend == "auto":
+        import torch
+        cuda = cfg.dist.device == "cuda" or (cfg.dist.device == "auto" and torch.cuda.is_available())
+        backend = "nccl" if cuda else "gloo"
+    return "all-reduce" if backend == "gloo" else "ring"
 
 
 def wire_bytes(strategy: str, grad_bytes: int) -> int:
@@ -53,14 +71,14 @@ def wire_bytes(strategy: str, grad_bytes: int) -> int:
 
 
 def table(params: int, state: int, activations: int, ranks: int, memory: int, link_bits: int | None,
-          alpha: float, compute_ms: float | None) -> list[dict]:
+          alpha: float, compute_ms: float | None, reduce_scatter: str = "ring") -> list[dict]:
     rows = []
     for s in STRATEGIES:
         held = model_state_bytes(params, state, ranks, s)
         row = {"strategy": s, "model_state_bytes": held, "total_bytes": held + activations,
                "fits": held + activations <= memory, "wire_bytes": wire_bytes(s, 4 * params)}
         if link_bits:
-            comm = wire_seconds(s, ranks, 4 * params, alpha, 8 / link_bits, 0.0)
+            comm = wire_seconds(s, ranks, 4 * params, alpha, 8 / link_bits, 0.0, reduce_scatter)
             row["comm_ms"] = comm * 1e3
             if compute_ms is not None:
                 row["step_ms"] = compute_ms + comm * 1e3
@@ -121,10 +139,15 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         print(f"ddp_lab.costmodel.will_it_fit: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    rows = table(params, state, acts, args.ranks, memory, link, args.alpha_us * 1e-6, args.compute_ms)
+    rs = reduce_scatter_of(cfg)
+    rows = table(params, state, acts, args.ranks, memory, link, args.alpha_us * 1e-6, args.compute_ms, rs)
     print(f"model={cfg.model.get('name') or cfg.model['_target_']}: {params:,} parameters; {name} keeps {state} "
           f"tensor(s) a parameter; {args.ranks} ranks, {memory / GiB:.2f} GiB each; activations "
           f"{acts / GiB:.2f} GiB for {batch} sample(s) a rank")
+    if link:
+        print("reduce-scatter priced as " + ("gloo runs torch's: an all-reduce, twice a ring's bytes "
+                                            "(sync.algo=ring_textbook sends a ring's)" if rs == "all-reduce"
+                                            else "a ring's"))
     link_cols = f"  {'comm ms/step':>12}" + (f"  {'step ms':>9}" if args.compute_ms is not None else "")
     print(f"{'strategy':<9} {'model state GiB':>15} {'+ activations':>13}  {'fits':<4} {'wire MB/step':>12}"
           + (link_cols if link else ""))

@@ -57,6 +57,17 @@ def test_the_table_says_what_fits_and_prices_each_on_the_link():
     # 9 messages and 9/4 N bytes against the ring's 6 and 6/4 N: 1.5x in both terms
     assert rows["zero3"]["comm_ms"] / rows["ddp"]["comm_ms"] == pytest.approx(1.5)
     assert rows["ddp"]["step_ms"] == pytest.approx(100.0 + rows["ddp"]["comm_ms"])
+    # torch's reduce-scatter on gloo is an all-reduce keeping one chunk: stages 1 and 2 send 1.5 DDP's, stage 3 2x
+    gloo = {r["strategy"]: r for r in will_it_fit.table(p, 2, gib // 4, 4, gib, 10**9, 50e-6, 100.0, "all-reduce")}
+    assert [gloo[s]["comm_ms"] / rows["ddp"]["comm_ms"] for s in will_it_fit.STRATEGIES] == \
+        pytest.approx([1.0, 1.5, 1.5, 2.0])
+
+
+@pytest.mark.parametrize("overrides,travels", [
+    ([], "ring" if torch.cuda.is_available() else "all-reduce"), (["sync.algo=ring_textbook"], "ring"),
+    (["dist.backend=nccl"], "ring"), (["dist.device=cpu"], "all-reduce")])
+def test_the_reduce_scatter_is_priced_as_the_run_sends_it(compose_train, overrides, travels):
+    assert will_it_fit.reduce_scatter_of(compose_train(["sync=zero", *overrides])) == travels
 
 
 def test_the_command_line(tiny_fmnist, tmp_path, capsys):
