@@ -17,7 +17,10 @@ weights after one step each, that is DDP for a plain SGD inner optimizer
 (tests/sync/test_periodic.py). `sync.compress=bf16|fp16` sends the outer
 gradient in 16 bits. The anchor and the outer momentum are the same on every
 rank (checkpointed once); the inner weights and optimizer state are each
-rank's own (checkpointed per rank). An evaluation scores the anchor.
+rank's own (checkpointed per rank). Floating buffers (BatchNorm's statistics)
+are averaged at each synchronisation and kept with the anchor. An evaluation
+scores the anchor with the anchor's buffers, and every rank gets its own
+weights and buffers back after.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ class DiLoCoSync(LocalSGDSync):
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.buffers = [b for b in model.buffers() if b.is_floating_point()]
         self.anchor = [p.detach().clone() for p in self.params]  # the last synchronised weights
+        self.anchor_buffers = [b.detach().clone() for b in self.buffers]  # and buffers (their mean)
         m = cfg.outer_momentum
         self.outer = torch.optim.SGD(self.anchor, lr=cfg.outer_lr, momentum=m, nesterov=m > 0)
 
@@ -51,28 +55,33 @@ class DiLoCoSync(LocalSGDSync):
             p.copy_(a)
         if self.buffers:  # BatchNorm's statistics are averaged as they are
             average_into(self.buffers, self._average)
+            for a, b in zip(self.anchor_buffers, self.buffers):
+                a.copy_(b)
 
     @contextlib.contextmanager
     def consensus(self):
-        """The anchor (the model every rank agrees on), for an evaluation."""
+        """The anchor and its buffers (the model every rank agrees on), for an evaluation; each
+        rank's own weights and buffers are back after it."""
         if self.synced_at(self.step):
             yield
             return
-        with kept(self.params):
+        with kept(self.params + self.buffers):
             with torch.no_grad():
-                for p, a in zip(self.params, self.anchor):
-                    p.copy_(a)
+                for t, a in zip(self.params + self.buffers, self.anchor + self.anchor_buffers):
+                    t.copy_(a)
             yield
 
     def state_dict(self) -> dict:
         return {"step": self.step, "anchor": [a.detach().clone() for a in self.anchor],
+                "anchor_buffers": [a.detach().clone() for a in self.anchor_buffers],
                 "outer": self.outer.state_dict()}
 
     def load_state_dict(self, shared: dict, own: dict | None) -> None:
         super().load_state_dict(shared, own)
         if "anchor" in shared:
             with torch.no_grad():
-                for a, saved in zip(self.anchor, shared["anchor"]):
+                for a, saved in zip(self.anchor + self.anchor_buffers,
+                                    shared["anchor"] + shared.get("anchor_buffers", [])):
                     a.copy_(saved)
             self.outer.load_state_dict(shared["outer"])
 

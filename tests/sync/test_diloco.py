@@ -1,0 +1,144 @@
+"""DiLoCo against a reference written here, and its evaluation with BatchNorm.
+
+The reference simulates the same N workers in one process, by DiLoCo's paper (Douillard et
+al. 2023, Algorithm 1): each worker takes H steps of its own AdamW (whose state it keeps
+across rounds), then the outer gradient, the mean over workers of (anchor - weights), takes
+one step of SGD with Nesterov momentum on the anchor, written out (not torch's SGD):
+    b <- mu * b + delta;  anchor <- anchor - lr * (delta + mu * b)
+and every worker starts the next round from the anchor. Heavy-ball momentum, momentum reset
+each round, an ignored outer lr or a reset inner optimizer each move the weights by more
+than the 1e-5 allowed here (the sums of 2 ranks in another order than the reference's).
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ddp_lab.distributed import DistEnv
+from ddp_lab.sync import build_sync
+from ddp_lab.training.evaluation import evaluate
+from tests.multiproc import run_in_processes
+from tests.sync import sync_cfg
+
+H, ROUNDS, LR, MU, N, BATCH = 3, 3, 0.7, 0.9, 2, 8
+CPU = torch.device("cpu")
+
+
+def _model():
+    torch.manual_seed(0)
+    # (no bias before the BatchNorm: its gradient is rounding noise, which AdamW scales up to a full step)
+    return nn.Sequential(nn.Linear(6, 8, bias=False), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+
+
+def _data():
+    g = torch.Generator().manual_seed(3)
+    return torch.randn(H * ROUNDS, N, BATCH, 6, generator=g), torch.randint(0, 3, (H * ROUNDS, N, BATCH), generator=g)
+
+
+def _inner(params):
+    return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+
+
+def reference() -> list[list[list[torch.Tensor]]]:
+    """Each worker's parameters after every step (the anchor after the last step of a round)."""
+    x, y = _data()
+    workers = [_model() for _ in range(N)]
+    opts = [_inner(w.parameters()) for w in workers]
+    anchor = [p.detach().clone() for p in workers[0].parameters()]
+    buf = [torch.zeros_like(a) for a in anchor]
+    seen = [[] for _ in range(N)]
+    for step in range(H * ROUNDS):
+        for r, (w, opt) in enumerate(zip(workers, opts)):
+            F.cross_entropy(w(x[step, r]), y[step, r]).backward()
+            opt.step()
+            opt.zero_grad()
+        if (step + 1) % H == 0:
+            with torch.no_grad():
+                for i, a in enumerate(anchor):
+                    delta = sum(a - list(w.parameters())[i] for w in workers) / N
+                    buf[i] = MU * buf[i] + delta
+                    a -= LR * (delta + MU * buf[i])
+                for w in workers:
+                    for p, a in zip(w.parameters(), anchor):
+                        p.copy_(a)
+        for r, w in enumerate(workers):
+            seen[r].append([p.detach().clone() for p in w.parameters()])
+    return seen
+
+
+def _run(rank: int, world_size: int) -> dict:
+    x, y = _data()
+    env = DistEnv(rank, world_size, 0, CPU, "gloo")
+    model = _model()
+    sync = build_sync(sync_cfg("diloco", every=H, outer_lr=LR, outer_momentum=MU, local_sgd_start_step=0),
+                      model, env)
+    opt = _inner(model.parameters())
+    steps, evaluated = [], {}
+    for step in range(H * ROUNDS):
+        F.cross_entropy(sync.module(x[step, rank]), y[step, rank]).backward()
+        sync.after_backward()
+        opt.step()
+        opt.zero_grad()
+        sync.after_step(step + 1)
+        steps.append([p.detach().numpy().copy() for p in model.parameters()])
+        if step + 1 == H + 1:  # between synchronisations: each rank's BatchNorm statistics its own
+            own = [b.numpy().copy() for b in model.buffers()]
+            anchor = copy.deepcopy(model)  # what an evaluation must score: the anchor, its buffers
+            with torch.no_grad():
+                for t, a in zip([*anchor.parameters(), *[b for b in anchor.buffers() if b.is_floating_point()]],
+                                sync.anchor + sync.anchor_buffers):
+                    t.copy_(a)
+            loader = _Loader(x[0].flatten(0, 1)[rank::2], y[0].flatten(0, 1)[rank::2])
+            with sync.consensus():
+                evaluated["scored"] = evaluate(sync.module, loader, env)
+            evaluated["own_after"] = [b.numpy().copy() for b in model.buffers()]
+            evaluated["own"] = own
+            evaluated["anchor_model"] = anchor.state_dict()
+    return {"steps": steps, **evaluated}
+
+
+class _Loader:
+    """The evaluation's loader: one batch."""
+
+    def __init__(self, x, y):
+        self.batch = (x, y)
+
+    def __len__(self):
+        return 1
+
+    def epoch(self, _):
+        return [self.batch]
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    return run_in_processes(_run, N, timeout=120)
+
+
+def test_diloco_takes_the_steps_of_its_reference(ranks):
+    ref = reference()
+    for r, got in enumerate(ranks):
+        for step, (mine, want) in enumerate(zip(got["steps"], ref[r]), start=1):
+            diff = max(abs(torch.from_numpy(a) - b).max().item() for a, b in zip(mine, want))
+            assert diff < 1e-5, (r, step, diff)
+    # the ranks apart between synchronisations, by far more than the tolerance; the same after them
+    apart = max(abs(a - b).max() for a, b in zip(ranks[0]["steps"][H], ranks[1]["steps"][H]))
+    assert apart > 1e-3, apart
+    assert all((a == b).all() for a, b in zip(ranks[0]["steps"][-1], ranks[1]["steps"][-1]))
+
+
+def test_an_evaluation_scores_the_anchor_with_its_buffers_and_leaves_each_rank_its_own(ranks):
+    assert any((a != b).any() for a, b in zip(ranks[0]["own"], ranks[1]["own"]))  # statistics apart
+    for r in ranks:
+        assert all((a == b).all() for a, b in zip(r["own_after"], r["own"]))  # each rank's own, back
+    # one process scoring the anchor (its weights and its averaged buffers) on the whole held-out batch
+    x, y = _data()
+    model = _model()
+    model.load_state_dict(ranks[0]["anchor_model"])
+    single = evaluate(model, _Loader(x[0].flatten(0, 1), y[0].flatten(0, 1)), DistEnv(0, 1, 0, CPU, "none"))
+    assert ranks[0]["scored"] == ranks[1]["scored"]
+    assert abs(ranks[0]["scored"][0] - single[0]) < 1e-4 and ranks[0]["scored"][1:] == single[1:]
