@@ -31,8 +31,8 @@ STEPS, BATCH, START = 6, 8, 2
 
 def _run(rank: int, world_size: int) -> dict:
     g = torch.Generator().manual_seed(5)
-    x, y = torch.randn(STEPS, world_size, BATCH, 1, 28, 28, generator=g), torch.randint(0, 10, (STEPS, world_size, BATCH),
-                                                                                       generator=g)
+    x = torch.randn(STEPS, world_size, BATCH, 1, 28, 28, generator=g)
+    y = torch.randint(0, 10, (STEPS, world_size, BATCH), generator=g)
     torch.manual_seed(0)
     model = lenet()
     sync = build_sync(sync_cfg("ddp", compress="powersgd", powersgd_rank=2, powersgd_start_step=START,

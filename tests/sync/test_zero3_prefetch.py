@@ -32,7 +32,7 @@ def _run(rank: int, world_size: int) -> dict:
         sync = build_sync(sync_cfg("zero", zero_stage=3, prefetch=prefetch), model, env)
         peak, gather = [0], sync._gather
 
-        def counted(u, ahead=None, sync=sync, gather=gather):
+        def counted(u, ahead=None, sync=sync, gather=gather, peak=peak):
             gather(u, ahead)
             whole = sum(v.gathered or id(v) in sync.pending for v in sync.units if v is not sync.root)
             peak[0] = max(peak[0], whole)
