@@ -27,7 +27,7 @@ from ddp_lab.config.keys import TRI_STATE, choices, key, one_of, positive_finite
 
 SyncMode = choices("SyncMode", "auto ddp flat per_param local_sgd diloco zero fsdp")
 Algo = choices("Algo", "builtin naive ring halving_doubling ring_textbook halving_doubling_textbook")
-Compress = choices("Compress", "none bf16 fp16 powersgd")
+Compress = choices("Compress", "none bf16 fp16 powersgd int8 int4")
 Amp = choices("Amp", "auto bf16 fp16 off")
 Measure = choices("Measure", "full light off")
 Backend = choices("Backend", "auto gloo nccl")
@@ -48,7 +48,8 @@ class SyncConfig:
     gradient_as_bucket_view: bool = key(True, "ddp: gradients alias DDP's buckets (saves a copy)")
     static_graph: bool = key(False, "ddp: promise DDP the graph never changes")
     compress: Compress = key(Compress.none, "none | bf16 | fp16: all-reduce 16-bit gradients (half the "
-                                            "bytes) | powersgd: low-rank gradients (torch's hook, mode=ddp)")
+                                            "bytes) | powersgd: low-rank gradients (torch's hook, mode=ddp) | "
+                                            "int8 | int4: diloco's outer gradients in 8 or 4 bits, summed in fp32")
     powersgd_rank: int = key(2, "compress=powersgd: the rank of each gradient matrix's approximation "
                                 "(PowerSGD's paper matched full accuracy at 2)", at_least=1)
     powersgd_start_step: int = key(100, "compress=powersgd: plain all-reduce for this many first steps, "

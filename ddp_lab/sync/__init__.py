@@ -35,7 +35,9 @@ the 16-bit type and divided by the world size, that is all-reduced (half the
 bytes on the wire), and the sum is cast back. For mode=ddp algo=builtin this is
 PyTorch's own ``bf16_compress_hook`` / ``fp16_compress_hook``. ``powersgd``:
 low-rank gradients with error feedback, torch's hook under DDP (powersgd.py;
-mode=auto becomes ddp, and another mode or algo is refused).
+mode=auto becomes ddp, and another mode or algo is refused). ``int8`` /
+``int4``: DiLoCo's outer gradients quantized per block and summed in fp32
+(ddp_lab/collectives/quantized.py; mode=diloco only).
 
 Every mode above averages: the result is the mean of the ranks' gradients, so
 that N ranks on N slices of a batch take the step one process takes on the
@@ -67,7 +69,7 @@ from torch import nn
 from ddp_lab.collectives import ALGORITHMS
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
-from ddp_lab.sync.base import COMPRESS_DTYPES, ReplicaSync
+from ddp_lab.sync.base import COMPRESS_DTYPES, QUANTIZED, ReplicaSync
 from ddp_lab.sync.ddp import DDPSync
 from ddp_lab.sync.diloco import DiLoCoSync
 from ddp_lab.sync.flat import FlatSync
@@ -85,7 +87,7 @@ MODES = ("ddp", "flat", "per_param")  # the modes that average every step's grad
 PERIODIC = ("local_sgd", "diloco")  # the modes that send weights every sync.every steps
 SHARDED = ("zero", "fsdp")  # the modes that shard the model state over the ranks
 ALGOS = tuple(ALGORITHMS)  # builtin, naive, ring, halving_doubling, ring_textbook, halving_doubling_textbook
-COMPRESS = (*COMPRESS_DTYPES, "powersgd")  # none, bf16, fp16, powersgd
+COMPRESS = (*COMPRESS_DTYPES, "powersgd", *QUANTIZED)  # none, bf16, fp16, powersgd, int8, int4
 
 
 def resolve_mode(mode: str, device: torch.device) -> str:
@@ -118,6 +120,10 @@ def validate(cfg) -> None:
                           f"sync.algo={cfg.algo}")
     if cfg.mode in SHARDED:
         validate_zero(cfg)
+    if cfg.compress in ("int8", "int4") and (cfg.mode != "diloco" or cfg.algo != "builtin"):
+        raise ConfigError(f"sync.compress={cfg.compress} sends DiLoCo's outer gradients on torch's collectives: it "
+                          f"takes sync.mode=diloco and sync.algo=builtin, not sync.mode={cfg.mode} "
+                          f"sync.algo={cfg.algo}")
     if cfg.mode == "local_sgd" and cfg.compress != "none":
         raise ConfigError(f"sync.compress={cfg.compress} with sync.mode=local_sgd would round the weights "
                           f"themselves: use sync.compress=none, or sync.mode=diloco (which sends changes "

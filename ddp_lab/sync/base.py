@@ -34,6 +34,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_lab import tuning
+from ddp_lab.collectives.quantized import BITS as QUANTIZED
+from ddp_lab.collectives.quantized import quantized_mean_
 from ddp_lab.distributed import DistEnv
 from ddp_lab.telemetry import position
 
@@ -200,7 +202,9 @@ class AveragingSync(ReplicaSync):
     def _average(self, flat: torch.Tensor) -> None:
         """flat (1-D, contiguous) <- the mean of every rank's flat."""
         n = self.env.world_size
-        if self.wire_dtype is None or flat.dtype == self.wire_dtype:
+        if self.cfg.compress in QUANTIZED:  # (DiLoCo's outer gradients: sync.validate)
+            self.wire_bytes += quantized_mean_(flat, self.cfg.compress)
+        elif self.wire_dtype is None or flat.dtype == self.wire_dtype:
             self.allreduce(flat)
             flat.div_(n)
             self.wire_bytes += flat.numel() * flat.element_size()
@@ -210,6 +214,12 @@ class AveragingSync(ReplicaSync):
             self.allreduce(wire)
             flat.copy_(wire)
             self.wire_bytes += wire.numel() * wire.element_size()
+
+    def _average_exact(self, flat: torch.Tensor) -> None:
+        """flat <- the mean of every rank's flat, in its own dtype whatever sync.compress says."""
+        self.allreduce(flat)
+        flat.div_(self.env.world_size)
+        self.wire_bytes += flat.numel() * flat.element_size()
 
     def describe(self) -> str:
         c = self.cfg.compress

@@ -15,10 +15,11 @@ with it; every rank continues from the result, which is the new anchor.
 With H = 1, outer lr 1 and no momentum this is the mean of the ranks'
 weights after one step each, that is DDP for a plain SGD inner optimizer
 (tests/sync/test_periodic.py). `sync.compress=bf16|fp16` sends the outer
-gradient in 16 bits. The anchor and the outer momentum are the same on every
-rank (checkpointed once); the inner weights and optimizer state are each
-rank's own (checkpointed per rank). Floating buffers (BatchNorm's statistics)
-are averaged at each synchronisation and kept with the anchor. An evaluation
+gradient in 16 bits, `int8|int4` in 8 or 4 (ddp_lab/collectives/quantized.py).
+The anchor and the outer momentum are the same on every rank (checkpointed
+once); the inner weights and optimizer state are each rank's own (checkpointed
+per rank). Floating buffers (BatchNorm's statistics) are averaged, never
+rounded, at each synchronisation and kept with the anchor. An evaluation
 scores the anchor with the anchor's buffers, and every rank gets its own
 weights and buffers back after.
 """
@@ -47,14 +48,14 @@ class DiLoCoSync(LocalSGDSync):
     @torch.no_grad()
     def synchronise(self) -> None:
         outer_grad = [a - p for a, p in zip(self.anchor, self.params)]  # how far this rank moved
-        average_into(outer_grad, self._average)  # (16-bit on the wire with sync.compress)
+        average_into(outer_grad, self._average)  # (16, 8 or 4 bits on the wire with sync.compress)
         for a, g in zip(self.anchor, outer_grad):
             a.grad = g
         self.outer.step()
         for p, a in zip(self.params, self.anchor):
             p.copy_(a)
-        if self.buffers:  # BatchNorm's statistics are averaged as they are
-            average_into(self.buffers, self._average)
+        if self.buffers:  # BatchNorm's statistics are averaged as they are, never rounded
+            average_into(self.buffers, self._average_exact)
             for a, b in zip(self.anchor_buffers, self.buffers):
                 a.copy_(b)
 

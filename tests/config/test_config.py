@@ -32,7 +32,7 @@ def test_every_model_and_data_config_composes(compose_train, model, params, data
     ("sync.mode=allgather", "[auto, ddp, flat, per_param, local_sgd, diloco, zero, fsdp]"),
     ("sync.algo=tree", "[builtin, naive, ring, halving_doubling, ring_textbook, "
                        "halving_doubling_textbook]"),
-    ("sync.compress=int8", "[none, bf16, fp16, powersgd]"),
+    ("sync.compress=int2", "[none, bf16, fp16, powersgd, int8, int4]"),
     ("optim.schedule=step", "[constant, cosine]"),
     ("dist.backend=mpi", "[auto, gloo, nccl]"),
     ("dist.device=tpu", "[auto, cpu, cuda]"),

@@ -33,6 +33,7 @@ def test_every_combination_is_valid_and_bucket_sizes_are_checked():
         for algo in ALGOS:
             validate(sync_cfg(mode, algo))
     validate(sync_cfg("diloco", compress="bf16"))  # 16-bit changes of the weights
+    validate(sync_cfg("diloco", compress="int4"))  # and 4-bit ones
     validate(sync_cfg("auto", compress="powersgd"))
     assert resolved_mode(sync_cfg("auto", compress="powersgd"), CPU) == "ddp"  # the hook runs under DDP
 
@@ -43,6 +44,8 @@ def test_every_combination_is_valid_and_bucket_sizes_are_checked():
     ("local_sgd", "builtin", "powersgd", "not sync.mode=local_sgd"),
     ("diloco", "builtin", "powersgd", "not sync.mode=diloco"),
     ("local_sgd", "builtin", "bf16", "would round the weights themselves"),
+    ("flat", "builtin", "int4", "sync.compress=int4 sends DiLoCo's outer gradients .*: it takes sync.mode=diloco"),
+    ("diloco", "ring", "int8", "sync.algo=builtin, not sync.mode=diloco sync.algo=ring"),
 ])
 def test_combinations_a_strategy_cannot_serve_are_refused_in_one_line(mode, algo, compress, says):
     with pytest.raises(ConfigError, match=says) as e:
@@ -80,9 +83,8 @@ def test_presets_state_only_what_differs_from_the_schema(compose_train, preset):
 def test_the_schema_holds_every_sync_key_with_a_true_choice_list():
     fields = {f.name: f.metadata["help"] for f in dataclasses.fields(SyncConfig)}
     assert list(fields) == ["mode", "algo", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph",
-                            "compress", "powersgd_rank", "powersgd_start_step", "zero_stage", "shard_units", "every",
-                            "local_sgd_start_step",
-                            "outer_lr", "outer_momentum", "poll"]
+                            "compress", "powersgd_rank", "powersgd_start_step", "zero_stage", "shard_units", "prefetch",
+                            "every", "local_sgd_start_step", "outer_lr", "outer_momentum", "poll"]
     assert all(m in fields["mode"] for m in ("auto", *MODES, *PERIODIC, *SHARDED))
     assert [a.value for a in Algo] == list(ALGOS)
     assert fields["compress"].startswith("none | bf16 | fp16") and "powersgd" in fields["compress"]

@@ -1,0 +1,70 @@
+"""The quantized mean (sync.compress=int8|int4 under DiLoCo): each number within the rounding
+its block's scale allows of the true mean, the same on every rank, and the bytes counted."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddp_lab.collectives.quantized import BLOCK, dequantize, message_bytes, quantize, quantized_mean_
+from tests.multiproc import run_in_processes
+
+
+def _sample(seed: int, numel: int = 10 * BLOCK + 17) -> torch.Tensor:
+    """Blocks of very different sizes (as a model's layers have), one of them all zeros."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(numel, generator=g) * torch.logspace(-6, 1, numel).flip(0)
+    x[BLOCK:2 * BLOCK] = 0
+    return x
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_each_number_comes_back_within_half_a_level_of_its_block(bits):
+    x = _sample(0)[:10 * BLOCK]
+    codes, scales = quantize(x, bits)
+    assert codes.dtype == torch.uint8 and codes.numel() == x.numel() * bits // 8
+    back = dequantize(codes, scales, bits)
+    top = 2 ** (bits - 1) - 1
+    assert torch.equal(scales, x.view(-1, BLOCK).abs().amax(1) / top)
+    err = (back - x).abs().view(-1, BLOCK)
+    assert (err <= scales[:, None] / 2 * (1 + 1e-5)).all()
+    assert (back[BLOCK:2 * BLOCK] == 0).all()  # a zero block stays zero (no division by 0)
+    assert back.view(-1, BLOCK).abs().amax(1).sub(x.view(-1, BLOCK).abs().amax(1)).abs().max() < 1e-6  # tops exact
+    assert message_bytes(x.numel(), bits) == x.numel() * bits // 8 + x.numel() // BLOCK * 4
+
+
+def _mean(rank: int, world_size: int) -> dict:
+    x = _sample(rank)
+    out = {}
+    for compress in ("int8", "int4"):
+        y = x.clone()
+        out[compress] = (quantized_mean_(y, compress), y.numpy().copy())
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_rank_gets_the_same_mean_within_the_rounding_allowed(n):
+    ranks = run_in_processes(_mean, n, timeout=120)
+    xs = [_sample(r) for r in range(n)]
+    true = sum(xs) / n
+    chunk = -(-true.numel() // (n * BLOCK)) * BLOCK
+    padded = torch.zeros(n * chunk)
+    for compress, bits in (("int8", 8), ("int4", 4)):
+        got = torch.from_numpy(ranks[0][compress][1])
+        assert all((r[compress][1] == ranks[0][compress][1]).all() for r in ranks)  # bit for bit
+        # rounded twice: each rank's piece (half a level of its block's scale, / n) and the mean
+        top = 2 ** (bits - 1) - 1
+        allowed = sum(pad(x, padded).view(-1, BLOCK).abs().amax(1) / top / 2 for x in xs) / n
+        allowed += pad(true, padded).view(-1, BLOCK).abs().amax(1) * (1 + 1 / top) / top / 2
+        err = pad(got - true, padded).abs().view(-1, BLOCK)
+        assert (err <= allowed[:, None] * (1 + 1e-4)).all(), compress
+        assert (got - true).abs().max() > 0  # rounded: not the exact mean
+        sent = ranks[0][compress][0]
+        assert sent == n * message_bytes(chunk, bits)
+        # against fp32's bytes (of the padded buffer: padding to whole blocks costs little on a real model)
+        assert 4 * n * chunk / sent == pytest.approx(32 / (bits + 0.5))
+
+
+def pad(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    out = like.clone()
+    out[:x.numel()] = x
+    return out
