@@ -22,16 +22,28 @@ per rank). Floating buffers (BatchNorm's statistics) are averaged, never
 rounded, at each synchronisation and kept with the anchor. An evaluation
 scores the anchor with the anchor's buffers, and every rank gets its own
 weights and buffers back after.
+
+sync.overlap=TAU (Streaming DiLoCo, Douillard et al. 2025): the outer
+gradient's all-reduce starts at the synchronisation and the ranks go on with
+their inner steps; TAU steps later they wait for it, the outer step moves the
+anchor, and each rank mixes it into the weights it has reached since:
+weights <- mix * weights + (1 - mix) * anchor (sync.overlap_mix; 0: replaced).
+With TAU=0 nothing changes: the code path is the one above. An evaluation
+scores the anchor; a checkpoint taken while an all-reduce travels keeps what
+this rank sent, and a resumed run sends it again, so it resumes bit for bit.
 """
 from __future__ import annotations
 
 import contextlib
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.distributed import DistEnv
+from ddp_lab.sync.base import COMPRESS_DTYPES
 from ddp_lab.sync.local_sgd import LocalSGDSync, average_into, kept
+from ddp_lab.telemetry import position
 
 
 class DiLoCoSync(LocalSGDSync):
@@ -44,6 +56,58 @@ class DiLoCoSync(LocalSGDSync):
         self.anchor_buffers = [b.detach().clone() for b in self.buffers]  # and buffers (their mean)
         m = cfg.outer_momentum
         self.outer = torch.optim.SGD(self.anchor, lr=cfg.outer_lr, momentum=m, nesterov=m > 0)
+        self.overlap, self.mix = cfg.overlap, cfg.overlap_mix
+        self.sent = None  # overlap: (work, buffer reduced in place, a copy of what this rank sent, step sent)
+
+    # ------------------------------------------------------------ sync.overlap > 0
+    def after_step(self, step: int) -> None:
+        if not self.overlap:
+            return super().after_step(step)
+        self.step = step
+        with position.collective("weight sync"), self._timed():
+            if self.sent is not None and self.sent[1] is None:  # resumed: send again what was sent
+                self._send(self.sent[2], self.sent[3])
+            if self.sent is not None and step == self.sent[3] + self.overlap:
+                self._land(self.mix)
+            if step % self.every == 0:
+                with torch.no_grad():
+                    self._send(torch.cat([(a - p).reshape(-1) for a, p in zip(self.anchor, self.params)]), step)
+
+    def _send(self, outer_grad: torch.Tensor, step: int) -> None:
+        """Start the all-reduce of this rank's outer gradient (flat), in sync.compress's dtype (divided
+        first, as _average does: a 16-bit sum cannot overflow)."""
+        wire = outer_grad.to(COMPRESS_DTYPES.get(self.cfg.compress) or outer_grad.dtype).div_(self.env.world_size)
+        self.wire_bytes += wire.numel() * wire.element_size()
+        self.sent = (dist.all_reduce(wire, async_op=True), wire, outer_grad.clone(), step)
+
+    @torch.no_grad()
+    def _land(self, mix: float) -> None:
+        """Wait for the outer gradient's all-reduce, step the anchor, mix it into the weights."""
+        work, wire, _, _ = self.sent
+        work.wait()
+        self.sent = None
+        mean, offset = wire.float(), 0
+        for a in self.anchor:
+            a.grad = mean[offset:offset + a.numel()].view_as(a).to(a.dtype)
+            offset += a.numel()
+        self.outer.step()
+        for p, a in zip(self.params, self.anchor):
+            p.mul_(mix).add_(a, alpha=1 - mix)
+        if self.buffers:
+            average_into(self.buffers, self._average_exact)
+            for a, b in zip(self.anchor_buffers, self.buffers):
+                a.copy_(b)
+
+    def finish(self, step: int) -> None:
+        if not self.overlap:
+            return super().finish(step)
+        with position.collective("weight sync"):
+            if self.sent is not None:  # the last outer step lands; every rank ends on the anchor
+                if self.sent[1] is None:
+                    self._send(self.sent[2], self.sent[3])
+                self._land(0.0)
+            elif step % self.every:
+                self.synchronise()
 
     @torch.no_grad()
     def synchronise(self) -> None:
@@ -63,7 +127,7 @@ class DiLoCoSync(LocalSGDSync):
     def consensus(self):
         """The anchor and its buffers (the model every rank agrees on), for an evaluation; each
         rank's own weights and buffers are back after it."""
-        if self.synced_at(self.step):
+        if self.synced_at(self.step) and not self.overlap:
             yield
             return
         with kept(self.params + self.buffers):
@@ -75,7 +139,11 @@ class DiLoCoSync(LocalSGDSync):
     def state_dict(self) -> dict:
         return {"step": self.step, "anchor": [a.detach().clone() for a in self.anchor],
                 "anchor_buffers": [a.detach().clone() for a in self.anchor_buffers],
-                "outer": self.outer.state_dict()}
+                "outer": self.outer.state_dict(), "sent_at": self.sent[3] if self.sent else None}
+
+    def own_state_dict(self) -> dict:
+        """overlap: what this rank sent in the all-reduce still travelling (sent again on resume)."""
+        return {"sent": self.sent[2].clone()} if self.sent else {}
 
     def load_state_dict(self, shared: dict, own: dict | None) -> None:
         super().load_state_dict(shared, own)
@@ -85,8 +153,11 @@ class DiLoCoSync(LocalSGDSync):
                                     shared["anchor"] + shared.get("anchor_buffers", [])):
                     a.copy_(saved)
             self.outer.load_state_dict(shared["outer"])
+        if shared.get("sent_at") is not None and own and "sent" in own:  # (another world size: dropped)
+            self.sent = (None, None, own["sent"], shared["sent_at"])
 
     def describe(self) -> str:
         c = self.cfg.compress
+        late = f", overlap {self.overlap} mix {self.mix:g}" if self.overlap else ""
         return (f"diloco/{self.cfg.algo}(every {self.every}, outer lr {self.cfg.outer_lr:g}, "
-                f"momentum {self.cfg.outer_momentum:g})" + ("" if c == "none" else f"+{c}"))
+                f"momentum {self.cfg.outer_momentum:g}{late})" + ("" if c == "none" else f"+{c}"))

@@ -84,7 +84,8 @@ def test_the_schema_holds_every_sync_key_with_a_true_choice_list():
     fields = {f.name: f.metadata["help"] for f in dataclasses.fields(SyncConfig)}
     assert list(fields) == ["mode", "algo", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph",
                             "compress", "powersgd_rank", "powersgd_start_step", "zero_stage", "shard_units", "prefetch",
-                            "every", "local_sgd_start_step", "outer_lr", "outer_momentum", "poll"]
+                            "every", "local_sgd_start_step", "outer_lr", "outer_momentum", "overlap", "overlap_mix",
+                            "poll"]
     assert all(m in fields["mode"] for m in ("auto", *MODES, *PERIODIC, *SHARDED))
     assert [a.value for a in Algo] == list(ALGOS)
     assert fields["compress"].startswith("none | bf16 | fp16") and "powersgd" in fields["compress"]
@@ -115,3 +116,14 @@ def _build_auto(rank: int, world_size: int):
     cfg = sync_cfg("auto", bucket_cap_mb=25)
     sync = build_sync(cfg, lenet(), DistEnv(rank, world_size, 0, CPU, "gloo"))
     return type(sync).__name__, sync.describe(), cfg.mode  # the caller's cfg is left as it was
+
+
+@pytest.mark.parametrize("extra,says", [
+    (dict(mode="flat"), r"sync.overlap=2 sends DiLoCo's outer gradient in the background .* not sync.mode=flat"),
+    (dict(compress="int4"), r"sync.compress none, bf16 or fp16, not .* sync.compress=int4"),
+    (dict(every=2), r"sync.overlap=2 must be less than sync.every=2"),
+])
+def test_an_overlap_diloco_cannot_serve_is_refused_in_one_line(extra, says):
+    with pytest.raises(ConfigError, match=says) as e:
+        validate(sync_cfg(**{"mode": "diloco", "every": 8, "overlap": 2, **extra}))
+    assert "\n" not in str(e.value)

@@ -43,39 +43,44 @@ def _inner(params):
     return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
 
 
-def reference() -> list[list[list[torch.Tensor]]]:
-    """Each worker's parameters after every step (the anchor after the last step of a round)."""
+def reference(overlap: int = 0, mix: float = 0.0) -> list[list[list[torch.Tensor]]]:
+    """Each worker's parameters after every step (the anchor after the last step of a round). With
+    overlap (Streaming DiLoCo), the outer gradients taken at a round's end are applied `overlap` steps
+    later, and each worker keeps `mix` of the weights it reached in between."""
     x, y = _data()
     workers = [_model() for _ in range(N)]
     opts = [_inner(w.parameters()) for w in workers]
     anchor = [p.detach().clone() for p in workers[0].parameters()]
     buf = [torch.zeros_like(a) for a in anchor]
     seen = [[] for _ in range(N)]
+    sent = None  # the mean outer gradient of each parameter, taken at a round's end
     for step in range(H * ROUNDS):
         for r, (w, opt) in enumerate(zip(workers, opts)):
             F.cross_entropy(w(x[step, r]), y[step, r]).backward()
             opt.step()
             opt.zero_grad()
-        if (step + 1) % H == 0:
-            with torch.no_grad():
+        with torch.no_grad():
+            if (step + 1) % H == 0:
+                sent = [sum(a - list(w.parameters())[i] for w in workers) / N for i, a in enumerate(anchor)]
+            if sent is not None and (step + 1) % H == overlap % H:
                 for i, a in enumerate(anchor):
-                    delta = sum(a - list(w.parameters())[i] for w in workers) / N
-                    buf[i] = MU * buf[i] + delta
-                    a -= LR * (delta + MU * buf[i])
+                    buf[i] = MU * buf[i] + sent[i]
+                    a -= LR * (sent[i] + MU * buf[i])
                 for w in workers:
                     for p, a in zip(w.parameters(), anchor):
-                        p.copy_(a)
+                        p.copy_(mix * p + (1 - mix) * a)
+                sent = None
         for r, w in enumerate(workers):
             seen[r].append([p.detach().clone() for p in w.parameters()])
     return seen
 
 
-def _run(rank: int, world_size: int) -> dict:
+def _run(rank: int, world_size: int, overlap: int = 0, mix: float = 0.5) -> dict:
     x, y = _data()
     env = DistEnv(rank, world_size, 0, CPU, "gloo")
     model = _model()
-    sync = build_sync(sync_cfg("diloco", every=H, outer_lr=LR, outer_momentum=MU, local_sgd_start_step=0),
-                      model, env)
+    sync = build_sync(sync_cfg("diloco", every=H, outer_lr=LR, outer_momentum=MU, local_sgd_start_step=0,
+                               overlap=overlap, overlap_mix=mix), model, env)
     opt = _inner(model.parameters())
     steps, evaluated = [], {}
     for step in range(H * ROUNDS):
@@ -99,7 +104,7 @@ def _run(rank: int, world_size: int) -> dict:
             evaluated["own"] = own
             # (numpy arrays: tensors would go back through shared memory the ending rank takes along)
             evaluated["anchor_model"] = {k: v.numpy().copy() for k, v in anchor.state_dict().items()}
-    return {"steps": steps, **evaluated}
+    return {"steps": steps, "describe": sync.describe(), **evaluated}
 
 
 class _Loader:
@@ -130,6 +135,20 @@ def test_diloco_takes_the_steps_of_its_reference(ranks):
     apart = max(abs(a - b).max() for a, b in zip(ranks[0]["steps"][H], ranks[1]["steps"][H]))
     assert apart > 1e-3, apart
     assert all((a == b).all() for a, b in zip(ranks[0]["steps"][-1], ranks[1]["steps"][-1]))
+
+
+def test_overlapped_diloco_takes_the_steps_of_its_reference():
+    """sync.overlap=1: each outer step lands one inner step late, mixed half and half into the weights."""
+    ranks, ref = run_in_processes(_run, N, 1, 0.5, timeout=120), reference(overlap=1, mix=0.5)
+    for r, got in enumerate(ranks):
+        for step, (mine, want) in enumerate(zip(got["steps"], ref[r]), start=1):
+            diff = max(abs(torch.from_numpy(a) - b).max().item() for a, b in zip(mine, want))
+            assert diff < 1e-5, (r, step, diff)
+    # it differs from DiLoCo without overlap, and the ranks stay apart after a landing (each keeps half its own)
+    plain = reference()
+    assert max(abs(torch.from_numpy(a) - b).max().item() for a, b in zip(ranks[0]["steps"][-1], plain[0][-1])) > 1e-3
+    assert any((a != b).any() for a, b in zip(ranks[0]["steps"][H], ranks[1]["steps"][H]))
+    assert ranks[0]["describe"] == "diloco/builtin(every 3, outer lr 0.7, momentum 0.9, overlap 1 mix 0.5)"
 
 
 def test_an_evaluation_scores_the_anchor_with_its_buffers_and_leaves_each_rank_its_own(ranks):
