@@ -76,9 +76,10 @@ class DiLoCoSync(LocalSGDSync):
     def _send(self, outer_grad: torch.Tensor, step: int) -> None:
         """Start the all-reduce of this rank's outer gradient (flat), in sync.compress's dtype (divided
         first, as _average does: a 16-bit sum cannot overflow)."""
-        wire = outer_grad.to(COMPRESS_DTYPES.get(self.cfg.compress) or outer_grad.dtype).div_(self.env.world_size)
+        dtype = COMPRESS_DTYPES.get(self.cfg.compress) or outer_grad.dtype
+        wire = outer_grad.to(dtype, copy=True).div_(self.env.world_size)  # (outer_grad kept as it was sent)
         self.wire_bytes += wire.numel() * wire.element_size()
-        self.sent = (dist.all_reduce(wire, async_op=True), wire, outer_grad.clone(), step)
+        self.sent = (dist.all_reduce(wire, async_op=True), wire, outer_grad, step)
 
     @torch.no_grad()
     def _land(self, mix: float) -> None:
