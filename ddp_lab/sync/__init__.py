@@ -120,11 +120,11 @@ def validate(cfg) -> None:
                           f"sync.algo={cfg.algo}")
     if cfg.mode in SHARDED:
         validate_zero(cfg)
-    if cfg.compress in ("int8", "int4") and (cfg.mode != "diloco" or cfg.algo != "builtin"):
+    if cfg.compress in QUANTIZED and (cfg.mode != "diloco" or cfg.algo != "builtin"):
         raise ConfigError(f"sync.compress={cfg.compress} sends DiLoCo's outer gradients on torch's collectives: it "
                           f"takes sync.mode=diloco and sync.algo=builtin, not sync.mode={cfg.mode} "
                           f"sync.algo={cfg.algo}")
-    if cfg.overlap and (cfg.mode != "diloco" or cfg.algo != "builtin" or cfg.compress in ("int8", "int4")):
+    if cfg.overlap and (cfg.mode != "diloco" or cfg.algo != "builtin" or cfg.compress in QUANTIZED):
         raise ConfigError(f"sync.overlap={cfg.overlap} sends DiLoCo's outer gradient in the background on torch's "
                           f"all-reduce: it takes sync.mode=diloco, sync.algo=builtin and sync.compress none, bf16 or "
                           f"fp16, not sync.mode={cfg.mode} sync.algo={cfg.algo} sync.compress={cfg.compress}")

@@ -205,9 +205,7 @@ class AveragingSync(ReplicaSync):
         if self.cfg.compress in QUANTIZED:  # (DiLoCo's outer gradients: sync.validate)
             self.wire_bytes += quantized_mean_(flat, self.cfg.compress)
         elif self.wire_dtype is None or flat.dtype == self.wire_dtype:
-            self.allreduce(flat)
-            flat.div_(n)
-            self.wire_bytes += flat.numel() * flat.element_size()
+            self._average_exact(flat)
         else:
             # Divide first, as PyTorch's compress hooks do: the fp16 sum cannot overflow.
             wire = flat.to(self.wire_dtype).div_(n)

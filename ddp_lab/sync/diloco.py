@@ -35,6 +35,7 @@ this rank sent, and a resumed run sends it again, so it resumes bit for bit.
 from __future__ import annotations
 
 import contextlib
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -44,6 +45,14 @@ from ddp_lab.distributed import DistEnv
 from ddp_lab.sync.base import COMPRESS_DTYPES
 from ddp_lab.sync.local_sgd import LocalSGDSync, average_into, kept
 from ddp_lab.telemetry import position
+
+
+class InFlight(NamedTuple):
+    """sync.overlap: an outer gradient's all-reduce on its way (work and wire None: resumed, not resent yet)."""
+    work: object
+    wire: torch.Tensor | None  # reduced in place: the mean once the work is done
+    outer_grad: torch.Tensor  # what this rank sent (checkpointed)
+    step: int  # when it was sent
 
 
 class DiLoCoSync(LocalSGDSync):
@@ -57,7 +66,7 @@ class DiLoCoSync(LocalSGDSync):
         m = cfg.outer_momentum
         self.outer = torch.optim.SGD(self.anchor, lr=cfg.outer_lr, momentum=m, nesterov=m > 0)
         self.overlap, self.mix = cfg.overlap, cfg.overlap_mix
-        self.sent = None  # overlap: (work, buffer reduced in place, a copy of what this rank sent, step sent)
+        self.sent: InFlight | None = None
 
     # ------------------------------------------------------------ sync.overlap > 0
     def after_step(self, step: int) -> None:
@@ -65,9 +74,7 @@ class DiLoCoSync(LocalSGDSync):
             return super().after_step(step)
         self.step = step
         with position.collective("weight sync"), self._timed():
-            if self.sent is not None and self.sent[1] is None:  # resumed: send again what was sent
-                self._send(self.sent[2], self.sent[3])
-            if self.sent is not None and step == self.sent[3] + self.overlap:
+            if self.sent is not None and step == self.sent.step + self.overlap:
                 self._land(self.mix)
             if step % self.every == 0:
                 with torch.no_grad():
@@ -79,33 +86,30 @@ class DiLoCoSync(LocalSGDSync):
         dtype = COMPRESS_DTYPES.get(self.cfg.compress) or outer_grad.dtype
         wire = outer_grad.to(dtype, copy=True).div_(self.env.world_size)  # (outer_grad kept as it was sent)
         self.wire_bytes += wire.numel() * wire.element_size()
-        self.sent = (dist.all_reduce(wire, async_op=True), wire, outer_grad, step)
+        self.sent = InFlight(dist.all_reduce(wire, async_op=True), wire, outer_grad, step)
 
     @torch.no_grad()
     def _land(self, mix: float) -> None:
-        """Wait for the outer gradient's all-reduce, step the anchor, mix it into the weights."""
-        work, wire, _, _ = self.sent
-        work.wait()
+        """Wait for the outer gradient's all-reduce, step the anchor, mix it into the weights. (Resumed
+        while it travelled: every rank sends again what it sent, and the sum is the same to the bit.)"""
+        if self.sent.work is None:
+            self._send(self.sent.outer_grad, self.sent.step)
+        self.sent.work.wait()
+        mean, offset = self.sent.wire.float(), 0
         self.sent = None
-        mean, offset = wire.float(), 0
         for a in self.anchor:
             a.grad = mean[offset:offset + a.numel()].view_as(a).to(a.dtype)
             offset += a.numel()
         self.outer.step()
         for p, a in zip(self.params, self.anchor):
             p.mul_(mix).add_(a, alpha=1 - mix)
-        if self.buffers:
-            average_into(self.buffers, self._average_exact)
-            for a, b in zip(self.anchor_buffers, self.buffers):
-                a.copy_(b)
+        self._average_buffers()
 
     def finish(self, step: int) -> None:
         if not self.overlap:
             return super().finish(step)
         with position.collective("weight sync"):
             if self.sent is not None:  # the last outer step lands; every rank ends on the anchor
-                if self.sent[1] is None:
-                    self._send(self.sent[2], self.sent[3])
                 self._land(0.0)
             elif step % self.every:
                 self.synchronise()
@@ -119,7 +123,11 @@ class DiLoCoSync(LocalSGDSync):
         self.outer.step()
         for p, a in zip(self.params, self.anchor):
             p.copy_(a)
-        if self.buffers:  # BatchNorm's statistics are averaged as they are, never rounded
+        self._average_buffers()
+
+    def _average_buffers(self) -> None:
+        """BatchNorm's statistics averaged as they are (never rounded by sync.compress), kept with the anchor."""
+        if self.buffers:
             average_into(self.buffers, self._average_exact)
             for a, b in zip(self.anchor_buffers, self.buffers):
                 a.copy_(b)
@@ -140,11 +148,11 @@ class DiLoCoSync(LocalSGDSync):
     def state_dict(self) -> dict:
         return {"step": self.step, "anchor": [a.detach().clone() for a in self.anchor],
                 "anchor_buffers": [a.detach().clone() for a in self.anchor_buffers],
-                "outer": self.outer.state_dict(), "sent_at": self.sent[3] if self.sent else None}
+                "outer": self.outer.state_dict(), "sent_at": self.sent.step if self.sent else None}
 
     def own_state_dict(self) -> dict:
         """overlap: what this rank sent in the all-reduce still travelling (sent again on resume)."""
-        return {"sent": self.sent[2].clone()} if self.sent else {}
+        return {"sent": self.sent.outer_grad.clone()} if self.sent else {}
 
     def load_state_dict(self, shared: dict, own: dict | None) -> None:
         super().load_state_dict(shared, own)
@@ -155,7 +163,7 @@ class DiLoCoSync(LocalSGDSync):
                     a.copy_(saved)
             self.outer.load_state_dict(shared["outer"])
         if shared.get("sent_at") is not None and own and "sent" in own:  # (another world size: dropped)
-            self.sent = (None, None, own["sent"], shared["sent_at"])
+            self.sent = InFlight(None, None, own["sent"], shared["sent_at"])
 
     def describe(self) -> str:
         c = self.cfg.compress

@@ -84,8 +84,8 @@ M_MMAP_THRESHOLD = -3  # glibc's mallopt() parameter
 def return_freed_blocks(device: torch.device, threshold: int = 2**20) -> bool:
     """Have glibc mmap every CPU block of `threshold` bytes or more, so that freeing one gives it back to
     the kernel. Its default threshold grows to the largest block freed, after which the weights stage 3
-    and fsdp gather and free stay in the heap: a memory limit then kills what fits on paper
-    (docs/results/2026-11-27_xeon-2c_memory-wall). Left alone on a GPU, off glibc, or where the user set
+    and fsdp gather and free stay in the heap: a memory limit then kills what fits on paper (the memory
+    wall's record, linked from docs/memory.md). Left alone on a GPU, off glibc, or where the user set
     MALLOC_MMAP_THRESHOLD_; whether it was set."""
     if device.type != "cpu" or "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False
@@ -158,11 +158,10 @@ class Zero3Sync(Zero2Sync):
         self.pending: dict[int, tuple] = {}  # id(unit) -> (work, input) of a gather started ahead
         self.prefetched = 0  # gathers found already started when needed (their count, for the tests)
         ahead = cfg.prefetch and cfg.algo == "builtin"
-        order = [u for u in self.forward if u is not self.root]
-        for m, u in zip(self.modules, self.forward):
-            i = order.index(u) if u is not self.root else -1
-            after = order[i + 1] if ahead and 0 <= i < len(order) - 1 else None  # the forward's next
-            before = order[i - 1] if ahead and i > 0 else None  # the backward's next
+        order = self.forward[:len(self.forward) - (self.root is not None)]  # the hooks' units (root aside)
+        for i, (m, u) in enumerate(zip(self.modules, self.forward)):
+            after = order[i + 1] if ahead and i + 1 < len(order) else None  # the forward's next
+            before = order[i - 1] if ahead and 0 < i < len(order) else None  # the backward's next
             m.register_forward_pre_hook(lambda _m, _a, u=u, nxt=after: self._gather(u, nxt))
             m.register_forward_hook(lambda _m, _a, out, u=u, nxt=before: self._after_forward(u, out, nxt))
         self.hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
