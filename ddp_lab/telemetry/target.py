@@ -11,7 +11,11 @@ network).
 
 The wall clock starts at the run's first step and runs through evaluations
 (they are part of reaching the target) and checkpoints; a resumed run adds
-the time of its earlier launches. Evaluation time is also kept on its own.
+the time of its earlier launches. Evaluation time is also kept on its own,
+in all and up to the target (a time to target without evaluations is the
+one minus the other), and so are the bytes handed to all-reduces up to the
+target (what a strategy actually sent to get there: PowerSGD's plain steps
+come first, so its average over a run is not its cost to the target).
 Each evaluation's figures go to TensorBoard twice: against steps, and under
 `by_time/` against milliseconds since the first step (TensorBoard's x axis
 is a step count), so that curves of methods with different step times meet
@@ -33,6 +37,7 @@ class TimeToTarget:
             raise ConfigError(f"trainer.target_acc={self.acc} needs a classification task, and this data is "
                               f"{task_name}: set trainer.target_loss instead")
         self.carried_s = 0.0  # earlier launches' wall time
+        self.carried_bytes = 0  # and the bytes they sent (sync.wire_bytes counts this launch's)
         self.eval_s = 0.0
         self.reached: dict | None = None  # {"step", "seconds"} of the evaluation that reached it
         self._t0: float | None = None
@@ -58,15 +63,18 @@ class TimeToTarget:
         """Whether optimizer step `step` ends with an evaluation (besides the epoch ends)."""
         return self.every > 0 and step % self.every == 0
 
-    def evaluated(self, metrics: dict, split: str, seconds: float, step: int, judged: bool = True) -> bool:
-        """Note an evaluation (its figures, `seconds` long) after step `step`; True if it
-        reached the target (only the first one that did counts; none where not `judged`)."""
+    def evaluated(self, metrics: dict, split: str, seconds: float, step: int, judged: bool = True,
+                  wire_bytes: int = 0) -> bool:
+        """Note an evaluation (its figures, `seconds` long) after step `step`, with `wire_bytes` sent by
+        this launch so far; True if it reached the target (only the first one that did counts; none
+        where not `judged`)."""
         self.eval_s += seconds
         if self.reached is not None or not self.set or not judged:
             return False
         acc, loss = metrics.get(f"acc/{split}"), metrics[f"loss/{split}"]
         if (self.acc > 0 and acc is not None and acc >= self.acc) or (0 < self.loss and loss <= self.loss):
-            self.reached = {"step": step, "seconds": self.elapsed_s()}
+            self.reached = {"step": step, "seconds": self.elapsed_s(), "eval_s": self.eval_s,
+                            "wire_bytes": self.carried_bytes + wire_bytes}
             return True
         return False
 
@@ -80,10 +88,15 @@ class TimeToTarget:
         return {"target": target, "target_reached": r is not None if target else None,
                 "steps_to_target": r["step"] if r else None,
                 "time_to_target_s": r["seconds"] if r else None,
+                "eval_s_to_target": r.get("eval_s") if r else None,  # (None: reached before it was kept)
+                "wire_bytes_to_target": r.get("wire_bytes") if r else None,
                 "train_s": self.elapsed_s(), "eval_s": self.eval_s}
 
-    def state_dict(self) -> dict:
-        return {"elapsed_s": self.elapsed_s(), "eval_s": self.eval_s, "reached": self.reached}
+    def state_dict(self, wire_bytes: int = 0) -> dict:
+        """wire_bytes: sent by this launch so far (sync.wire_bytes)."""
+        return {"elapsed_s": self.elapsed_s(), "eval_s": self.eval_s, "reached": self.reached,
+                "wire_bytes": self.carried_bytes + wire_bytes}
 
     def load_state_dict(self, state: dict) -> None:
         self.carried_s, self.eval_s, self.reached = state["elapsed_s"], state["eval_s"], state["reached"]
+        self.carried_bytes = state.get("wire_bytes", 0)  # (checkpoints from before bytes were kept: 0)

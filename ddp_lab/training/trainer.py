@@ -269,8 +269,8 @@ class Trainer:
         if self.last_eval[0] < 0 and self.env.is_main:  # a classifier still at chance at its first evaluation
             warn_if_at_chance(metrics, self.task, self.work.classes, getattr(self, "last_loss", None),
                               self.optimizer.defaults.get("lr"))
-        # judged where the ranks hold the weights evaluated (local_sgd, diloco: at synchronisations)
-        if self.target.evaluated(metrics, split, time.perf_counter() - t0, self.step, self.sync.synced_at(self.step)):
+        judged = self.sync.synced_at(self.step)  # where the ranks hold the weights evaluated (local_sgd, diloco)
+        if self.target.evaluated(metrics, split, time.perf_counter() - t0, self.step, judged, self.sync.wire_bytes):
             self.log.print(f"target reached at step {self.step}, {self.target.reached['seconds']:.1f} s")
         self.log.scalars(*self.target.by_time(metrics))
         self.last_eval = (self.step, metrics)

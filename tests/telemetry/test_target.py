@@ -32,6 +32,7 @@ def test_a_run_stops_at_the_first_evaluation_that_reaches_its_target(compose_tra
     assert run["steps_to_target"] == first == run["steps"]  # stopped there
     assert run["test_acc"] >= target
     assert 0 < run["eval_s"] < run["time_to_target_s"] <= run["train_s"]
+    assert run["eval_s_to_target"] == run["eval_s"]  # it stopped at the evaluation that reached it
 
     never = _fit(compose_train, tiny_fmnist, tmp_path / "never", ["trainer.target_loss=1e-6", "trainer.epochs=1"])
     assert never["target_reached"] is False and never["steps"] == 8 and never["time_to_target_s"] is None
@@ -53,3 +54,28 @@ def test_evaluations_between_synchronisations_are_refused_at_start_up(compose_tr
         validate(compose_train([f"sync={mode}", "sync.every=4", "trainer.eval_every_steps=6"]))
     validate(compose_train([f"sync={mode}", "sync.every=4", "trainer.eval_every_steps=8"]))
     validate(compose_train(["sync=ddp", "sync.every=4", "trainer.eval_every_steps=6"]))
+
+
+def test_the_evaluations_and_bytes_up_to_the_target_are_kept_across_a_resume():
+    from types import SimpleNamespace
+
+    from ddp_lab.telemetry.target import TimeToTarget
+    t = SimpleNamespace(target_acc=0.0, target_loss=2.0, eval_every_steps=4, stop_at_target=True)
+    first = TimeToTarget(t, "language_model")
+    first.start()
+    assert not first.evaluated({"loss/val": 2.5}, "val", 1.5, 4, wire_bytes=4000)
+    state = first.state_dict(wire_bytes=6000)  # a checkpoint after step 6: this launch sent 6000 bytes
+    second = TimeToTarget(t, "language_model")  # resumed there: its own count starts at 0
+    second.load_state_dict(state)
+    second.start()
+    assert not second.evaluated({"loss/val": 2.1}, "val", 0.5, 8, judged=False, wire_bytes=1000)  # not judged
+    assert second.evaluated({"loss/val": 1.9}, "val", 0.25, 12, wire_bytes=3000)
+    s = second.summary()
+    assert s["steps_to_target"] == 12 and s["eval_s_to_target"] == 2.25 and s["wire_bytes_to_target"] == 9000
+    assert not second.evaluated({"loss/val": 1.5}, "val", 1.0, 16, wire_bytes=5000)  # the first one counts
+    assert second.summary()["wire_bytes_to_target"] == 9000 and second.summary()["eval_s"] == 3.25
+    old = dict(state, reached={"step": 4, "seconds": 3.0})  # a checkpoint from before these were kept
+    del old["wire_bytes"]
+    third = TimeToTarget(t, "language_model")
+    third.load_state_dict(old)
+    assert third.summary()["eval_s_to_target"] is None and third.summary()["wire_bytes_to_target"] is None

@@ -44,6 +44,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from ddp_lab.telemetry.provenance import command_line, write_record
 from ddp_lab.tools.bench import fresh_out_dir
+from ddp_lab.tools.bench.race_table import COLUMNS, by_strategy, compare, fmt, markdown, row, summary_markdown
 from ddp_lab.tools.bench.trainer_runs import run_trainer
 from ddp_lab.tools.figures import pyplot
 
@@ -52,9 +53,6 @@ from ddp_lab.tools.figures import pyplot
 # so --help and a bad argument answer within a second rather than in 3.
 
 STRATEGIES = ("ddp", "powersgd", "local_sgd", "diloco")  # each a sync preset (conf/sync/)
-COLUMNS = ["strategy", "sync", "world_size", "target", "target_reached", "steps_to_target",
-           "time_to_target_s", "vs_ddp", "wire_bytes_per_step", "bytes_vs_ddp", "final", "step_ms",
-           "eval_s", "steps", "every", "predicted_time_to_target_s", "prediction_error"]
 
 
 def parse_args(argv=None):
@@ -68,6 +66,11 @@ def parse_args(argv=None):
     p.add_argument("--target-loss", type=float, default=None, help="held-out loss to reach (language models)")
     p.add_argument("--epochs", type=int, default=5, help="every strategy's budget")
     p.add_argument("--max-steps", type=int, default=0, help="or a budget in steps (0: the epochs')")
+    p.add_argument("--seeds", default=None,
+                   help="comma-separated seeds (e.g. 1,2,3): every strategy once per seed, interleaved (seed 1 of "
+                        "each, then seed 2...), reported as median (range); default: the config's seed, once")
+    p.add_argument("--stop-at-target", action="store_true",
+                   help="end each run at its target (faster; no final figures after the same budget)")
     p.add_argument("--eval-every", type=int, default=24,
                    help="steps between evaluations (a multiple of sync.every for local_sgd and diloco)")
     p.add_argument("--fit", type=Path, default=None, help="a cost model fit.csv of the link: predictions")
@@ -90,6 +93,12 @@ def parse_args(argv=None):
     if bad:
         p.error(f"--strategies: {', '.join(bad)} not among {', '.join(STRATEGIES)} (each may add its own "
                 "overrides: diloco:sync.outer_momentum=0.5)")
+    try:
+        args.seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [None]
+    except ValueError:
+        p.error(f"--seeds {args.seeds}: give integers separated by commas, e.g. --seeds 1,2,3")
+    if len(set(args.seeds)) != len(args.seeds):
+        p.error(f"--seeds {','.join(map(str, args.seeds))}: each seed once")
     if args.rate is not None:
         from ddp_lab.tools.cluster.shaping import ClusterError, parse_rate
         try:
@@ -101,13 +110,14 @@ def parse_args(argv=None):
     return args
 
 
-def run_overrides(strategy: str, args) -> list[str]:
+def run_overrides(strategy: str, seed: int | None, args) -> list[str]:
     target = (f"trainer.target_acc={args.target_acc}" if args.target_acc is not None
               else f"trainer.target_loss={args.target_loss}")
     preset, *own = strategy.split(":")
-    return [f"sync={preset}", *args.overrides, *own, f"trainer.epochs={args.epochs}",
-            f"trainer.max_steps={args.max_steps}", f"trainer.eval_every_steps={args.eval_every}",
-            "trainer.eval_every=0", target, "trainer.stop_at_target=false", "trainer.keep_ckpts=0"]
+    return [f"sync={preset}", *args.overrides, *own, *([f"seed={seed}"] if seed is not None else []),
+            f"trainer.epochs={args.epochs}", f"trainer.max_steps={args.max_steps}",
+            f"trainer.eval_every_steps={args.eval_every}", "trainer.eval_every=0", target,
+            f"trainer.stop_at_target={str(args.stop_at_target).lower()}", "trainer.keep_ckpts=0"]
 
 
 def curve(run_dir: Path, figure: str) -> list[tuple[float, float]]:
@@ -116,48 +126,14 @@ def curve(run_dir: Path, figure: str) -> list[tuple[float, float]]:
     return [(e.step / 1000, e.value) for e in acc.Scalars(f"by_time/{figure}")]
 
 
-def row(strategy: str, s: dict, every: int, headline: str) -> dict:
-    return {"strategy": strategy, "sync": s["sync"], "world_size": s["world_size"],
-            "target": next(iter(s["target"].values())), "target_reached": s["target_reached"],
-            "steps_to_target": s["steps_to_target"], "time_to_target_s": s["time_to_target_s"],
-            "wire_bytes_per_step": s["wire_bytes_per_step"], "final": s[headline], "step_ms": s["step_ms"],
-            "eval_s": s["eval_s"], "steps": s["steps"], "every": every}
-
-
-def compare(rows: list[dict]) -> None:
-    """Each row's time and bytes against DDP's (where DDP ran and reached the target)."""
-    ddp = next((r for r in rows if r["strategy"] == "ddp"), None)
-    for r in rows:
-        if ddp and ddp["time_to_target_s"] and r["time_to_target_s"]:
-            r["vs_ddp"] = r["time_to_target_s"] / ddp["time_to_target_s"]
-        if ddp and r["wire_bytes_per_step"]:
-            r["bytes_vs_ddp"] = ddp["wire_bytes_per_step"] / r["wire_bytes_per_step"]
-
-
-def _fmt(v, spec: str = "") -> str:
-    if v is None or v == "":
-        return "-"
-    return format(v, spec) if spec else str(v)
-
-
-def markdown(rows: list[dict]) -> str:
-    lines = ["| strategy | sync | steps to target | s to target | x DDP's time | predicted s | "
-             "bytes/step | DDP's bytes / these | final | step ms |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r['strategy']} | {r['sync']} | {_fmt(r['steps_to_target'])} | "
-                     f"{_fmt(r['time_to_target_s'], '.1f')} | {_fmt(r.get('vs_ddp'), '.2f')} | "
-                     f"{_fmt(r.get('predicted_time_to_target_s'), '.1f')} | "
-                     f"{_fmt(r['wire_bytes_per_step'], ',.0f')} | {_fmt(r.get('bytes_vs_ddp'), '.1f')} | "
-                     f"{_fmt(r['final'], '.4f')} | {_fmt(r['step_ms'], '.1f')} |")
-    return "\n".join(lines) + "\n"
-
-
-def plot(curves: dict[str, list], figure: str, target: float, out: Path) -> None:
+def plot(curves: dict[str, list[list]], figure: str, target: float, out: Path) -> None:
+    """Each strategy's curves (one per seed) in one colour."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, points in curves.items():
-        ax.plot([t for t, _ in points], [v for _, v in points], marker=".", label=name)
+    for i, (name, runs) in enumerate(curves.items()):
+        for j, points in enumerate(runs):
+            ax.plot([t for t, _ in points], [v for _, v in points], marker=".", color=f"C{i}",
+                    label=name if j == 0 else None, alpha=1.0 if len(runs) == 1 else 0.6)
     ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
     ax.set_xlabel("wall-clock seconds since the first step")
     ax.set_ylabel(figure.replace("_", " "))
@@ -180,17 +156,18 @@ def main(argv=None) -> list[dict]:
         if args.hosts is not None:
             from ddp_lab.tools.cluster import emulated
             cluster = stack.enter_context(emulated(world, args.rate, f"race{os.getpid()}"))
-        for strategy in args.strategies:
-            run_dir = out / "runs" / re.sub(r"[^\w.-]", "_", strategy)  # (Hydra parses the dir's "=")
-            s = run_trainer(world, run_overrides(strategy, args), run_dir, args.timeout, cluster)
-            if "val_loss" not in s and headline == "val_loss":  # a classification run's loss is test_loss
-                headline, figure = "test_loss", "loss_test"
-            every = _every(run_dir)
-            rows.append(row(strategy, s, every, headline))
-            curves[strategy] = curve(run_dir, figure)
-            print(f"  {strategy:10s} {s['sync']:40s} target at step {_fmt(s['steps_to_target'])}, "
-                  f"{_fmt(s['time_to_target_s'], '.1f')} s; {s['wire_bytes_per_step']:,.0f} B/step; "
-                  f"final {s[headline]:.4f}", flush=True)
+        for seed in args.seeds:  # interleaved: a slow spell of the machine hits every strategy alike
+            for strategy in args.strategies:
+                name = re.sub(r"[^\w.-]", "_", strategy)  # (Hydra parses the dir's "=")
+                run_dir = out / "runs" / (name if seed is None else f"{name}/seed{seed}")
+                s = run_trainer(world, run_overrides(strategy, seed, args), run_dir, args.timeout, cluster)
+                if "val_loss" not in s and headline == "val_loss":  # a classification run's loss is test_loss
+                    headline, figure = "test_loss", "loss_test"
+                rows.append(row(strategy, seed, s, _every(run_dir), headline))
+                curves.setdefault(strategy, []).append(curve(run_dir, figure))
+                print(f"  {strategy:10s} seed {fmt(seed):4s} {s['sync']:40s} target at step "
+                      f"{fmt(s['steps_to_target'])}, {fmt(s['time_to_target_s'], '.1f')} s; "
+                      f"{s['wire_bytes_per_step']:,.0f} B/step; final {s[headline]:.4f}", flush=True)
     compare(rows)
     if args.fit is not None:
         from ddp_lab.tools.costmodel.strategies import predict_rows
@@ -201,14 +178,17 @@ def main(argv=None) -> list[dict]:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
         w.writerows({k: r.get(k) for k in COLUMNS} for r in rows)
-    (out / "race.md").write_text(markdown(rows))
+    groups = by_strategy(rows)
+    table = (summary_markdown(groups) + "\nEvery run:\n\n" if len(args.seeds) > 1 else "") + markdown(rows)
+    (out / "race.md").write_text(table)
     plot(curves, figure, rows[0]["target"], out / "race.png")
     write_record(out, command_line("ddp_lab.bench.time_to_accuracy", sys.argv[1:] if argv is None else argv),
                  {"world_size": world, "emulated_hosts": args.hosts is not None, "link_rate": args.rate,
-                  "strategies": args.strategies, "epochs": args.epochs, "eval_every": args.eval_every,
+                  "strategies": args.strategies, "seeds": args.seeds, "epochs": args.epochs,
+                  "eval_every": args.eval_every, "stop_at_target": args.stop_at_target,
                   "fit": str(args.fit) if args.fit else None,
                   "steps_from": str(args.steps_from) if args.steps_from else None})
-    print(markdown(rows))
+    print(table)
     print(f"written: {out / 'race.csv'}, {out / 'race.md'}, {out / 'race.png'}, {out / 'record.json'}")
     return rows
 
@@ -222,12 +202,16 @@ def rates_table(args, world: int) -> str:
     from ddp_lab.tools.costmodel.step_time import load_fit
     from ddp_lab.tools.costmodel.strategies import by_rate, loopback_rows
 
-    loopback = {k: v for k, v in loopback_rows(args.steps_from).items() if k in args.strategies}
+    loopback = {}  # strategy -> its runs (one per seed)
+    for (name, _), r in loopback_rows(args.steps_from).items():
+        if name in args.strategies:
+            loopback.setdefault(name, []).append(r)
     seconds = by_rate(loopback, load_fit(args.fit)["builtin"], parse_rate(args.rate), world,
                       [parse_rate(r) for r in RATES])
     lines = [f"Predicted seconds to the target on {world} hosts (x DDP's in brackets), from the loopback "
-             f"race {args.steps_from} and the {args.rate} link's fit {args.fit}, its seconds per byte "
-             "scaled by rate:", "", "| strategy | " + " | ".join(RATES) + " |", "|---|" + "---:|" * len(RATES)]
+             f"race {args.steps_from} (the median over its seeds) and the {args.rate} link's fit {args.fit}, "
+             "its seconds per byte scaled by rate:", "",
+             "| strategy | " + " | ".join(RATES) + " |", "|---|" + "---:|" * len(RATES)]
     ddp = seconds.get("ddp")
     for name, values in seconds.items():
         cells = [f"{v:.0f}" + (f" ({v / d:.2f})" if ddp and d else "") if v else "-"

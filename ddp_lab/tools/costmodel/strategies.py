@@ -1,7 +1,7 @@
 """Pricing the strategies past the bandwidth wall: time to a target on a link one does not have.
 
     time to target on a link = the loopback run's time to target
-                             + its steps to target x the link's all-reduce time per step
+                             + the link's time for the all-reduces it made up to the target
 
 The loopback run (the same ranks on one machine's loopback, ddp_lab.bench.
 time_to_accuracy --ranks N) measures once what the network does not change:
@@ -12,7 +12,11 @@ speed. The link adds, per step, the all-reduce of the bytes the strategy
 sends: DDP and PowerSGD every step, local SGD and DiLoCo their weights once
 every H = sync.every steps, priced by the alpha-beta-gamma model of the
 builtin all-reduce (ddp_lab.costmodel.formulas, the ring formula) with the
-link's fitted constants.
+link's fitted constants. The bytes are those the loopback run counted up to
+its target (`wire_bytes_to_target`: PowerSGD's plain steps come first, so
+its average over a whole run under-prices them), spread over its
+synchronisations; a race.csv from before that count falls back to the
+run's bytes per step.
 
 At another rate the link's seconds per byte scale as 1/rate: `by_rate` prices
 each strategy across rates, so a user reads at which bandwidth each starts
@@ -21,6 +25,7 @@ to pay against DDP.
 from __future__ import annotations
 
 import csv
+import statistics
 from pathlib import Path
 
 from ddp_lab.config import ConfigError
@@ -38,40 +43,48 @@ def time_to_target_s(loopback: dict, link: Params, world: int) -> float | None:
     """A loopback race's row (race.csv) priced on `link`; None where it missed the target."""
     if not loopback.get("time_to_target_s"):
         return None
-    steps = int(loopback["steps_to_target"])
-    extra = link_ms_per_step(link, world, float(loopback["wire_bytes_per_step"]), int(loopback["every"]))
-    return float(loopback["time_to_target_s"]) + steps * extra / 1e3
+    steps, every = int(loopback["steps_to_target"]), int(loopback["every"])
+    sent = float(loopback.get("wire_bytes_to_target") or steps * float(loopback["wire_bytes_per_step"]))
+    syncs = steps / every
+    return float(loopback["time_to_target_s"]) + syncs * link.time(MODELS["builtin"], world, sent / syncs)
 
 
-def loopback_rows(path: Path) -> dict[str, dict]:
-    """A loopback race's rows by strategy."""
+def loopback_rows(path: Path) -> dict[tuple[str, str], dict]:
+    """A loopback race's rows by (strategy, seed) (seed "" where the race gave none)."""
     try:
         with open(path, newline="") as f:
-            return {r["strategy"]: r for r in csv.DictReader(f)}
+            return {(r["strategy"], r.get("seed") or ""): r for r in csv.DictReader(f)}
     except (OSError, KeyError) as e:
         raise ConfigError(f"{path}: not a race.csv of ddp_lab.bench.time_to_accuracy ({e}); run it with "
                           "--ranks N on loopback first and give its race.csv") from None
 
 
 def predict_rows(rows: list[dict], fit_path: Path, steps_from: Path) -> None:
-    """Add the predicted time to target (and its error) to each measured row of a race."""
+    """Add the predicted time to target (and its error) to each measured row of a race, from the
+    loopback run of the same strategy and seed."""
     link, loopback = load_fit(fit_path)["builtin"], loopback_rows(steps_from)
     for r in rows:
-        base = loopback.get(r["strategy"])
+        seed = "" if r.get("seed") is None else str(r["seed"])
+        base = loopback.get((r["strategy"], seed))
         if base is None or int(base["world_size"]) != r["world_size"]:
-            raise ConfigError(f"--steps-from {steps_from} has no {r['strategy']} run of {r['world_size']} "
-                              "ranks: race the same strategies at the same world size on loopback first")
+            raise ConfigError(f"--steps-from {steps_from} has no {r['strategy']} run of {r['world_size']} ranks"
+                              f"{' and seed ' + seed if seed else ''}: race the same strategies and seeds at the "
+                              "same world size on loopback first")
         r["predicted_time_to_target_s"] = time_to_target_s(base, link, r["world_size"])
         if r["predicted_time_to_target_s"] and r["time_to_target_s"]:
             r["prediction_error"] = r["predicted_time_to_target_s"] / r["time_to_target_s"] - 1
 
 
-def by_rate(loopback: dict[str, dict], link: Params, link_bits: int, world: int,
+def by_rate(loopback: dict[str, list[dict]], link: Params, link_bits: int, world: int,
             rates_bits: list[int]) -> dict[str, list[float | None]]:
     """Predicted seconds to target of each strategy at each rate (the link's constants with
-    its seconds per byte scaled by link_bits / rate)."""
+    its seconds per byte scaled by link_bits / rate): the median over the strategy's loopback
+    runs (one per seed) that reached the target."""
     out = {}
-    for name, row in loopback.items():
-        out[name] = [time_to_target_s(row, Params(link.alpha, link.beta * link_bits / bits, link.gamma), world)
-                     for bits in rates_bits]
+    for name, runs in loopback.items():
+        out[name] = []
+        for bits in rates_bits:
+            scaled = Params(link.alpha, link.beta * link_bits / bits, link.gamma)
+            times = [t for t in (time_to_target_s(r, scaled, world) for r in runs) if t is not None]
+            out[name].append(statistics.median(times) if times else None)
     return out

@@ -22,9 +22,27 @@ def test_the_link_adds_its_all_reduce_per_step_to_the_loopback_time():
     assert time_to_target_s(row, LINK, 4) == pytest.approx(100.0 + 400 * ring4)
     assert time_to_target_s({**row, "time_to_target_s": ""}, LINK, 4) is None  # missed the target
     # at ten times the rate the bytes cost a tenth; the messages the same
-    fast = by_rate({"ddp": row}, LINK, 100_000_000, 4, [100_000_000, 1_000_000_000])["ddp"]
+    fast = by_rate({"ddp": [row]}, LINK, 100_000_000, 4, [100_000_000, 1_000_000_000])["ddp"]
     assert fast[0] == pytest.approx(100.0 + 400 * ring4)
     assert fast[1] == pytest.approx(100.0 + 400 * (2 * 3 * 1e-4 + 2 * 3 / 4 * b * 8e-9))
+
+
+def test_the_bytes_sent_up_to_the_target_are_priced_not_the_run_average():
+    # PowerSGD: 100 plain steps of b, then 212 compressed of c; the run's average is lower than the
+    # average up to a target reached at step 312 only if later steps are cheaper: price what was sent
+    b, c = 516_272, 14_000
+    sent = 100 * b + 212 * c
+    row = {"steps_to_target": "312", "time_to_target_s": "50.0", "wire_bytes_per_step": "20000", "every": "1",
+           "wire_bytes_to_target": str(sent)}
+    per_call = 2 * 3 * 1e-4  # 312 all-reduces' latency on 4 ranks, and 2(N-1)/N of the bytes at beta
+    assert time_to_target_s(row, LINK, 4) == pytest.approx(50.0 + 312 * per_call + 2 * 3 / 4 * sent * 8e-8)
+    # DiLoCo every 8: 40 synchronisations of what it sent
+    row8 = {**row, "steps_to_target": "320", "every": "8", "wire_bytes_to_target": str(40 * b)}
+    assert time_to_target_s(row8, LINK, 4) == pytest.approx(50.0 + 40 * (per_call + 2 * 3 / 4 * b * 8e-8))
+    # several seeds on loopback: by_rate gives their median
+    runs = [{**row, "time_to_target_s": t} for t in ("40.0", "50.0", "70.0")]
+    assert by_rate({"powersgd": runs}, LINK, 100_000_000, 4, [100_000_000])["powersgd"] == [
+        pytest.approx(time_to_target_s(row, LINK, 4))]
 
 
 @pytest.mark.parametrize("argv,says", [
@@ -33,6 +51,8 @@ def test_the_link_adds_its_all_reduce_per_step_to_the_loopback_time():
     (["--ranks", "2", "--target-acc", "0.9", "--strategies", "ddp,zero"], "zero not among"),
     (["--hosts", "2", "--target-acc", "0.9"], "--hosts and --rate go together"),
     (["--ranks", "2", "--target-acc", "0.9", "--fit", "f.csv"], "--fit and --steps-from go together"),
+    (["--ranks", "2", "--target-acc", "0.9", "--seeds", "1,x"], "--seeds 1,x: give integers"),
+    (["--ranks", "2", "--target-acc", "0.9", "--seeds", "1,1"], "each seed once"),
 ])
 def test_bad_arguments_are_refused(capsys, argv, says):
     with pytest.raises(SystemExit) as e:
