@@ -45,7 +45,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from ddp_lab.telemetry.provenance import command_line, write_record
 from ddp_lab.tools.bench import fresh_out_dir
 from ddp_lab.tools.bench.race_table import COLUMNS, by_strategy, compare, fmt, markdown, row, summary_markdown
-from ddp_lab.tools.bench.trainer_runs import run_trainer
+from ddp_lab.tools.bench.trainer_runs import HYDRA_FLAGS, run_trainer
 from ddp_lab.tools.figures import pyplot
 
 # This process only launches runs and reads their files: ddp_lab.cluster and
@@ -120,6 +120,26 @@ def run_overrides(strategy: str, seed: int | None, args) -> list[str]:
             f"trainer.stop_at_target={str(args.stop_at_target).lower()}", "trainer.keep_ckpts=0"]
 
 
+def preflight(args) -> None:
+    """Compose and check every strategy's config as ddp_lab.train would, before the first run:
+    a strategy that cannot run is refused in one line now, not after the hours the others took.
+    (With a user's --config-dir, each run checks its own.)"""
+    if any(o.startswith(HYDRA_FLAGS) for o in args.overrides):
+        return
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ddp_lab.config import ConfigError
+    from ddp_lab.sync import validate as validate_sync
+    from ddp_lab.tools.costmodel.will_it_fit import compose
+    for strategy in args.strategies:
+        try:
+            validate_sync(compose(run_overrides(strategy, args.seeds[0], args)).sync)
+        except (ConfigError, HydraException, OmegaConfBaseException) as e:
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise SystemExit(f"python -m ddp_lab.bench.time_to_accuracy: --strategies {strategy}: {msg}") from None
+
+
 def curve(run_dir: Path, figure: str) -> list[tuple[float, float]]:
     """(seconds since the first step, value) of every evaluation of a run (TensorBoard's by_time/)."""
     acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0}).Reload()
@@ -146,6 +166,7 @@ def plot(curves: dict[str, list[list]], figure: str, target: float, out: Path) -
 
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
+    preflight(args)
     out = fresh_out_dir(args.out, "outputs/bench/time_to_accuracy")
     world = args.hosts or args.ranks
     figure = "acc_test" if args.target_acc is not None else "loss_val"

@@ -16,7 +16,9 @@ link's fitted constants. The bytes are those the loopback run counted up to
 its target (`wire_bytes_to_target`: PowerSGD's plain steps come first, so
 its average over a whole run under-prices them), spread over its
 synchronisations; a race.csv from before that count falls back to the
-run's bytes per step.
+run's bytes per step. DiLoCo with sync.overlap=TAU computes TAU inner steps
+while its outer all-reduce travels: only what the all-reduce takes beyond
+TAU loopback steps is added.
 
 At another rate the link's seconds per byte scale as 1/rate: `by_rate` prices
 each strategy across rates, so a user reads at which bandwidth each starts
@@ -25,6 +27,7 @@ to pay against DDP.
 from __future__ import annotations
 
 import csv
+import re
 import statistics
 from pathlib import Path
 
@@ -46,7 +49,15 @@ def time_to_target_s(loopback: dict, link: Params, world: int) -> float | None:
     steps, every = int(loopback["steps_to_target"]), int(loopback["every"])
     sent = float(loopback.get("wire_bytes_to_target") or steps * float(loopback["wire_bytes_per_step"]))
     syncs = steps / every
-    return float(loopback["time_to_target_s"]) + syncs * link.time(MODELS["builtin"], world, sent / syncs)
+    per_sync = link.time(MODELS["builtin"], world, sent / syncs)
+    hidden = overlap_of(loopback) * float(loopback.get("step_ms") or 0) / 1e3  # computed while it travels
+    return float(loopback["time_to_target_s"]) + syncs * max(0.0, per_sync - hidden)
+
+
+def overlap_of(row: dict) -> int:
+    """DiLoCo's sync.overlap (TAU) of a race's row, read from its sync description; 0 if none."""
+    m = re.search(r"overlap (\d+)", row.get("sync") or "")
+    return int(m.group(1)) if m else 0
 
 
 def loopback_rows(path: Path) -> dict[tuple[str, str], dict]:

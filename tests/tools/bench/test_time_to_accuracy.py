@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from ddp_lab.tools.bench.time_to_accuracy import main, parse_args
+from ddp_lab.tools.bench.time_to_accuracy import main, parse_args, preflight
 from ddp_lab.tools.costmodel.formulas import Params
 from ddp_lab.tools.costmodel.strategies import by_rate, link_ms_per_step, time_to_target_s
 from tests.conftest import tiny_overrides
@@ -45,6 +45,17 @@ def test_the_bytes_sent_up_to_the_target_are_priced_not_the_run_average():
         pytest.approx(time_to_target_s(row, LINK, 4))]
 
 
+def test_diloco_overlapped_pays_only_what_its_all_reduce_takes_beyond_tau_steps():
+    b = 3_337_216
+    row = {"steps_to_target": "120", "time_to_target_s": "40.0", "wire_bytes_per_step": str(b / 8), "every": "8",
+           "step_ms": "200", "sync": "diloco/builtin(every 8, outer lr 0.7, momentum 0.5, overlap 4 mix 0.5)"}
+    per_sync = 2 * 3 * 1e-4 + 2 * 3 / 4 * b * 8e-8  # 0.40 s on 4 ranks: 4 steps of 0.2 s hide 0.8 s
+    assert time_to_target_s(row, LINK, 4) == pytest.approx(40.0)
+    assert time_to_target_s({**row, "step_ms": "50"}, LINK, 4) == pytest.approx(40.0 + 15 * (per_sync - 0.2))
+    waits = {**row, "sync": "diloco/builtin(every 8, outer lr 0.7, momentum 0.5)"}  # no overlap: all of it
+    assert time_to_target_s(waits, LINK, 4) == pytest.approx(40.0 + 15 * per_sync)
+
+
 @pytest.mark.parametrize("argv,says", [
     (["--target-acc", "0.9"], "give --hosts N --rate R"),
     (["--ranks", "2"], "give one target"),
@@ -58,6 +69,25 @@ def test_bad_arguments_are_refused(capsys, argv, says):
     with pytest.raises(SystemExit) as e:
         parse_args(argv)
     assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("strategy,says", [
+    ("diloco:sync.compress=int4:sync.overlap=4", "sync.overlap=4 sends DiLoCo's outer gradient in the background"),
+    ("local_sgd:sync.every=7", "trainer.eval_every_steps=40 must be a multiple of sync.every=7"),
+    ("diloco:sync.no_such_key=1", "no_such_key"),
+])
+def test_a_strategy_that_cannot_run_is_refused_before_any_run_starts(tmp_path, strategy, says):
+    args = parse_args(["--ranks", "2", "--target-loss", "2.8", "--eval-every", "40", "--seeds", "1,2",
+                       "--strategies", f"ddp,{strategy}", "--out", str(tmp_path / "race"), "--",
+                       "model=gpt", "data=text"])
+    with pytest.raises(SystemExit, match=f"--strategies {strategy}: .*{says}"):
+        preflight(args)
+    with pytest.raises(SystemExit):
+        main(["--ranks", "2", "--target-loss", "2.8", "--eval-every", "40", "--strategies", f"ddp,{strategy}",
+              "--out", str(tmp_path / "race"), "--", "model=gpt", "data=text"])
+    assert not (tmp_path / "race").exists()  # refused before the first run: nothing made
+    preflight(parse_args(["--ranks", "2", "--target-loss", "2.8", "--eval-every", "40", "--strategies",
+                          "ddp,diloco:sync.compress=int4,diloco:sync.overlap=4", "--", "model=gpt", "data=text"]))
 
 
 @pytest.mark.system
@@ -79,7 +109,10 @@ def test_a_short_race_on_loopback(tiny_fmnist, tmp_path):
     assert ddp["vs_ddp"] == 1.0
     out = tmp_path / "race"
     assert (out / "race.png").stat().st_size > 1000
-    assert "| local_sgd | local_sgd/builtin(every 2) |" in (out / "race.md").read_text()
+    assert "| local_sgd | - | local_sgd/builtin(every 2) |" in (out / "race.md").read_text()  # (no --seeds)
+    for r in rows:  # the bytes up to the target: every step (synchronisation) sends the same here
+        assert r["wire_bytes_to_target"] == pytest.approx(r["wire_bytes_per_step"] * r["steps_to_target"])
+        assert 0 < r["eval_s_to_target"] <= r["eval_s"]
     record = json.loads((out / "record.json").read_text())
     assert record["command"].startswith("python -m ddp_lab.bench.time_to_accuracy --ranks 2")
 
