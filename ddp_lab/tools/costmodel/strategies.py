@@ -36,12 +36,6 @@ from ddp_lab.tools.costmodel.formulas import MODELS, Params
 from ddp_lab.tools.costmodel.step_time import load_fit
 
 
-def link_ms_per_step(link: Params, world: int, bytes_per_step: float, every: int) -> float:
-    """The link's time per optimizer step for one all-reduce of bytes_per_step x every bytes
-    every `every` steps."""
-    return link.time(MODELS["builtin"], world, bytes_per_step * every) * 1e3 / every
-
-
 def time_to_target_s(loopback: dict, link: Params, world: int) -> float | None:
     """A loopback race's row (race.csv) priced on `link`; None where it missed the target."""
     if not loopback.get("time_to_target_s"):

@@ -6,7 +6,7 @@ import pytest
 
 from ddp_lab.tools.bench.time_to_accuracy import main, parse_args, preflight
 from ddp_lab.tools.costmodel.formulas import Params
-from ddp_lab.tools.costmodel.strategies import by_rate, link_ms_per_step, time_to_target_s
+from ddp_lab.tools.costmodel.strategies import by_rate, time_to_target_s
 from tests.conftest import tiny_overrides
 
 LINK = Params(alpha=1e-4, beta=8e-8, gamma=0.0)  # about 100 Mbit/s, 0.1 ms a message
@@ -15,11 +15,11 @@ LINK = Params(alpha=1e-4, beta=8e-8, gamma=0.0)  # about 100 Mbit/s, 0.1 ms a me
 def test_the_link_adds_its_all_reduce_per_step_to_the_loopback_time():
     b = 516_272  # LeNet's gradients, bytes
     ring4 = 2 * 3 * 1e-4 + 2 * 3 / 4 * b * 8e-8  # one all-reduce on 4 ranks, seconds
-    assert link_ms_per_step(LINK, 4, b, 1) == pytest.approx(1e3 * ring4)
-    # every 8 steps the whole weights: the bytes per step are an eighth, the messages too
-    assert link_ms_per_step(LINK, 4, b / 8, 8) == pytest.approx(1e3 * ring4 / 8)
     row = {"steps_to_target": "400", "time_to_target_s": "100.0", "wire_bytes_per_step": str(b), "every": "1"}
     assert time_to_target_s(row, LINK, 4) == pytest.approx(100.0 + 400 * ring4)
+    # every 8 steps the whole weights: the bytes per step are an eighth, the messages too
+    every8 = {**row, "wire_bytes_per_step": str(b / 8), "every": "8"}
+    assert time_to_target_s(every8, LINK, 4) == pytest.approx(100.0 + 400 * ring4 / 8)
     assert time_to_target_s({**row, "time_to_target_s": ""}, LINK, 4) is None  # missed the target
     # at ten times the rate the bytes cost a tenth; the messages the same
     fast = by_rate({"ddp": [row]}, LINK, 100_000_000, 4, [100_000_000, 1_000_000_000])["ddp"]
