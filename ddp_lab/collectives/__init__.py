@@ -10,6 +10,12 @@ function on dist.isend/dist.irecv with nothing kept between calls.
   with the sum of its own chunk, ``own_chunk``) and
   ``ring_textbook_all_gather`` (each rank's chunk copied to every other),
   what sharded data parallelism is built from.
+* ``direct_allreduce`` (direct.py): every chunk sent straight to the rank
+  that owns it, all messages of a phase at once (all-pairs):
+  2*alpha + the ring's bandwidth term on a switch. Its two phases,
+  ``direct_reduce_scatter`` and ``direct_all_gather``, can return before
+  the data has travelled (``async_op=True``), which is how sync.mode=zero
+  overlaps them with computation.
 * ``halving_doubling_textbook_allreduce`` (halving_doubling_textbook.py):
   Rabenseifner's recursive halving then doubling, with a fold-in step when
   n is not a power of two. 2*log2(n)*alpha plus the ring's bandwidth term:
@@ -81,6 +87,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.collectives.basics import SUPPORTED_DTYPES, TORCH_ALL_GATHER, TORCH_REDUCE_SCATTER, check_tensor
+from ddp_lab.collectives.direct import direct_all_gather, direct_allreduce, direct_reduce_scatter
 from ddp_lab.collectives.halving_doubling_textbook import (
     halving_doubling_textbook_allreduce,
 )
@@ -104,6 +111,9 @@ __all__ = [
     "TUNED",
     "TunedPlan",
     "builtin_allreduce",
+    "direct_all_gather",
+    "direct_allreduce",
+    "direct_reduce_scatter",
     "free_scratch_buffers",
     "get_algorithm",
     "halving_doubling_allreduce",
@@ -132,6 +142,7 @@ ALGORITHMS: dict[str, Callable[..., torch.Tensor]] = {
     "halving_doubling": halving_doubling_allreduce,
     "ring_textbook": ring_textbook_allreduce,
     "halving_doubling_textbook": halving_doubling_textbook_allreduce,
+    "direct": direct_allreduce,
 }
 # The ones that take a TunedPlan (plan=...).
 TUNED = ("naive", "ring", "halving_doubling")

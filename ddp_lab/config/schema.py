@@ -26,7 +26,7 @@ from ddp_lab.config import ConfigError, presets
 from ddp_lab.config.keys import TRI_STATE, choices, key, one_of, positive_finite
 
 SyncMode = choices("SyncMode", "auto ddp flat per_param local_sgd diloco zero fsdp")
-Algo = choices("Algo", "builtin naive ring halving_doubling ring_textbook halving_doubling_textbook")
+Algo = choices("Algo", "builtin naive ring halving_doubling ring_textbook halving_doubling_textbook direct")
 Compress = choices("Compress", "none bf16 fp16 powersgd int8 int4")
 Amp = choices("Amp", "auto bf16 fp16 off")
 Measure = choices("Measure", "full light off")

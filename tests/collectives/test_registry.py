@@ -33,10 +33,11 @@ def test_unknown_algorithm_names_the_choices():
         get_algorithm("nope")
     message = str(info.value)
     assert "'nope'" in message
-    for name in ("builtin", "naive", "ring", "halving_doubling", "ring_textbook", "halving_doubling_textbook"):
+    for name in ("builtin", "naive", "ring", "halving_doubling", "ring_textbook", "halving_doubling_textbook",
+                 "direct"):
         assert name in message
     assert set(ALGORITHMS) == {"builtin", "naive", "ring", "halving_doubling", "ring_textbook",
-                               "halving_doubling_textbook"}
+                               "halving_doubling_textbook", "direct"}
 
 
 def test_a_plan_is_bound_to_the_tuned_algorithms_only():
@@ -44,6 +45,6 @@ def test_a_plan_is_bound_to_the_tuned_algorithms_only():
     for name in collectives.TUNED:
         fn = get_algorithm(name, plan)
         assert fn.func is ALGORITHMS[name] and fn.keywords == {"plan": plan}
-    for name in ("builtin", "ring_textbook", "halving_doubling_textbook"):
+    for name in ("builtin", "ring_textbook", "halving_doubling_textbook", "direct"):
         assert get_algorithm(name, plan) is ALGORITHMS[name]
     assert get_algorithm("ring") is ALGORITHMS["ring"]  # no plan: the default one (normal threads)

@@ -31,7 +31,7 @@ def test_every_model_and_data_config_composes(compose_train, model, params, data
     ("data.task=ranking", "[auto, classification, language_model, regression]"),
     ("sync.mode=allgather", "[auto, ddp, flat, per_param, local_sgd, diloco, zero, fsdp]"),
     ("sync.algo=tree", "[builtin, naive, ring, halving_doubling, ring_textbook, "
-                       "halving_doubling_textbook]"),
+                       "halving_doubling_textbook, direct]"),
     ("sync.compress=int2", "[none, bf16, fp16, powersgd, int8, int4]"),
     ("optim.schedule=step", "[constant, cosine]"),
     ("dist.backend=mpi", "[auto, gloo, nccl]"),

@@ -259,9 +259,9 @@ def test_chunked_sizes_round_down_to_whole_chunks_and_say_so():
 
 
 @pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather"])
-def test_reduce_scatter_and_all_gather_take_builtin_and_ring_textbook(collective):
-    p = plan.validate(_cfg([f"collective={collective}"]))  # the default algos: the two it has
-    assert (p.collective, p.algos) == (collective, ["builtin", "ring_textbook"])
+def test_reduce_scatter_and_all_gather_take_builtin_ring_textbook_and_direct(collective):
+    p = plan.validate(_cfg([f"collective={collective}"]))  # the default algos: the three it has
+    assert (p.collective, p.algos) == (collective, ["builtin", "ring_textbook", "direct"])
     p = plan.validate(_cfg([f"collective={collective}", "algos=[ring_textbook]"]))
     assert p.algos == ["ring_textbook"] and p.busbw_factor(4) == pytest.approx(0.75)
     p = plan.validate(_cfg([f"collective={collective}", "mode=interleaved", "algos=[ring_textbook]"]))
@@ -272,7 +272,7 @@ def test_reduce_scatter_and_all_gather_take_builtin_and_ring_textbook(collective
 @pytest.mark.parametrize("overrides, message", [
     (["collective=reduce_scatter", "algos=[builtin,ring]"],
      "algos: ring has no reduce-scatter (collective=reduce_scatter); choose among builtin, ring_textbook, "
-     "e.g. 'algos=[builtin,ring_textbook]'"),
+     "direct, e.g. 'algos=[builtin,ring_textbook,direct]'"),
     (["collective=all_gather", "algos=[naive,ring_textbook,halving_doubling_textbook]"],
      "algos: naive, halving_doubling_textbook have no all-gather (collective=all_gather)"),
     (["collective=all_gather", "mode=interleaved", "algos=[halving_doubling]"],
@@ -344,7 +344,7 @@ def test_torchrun_reduce_scatter_two_processes(tmp_path):
     r, rows = _sweep_rows(tmp_path, "reduce_scatter", ["min_bytes=1028", "max_bytes=70000", "factor=4"])
     assert "# sizes rounded down to a multiple of world_size 2 x 4 B = 8 B: 1028 -> 1024" in r.stdout
     assert [(row["algo"], int(row["size_bytes"])) for row in rows] == [
-        (a, s) for a in ("builtin", "ring_textbook") for s in (1024, 4112, 16448, 65792)]
+        (a, s) for a in ("builtin", "ring_textbook", "direct") for s in (1024, 4112, 16448, 65792)]
 
 
 @pytest.mark.system
@@ -352,7 +352,7 @@ def test_torchrun_all_gather_two_processes(tmp_path):
     r, rows = _sweep_rows(tmp_path, "all_gather", ["min_bytes=1024", "max_bytes=65536", "factor=4"])
     assert "rounded down" not in r.stdout
     assert [(row["algo"], int(row["size_bytes"])) for row in rows] == [
-        (a, s) for a in ("builtin", "ring_textbook") for s in (1024, 4096, 16384, 65536)]
+        (a, s) for a in ("builtin", "ring_textbook", "direct") for s in (1024, 4096, 16384, 65536)]
 
 
 def test_a_collective_the_algorithm_lacks_exits_2_with_one_line(tmp_path):
@@ -361,5 +361,5 @@ def test_a_collective_the_algorithm_lacks_exits_2_with_one_line(tmp_path):
     assert r.returncode == 2
     errors = [ln for ln in r.stderr.splitlines() if "error:" in ln]
     assert errors == ["ddp_lab.bench.collectives: error: algos: naive has no all-gather (collective=all_gather); "
-                      "choose among builtin, ring_textbook, e.g. 'algos=[builtin,ring_textbook]'"]
+                      "choose among builtin, ring_textbook, direct, e.g. 'algos=[builtin,ring_textbook,direct]'"]
     assert not (tmp_path / "collectives.csv").exists()

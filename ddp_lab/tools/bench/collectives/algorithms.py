@@ -12,6 +12,8 @@ from ddp_lab import tuning
 from ddp_lab.collectives import (
     TORCH_ALL_GATHER,
     TORCH_REDUCE_SCATTER,
+    direct_all_gather,
+    direct_reduce_scatter,
     own_chunk,
     ring_textbook_all_gather,
     ring_textbook_reduce_scatter,
@@ -33,7 +35,10 @@ def collective_fns(plan: Plan, env: DistEnv) -> dict[str, Callable]:
 def _half(collective: str, algo: str, env: DistEnv) -> Callable:
     if algo == "builtin":
         return _builtin_reduce_scatter() if collective == "reduce_scatter" else _builtin_all_gather
-    fn = ring_textbook_reduce_scatter if collective == "reduce_scatter" else ring_textbook_all_gather
+    fn = {("reduce_scatter", "ring_textbook"): ring_textbook_reduce_scatter,
+          ("all_gather", "ring_textbook"): ring_textbook_all_gather,
+          ("reduce_scatter", "direct"): direct_reduce_scatter,
+          ("all_gather", "direct"): direct_all_gather}[collective, algo]
     if env.comm_threads != "realtime":
         return fn
 

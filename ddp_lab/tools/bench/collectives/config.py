@@ -49,8 +49,8 @@ class BenchCollectivesConfig:
     dtype: Dtype = key(Dtype.float32, "element type (nccl-tests -d)")
     algos: List[Algo] = key([Algo.builtin, Algo.naive, Algo.ring, Algo.halving_doubling],
                             "swept in this order (ddp_lab.collectives' names); reduce_scatter and "
-                            "all_gather have builtin and ring_textbook, and this default means those two "
-                            "there", ok=non_empty,
+                            "all_gather have builtin, ring_textbook and direct, and this default means "
+                            "those three there", ok=non_empty,
                             rule="at least one algorithm, e.g. 'algos=[builtin,ring]'")
     warmup: int = key(5, "untimed calls per size after the correctness call, cut to fit half of "
                          "time_budget_s (nccl-tests -w)", at_least=0)

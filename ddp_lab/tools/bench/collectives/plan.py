@@ -21,10 +21,10 @@ DTYPES = {
     "float16": torch.float16,
 }
 # The algorithms each collective other than all_reduce has (all_reduce: every
-# one of ddp_lab.collectives.ALGORITHMS): torch's own, and the textbook ring's phase.
+# one of ddp_lab.collectives.ALGORITHMS): torch's own, the textbook ring's phase, the direct one's.
 COLLECTIVE_ALGOS = {
-    "reduce_scatter": ("builtin", "ring_textbook"),
-    "all_gather": ("builtin", "ring_textbook"),
+    "reduce_scatter": ("builtin", "ring_textbook", "direct"),
+    "all_gather": ("builtin", "ring_textbook", "direct"),
 }
 
 

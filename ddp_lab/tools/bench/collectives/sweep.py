@@ -51,8 +51,9 @@ collective=reduce_scatter and collective=all_gather time one of all-reduce's
 two halves, with the algorithms that have it: `builtin`
 (dist.reduce_scatter_tensor, SUM, into a chunk-sized output of its own /
 dist.all_gather_into_tensor with this rank's chunk of the buffer as input, in
-place) and `ring_textbook` (ddp_lab.collectives.ring_textbook_reduce_scatter /
-ring_textbook_all_gather, in place on the whole buffer). As in nccl-tests, a
+place), `ring_textbook` (ddp_lab.collectives.ring_textbook_reduce_scatter /
+ring_textbook_all_gather, in place on the whole buffer) and `direct`
+(direct_reduce_scatter / direct_all_gather, in place). As in nccl-tests, a
 size is the whole buffer, all ranks' chunks together, and busbw = algbw *
 (n - 1) / n: each rank sends (n-1)/n of the buffer. Sizes are rounded down to a
 multiple of n x the element size, so every chunk is whole (a line says so when
@@ -101,7 +102,7 @@ from ddp_lab.tools.bench.plots import plot_collectives
 # What the printed header says each collective does.
 _WHAT = {
     "all_reduce": "allreduce SUM, in place",
-    "reduce_scatter": "reduce_scatter SUM (builtin: into a chunk of its own; ring_textbook: in place), "
+    "reduce_scatter": "reduce_scatter SUM (builtin: into a chunk of its own; ours: in place), "
                       "size = the whole buffer",
     "all_gather": "all_gather, in place, size = the whole buffer",
 }
