@@ -61,6 +61,12 @@ def restore(tr, shared: dict, own: dict) -> None:
         except ValueError as e:
             raise ConfigError(f"this checkpoint's optimizer state does not fit this run's shards ({e}): resume "
                               f"it with the sync.zero_stage and sync.bucket_cap_mb that wrote it") from None
+    if tr.sync.shards and "optimizer" in own:  # this rank's own shards: as many as this run steps?
+        saved, steps = len(own["optimizer"]["param_groups"][0]["params"]), len(tr.sync.parameters())
+        if saved != steps:
+            raise ConfigError(f"this checkpoint's optimizer state does not fit this run's shards (it steps {saved} "
+                              f"shard(s) a rank, this run {steps}): resume it with the sync.zero_stage and "
+                              f"sync.bucket_cap_mb that wrote it")
     tr.sync.load_model_state_dict(tr.model, shared["model"])  # (sharded: each rank keeps its piece)
     if not tr.sync.shards:
         tr.optimizer.load_state_dict(shared["optimizer"])

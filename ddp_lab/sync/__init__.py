@@ -76,7 +76,7 @@ from ddp_lab.sync.flat import FlatSync
 from ddp_lab.sync.fsdp import FSDPSync
 from ddp_lab.sync.local_sgd import LocalSGDSync
 from ddp_lab.sync.per_param import PerParamSync
-from ddp_lab.sync.zero import ALGOS as ZERO_ALGOS
+from ddp_lab.sync.shards import ALGOS as ZERO_ALGOS
 from ddp_lab.sync.zero import ZeroSync
 from ddp_lab.sync.zero2 import Zero2Sync
 from ddp_lab.sync.zero3 import Zero3Sync
@@ -86,7 +86,7 @@ STRATEGIES = {"ddp": DDPSync, "flat": FlatSync, "per_param": PerParamSync,
 MODES = ("ddp", "flat", "per_param")  # the modes that average every step's gradients
 PERIODIC = ("local_sgd", "diloco")  # the modes that send weights every sync.every steps
 SHARDED = ("zero", "fsdp")  # the modes that shard the model state over the ranks
-ALGOS = tuple(ALGORITHMS)  # builtin, naive, ring, halving_doubling, ring_textbook, halving_doubling_textbook
+ALGOS = tuple(ALGORITHMS)  # builtin, naive, ring, halving_doubling, ring_textbook, halving_doubling_textbook, direct
 COMPRESS = (*COMPRESS_DTYPES, "powersgd", *QUANTIZED)  # none, bf16, fp16, powersgd, int8, int4
 
 
@@ -143,7 +143,7 @@ ZERO_STAGES = {1: ZeroSync, 2: Zero2Sync, 3: Zero3Sync}
 def validate_zero(cfg) -> None:
     if cfg.mode == "fsdp" and cfg.algo != "builtin":
         raise ConfigError(f"sync.algo={cfg.algo} cannot run inside torch's FSDP2: sync.mode=fsdp takes "
-                          f"sync.algo=builtin (sync.mode=zero runs ring_textbook)")
+                          f"sync.algo=builtin (sync.mode=zero runs ring_textbook and direct)")
     if cfg.algo not in ZERO_ALGOS:
         raise ConfigError(f"sync.algo={cfg.algo} has no reduce-scatter and all-gather of its own: sync.mode=zero "
                           f"takes sync.algo={' or '.join(ZERO_ALGOS)}")

@@ -27,7 +27,7 @@ from torch import nn
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
 from ddp_lab.sync.base import ReplicaSync, broadcast_from_rank0
-from ddp_lab.sync.zero import clip_sharded
+from ddp_lab.sync.shards import clip_sharded
 from ddp_lab.sync.zero3 import return_freed_blocks, unit_modules
 
 

@@ -1,7 +1,7 @@
 """sync.mode=zero sync.zero_stage=2: the gradients sharded too, reduce-scattered during the backward.
 
-Stage 1 (zero.py) keeps every rank's whole gradient until the backward ends. Stage 2 keeps
-1/N of it between steps: with AdamW in fp32 a rank holds 4 bytes of weights per parameter
+Stage 1 (zero.py, on this file's layout and schedule) keeps every rank's whole gradient. Stage 2
+keeps 1/N of it between steps: with AdamW in fp32 a rank holds 4 bytes of weights per parameter
 and 12/N of gradients and moments, 4 + 12/N instead of stage 1's 8 + 8/N.
 
 The parameters go into buckets of at most sync.bucket_cap_mb, in the reverse of the model's
@@ -13,17 +13,24 @@ bucket (one optimizer parameter per bucket, a view of the weights). In a backwar
    all there, they are copied into a bucket-sized buffer and dropped (p.grad = None);
 2. the buckets are reduce-scattered in bucket order (the same on every rank, whatever order
    they finish in): rank r adds the sum of its chunk, / N, to its chunk's gradient;
-   sync.algo=builtin runs torch's asynchronously, at most two in flight, so they overlap
-   the rest of the backward; ring_textbook runs ours, inside the hook;
+   sync.algo=builtin (torch's) and direct (ours, collectives/direct.py) run asynchronously,
+   at most two in flight, so they overlap the rest of the backward; ring_textbook runs
+   ours inside the hook;
 3. at the end of the backward (a callback autograd runs) the buckets no hook completed
    (parameters without a gradient this time) are sent as zeros, and every one is waited for.
 
 After the optimizer step each bucket's chunks are all-gathered into the weights (after_step).
+Under sync.algo=direct every bucket's all-gather is posted at once, in the forward's order, and
+the next forward waits for a bucket only in the pre-hook of a module that holds one of its
+parameters: the weights travel while the forward computes (DDP's all-reduce has no such
+second half to hide). Whatever reads the weights first waits for all (_wait_gathers).
 Under trainer.grad_accum every micro-batch is reduce-scattered (the gradients never exist
 whole between micro-batches): k times the gradient bytes of one step, as DeepSpeed's stage 2.
 Communication time: the time inside the hooks and waiting at the end (comm_timing "hook").
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.distributed as dist
@@ -32,15 +39,18 @@ from torch import nn
 from ddp_lab.collectives import (
     TORCH_ALL_GATHER,
     TORCH_REDUCE_SCATTER,
+    direct_all_gather,
+    direct_reduce_scatter,
     ring_textbook_all_gather,
     ring_textbook_reduce_scatter,
 )
+from ddp_lab.collectives.direct import Pending
 from ddp_lab.distributed import DistEnv
 from ddp_lab.sync.base import ReplicaSync, broadcast_from_rank0
-from ddp_lab.sync.zero import clip_sharded, trainable_parameters, views_into
+from ddp_lab.sync.shards import clip_sharded, trainable_parameters, views_into
 from ddp_lab.telemetry import position
 
-IN_FLIGHT = 2  # builtin: reduce-scatters launched and not yet waited for (bounds their buffers)
+IN_FLIGHT = 2  # builtin, direct: reduce-scatters launched and not yet waited for (bounds their buffers)
 
 
 def buckets_of(params: list[nn.Parameter], cap_bytes: float) -> list[list[nn.Parameter]]:
@@ -92,6 +102,12 @@ class Zero2Sync(ReplicaSync):
         self.bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
         self.hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
         self._start_backward()
+        self.gathering: dict[int, Pending] = {}  # direct: bucket -> its all-gather under way
+        if cfg.algo == "direct":
+            for m in model.modules():
+                mine = sorted({self.bucket_of[id(p)] for p in m.parameters(recurse=False) if id(p) in self.bucket_of})
+                if mine:
+                    m.register_forward_pre_hook(lambda _m, _a, mine=mine: self._wait_gathers(mine))
 
     def parameters(self):
         return list(self.pieces)
@@ -107,7 +123,7 @@ class Zero2Sync(ReplicaSync):
     def _start_backward(self) -> None:
         self.ready = [0] * len(self.buckets)  # gradients finished, per bucket
         self.next = 0  # the next bucket to send: they go in order
-        self.in_flight: list[tuple] = []  # (work, bucket, output, input) of builtin's
+        self.in_flight: list[tuple] = []  # (Pending, bucket, input) of builtin's and direct's
         self.queued = False
 
     def _grad_ready(self, p: nn.Parameter) -> None:
@@ -119,33 +135,41 @@ class Zero2Sync(ReplicaSync):
             self._send(self.next)
             self.next += 1
 
+    def _bucket_grads(self, i: int) -> torch.Tensor:
+        """Bucket i's gradients in one buffer of N chunks, copied out of the parameters, which drop them."""
+        like = self.pieces[i]
+        flat = torch.zeros(self.chunks[i] * self.env.world_size, dtype=like.dtype, device=like.device)
+        for p, g in zip(self.buckets[i], views_into(flat, self.buckets[i])):
+            if p.grad is not None:  # (none: unused this backward, its zeros stand for it)
+                g.copy_(p.grad)
+                p.grad = None
+        return flat
+
     def _send(self, i: int) -> None:
-        """Reduce-scatter bucket i's gradients; drop them from the parameters."""
+        """Reduce-scatter bucket i's gradients."""
         with self._timed():
-            n, c = self.env.world_size, self.chunks[i]
-            flat = torch.zeros(c * n, dtype=self.grads.dtype, device=self.grads.device)
-            for p, g in zip(self.buckets[i], views_into(flat, self.buckets[i])):
-                if p.grad is not None:  # (none: unused this backward, its zeros stand for it)
-                    g.copy_(p.grad)
-                    p.grad = None
+            c, flat = self.chunks[i], self._bucket_grads(i)
             self.wire_bytes += flat.numel() * flat.element_size() // 2  # half an all-reduce's (as counted)
             if self.cfg.algo == "builtin":
                 out = torch.empty(c, dtype=flat.dtype, device=flat.device)
-                self.in_flight.append((TORCH_REDUCE_SCATTER(out, flat, op=dist.ReduceOp.SUM, async_op=True),
-                                       i, out, flat))
-                while len(self.in_flight) > IN_FLIGHT:
-                    self._land(*self.in_flight.pop(0))
-            else:  # ours, in place: chunk r of `flat` ends with the sum
-                self._land(None, i, ring_textbook_reduce_scatter(flat), flat)
+                work = TORCH_REDUCE_SCATTER(out, flat, op=dist.ReduceOp.SUM, async_op=True)
+                pending = Pending([work], lambda: out)
+            elif self.cfg.algo == "direct":  # ours, in place: chunk r of `flat` ends with the sum
+                pending = direct_reduce_scatter(flat, async_op=True)
+            else:  # ours, in place, done before it returns
+                self._land(Pending([], lambda: ring_textbook_reduce_scatter(flat)), i, flat)
+                return
+            self.in_flight.append((pending, i, flat))
+            while len(self.in_flight) > IN_FLIGHT:
+                self._land(*self.in_flight.pop(0))
 
-    def _land(self, work, i: int, out: torch.Tensor, flat: torch.Tensor) -> None:
+    def _land(self, pending: Pending, i: int, flat: torch.Tensor) -> None:
         """Wait for bucket i's reduce-scatter; add its mean to this rank's chunk's gradient.
-        (`flat` rides along in in_flight so that gloo can read it in the background until here.)"""
-        if work is not None:
-            work.wait()
-        self.pieces[i].grad.add_(out.div_(self.env.world_size))
+        (`flat` rides along in in_flight so that the backend can read it in the background until here.)"""
+        self.pieces[i].grad.add_(pending.wait().div_(self.env.world_size))
 
     def _end_backward(self) -> None:
+        self._wait_gathers()  # (direct: a bucket no forward used; before the step changes what it sends)
         with position.collective("gradient sync"):
             while self.next < len(self.buckets):  # buckets with a parameter that got no gradient
                 self._send(self.next)
@@ -163,11 +187,44 @@ class Zero2Sync(ReplicaSync):
         """All-gather each bucket's new chunks (each rank stepped its own) into the weights."""
         self.wire_bytes += self.weights.numel() * self.weights.element_size() // 2  # the other half
         with position.collective("weight sync"), self._timed(), torch.no_grad():
-            for piece, span in zip(self.pieces, self.spans):
+            for i in reversed(range(len(self.buckets))):  # the forward's order: its first bucket first
+                span = self.spans[i]
                 if self.cfg.algo == "builtin":
-                    TORCH_ALL_GATHER(self.weights[span], piece.detach().clone())
+                    TORCH_ALL_GATHER(self.weights[span], self.pieces[i].detach().clone())
+                elif self.cfg.algo == "direct":  # waited for by the forward (or whatever reads the weights)
+                    self.gathering[i] = direct_all_gather(self.weights[span], async_op=True)
                 else:
                     ring_textbook_all_gather(self.weights[span])
+
+    def _wait_gathers(self, buckets=None) -> None:
+        """Wait for the all-gathers under way of `buckets` (None: all), as before reading their weights."""
+        if not self.gathering:
+            return
+        with position.collective("weight sync"), self._timed():
+            for i in (list(self.gathering) if buckets is None else buckets):
+                if i in self.gathering:
+                    self.gathering.pop(i).wait()
+
+    def finish(self, step: int) -> None:
+        self._wait_gathers()
+
+    @contextlib.contextmanager
+    def consensus(self):
+        self._wait_gathers()
+        yield
+
+    @contextlib.contextmanager
+    def whole_weights(self):
+        self._wait_gathers()
+        yield
+
+    def model_state_dict(self, model: nn.Module) -> dict:
+        self._wait_gathers()
+        return model.state_dict()
+
+    def load_model_state_dict(self, model: nn.Module, state: dict) -> None:
+        self._wait_gathers()
+        model.load_state_dict(state)
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         return clip_sharded([self.grads], max_norm)  # this rank's chunks, one buffer

@@ -13,7 +13,7 @@ tensors autograd saved still point at it and see the weights again once gathered
 - forward: a pre-hook all-gathers the unit's weights; a post-hook frees them and hooks the
   unit's outputs, whose gradient, in the backward, gathers them again before the unit's
   backward runs. The root unit stays gathered from the model's forward to the end of its
-  backward. With sync.prefetch (and algo=builtin, whose collectives run in the background),
+  backward. With sync.prefetch (and algo=builtin or direct, whose collectives run in the background),
   the hook that gathers a unit also starts the gather of the unit that comes next (in the
   forward the next one, in the backward the one before): its bytes travel while this one
   computes, at the price of one more unit's weights held.
@@ -44,12 +44,13 @@ from torch.utils._pytree import tree_leaves
 
 from ddp_lab.collectives import (
     TORCH_ALL_GATHER,
+    direct_all_gather,
     ring_textbook_all_gather,
 )
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
 from ddp_lab.sync.base import ReplicaSync, broadcast_from_rank0
-from ddp_lab.sync.zero import trainable_parameters, views_into
+from ddp_lab.sync.shards import trainable_parameters, views_into
 from ddp_lab.sync.zero2 import Zero2Sync
 from ddp_lab.telemetry import position
 
@@ -157,7 +158,8 @@ class Zero3Sync(Zero2Sync):
         self.whole = False
         self.pending: dict[int, tuple] = {}  # id(unit) -> (work, input) of a gather started ahead
         self.prefetched = 0  # gathers found already started when needed (their count, for the tests)
-        ahead = cfg.prefetch and cfg.algo == "builtin"
+        self.gathering = {}  # (stage 2's all-gathers after the step: none here)
+        ahead = cfg.prefetch and cfg.algo in ("builtin", "direct")
         order = self.forward[:len(self.forward) - (self.root is not None)]  # the hooks' units (root aside)
         for i, (m, u) in enumerate(zip(self.modules, self.forward)):
             after = order[i + 1] if ahead and i + 1 < len(order) else None  # the forward's next
@@ -194,6 +196,11 @@ class Zero3Sync(Zero2Sync):
             return TORCH_ALL_GATHER(u.flat, piece, async_op=async_op), piece
         r = self.env.rank
         u.flat[r * u.chunk:(r + 1) * u.chunk].copy_(piece)
+        if self.cfg.algo == "direct":
+            if async_op:
+                return direct_all_gather(u.flat, async_op=True), piece
+            direct_all_gather(u.flat)
+            return None, piece
         ring_textbook_all_gather(u.flat)
         return None, piece
 

@@ -153,3 +153,20 @@ def test_a_zero_stage_three_run_stopped_on_4_ranks_finishes_on_3_as_an_unsharded
     a = torch.load(tmp_path / "zero3" / "model.pt", weights_only=True)
     b = torch.load(tmp_path / "flat" / "model.pt", weights_only=True)
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
+
+
+def test_shards_that_do_not_fit_this_run_are_refused_in_one_line():
+    """At the same world size a rank loads its own optimizer shards: a checkpoint written with other
+    buckets (another sync.bucket_cap_mb, or stage 1's single shard of earlier versions) is refused."""
+    from types import SimpleNamespace
+
+    from ddp_lab.checkpoint.state import restore
+    from ddp_lab.config import ConfigError
+
+    pieces = [torch.zeros(2, requires_grad=True) for _ in range(3)]
+    tr = SimpleNamespace(sync=SimpleNamespace(shards=True, parameters=lambda: pieces))
+    own = {"optimizer": {"state": {}, "param_groups": [{"params": [0]}]}}
+    with pytest.raises(ConfigError, match=r"^this checkpoint's optimizer state does not fit this run's shards \(it "
+                                          r"steps 1 shard\(s\) a rank, this run 3\): resume it with the "
+                                          r"sync.zero_stage and sync.bucket_cap_mb that wrote it$"):
+        restore(tr, {"world_size": 2}, own)

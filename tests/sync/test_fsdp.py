@@ -115,7 +115,7 @@ def test_rank_zero_gets_the_whole_state_dict(results):
 
 @pytest.mark.parametrize("extra,says", [
     ({"algo": "ring_textbook"}, r"^sync.algo=ring_textbook cannot run inside torch's FSDP2: sync.mode=fsdp takes "
-                                r"sync.algo=builtin \(sync.mode=zero runs ring_textbook\)$"),
+                                r"sync.algo=builtin \(sync.mode=zero runs ring_textbook and direct\)$"),
     ({"compress": "bf16"}, r"^sync.compress=bf16 is not built for sync.mode=fsdp: use sync.compress=none$"),
 ])
 def test_what_fsdp_cannot_do_is_refused_in_one_line(extra, says):

@@ -4,7 +4,8 @@
 Every case trains a few steps at 2 and 3 ranks against one process on the whole global batch
 and against sync.mode=flat (the all-reduce every other mode is tested equal to one process
 with): LeNet under SGD with momentum and weight decay and under AdamW, with grad_accum=2, and
-the small GPT (tied embedding) under AdamW; each with torch's collectives and with ours.
+the small GPT (tied embedding) under AdamW; each with torch's collectives and with our ring (and with
+our direct ones where a case accumulates or clips).
 AdamW divides by the root of its second moment, so where a gradient is near zero the float
 sums of N ranks (in another order than one process's) move a weight further than under SGD:
 1e-5 from one process under SGD, 1e-4 under AdamW, and 1e-6 from flat (but clipped under AdamW).
@@ -41,7 +42,7 @@ OPTIMIZERS = {
 CASES = [(f"{m}/{o}/accum{k}/{a}" + (f"/clip{c}" if c else ""), m, o, k, a, c)
          for m, o, k, c in (("lenet", "sgd", 1, 0), ("lenet", "adamw", 2, 0), ("gpt", "adamw", 1, 0),
                             ("lenet", "sgd", 1, 0.5), ("gpt", "adamw", 1, 0.5))
-         for a in ("builtin", "ring_textbook")]
+         for a in ("builtin", "ring_textbook", "direct") if a != "direct" or (k, c) != (1, 0)]
 
 
 def zero_cfg(algo="builtin", stage=1, **extra):
@@ -171,26 +172,27 @@ def test_every_case_takes_the_steps_of_one_process(results, stage):
             assert all(abs(a - b) < 1e-4 * b for x in ranks for a, b in zip(x[name]["norms"], r["ref_norms"]))
             assert max(r["ref_norms"]) > clip, (name, r["ref_norms"])
         assert r["ref_diff"] < (1e-5 if optimizer == "sgd" else 1e-4), (n, name, r["ref_diff"])
-        # (clipped: the norm summed over shards, not over parameters, scales by a hair's other factor;
-        # stages 2 and 3 lay their buffers out in reverse, padded per bucket or unit, so at 3 ranks gloo sums
-        # an element in another rank order than flat's, and they sum each micro-batch: AdamW amplifies all
-        # as the sums' order)
-        apart = optimizer == "adamw" and (clip or stage >= 2)
+        # (every stage lays its buffers out in reverse, padded per bucket or unit, so at 3 ranks gloo sums an
+        # element in another rank order than flat's; direct sums in rank order, gloo not; clipped, the norm
+        # summed over shards scales by a hair's other factor: AdamW amplifies all as the sums' order)
+        apart = optimizer == "adamw"
         assert r["flat_diff"] < (1e-4 if apart else 1e-6), (n, name, r["flat_diff"])
         assert {x[name]["sha1"] for x in ranks} == {r["sha1"]}, (n, name)  # every rank the same weights
 
 
 def test_each_rank_holds_one_nth_of_the_optimizer_state(results):
     n, ranks = results
-    for name, _, optimizer, _, algo, _ in CASES:
+    for name, kind, optimizer, _, algo, _ in CASES:
         r, name = ranks[0][name, 1], (name, 1)
-        assert r["shard"] == -(-r["numel"] // n)  # the parameters in N equal shards, the last padded
+        assert r["padded"] == n * r["shard"] >= r["numel"]  # stage 2's buckets, each in N equal chunks
         per_element = {"sgd": 4, "adamw": 8}[optimizer]  # the momentum; AdamW's two moments (fp32)
         assert r["ref_state_bytes"] == per_element * r["numel"], name
         for x in ranks:
             assert x[name]["state_bytes"] == per_element * r["shard"], name
         assert r["describe"] == f"zero1/{algo}"
-        assert r["wire_bytes"] == 4 * r["shard"] * n * STEPS, name  # one all-reduce's worth a step
+        assert r["wire_bytes"] == 4 * r["shard"] * n * STEPS, name  # one all-reduce's worth a step, accumulating or not
+        for x in ranks:
+            assert x[name]["grads_left"] == r["grads_left"] == len(list(_model(kind).parameters())), name  # whole
         # ZeRO stage 1 in fp32: the whole (padded) weights and gradients, 1/N of the optimizer state
         whole = 4 * r["shard"] * n
         assert r["model_state"] == {"weights": whole, "grads": whole, "optimizer": per_element * r["shard"],

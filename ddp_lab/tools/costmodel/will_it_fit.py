@@ -18,7 +18,7 @@ each, it prints for DDP and ZeRO stages 1, 2 and 3:
   --compute-ms the step: compute plus communication, none of it overlapped (an upper bound).
   A reduce-scatter is priced as the run's collectives send it: torch's on gloo (sync.algo=builtin
   on CPU) is an all-reduce that keeps one chunk (pytorch#118911), twice a ring's bytes; ours
-  (sync.algo=ring_textbook) and NCCL's are a ring's.
+  (sync.algo=ring_textbook or direct: the same bytes) and NCCL's are a ring's.
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def wire_seconds(strategy: str, ranks: int, grad_bytes: int, alpha: float, beta:
 def reduce_scatter_of(cfg) -> str:
     """How the run's reduce-scatter travels: "all-reduce" for torch's on gloo, else "ring"."""
     if cfg.sync.algo != "builtin":
-        return "ring"  # ours (sync.algo=ring_textbook)
+        return "ring"  # ours (sync.algo=ring_textbook or direct: a ring's bytes)
     backend = cfg.dist.backend
     if backend == "auto":
         import torch
