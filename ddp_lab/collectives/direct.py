@@ -85,11 +85,8 @@ def direct_reduce_scatter(tensor: torch.Tensor, group: dist.ProcessGroup | None 
     works = _post([(incoming[p], p) for p in peers], [(wire[chunk(p)], p) for p in peers], group)
 
     def finish() -> torch.Tensor:
-        parts = [wire[mine] if p == rank else incoming[p] for p in range(n)]
-        total = parts[0].clone()
-        for part in parts[1:]:  # in rank order, as one process adds them, on whichever rank owns the chunk
-            total.add_(part)
-        wire[mine].copy_(total)
+        for p in sorted(incoming):  # into this rank's own numbers, then the others in rank order
+            wire[mine].add_(incoming[p])
         if wire is not flat:
             flat[mine].copy_(wire[mine])
         return flat[mine]
