@@ -67,6 +67,7 @@ from ddp_lab.tools.costmodel.formulas import (
     MODELS,
     Params,
     coefficients,
+    direct,
     get_model,
     halving_doubling,
     naive,
@@ -77,7 +78,7 @@ from ddp_lab.tools.costmodel.prediction import Gradient, Prediction, measure_com
 
 __all__ = [
     "CSV_COLUMNS", "Fit", "Gradient", "MODELS", "Params", "Point", "Prediction", "coefficients",
-    "contention", "expand_inputs", "fit", "fit_mixed", "get_model", "halving_doubling",
+    "contention", "direct", "expand_inputs", "fit", "fit_mixed", "get_model", "halving_doubling",
     "measure_compute_s", "measure_gamma", "naive", "nnls", "predict", "read_points",
     "resolve_gradient", "ring", "run", "tree", "validate",
 ]

@@ -50,6 +50,13 @@ def ring_all_gather(p: int, n: float, alpha: float, beta: float, gamma: float) -
     return (p - 1) * alpha + (p - 1) / p * n * beta
 
 
+def direct(p: int, n: float, alpha: float, beta: float, gamma: float) -> float:
+    """Every chunk straight to its owner, then every sum to every rank, each phase one step of
+    p-1 messages at once: 2 alpha + 2(p-1)/p N beta + (p-1)/p N gamma, on a switch whose links
+    all carry their share at once (a rank's p-1 messages then share its link: the ring's bytes)."""
+    return 2 * alpha + 2 * (p - 1) / p * n * beta + (p - 1) / p * n * gamma if p > 1 else 0.0
+
+
 def halving_doubling(p: int, n: float, alpha: float, beta: float, gamma: float) -> float:
     """Rabenseifner: recursive-halving reduce-scatter + recursive-doubling all-gather.
 
@@ -91,6 +98,7 @@ MODELS: dict[str, Callable[[int, float, float, float, float], float]] = {
     "tree": tree,
     "ring_textbook": ring,
     "halving_doubling_textbook": halving_doubling,
+    "direct": direct,
 }
 
 

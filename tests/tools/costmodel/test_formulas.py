@@ -57,6 +57,13 @@ def test_models_table_names_match_the_benchmark():
     assert cm.MODELS["builtin"] is cm.ring and "tree" in cm.MODELS
 
 
+def test_direct_pays_two_latencies_and_the_rings_bytes():
+    # p=4, N=8e6 bytes, alpha 1e-4 s, beta 1e-9 s/B, gamma 2e-10 s/B: 2 alpha, 2 x 3/4 N beta, 3/4 N gamma
+    assert cm.direct(4, 8e6, 1e-4, 1e-9, 2e-10) == pytest.approx(2e-4 + 1.2e-2 + 1.2e-3)
+    assert cm.direct(64, 8e6, 1e-4, 1e-9, 0) == pytest.approx(cm.ring(64, 8e6, 1e-4, 1e-9, 0) - 124e-4)
+    assert cm.direct(1, 8e6, 1, 1, 1) == 0  # one rank sends nothing
+
+
 def test_predictions_grow_with_world_size_and_message_size():
     params = cm.Params(ALPHA, BETA, GAMMA)
     for name, model in cm.MODELS.items():
