@@ -24,12 +24,13 @@ What carries over, and what is guaranteed:
   file, and the resumed run stays bit-identical.
 
 * ZeRO's optimizer state (sync.mode=zero, every stage) is each rank's own
-  file: its parameter i is chunk r of a group (stage 1: the whole flat
-  buffer; 2: a bucket; 3: a unit) padded to N chunks, and the groups are the
-  same at any N. Each new rank reads every old rank's state, joins each
-  tensor over them, cuts the padding off and takes its chunk of the group
-  padded to M (reshard_zero_state). fsdp's (DTensors) is refused at another
-  world size in one line.
+  file: its parameter i is chunk r of a group (stages 1 and 2: a bucket; 3:
+  a unit) padded to N chunks, and the groups are the same at any N. Each new
+  rank reads every old rank's state, joins each tensor over them, cuts the
+  padding off and takes its chunk of the group padded to M
+  (reshard_zero_state). fsdp's (DTensors: rank r's rows of each parameter)
+  are joined and cut again the same way, by the parameter's rows
+  (FSDPSync.reshard_optimizer_state).
 
 Why not torch.distributed.checkpoint (DCP): DCP saves each rank's shard of
 every tensor with a global plan and reshards on load, which is what sharded

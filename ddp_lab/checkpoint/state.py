@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 
-from ddp_lab.checkpoint.reshard import reshard_zero_state
 from ddp_lab.checkpoint.rng import rng_state, set_rng_state
 from ddp_lab.config import ConfigError
 
@@ -51,13 +50,12 @@ def own_state(tr) -> dict:
 def restore(tr, shared: dict, own: dict) -> None:
     """Put a checkpoint's state back into a freshly built Trainer."""
     if tr.sync.shards and "optimizer" not in own:  # another world size: every old rank's shard, resharded
-        sizes = getattr(tr.sync, "group_sizes", None)
-        if "optimizers" not in own or sizes is None:
-            raise ConfigError(f"this checkpoint holds the optimizer state in {shared['world_size']} shards "
-                              f"(sync.mode=fsdp): resume it at {shared['world_size']} ranks")
+        reshard = getattr(tr.sync, "reshard_optimizer_state", None)
+        if "optimizers" not in own or reshard is None:
+            raise ConfigError(f"this checkpoint holds the optimizer state in {shared['world_size']} shards, "
+                              f"which this run cannot cut again: resume it at {shared['world_size']} ranks")
         try:
-            own = {**own, "optimizer": reshard_zero_state(own["optimizers"], sizes(), tr.env.rank,
-                                                          tr.env.world_size)}
+            own = {**own, "optimizer": reshard(own["optimizers"], tr.optimizer)}
         except ValueError as e:
             raise ConfigError(f"this checkpoint's optimizer state does not fit this run's shards ({e}): resume "
                               f"it with the sync.zero_stage and sync.bucket_cap_mb that wrote it") from None

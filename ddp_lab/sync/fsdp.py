@@ -13,7 +13,8 @@ reduce-scatter with ReduceOp.AVG summed (pytorch#162338, open when this was writ
 
 The parameters, gradients and the optimizer's state are DTensors: this rank's optimizer steps
 its own rows, and its state is checkpointed by this rank (a DTensor saves and loads with
-`torch.load(weights_only=True)`). model_state_dict() gathers the whole state_dict on rank 0
+`torch.load(weights_only=True)`); at another world size every old rank's rows are joined and cut
+again (reshard_optimizer_state). model_state_dict() gathers the whole state_dict on rank 0
 for state.pt and model.pt, as torch.distributed.checkpoint's full_state_dict option does.
 """
 from __future__ import annotations
@@ -112,6 +113,32 @@ class FSDPSync(ReplicaSync):
     def load_model_state_dict(self, model: nn.Module, state: dict) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
         set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+
+    def reshard_optimizer_state(self, states: list[dict], optimizer) -> dict:
+        """This rank's optimizer state from every rank's of a run at another world size: each state tensor's
+        rows joined over the old ranks (FSDP2 keeps rank r's chunk of dim 0, torch.chunk's, unpadded), then cut
+        as this run shards its parameter. ValueError where a tensor does not match its parameter."""
+        from torch.distributed.tensor import DTensor
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if any(len(s["param_groups"][0]["params"]) != len(params) for s in states):
+            raise ValueError(f"the checkpoint's optimizer steps {len(states[0]['param_groups'][0]['params'])} "
+                             f"parameters, this run {len(params)}")
+        state = {}
+        for i, p in enumerate(params):
+            state[i] = {}
+            for key, value in states[0]["state"].get(i, {}).items():
+                if not (isinstance(value, torch.Tensor) and value.dim() > 0):  # AdamW's step: every rank's
+                    state[i][key] = value
+                    continue
+                whole = torch.cat([local(s["state"][i][key]) for s in states])
+                chunks = torch.chunk(whole, self.env.world_size) if whole.shape == p.shape else ()
+                mine = chunks[self.env.rank] if self.env.rank < len(chunks) else whole[:0]
+                if mine.shape != local(p).shape:
+                    raise ValueError(f"{key} of parameter {i} joins to {tuple(whole.shape)}, the parameter is "
+                                     f"{tuple(p.shape)}")
+                state[i][key] = DTensor.from_local(mine.clone(), p.device_mesh, p.placements, run_check=False,
+                                                   shape=p.shape, stride=p.stride())
+        return {"state": state, "param_groups": states[0]["param_groups"]}
 
     def describe(self) -> str:
         return "fsdp/builtin"

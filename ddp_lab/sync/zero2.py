@@ -116,6 +116,11 @@ class Zero2Sync(ReplicaSync):
         """The unpadded elements of each bucket (stage 3: unit), as parameters() lists their chunks."""
         return [sum(p.numel() for p in b) for b in self.buckets]
 
+    def reshard_optimizer_state(self, states: list[dict], optimizer) -> dict:
+        """This rank's optimizer state from every rank's of a run at another world size (checkpoint/reshard.py)."""
+        from ddp_lab.checkpoint.reshard import reshard_zero_state
+        return reshard_zero_state(states, self.group_sizes(), self.env.rank, self.env.world_size)
+
     def no_sync(self):
         return position.collective("gradient sync")  # every micro-batch reduce-scatters (see above)
 

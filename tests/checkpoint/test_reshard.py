@@ -130,14 +130,15 @@ def test_zero_optimizer_shards_are_cut_again_for_another_world_size(before, afte
 
 
 @pytest.mark.system
-def test_a_zero_stage_three_run_stopped_on_4_ranks_finishes_on_3_as_an_unsharded_one(tiny_fmnist, tmp_path):
-    """SGD's momentum sharded 4 ways, resharded 3 ways, ends where sync=flat (every rank the whole state,
-    rank 0's loaded) stopped and resumed the same way ends: within the sums' order, where a lost momentum
-    would move the weights by about 1e-3. (Both end 1.6e-4 from a run on 4 ranks throughout: 3 ranks
-    sum the same gradients in another order.)"""
+def test_zero_stage_three_and_fsdp_runs_stopped_on_4_ranks_finish_on_3_as_an_unsharded_one(tiny_fmnist, tmp_path):
+    """SGD's momentum sharded 4 ways (ours: flat chunks of each unit; FSDP2: rows of each parameter, as
+    DTensors), resharded 3 ways, ends where sync=flat (every rank the whole state, rank 0's loaded) stopped
+    and resumed the same way ends: within the sums' order, where a lost momentum would move the weights by
+    about 1e-3. (All end 1.6e-4 from a run on 4 ranks throughout: 3 ranks sum the same gradients in another
+    order.)"""
     from concurrent.futures import ThreadPoolExecutor
     common = ["data.batch_size=96", "trainer.amp=off", "optim.schedule=constant", "dist.timeout_s=120"]
-    syncs = {"zero3": ["sync=zero", "sync.zero_stage=3"], "flat": ["sync=flat"]}
+    syncs = {"zero3": ["sync=zero", "sync.zero_stage=3"], "fsdp": ["sync=fsdp"], "flat": ["sync=flat"]}
 
     def launch(name, nproc, *extra):
         return run_module("ddp_lab.train", tiny_overrides(tiny_fmnist, tmp_path / name) + common + syncs[name] +
@@ -149,10 +150,11 @@ def test_a_zero_stage_three_run_stopped_on_4_ranks_finishes_on_3_as_an_unsharded
         for rest in pool.map(lambda n: launch(n, 3, "trainer.resume=auto"), syncs):
             assert rest.returncode == 0, rest.stderr[-3000:]
             assert "(step 8, epoch 2, batch 2) on 3 ranks, written by 4" in rest.stdout
-    assert read_summary(tmp_path / "zero3")["world_sizes"] == [[0, 4], [8, 3]]
-    a = torch.load(tmp_path / "zero3" / "model.pt", weights_only=True)
     b = torch.load(tmp_path / "flat" / "model.pt", weights_only=True)
-    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
+    for sharded in ("zero3", "fsdp"):
+        assert read_summary(tmp_path / sharded)["world_sizes"] == [[0, 4], [8, 3]]
+        a = torch.load(tmp_path / sharded / "model.pt", weights_only=True)
+        assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6, sharded
 
 
 def test_shards_that_do_not_fit_this_run_are_refused_in_one_line():
