@@ -59,7 +59,7 @@ class SyncConfig:
                           rule="1, 2 or 3")
     shard_units: str = key("", "zero stage 3, fsdp: comma-separated class names of the modules gathered one "
                                "at a time (e.g. Block); empty: the top-level children and a ModuleList's")
-    prefetch: bool = key(True, "zero stage 3 with sync.algo=builtin: start the next unit's gather while this "
+    prefetch: bool = key(True, "zero stage 3 with sync.algo=builtin or direct: start the next unit's gather while this "
                                "one computes (false: each unit gathered when it is needed)")
     every: int = key(8, "local_sgd, diloco: steps between synchronisations of the weights (H)",
                      at_least=1)

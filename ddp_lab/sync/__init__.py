@@ -28,7 +28,8 @@ default: flat on CPU ranks, ddp on GPU ranks; see resolve_mode), one file each:
 (``dist.all_reduce``: gloo or NCCL) or one of ddp_lab.collectives' point-to-
 point algorithms: ``ring_textbook`` and ``halving_doubling_textbook`` as the
 textbook writes them, ``ring`` and ``halving_doubling`` tuned for speed,
-``naive``.
+``naive``, and ``direct`` (every chunk straight to its owner: the one whose two
+halves sync.mode=zero runs in the background).
 
 ``sync.compress`` -- ``none``, or ``bf16`` / ``fp16``: the buffer is cast to
 the 16-bit type and divided by the world size, that is all-reduced (half the

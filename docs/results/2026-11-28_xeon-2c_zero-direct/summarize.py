@@ -8,23 +8,29 @@ from pathlib import Path
 
 here = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent)
 LINK = 0.125  # GB/s each way
-busbw: dict = {}
-for f in sorted((here / "bench").glob("*/collectives.csv")):
-    hosts = f.parent.name.split("-")[1]
-    for row in csv.DictReader(f.open()):
-        assert row["wrong"] == "0", (f, row)
-        key = (row.get("collective", "all_reduce"), hosts, int(row["size_bytes"]) >> 20, row["algo"])
-        busbw.setdefault(key, []).append(float(row["busbw_gbps"]))
-print("| collective | hosts | MiB | builtin (gloo) | ring_textbook | direct | direct / link | direct / gloo |")
-print("|---|---|---:|---:|---:|---:|---:|---:|")
-for coll, hosts, mib in sorted({k[:3] for k in busbw}, key=lambda k: (k[0] != "reduce_scatter", k[0], k[1], k[2])):
-    cells, med = [], {}
-    for algo in ("builtin", "ring_textbook", "direct"):
-        v = busbw.get((coll, hosts, mib, algo), [])
-        med[algo] = statistics.median(v) if v else float("nan")
-        cells.append(f"{med[algo]:.4f} ({min(v):.4f}-{max(v):.4f})" if len(v) > 1 else f"{med[algo]:.4f}")
-    print(f"| {coll} | {hosts} | {mib} | {' | '.join(cells)} | {med['direct'] / LINK:.0%} | "
-          f"{med['direct'] / med['builtin']:.2f} |")
+def busbw_table(folder: str, algos: tuple) -> None:
+    busbw: dict = {}
+    for f in sorted((here / folder).glob("*/collectives.csv")):
+        hosts = f.parent.name.split("-")[1]
+        for row in csv.DictReader(f.open()):
+            assert row["wrong"] == "0", (f, row)
+            key = (row.get("collective", "all_reduce"), hosts, int(row["size_bytes"]) >> 20, row["algo"])
+            busbw.setdefault(key, []).append(float(row["busbw_gbps"]))
+    print(f"| collective | hosts | MiB | {' | '.join(algos)} | direct / link | direct / builtin |")
+    print("|---|---|---:|" + "---:|" * (len(algos) + 2))
+    for coll, hosts, mib in sorted({k[:3] for k in busbw}, key=lambda k: (k[0] != "reduce_scatter", k)):
+        cells, med = [], {}
+        for algo in algos:
+            v = busbw.get((coll, hosts, mib, algo), [])
+            med[algo] = statistics.median(v) if v else float("nan")
+            cells.append(f"{med[algo]:.4f} ({min(v):.4f}-{max(v):.4f})" if len(v) > 1 else f"{med[algo]:.4f}")
+        print(f"| {coll} | {hosts} | {mib} | {' | '.join(cells)} | {med['direct'] / LINK:.0%} | "
+              f"{med['direct'] / med['builtin']:.2f} |")
+    print()
+
+
+busbw_table("bench", ("builtin", "ring_textbook", "direct"))
+busbw_table("bench-again", ("builtin", "direct"))
 
 runs: dict = {}
 by_repeat: dict = {}  # strategy -> repeat -> step ms
@@ -40,7 +46,6 @@ for algo, suffix in (("builtin", ""), ("direct", "-direct")):
         f = line.split()
         if f and f[0] in ("ddp", "zero1", "zero2", "zero3") and len(f) >= 7:
             predicted[f[0] + suffix] = float(f[6])
-print()
 print("| sync | step ms, median (range) of 3 | / DDP's | / DDP's in the same repeat: median (range) "
       "| comm ms a step (median) | cost model's ms | error |")
 print("|---|---|---:|---|---:|---:|---:|")
