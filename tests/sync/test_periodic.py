@@ -195,6 +195,8 @@ RESUMED = {
     "powersgd": ["sync=powersgd", "sync.powersgd_start_step=4"],
     "zero": ["sync=zero", "sync.algo=ring_textbook", "optim=adamw"],  # each rank its shard of AdamW's state
     "zero2": ["sync=zero", "sync.zero_stage=2", "optim=adamw"],  # and of the gradients, sent in the backward
+    # the weights' all-gather left under way after each step (the forward waits, and so does the checkpoint)
+    "zero2_direct": ["sync=zero", "sync.zero_stage=2", "sync.algo=direct", "optim=adamw"],
     "zero3": ["sync=zero", "sync.zero_stage=3", "sync.algo=ring_textbook", "optim=adamw"],  # and of the weights
     "fsdp": ["sync=fsdp", "optim=adamw"],  # torch's FSDP2: its DTensors saved by each rank
 }
