@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.collectives.basics import TORCH_ALL_GATHER
+from ddp_lab.collectives.direct import Pending
 
 BLOCK = 64  # numbers sharing one scale
 BITS = {"int8": 8, "int4": 4}
@@ -72,6 +73,15 @@ def message_bytes(numel: int, bits: int) -> int:
 def quantized_mean_(flat: torch.Tensor, compress: str, group: dist.ProcessGroup | None = None) -> int:
     """flat (1-D float) <- the mean of every rank's flat, sent in BITS[compress] bits; the bytes of the
     whole quantized buffer (what an all-reduce of it would be counted as: summary.json's convention)."""
+    pending, sent = start_quantized_mean(flat, compress, group)
+    pending.wait()
+    return sent
+
+
+def start_quantized_mean(flat: torch.Tensor, compress: str, group: dist.ProcessGroup | None = None):
+    """quantized_mean_ with its all-to-all under way when it returns: (a Pending whose wait() finishes
+    it, the all-gather included, and leaves the mean in flat; the bytes). What DiLoCo's sync.overlap
+    sends; flat must not change until the wait."""
     bits, n = BITS[compress], dist.get_world_size(group)
     chunk = -(-flat.numel() // (n * BLOCK)) * BLOCK  # each rank's chunk, whole blocks
     padded = torch.zeros(n * chunk, dtype=torch.float32, device=flat.device)
@@ -79,10 +89,13 @@ def quantized_mean_(flat: torch.Tensor, compress: str, group: dist.ProcessGroup 
     mine = padded.view(n, chunk)
     send = torch.stack([_pack(mine[j], bits) for j in range(n)])  # row j: for rank j
     recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=group)  # row j: rank j's piece of my chunk
-    mean = sum(_unpack(recv[j], chunk, bits) for j in range(n)) / n  # summed in fp32
-    gathered = torch.empty_like(send)
-    TORCH_ALL_GATHER(gathered.view(-1), _pack(mean, bits), group=group)
-    whole = torch.cat([_unpack(gathered[j], chunk, bits) for j in range(n)])
-    flat.copy_(whole[:flat.numel()])
-    return n * message_bytes(chunk, bits)
+    work = dist.all_to_all_single(recv, send, group=group, async_op=True)  # row j: rank j's piece of my chunk
+
+    def finish() -> torch.Tensor:
+        mean = sum(_unpack(recv[j], chunk, bits) for j in range(n)) / n  # summed in fp32
+        gathered = torch.empty_like(send)
+        TORCH_ALL_GATHER(gathered.view(-1), _pack(mean, bits), group=group)
+        whole = torch.cat([_unpack(gathered[j], chunk, bits) for j in range(n)])
+        return flat.copy_(whole[:flat.numel()])
+
+    return Pending([work], finish), n * message_bytes(chunk, bits)

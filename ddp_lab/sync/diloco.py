@@ -30,7 +30,9 @@ anchor, and each rank mixes it into the weights it has reached since:
 weights <- mix * weights + (1 - mix) * anchor (sync.overlap_mix; 0: replaced).
 With TAU=0 nothing changes: the code path is the one above. An evaluation
 scores the anchor; a checkpoint taken while an all-reduce travels keeps what
-this rank sent, and a resumed run sends it again, so it resumes bit for bit.
+this rank sent, and a resumed run sends it again, so it resumes bit for bit. Under
+sync.compress=int8|int4 the quantized mean's all-to-all travels in the background
+and its all-gather (half the bytes) runs when the outer step lands.
 """
 from __future__ import annotations
 
@@ -41,8 +43,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddp_lab.collectives.quantized import start_quantized_mean
 from ddp_lab.distributed import DistEnv
-from ddp_lab.sync.base import COMPRESS_DTYPES
+from ddp_lab.sync.base import COMPRESS_DTYPES, QUANTIZED
 from ddp_lab.sync.local_sgd import LocalSGDSync, average_into, kept
 from ddp_lab.telemetry import position
 
@@ -82,7 +85,14 @@ class DiLoCoSync(LocalSGDSync):
 
     def _send(self, outer_grad: torch.Tensor, step: int) -> None:
         """Start the all-reduce of this rank's outer gradient (flat), in sync.compress's dtype (divided
-        first, as _average does: a 16-bit sum cannot overflow)."""
+        first, as _average does: a 16-bit sum cannot overflow), or its quantized mean (int8, int4: the
+        all-to-all under way, the all-gather when it lands)."""
+        if self.cfg.compress in QUANTIZED:
+            wire = outer_grad.to(torch.float32, copy=True)  # (outer_grad kept as it was sent)
+            pending, sent = start_quantized_mean(wire, self.cfg.compress)
+            self.wire_bytes += sent
+            self.sent = InFlight(pending, wire, outer_grad, step)
+            return
         dtype = COMPRESS_DTYPES.get(self.cfg.compress) or outer_grad.dtype
         wire = outer_grad.to(dtype, copy=True).div_(self.env.world_size)  # (outer_grad kept as it was sent)
         self.wire_bytes += wire.numel() * wire.element_size()

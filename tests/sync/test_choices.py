@@ -120,7 +120,7 @@ def _build_auto(rank: int, world_size: int):
 
 @pytest.mark.parametrize("extra,says", [
     (dict(mode="flat"), r"sync.overlap=2 sends DiLoCo's outer gradient in the background .* not sync.mode=flat"),
-    (dict(compress="int4"), r"sync.compress none, bf16 or fp16, not .* sync.compress=int4"),
+    (dict(algo="ring"), r"sync.overlap=2 sends .* on torch's collectives: .* not sync.mode=diloco sync.algo=ring$"),
     (dict(every=2), r"sync.overlap=2 must be less than sync.every=2"),
 ])
 def test_an_overlap_diloco_cannot_serve_is_refused_in_one_line(extra, says):

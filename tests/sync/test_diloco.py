@@ -169,12 +169,12 @@ def _compressed(rank: int, world_size: int) -> dict:
     g = torch.Generator().manual_seed(4)
     x, y = torch.randn(2 * H, N, BATCH, 32, generator=g), torch.randint(0, 10, (2 * H, N, BATCH), generator=g)
     env, out = DistEnv(rank, world_size, 0, CPU, "gloo"), {}
-    for compress in ("none", "int8", "int4"):
+    for compress, overlap in (("none", 0), ("int8", 0), ("int4", 0), ("none", 1), ("int4", 1)):
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
         start = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         sync = build_sync(sync_cfg("diloco", compress=compress, every=H, outer_lr=LR, outer_momentum=MU,
-                                   local_sgd_start_step=0), model, env)
+                                   local_sgd_start_step=0, overlap=overlap), model, env)
         opt = _inner(model.parameters())
         for step in range(2 * H):
             F.cross_entropy(sync.module(x[step, rank]), y[step, rank]).backward()
@@ -182,8 +182,10 @@ def _compressed(rank: int, world_size: int) -> dict:
             opt.zero_grad()
             sync.after_step(step + 1)
         weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-        out[compress] = {"weights": weights.numpy(), "moved": (weights - start).norm().item(),
-                         "bytes": sync.wire_bytes, "describe": sync.describe()}
+        anchor = torch.cat([a.reshape(-1) for a in sync.anchor])
+        out[compress + ("+overlap" if overlap else "")] = {
+            "weights": weights.numpy(), "moved": (weights - start).norm().item(), "anchor": anchor.numpy(),
+            "anchor_moved": (anchor - start).norm().item(), "bytes": sync.wire_bytes, "describe": sync.describe()}
     return out
 
 
@@ -197,3 +199,16 @@ def test_outer_gradients_in_8_and_4_bits_stay_near_fp32s_for_a_quarter_and_a_sev
         assert 0 < off < close * full["moved"], (compress, off, full["moved"])
         assert full["bytes"] / got["bytes"] > fewer, (compress, full["bytes"], got["bytes"])
         assert got["describe"].endswith(f"+{compress}")
+
+
+def test_overlapped_outer_gradients_in_4_bits_land_as_the_blocking_ones_would():
+    """sync.overlap=1 with int4: the quantized mean's all-to-all travels in the background and its
+    all-gather runs as the outer step lands. The anchor (the same on every rank) stays near the overlapped
+    fp32 anchor, as int4's does near fp32's, for int4's bytes."""
+    ranks = run_in_processes(_compressed, N, timeout=120)
+    full, got = ranks[0]["none+overlap"], ranks[0]["int4+overlap"]
+    assert all((r["int4+overlap"]["anchor"] == got["anchor"]).all() for r in ranks)
+    off = float(((got["anchor"] - full["anchor"]) ** 2).sum() ** 0.5)
+    assert 0 < off < 0.2 * full["anchor_moved"], (off, full["anchor_moved"])
+    assert got["bytes"] == ranks[0]["int4"]["bytes"]  # the same quantized messages, sent later
+    assert got["describe"].endswith("overlap 1 mix 0.5)+int4")

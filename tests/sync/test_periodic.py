@@ -192,6 +192,8 @@ RESUMED = {
     "diloco": ["sync=diloco", "sync.every=4"],
     # the outer gradient sent at step 8 lands at step 10: at step 9 it is on the wire, kept by each rank
     "diloco_overlap": ["sync=diloco", "sync.every=4", "sync.overlap=2"],
+    # the same in 4 bits: the quantized mean's all-to-all on the wire at step 9, sent again on resume
+    "diloco_overlap_int4": ["sync=diloco", "sync.every=4", "sync.overlap=2", "sync.compress=int4"],
     "powersgd": ["sync=powersgd", "sync.powersgd_start_step=4"],
     "zero": ["sync=zero", "sync.algo=ring_textbook", "optim=adamw"],  # each rank its shard of AdamW's state
     "zero2": ["sync=zero", "sync.zero_stage=2", "optim=adamw"],  # and of the gradients, sent in the backward

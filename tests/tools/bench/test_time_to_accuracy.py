@@ -72,7 +72,7 @@ def test_bad_arguments_are_refused(capsys, argv, says):
 
 
 @pytest.mark.parametrize("strategy,says", [
-    ("diloco:sync.compress=int4:sync.overlap=4", "sync.overlap=4 sends DiLoCo's outer gradient in the background"),
+    ("diloco:sync.overlap=4:sync.algo=ring", "sync.overlap=4 sends DiLoCo's outer gradient in the background"),
     ("local_sgd:sync.every=7", "trainer.eval_every_steps=40 must be a multiple of sync.every=7"),
     ("diloco:sync.no_such_key=1", "no_such_key"),
 ])
