@@ -49,22 +49,20 @@ def own_state(tr) -> dict:
 
 def restore(tr, shared: dict, own: dict) -> None:
     """Put a checkpoint's state back into a freshly built Trainer."""
-    if tr.sync.shards and "optimizer" not in own:  # another world size: every old rank's shard, resharded
+    if tr.sync.shards:  # this rank's own shards (at another world size: every old rank's, cut again)
         reshard = getattr(tr.sync, "reshard_optimizer_state", None)
-        if "optimizers" not in own or reshard is None:
+        if "optimizer" not in own and ("optimizers" not in own or reshard is None):
             raise ConfigError(f"this checkpoint holds the optimizer state in {shared['world_size']} shards, "
                               f"which this run cannot cut again: resume it at {shared['world_size']} ranks")
         try:
-            own = {**own, "optimizer": reshard(own["optimizers"], tr.optimizer)}
+            if "optimizer" not in own:
+                own = {**own, "optimizer": reshard(own["optimizers"], tr.optimizer)}
+            saved, steps = len(own["optimizer"]["param_groups"][0]["params"]), len(tr.sync.parameters())
+            if saved != steps:  # (other buckets: another sync.bucket_cap_mb, or stage 1 before its buckets)
+                raise ValueError(f"it steps {saved} shard(s) a rank, this run {steps}")
         except ValueError as e:
             raise ConfigError(f"this checkpoint's optimizer state does not fit this run's shards ({e}): resume "
                               f"it with the sync.zero_stage and sync.bucket_cap_mb that wrote it") from None
-    if tr.sync.shards and "optimizer" in own:  # this rank's own shards: as many as this run steps?
-        saved, steps = len(own["optimizer"]["param_groups"][0]["params"]), len(tr.sync.parameters())
-        if saved != steps:
-            raise ConfigError(f"this checkpoint's optimizer state does not fit this run's shards (it steps {saved} "
-                              f"shard(s) a rank, this run {steps}): resume it with the sync.zero_stage and "
-                              f"sync.bucket_cap_mb that wrote it")
     tr.sync.load_model_state_dict(tr.model, shared["model"])  # (sharded: each rank keeps its piece)
     if not tr.sync.shards:
         tr.optimizer.load_state_dict(shared["optimizer"])

@@ -1,6 +1,7 @@
 """What every hand-written all-reduce needs, textbook or tuned: the input
-checks, the chunk boundaries every rank agrees on, and, for the textbook
-ones, where the data travels from and a two-way exchange.
+checks, the chunk boundaries every rank agrees on, a collective left under
+way (Pending), and, for the textbook ones, where the data travels from and a
+two-way exchange.
 """
 from __future__ import annotations
 
@@ -47,6 +48,22 @@ def stages_through_host(tensor: torch.Tensor, group: dist.ProcessGroup | None) -
 # (the older names warn there): what sync.mode=zero and the benchmark call `builtin`
 TORCH_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 TORCH_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+class Pending:
+    """A collective under way (async_op=True): works posted and not yet waited for. wait() waits
+    for them all, then finishes the call (adds what arrived, copies a staged tensor back) and
+    returns what the call returns; a second wait() returns the same at once."""
+
+    def __init__(self, works: list, finish: Callable[[], torch.Tensor]):
+        self.works, self.finish, self.result = works, finish, None
+
+    def wait(self) -> torch.Tensor:
+        if self.finish is not None:
+            for work in self.works:
+                work.wait()
+            self.result, self.finish, self.works = self.finish(), None, []
+        return self.result
 
 
 def chunk_bounds(numel: int, parts: int) -> list[int]:

@@ -30,28 +30,10 @@ rate. Same signature and rules as the other all-reduces (ddp_lab.collectives).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.distributed as dist
 
-from ddp_lab.collectives.basics import check_tensor, chunk_bounds, group_rank, stages_through_host
-
-
-class Pending:
-    """Messages posted and not yet waited for. wait() waits for them all, then finishes the
-    call (adds what arrived, copies a staged tensor back) and returns what the call returns;
-    a second wait() returns the same at once."""
-
-    def __init__(self, works: list, finish: Callable[[], torch.Tensor]):
-        self.works, self.finish, self.result = works, finish, None
-
-    def wait(self) -> torch.Tensor:
-        if self.finish is not None:
-            for work in self.works:
-                work.wait()
-            self.result, self.finish, self.works = self.finish(), None, []
-        return self.result
+from ddp_lab.collectives.basics import Pending, check_tensor, chunk_bounds, group_rank, stages_through_host
 
 
 def _post(recvs: list[tuple[torch.Tensor, int]], sends: list[tuple[torch.Tensor, int]],

@@ -25,8 +25,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ddp_lab.collectives.basics import TORCH_ALL_GATHER
-from ddp_lab.collectives.direct import Pending
+from ddp_lab.collectives.basics import TORCH_ALL_GATHER, Pending
 
 BLOCK = 64  # numbers sharing one scale
 BITS = {"int8": 8, "int4": 4}

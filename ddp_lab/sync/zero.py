@@ -30,7 +30,7 @@ import contextlib
 import torch
 from torch import nn
 
-from ddp_lab.collectives.direct import Pending
+from ddp_lab.collectives.basics import Pending
 from ddp_lab.distributed import DistEnv
 from ddp_lab.sync.shards import clip_sharded, views_into
 from ddp_lab.sync.zero2 import Zero2Sync

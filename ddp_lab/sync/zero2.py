@@ -44,7 +44,7 @@ from ddp_lab.collectives import (
     ring_textbook_all_gather,
     ring_textbook_reduce_scatter,
 )
-from ddp_lab.collectives.direct import Pending
+from ddp_lab.collectives.basics import Pending
 from ddp_lab.distributed import DistEnv
 from ddp_lab.sync.base import ReplicaSync, broadcast_from_rank0
 from ddp_lab.sync.shards import clip_sharded, trainable_parameters, views_into
