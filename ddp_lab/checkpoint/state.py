@@ -32,7 +32,7 @@ def shared_state(tr, model: dict) -> dict:
             "sampler_seed": tr.cfg.seed, "world_size": tr.env.world_size,
             "total_steps": tr.total_steps, "last": dict(tr.last),
             "world_sizes": tr.world_sizes, **tr.meter.state_dict(),  # epoch_seconds, epoch_elapsed_s
-            "sync": tr.sync.state_dict(), "target": tr.target.state_dict(tr.sync.wire_bytes)}
+            "sync": tr.sync.state_dict(), "target": tr.target.state_dict(tr.sync.counts())}
 
 
 def own_state(tr) -> dict:

@@ -56,8 +56,10 @@ class ReplicaSync:
         self.env = env
         self.measuring = True  # count communication time of the current step
         # bytes this rank handed to all-reduces, counted at each call (a ring all-reduce
-        # then sends 2(N-1)/N of them out of the rank): summary.json's wire_bytes_per_step
+        # then sends 2(N-1)/N of them out of the rank): summary.json's wire_bytes_per_step;
+        # and the collectives that carried them, each paying the link's latency once
         self.wire_bytes = 0
+        self.collectives = 0
         self._seconds = 0.0
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
@@ -78,6 +80,25 @@ class ReplicaSync:
             return math.nan, math.nan
         comm = self.comm_seconds
         return 1000 * comm / steps, (comm / seconds if seconds > 0 else math.nan)
+
+    def count(self, nbytes: int, collectives: int = 1) -> None:
+        """Note `nbytes` handed to the network in `collectives` calls (ddp_lab.costmodel.strategies
+        prices both: the bytes by the link's bandwidth, each call by its latency)."""
+        self.wire_bytes += nbytes
+        self.collectives += collectives
+
+    def counts(self) -> dict[str, int]:
+        """What this launch handed to the network so far (summary.json's *_to_target, checkpoints)."""
+        return {"wire_bytes": self.wire_bytes, "collectives": self.collectives}
+
+    @contextlib.contextmanager
+    def uncounted(self):
+        """Collectives that are not a training step's (an evaluation's, a checkpoint's): not counted."""
+        was = self.wire_bytes, self.collectives
+        try:
+            yield
+        finally:
+            self.wire_bytes, self.collectives = was
 
     @contextlib.contextmanager
     def _timed(self):
@@ -203,7 +224,7 @@ class AveragingSync(ReplicaSync):
         """flat (1-D, contiguous) <- the mean of every rank's flat."""
         n = self.env.world_size
         if self.cfg.compress in QUANTIZED:  # (DiLoCo's outer gradients: sync.validate)
-            self.wire_bytes += quantized_mean_(flat, self.cfg.compress)
+            self.count(quantized_mean_(flat, self.cfg.compress), 2)  # an all-to-all, an all-gather
         elif self.wire_dtype is None or flat.dtype == self.wire_dtype:
             self._average_exact(flat)
         else:
@@ -211,13 +232,13 @@ class AveragingSync(ReplicaSync):
             wire = flat.to(self.wire_dtype).div_(n)
             self.allreduce(wire)
             flat.copy_(wire)
-            self.wire_bytes += wire.numel() * wire.element_size()
+            self.count(wire.numel() * wire.element_size())
 
     def _average_exact(self, flat: torch.Tensor) -> None:
         """flat <- the mean of every rank's flat, in its own dtype whatever sync.compress says."""
         self.allreduce(flat)
         flat.div_(self.env.world_size)
-        self.wire_bytes += flat.numel() * flat.element_size()
+        self.count(flat.numel() * flat.element_size())
 
     def describe(self) -> str:
         c = self.cfg.compress

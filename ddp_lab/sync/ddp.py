@@ -54,7 +54,7 @@ class DDPSync(AveragingSync):
             hook = _counting(me, default_hooks.allreduce_hook)  # DDP's own all-reduce, its bytes counted
             if cfg.compress == "powersgd":
                 self.powersgd = PowerSGD(cfg, list(self.module.parameters()),
-                                         lambda nbytes: me._count(nbytes), wait=env.backend == "gloo")
+                                         lambda nbytes, calls: me.count(nbytes, calls), wait=env.backend == "gloo")
                 hook = self.powersgd.hook
             elif cfg.compress != "none":
                 hook = _counting(me, {"bf16": default_hooks.bf16_compress_hook,
@@ -65,9 +65,6 @@ class DDPSync(AveragingSync):
         else:
             self.comm_timing = "hook"
             self.module.register_comm_hook(None, lambda state, bucket: me._hook(state, bucket))
-
-    def _count(self, nbytes: int) -> None:
-        self.wire_bytes += nbytes
 
     def state_dict(self) -> dict:
         return {"powersgd": self.powersgd.state_dict()} if self.powersgd else {}
@@ -101,7 +98,7 @@ def _counting(sync: DDPSync, torch_hook, wire_size: int | None = None):
     element if it compresses); it never waits."""
     def hook(state, bucket):
         buffer = bucket.buffer()
-        sync._count(buffer.numel() * (wire_size or buffer.element_size()))
+        sync.count(buffer.numel() * (wire_size or buffer.element_size()))
         return torch_hook(state, bucket)
     return hook
 

@@ -90,12 +90,12 @@ class DiLoCoSync(LocalSGDSync):
         if self.cfg.compress in QUANTIZED:
             wire = outer_grad.to(torch.float32, copy=True)  # (outer_grad kept as it was sent)
             pending, sent = start_quantized_mean(wire, self.cfg.compress)
-            self.wire_bytes += sent
+            self.count(sent, 2)  # an all-to-all, then an all-gather when it lands
             self.sent = InFlight(pending, wire, outer_grad, step)
             return
         dtype = COMPRESS_DTYPES.get(self.cfg.compress) or outer_grad.dtype
         wire = outer_grad.to(dtype, copy=True).div_(self.env.world_size)  # (outer_grad kept as it was sent)
-        self.wire_bytes += wire.numel() * wire.element_size()
+        self.count(wire.numel() * wire.element_size())
         self.sent = InFlight(dist.all_reduce(wire, async_op=True), wire, outer_grad, step)
 
     @torch.no_grad()

@@ -84,6 +84,8 @@ class FSDPSync(ReplicaSync):
         size = {id(p): p.numel() * p.element_size() for p in model.parameters()}
         whole, root = sum(size.values()), sum(n for i, n in size.items() if i not in map(id, in_units))
         self.gather_bytes, self.scatter_bytes = whole - root + root // 2, whole // 2
+        has_root = root > 0  # (each unit: one all-gather in the forward, one in the backward, one reduce-scatter)
+        self.gathers, self.scatters = 2 * len(self.units) + has_root, len(self.units) + has_root
         self.forwards = 0  # training forwards since the last after_backward
         model.register_forward_pre_hook(lambda *_: setattr(self, "forwards", self.forwards + torch.is_grad_enabled()))
 
@@ -99,7 +101,7 @@ class FSDPSync(ReplicaSync):
         return held()
 
     def after_backward(self) -> None:
-        self.wire_bytes += self.forwards * self.gather_bytes + self.scatter_bytes
+        self.count(self.forwards * self.gather_bytes + self.scatter_bytes, self.forwards * self.gathers + self.scatters)
         self.forwards = 0
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:

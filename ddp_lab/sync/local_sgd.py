@@ -76,9 +76,8 @@ class LocalSGDSync(FlatSync):
             return
         with kept(self.weights):
             with position.collective("weight sync for evaluation"):
-                sent = self.wire_bytes
-                self.synchronise()
-                self.wire_bytes = sent
+                with self.uncounted():
+                    self.synchronise()
             yield
 
     def state_dict(self) -> dict:

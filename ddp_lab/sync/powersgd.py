@@ -42,12 +42,12 @@ logging.getLogger(torch_powersgd.__name__).setLevel(logging.ERROR)
 class PowerSGD:
     """A DDP communication hook (`hook`) with the state around torch's PowerSGD."""
 
-    def __init__(self, cfg, params: list[torch.nn.Parameter], count_bytes, wait: bool):
+    def __init__(self, cfg, params: list[torch.nn.Parameter], count, wait: bool):
         self.state = torch_powersgd.PowerSGDState(
             process_group=None, matrix_approximation_rank=cfg.powersgd_rank,
             start_powerSGD_iter=cfg.powersgd_start_step, use_error_feedback=True, warm_start=True,
             random_seed=0)
-        self.count_bytes = count_bytes  # called with the bytes each call hands to all-reduce
+        self.count = count  # called with the bytes a bucket hands to all-reduces, and how many
         # gloo: the hook's next all-reduces (P, then Q) are issued from the callback of the last
         # one, on gloo's thread, while backward issues the next bucket's: ranks could issue them
         # in different orders and pair mismatched all-reduces. So each bucket finishes first.
@@ -64,11 +64,12 @@ class PowerSGD:
         self.orders[idx] = order
         size = bucket.buffer().element_size()
         if s.iter < s.start_powerSGD_iter:  # a plain all-reduce of the bucket
-            self.count_bytes(bucket.buffer().numel() * size)
+            self.count(bucket.buffer().numel() * size, 1)
             return torch_powersgd.powerSGD_hook(s, bucket)
         before = s.total_numel_after_compression
         fut = torch_powersgd.powerSGD_hook(s, bucket)
-        self.count_bytes((s.total_numel_after_compression - before) * size)
+        # three all-reduces a bucket: its uncompressed (1-D) tensors, then P, then Q
+        self.count((s.total_numel_after_compression - before) * size, 3)
         if self.wait:
             fut.wait()
         return fut

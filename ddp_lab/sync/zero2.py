@@ -154,7 +154,7 @@ class Zero2Sync(ReplicaSync):
         """Reduce-scatter bucket i's gradients."""
         with self._timed():
             c, flat = self.chunks[i], self._bucket_grads(i)
-            self.wire_bytes += flat.numel() * flat.element_size() // 2  # half an all-reduce's (as counted)
+            self.count(flat.numel() * flat.element_size() // 2)  # half an all-reduce's (as counted)
             if self.cfg.algo == "builtin":
                 out = torch.empty(c, dtype=flat.dtype, device=flat.device)
                 work = TORCH_REDUCE_SCATTER(out, flat, op=dist.ReduceOp.SUM, async_op=True)
@@ -190,7 +190,7 @@ class Zero2Sync(ReplicaSync):
 
     def after_step(self, step: int) -> None:
         """All-gather each bucket's new chunks (each rank stepped its own) into the weights."""
-        self.wire_bytes += self.weights.numel() * self.weights.element_size() // 2  # the other half
+        self.count(self.weights.numel() * self.weights.element_size() // 2, len(self.buckets))  # the other half
         with position.collective("weight sync"), self._timed(), torch.no_grad():
             for i in reversed(range(len(self.buckets))):  # the forward's order: its first bucket first
                 span = self.spans[i]

@@ -189,7 +189,7 @@ class Zero3Sync(Zero2Sync):
     def _start_gather(self, u: Unit, async_op: bool):
         """All-gather unit u's pieces into its flat weights: (work, its input), work None when done."""
         u.flat.untyped_storage().resize_(u.nbytes)
-        self.wire_bytes += u.nbytes // 2  # half an all-reduce's bytes (as counted)
+        self.count(u.nbytes // 2)  # half an all-reduce's bytes (as counted)
         piece = u.piece.detach()
         if self.cfg.algo == "builtin":  # (the input rides along: gloo reads it until the wait)
             piece = piece.clone()
@@ -227,10 +227,10 @@ class Zero3Sync(Zero2Sync):
         if self.whole:
             yield
             return
-        sent = self.wire_bytes
-        for u in self.forward:
-            self._gather(u)
-        self.wire_bytes, self.whole = sent, True
+        with self.uncounted():
+            for u in self.forward:
+                self._gather(u)
+        self.whole = True
         try:
             yield
         finally:
@@ -245,25 +245,24 @@ class Zero3Sync(Zero2Sync):
     def consensus(self):
         """An evaluation's forward gathers and frees unit by unit, as in training (no backward keeps
         them); its bytes are not a training step's: not counted."""
-        sent = self.wire_bytes
-        try:
-            yield
-        finally:
-            self._settle()
-            self.wire_bytes = sent
+        with self.uncounted():
+            try:
+                yield
+            finally:
+                self._settle()
 
     def model_state_dict(self, model: nn.Module) -> dict:
         """Gathered a unit at a time (every rank), copied by rank 0: no rank holds two copies of the model."""
         state = model.state_dict(keep_vars=True)
-        copies, sent = {}, self.wire_bytes  # id(tensor) -> rank 0's copy (a tied weight: one copy)
-        for u in self.forward:
-            was = u.gathered
-            self._gather(u)
-            if self.env.is_main:
-                copies.update({id(p): p.detach().clone() for p in u.params})
-            if not was:
-                u.free()
-        self.wire_bytes = sent
+        copies = {}  # id(tensor) -> rank 0's copy (a tied weight: one copy)
+        with self.uncounted():
+            for u in self.forward:
+                was = u.gathered
+                self._gather(u)
+                if self.env.is_main:
+                    copies.update({id(p): p.detach().clone() for p in u.params})
+                if not was:
+                    u.free()
         if not self.env.is_main:
             return {}
         for t in state.values():  # buffers, frozen parameters

@@ -199,6 +199,7 @@ class Meter:
         comm = {} if math.isnan(comm_ms) else {"perf/comm_ms": comm_ms, "perf/comm_frac": comm_frac}
         if tp.seen:  # this launch's bytes handed to all-reduces per step (ddp_lab.sync: wire_bytes)
             comm["comm/wire_bytes_per_step"] = sync.wire_bytes / tp.seen
+            comm["comm/collectives_per_step"] = sync.collectives / tp.seen
         if self.task.name == "language_model":
             comm["perf/tokens_per_sec"] = rate * self.targets_per_sample
         return {

@@ -37,7 +37,7 @@ class TimeToTarget:
             raise ConfigError(f"trainer.target_acc={self.acc} needs a classification task, and this data is "
                               f"{task_name}: set trainer.target_loss instead")
         self.carried_s = 0.0  # earlier launches' wall time
-        self.carried_bytes = 0  # and the bytes they sent (sync.wire_bytes counts this launch's)
+        self.carried = {"wire_bytes": 0, "collectives": 0}  # and what they sent (sync.counts() is this launch's)
         self.eval_s = 0.0
         self.reached: dict | None = None  # {"step", "seconds"} of the evaluation that reached it
         self._t0: float | None = None
@@ -64,17 +64,16 @@ class TimeToTarget:
         return self.every > 0 and step % self.every == 0
 
     def evaluated(self, metrics: dict, split: str, seconds: float, step: int, judged: bool = True,
-                  wire_bytes: int = 0) -> bool:
-        """Note an evaluation (its figures, `seconds` long) after step `step`, with `wire_bytes` sent by
-        this launch so far; True if it reached the target (only the first one that did counts; none
-        where not `judged`)."""
+                  sent: dict | None = None) -> bool:
+        """Note an evaluation (its figures, `seconds` long) after step `step`, with what this launch sent
+        so far (`sent`: sync.counts()); True if it reached the target (only the first one that did
+        counts; none where not `judged`)."""
         self.eval_s += seconds
         if self.reached is not None or not self.set or not judged:
             return False
         acc, loss = metrics.get(f"acc/{split}"), metrics[f"loss/{split}"]
         if (self.acc > 0 and acc is not None and acc >= self.acc) or (0 < self.loss and loss <= self.loss):
-            self.reached = {"step": step, "seconds": self.elapsed_s(), "eval_s": self.eval_s,
-                            "wire_bytes": self.carried_bytes + wire_bytes}
+            self.reached = {"step": step, "seconds": self.elapsed_s(), "eval_s": self.eval_s, **self._sent(sent)}
             return True
         return False
 
@@ -90,13 +89,18 @@ class TimeToTarget:
                 "time_to_target_s": r["seconds"] if r else None,
                 "eval_s_to_target": r.get("eval_s") if r else None,  # (None: reached before it was kept)
                 "wire_bytes_to_target": r.get("wire_bytes") if r else None,
+                "collectives_to_target": r.get("collectives") if r else None,  # (None: reached before they were)
                 "train_s": self.elapsed_s(), "eval_s": self.eval_s}
 
-    def state_dict(self, wire_bytes: int = 0) -> dict:
-        """wire_bytes: sent by this launch so far (sync.wire_bytes)."""
-        return {"elapsed_s": self.elapsed_s(), "eval_s": self.eval_s, "reached": self.reached,
-                "wire_bytes": self.carried_bytes + wire_bytes}
+    def _sent(self, sent: dict | None) -> dict[str, int]:
+        """The run's bytes and collectives so far: earlier launches' and this one's (`sent`)."""
+        return {k: v + (sent or {}).get(k, 0) for k, v in self.carried.items()}
+
+    def state_dict(self, sent: dict | None = None) -> dict:
+        """sent: what this launch sent so far (sync.counts())."""
+        return {"elapsed_s": self.elapsed_s(), "eval_s": self.eval_s, "reached": self.reached, **self._sent(sent)}
 
     def load_state_dict(self, state: dict) -> None:
         self.carried_s, self.eval_s, self.reached = state["elapsed_s"], state["eval_s"], state["reached"]
-        self.carried_bytes = state.get("wire_bytes", 0)  # (checkpoints from before bytes were kept: 0)
+        # (checkpoints from before bytes, or collectives, were kept: 0)
+        self.carried = {k: state.get(k, 0) for k in self.carried}

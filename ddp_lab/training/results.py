@@ -62,6 +62,7 @@ def run_summary(trainer) -> dict:
         "comm_ms_per_step": comm_ms, "comm_frac": comm_frac,
         # bytes handed to all-reduces per optimizer step, as counted at each call (ddp_lab.sync)
         "wire_bytes_per_step": sync.wire_bytes / tp.seen if tp.seen else None,
+        "collectives_per_step": sync.collectives / tp.seen if tp.seen else None,  # the calls carrying them
         **trainer.target.summary(),  # target, target_reached, steps_to_target, time_to_target_s, eval_s
         "peak_mem_mb": peaks[0], "peak_mem_mb_by_rank": peaks,  # rank 0's, every rank's (telemetry/memory.py)
         # counted at the second step's sync (telemetry/step_measure.py), or now if it took fewer

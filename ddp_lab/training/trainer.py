@@ -270,7 +270,7 @@ class Trainer:
             warn_if_at_chance(metrics, self.task, self.work.classes, getattr(self, "last_loss", None),
                               self.optimizer.defaults.get("lr"))
         judged = self.sync.synced_at(self.step)  # where the ranks hold the weights evaluated (local_sgd, diloco)
-        if self.target.evaluated(metrics, split, time.perf_counter() - t0, self.step, judged, self.sync.wire_bytes):
+        if self.target.evaluated(metrics, split, time.perf_counter() - t0, self.step, judged, self.sync.counts()):
             self.log.print(f"target reached at step {self.step}, {self.target.reached['seconds']:.1f} s")
         self.log.scalars(*self.target.by_time(metrics))
         self.last_eval = (self.step, metrics)

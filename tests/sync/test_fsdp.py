@@ -57,6 +57,7 @@ def _run(rank: int, world_size: int) -> dict:
             "model_state": held[-1], "kept": _padded_rows_bytes(model.parameters(), world_size),
             "local": sum(p.to_local().numel() for p in model.parameters()),
             "numel": sum(p.numel() for p in params), "wire_bytes": sync.wire_bytes,
+            "collectives": sync.collectives, "units": len(sync.units),
             "describe": sync.describe(), "state_dict": sorted(whole) if whole else [],
             "state_dict_equal": all(torch.equal(whole[k], v) for k, v in named.items()) if whole else None}
     return out
@@ -104,6 +105,10 @@ def test_each_rank_holds_its_rows_of_the_model_state(results):
         assert r["wire_bytes"] > STEPS * (micro * 4 * r["numel"] * (0.75 if kind == "gpt" else 1)
                                           + 2 * r["numel"]) * 0.99, name
         assert r["wire_bytes"] <= STEPS * (micro * 4 * r["numel"] + 2 * r["numel"]), name
+        # the calls: each unit gathered twice a micro-batch and reduce-scattered once a step; the GPT's root
+        # (its tied embedding) gathered once and reduce-scattered once
+        units, root = r["units"], kind == "gpt"
+        assert units >= 3 and r["collectives"] == STEPS * (micro * (2 * units + root) + units + root), name
 
 
 def test_rank_zero_gets_the_whole_state_dict(results):

@@ -68,9 +68,10 @@ def _digest(model) -> str:
 
 
 def _train(sync, model, xs, ys, momentum):
-    """The trainer's step: forward, backward, sync, optimizer, after_step. The digest after each step."""
+    """The trainer's step: forward, backward, sync, optimizer, after_step. The digest after each step
+    (and each step's collectives, in sync.per_step)."""
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum)
-    digests = []
+    digests, sync.per_step = [], []
     for step, (x, y) in enumerate(zip(xs, ys), start=1):
         F.cross_entropy(sync.module(x), y).backward()
         sync.after_backward()
@@ -78,6 +79,7 @@ def _train(sync, model, xs, ys, momentum):
         opt.zero_grad(set_to_none=sync.grads_set_to_none)
         sync.after_step(step)
         digests.append(_digest(model))
+        sync.per_step.append(sync.collectives - sum(sync.per_step))
     return digests
 
 
@@ -97,7 +99,8 @@ def _run(rank: int, world_size: int) -> dict:
         digests = _train(sync, model, x[:, rank * per:(rank + 1) * per], y[:, rank * per:(rank + 1) * per],
                          momentum)
         out[name] = {"diff": max((a - b).abs().max().item() for a, b in zip(model.parameters(), ref.parameters())),
-                     "digests": digests, "wire_bytes": sync.wire_bytes, "describe": sync.describe()}
+                     "digests": digests, "wire_bytes": sync.wire_bytes, "collectives": sync.per_step,
+                     "describe": sync.describe()}
     out["consensus"] = _consensus(rank, world_size, x, y, per)
     return out
 
@@ -110,14 +113,14 @@ def _consensus(rank, world_size, x, y, per) -> dict:
         model = lenet()
         sync = build_sync(cfg(mode, every=3), model, DistEnv(rank, world_size, 0, CPU, "gloo"))
         _train(sync, model, x[:4, rank * per:(rank + 1) * per], y[:4, rank * per:(rank + 1) * per], 0.9)
-        local, sent = _digest(model), sync.wire_bytes
+        local, sent = _digest(model), sync.counts()
         # (numpy arrays: tensors would go back through shared memory the ending rank takes along)
         mine = [p.detach().numpy().copy() for p in model.parameters()]
         with sync.consensus():
             inside = _digest(model)
             scored = [p.detach().numpy().copy() for p in model.parameters()]
         found[mode] = {"local": local, "inside": inside, "after": _digest(model), "mine": mine,
-                       "scored": scored, "bytes_unchanged": sync.wire_bytes == sent,
+                       "scored": scored, "bytes_unchanged": sync.counts() == sent,
                        "anchor": [a.numpy().copy() for a in sync.anchor] if mode == "diloco" else None}
     return found
 
@@ -167,7 +170,7 @@ def test_an_evaluation_between_synchronisations_scores_the_weights_the_ranks_agr
     assert all((a == s).all() for a, s in zip(diloco["anchor"], diloco["scored"]))
 
 
-def test_bytes_are_counted_at_every_all_reduce(ranks):
+def test_bytes_and_collectives_are_counted_at_every_all_reduce(ranks):
     r = ranks[0]
     weights = 4 * num_parameters(lenet())  # LeNet has no floating buffers: the parameters are the weights
     assert r["ddp"]["wire_bytes"] == weights * STEPS
@@ -181,6 +184,16 @@ def test_bytes_are_counted_at_every_all_reduce(ranks):
     compressed = (r["powersgd rank 2"]["wire_bytes"] - 2 * weights) / 4
     assert 0 < compressed < weights / 10, compressed
     assert r["powersgd rank 2"]["describe"] == "ddp/builtin+powersgd(rank 2)"
+    # the calls that carried them, step by step (each pays the link's latency): DDP one a bucket
+    # (the first step's buckets are its own: DDP rebuilds them after it)
+    ddp = r["ddp"]["collectives"]
+    first, buckets = ddp[0], ddp[1]
+    assert ddp == [first] + [buckets] * (STEPS - 1) and min(first, buckets) >= 1, ddp
+    assert r["local_sgd every 3"]["collectives"] == r["diloco every 3"]["collectives"] == [0, 0, 1] * 2
+    flat = r["local_sgd every 2 after 2 synchronous"]["collectives"]  # its synchronous steps: one a 0.1 MB bucket
+    assert flat == [flat[0], flat[0], 0, 1, 0, 1] and flat[0] > 1, flat
+    # PowerSGD's compressed steps: three all-reduces a bucket (its 1-D tensors, P, then Q)
+    assert r["powersgd rank 2"]["collectives"] == [first, buckets] + [3 * buckets] * 4
 
 
 # ---------------------------------------------------------------- under torchrun

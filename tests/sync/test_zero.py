@@ -119,7 +119,7 @@ def _run(rank: int, world_size: int) -> dict:
             # stage 2: small buckets, so that a model spans several and they finish in the backward
             sync = build_sync(zero_cfg(algo, stage, bucket_cap_mb=0.05), model, env)
             opt = _train(sync, kind, optimizer, mine, clip)
-            sent = sync.wire_bytes  # (before the gather below)
+            sent, calls = sync.wire_bytes, sync.collectives  # (before the gather below)
             with sync.whole_weights():  # (stage 3: gathered; the others hold them)
                 params = [p.detach().contiguous().clone() for p in model.parameters()]
             out[name, stage] = {
@@ -132,6 +132,7 @@ def _run(rank: int, world_size: int) -> dict:
                 "buckets": len(getattr(sync, "buckets", [0])),
                 "root": getattr(getattr(sync, "root", None), "nbytes", 0),
                 "wire_bytes": sent, "wire_after_gather": sync.wire_bytes,
+                "collectives": calls, "collectives_after_gather": sync.collectives,
                 "describe": sync.describe(), "model_state": model_state_bytes(model, opt),
                 "grads_left": sum(p.grad is not None for p in model.parameters()),
                 "norms": opt.norms, "ref_norms": ref_opt.norms}
@@ -212,6 +213,7 @@ def test_stage_two_holds_one_nth_of_the_gradients_too(results):
         assert r["describe"] == f"zero2/{algo}"
         # a reduce-scatter per micro-batch (half an all-reduce's bytes) and one all-gather a step
         assert r["wire_bytes"] == STEPS * (micro + 1) * 4 * r["padded"] // 2, name
+        assert r["collectives"] == STEPS * (micro + 1) * r["buckets"], name  # one call a bucket, each way
         # ZeRO stage 2 in fp32: the whole (padded) weights, 1/N of the gradients and of the optimizer state
         whole, mine = 4 * r["padded"], 4 * r["shard"]
         assert r["model_state"] == {"weights": whole, "grads": mine, "optimizer": per_element * r["shard"],
@@ -237,6 +239,10 @@ def test_stage_three_holds_one_nth_of_everything(results):
         whole = 4 * r["padded"]
         assert r["wire_bytes"] == STEPS * micro * (3 * whole - r["root"]) // 2, name
         assert r["wire_after_gather"] == r["wire_bytes"], name  # whole_weights' gather is no training step's
+        assert r["collectives_after_gather"] == r["collectives"], name
+        # a unit's gather in the forward, again in the backward (not the root's), its reduce-scatter
+        units = r["buckets"]
+        assert r["collectives"] == STEPS * micro * (3 * units - (r["root"] > 0)), (name, r["collectives"])
 
 
 def test_a_model_with_fewer_parameters_than_ranks_trains_as_one_process(results):

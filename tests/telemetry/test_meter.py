@@ -74,7 +74,7 @@ def test_a_run_that_is_all_warm_up_measures_no_rate(monkeypatch):
         m.step_done(4)
 
     class NoSync:
-        wire_bytes = 0
+        wire_bytes = collectives = 0
 
         def comm_figures(self, steps, seconds):
             return float("nan"), float("nan")

@@ -15,7 +15,7 @@ ENV = DistEnv(0, 1, 0, torch.device("cpu"), "none")
 
 
 class _Sync:
-    measuring, wire_bytes = True, 0
+    measuring, wire_bytes, collectives = True, 0, 0
 
     def comm_figures(self, steps, seconds):
         return math.nan, math.nan

@@ -56,26 +56,31 @@ def test_evaluations_between_synchronisations_are_refused_at_start_up(compose_tr
     validate(compose_train(["sync=ddp", "sync.every=4", "trainer.eval_every_steps=6"]))
 
 
-def test_the_evaluations_and_bytes_up_to_the_target_are_kept_across_a_resume():
+def test_the_evaluations_bytes_and_collectives_up_to_the_target_are_kept_across_a_resume():
     from types import SimpleNamespace
 
     from ddp_lab.telemetry.target import TimeToTarget
     t = SimpleNamespace(target_acc=0.0, target_loss=2.0, eval_every_steps=4, stop_at_target=True)
+
+    def sent(nbytes, calls):
+        return {"wire_bytes": nbytes, "collectives": calls}
     first = TimeToTarget(t, "language_model")
     first.start()
-    assert not first.evaluated({"loss/val": 2.5}, "val", 1.5, 4, wire_bytes=4000)
-    state = first.state_dict(wire_bytes=6000)  # a checkpoint after step 6: this launch sent 6000 bytes
+    assert not first.evaluated({"loss/val": 2.5}, "val", 1.5, 4, sent=sent(4000, 8))
+    state = first.state_dict(sent(6000, 12))  # a checkpoint after step 6: this launch sent 6000 bytes in 12 calls
     second = TimeToTarget(t, "language_model")  # resumed there: its own count starts at 0
     second.load_state_dict(state)
     second.start()
-    assert not second.evaluated({"loss/val": 2.1}, "val", 0.5, 8, judged=False, wire_bytes=1000)  # not judged
-    assert second.evaluated({"loss/val": 1.9}, "val", 0.25, 12, wire_bytes=3000)
+    assert not second.evaluated({"loss/val": 2.1}, "val", 0.5, 8, judged=False, sent=sent(1000, 4))  # not judged
+    assert second.evaluated({"loss/val": 1.9}, "val", 0.25, 12, sent=sent(3000, 12))
     s = second.summary()
-    assert s["steps_to_target"] == 12 and s["eval_s_to_target"] == 2.25 and s["wire_bytes_to_target"] == 9000
-    assert not second.evaluated({"loss/val": 1.5}, "val", 1.0, 16, wire_bytes=5000)  # the first one counts
+    assert s["steps_to_target"] == 12 and s["eval_s_to_target"] == 2.25
+    assert s["wire_bytes_to_target"] == 9000 and s["collectives_to_target"] == 24
+    assert not second.evaluated({"loss/val": 1.5}, "val", 1.0, 16, sent=sent(5000, 16))  # the first one counts
     assert second.summary()["wire_bytes_to_target"] == 9000 and second.summary()["eval_s"] == 3.25
     old = dict(state, reached={"step": 4, "seconds": 3.0})  # a checkpoint from before these were kept
-    del old["wire_bytes"]
+    del old["wire_bytes"], old["collectives"]
     third = TimeToTarget(t, "language_model")
     third.load_state_dict(old)
     assert third.summary()["eval_s_to_target"] is None and third.summary()["wire_bytes_to_target"] is None
+    assert third.summary()["collectives_to_target"] is None and third.carried == sent(0, 0)

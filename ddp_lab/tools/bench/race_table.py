@@ -12,7 +12,8 @@ import statistics
 
 COLUMNS = ["strategy", "seed", "sync", "world_size", "target", "target_reached", "steps_to_target",
            "time_to_target_s", "eval_s_to_target", "train_to_target_s", "vs_ddp", "wire_bytes_per_step",
-           "wire_bytes_to_target", "bytes_vs_ddp", "final", "step_ms", "eval_s", "steps", "every",
+           "wire_bytes_to_target", "bytes_vs_ddp", "collectives_per_step", "collectives_to_target",
+           "final", "step_ms", "eval_s", "steps", "every",
            "predicted_time_to_target_s", "prediction_error"]
 
 
@@ -24,6 +25,8 @@ def row(strategy: str, seed, s: dict, every: int, headline: str) -> dict:
             "steps_to_target": s["steps_to_target"], "time_to_target_s": t, "eval_s_to_target": e,
             "train_to_target_s": t - e if t is not None and e is not None else None,
             "wire_bytes_per_step": s["wire_bytes_per_step"], "wire_bytes_to_target": s.get("wire_bytes_to_target"),
+            "collectives_per_step": s.get("collectives_per_step"),  # (None: a run from before they were counted)
+            "collectives_to_target": s.get("collectives_to_target"),
             "final": s[headline], "step_ms": s["step_ms"], "eval_s": s["eval_s"], "steps": s["steps"],
             "every": every}
 
@@ -48,14 +51,15 @@ def fmt(v, spec: str = "") -> str:
 def markdown(rows: list[dict]) -> str:
     """Every run, one row each."""
     lines = ["| strategy | seed | sync | steps to target | s to target | of which evaluating | x DDP's time | "
-             "predicted s | bytes/step | bytes to target | DDP's bytes / these | final | step ms |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "predicted s | bytes/step | bytes to target | DDP's bytes / these | collectives/step | final | step ms |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['strategy']} | {fmt(r['seed'])} | {r['sync']} | {fmt(r['steps_to_target'])} | "
                      f"{fmt(r['time_to_target_s'], '.1f')} | {fmt(r['eval_s_to_target'], '.1f')} | "
                      f"{fmt(r.get('vs_ddp'), '.2f')} | {fmt(r.get('predicted_time_to_target_s'), '.1f')} | "
                      f"{fmt(r['wire_bytes_per_step'], ',.0f')} | {fmt(r['wire_bytes_to_target'], ',.0f')} | "
-                     f"{fmt(r.get('bytes_vs_ddp'), '.1f')} | {fmt(r['final'], '.4f')} | {fmt(r['step_ms'], '.1f')} |")
+                     f"{fmt(r.get('bytes_vs_ddp'), '.1f')} | {fmt(r.get('collectives_per_step'), '.2f')} | "
+                     f"{fmt(r['final'], '.4f')} | {fmt(r['step_ms'], '.1f')} |")
     return "\n".join(lines) + "\n"
 
 

@@ -27,7 +27,8 @@ to 10 Gbit/s, where each strategy starts to pay.
 
 --fit (a cost model fit.csv of the link) with --steps-from (a loopback race
 of the same ranks, its race.csv) adds the cost model's prediction beside each
-measurement: ddp_lab.costmodel.strategies.
+measurement: ddp_lab.costmodel.strategies. --loopback-fit (a fit of loopback
+itself) takes the loopback run's own collectives out of its time first.
 """
 from __future__ import annotations
 
@@ -76,6 +77,8 @@ def parse_args(argv=None):
     p.add_argument("--fit", type=Path, default=None, help="a cost model fit.csv of the link: predictions")
     p.add_argument("--steps-from", type=Path, default=None,
                    help="with --fit: a loopback race's race.csv (steps to target, step time)")
+    p.add_argument("--loopback-fit", type=Path, default=None,
+                   help="with --fit: a fit.csv of loopback, to price the compute without its collectives")
     p.add_argument("--timeout", type=float, default=3600, help="seconds one run may take")
     p.add_argument("--out", type=Path, default=None, help="output folder")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every run (after --)")
@@ -88,6 +91,8 @@ def parse_args(argv=None):
         p.error("give one target: --target-acc 0.88 or --target-loss 2.0")
     if (args.fit is None) != (args.steps_from is None):
         p.error("--fit and --steps-from go together: the link's constants and the loopback race's steps")
+    if args.loopback_fit is not None and args.fit is None:
+        p.error("--loopback-fit goes with --fit and --steps-from: it corrects their prediction")
     args.strategies = args.strategies.split(",")
     bad = [s for s in args.strategies if s.split(":")[0] not in STRATEGIES]
     if bad:
@@ -192,7 +197,7 @@ def main(argv=None) -> list[dict]:
     compare(rows)
     if args.fit is not None:
         from ddp_lab.tools.costmodel.strategies import predict_rows
-        predict_rows(rows, args.fit, args.steps_from)
+        predict_rows(rows, args.fit, args.steps_from, args.loopback_fit)
         if args.rate is not None:
             (out / "by_rate.md").write_text(rates_table(args, world))
     with open(out / "race.csv", "w", newline="") as f:
@@ -208,6 +213,7 @@ def main(argv=None) -> list[dict]:
                   "strategies": args.strategies, "seeds": args.seeds, "epochs": args.epochs,
                   "eval_every": args.eval_every, "stop_at_target": args.stop_at_target,
                   "fit": str(args.fit) if args.fit else None,
+                  "loopback_fit": str(args.loopback_fit) if args.loopback_fit else None,
                   "steps_from": str(args.steps_from) if args.steps_from else None})
     print(table)
     print(f"written: {out / 'race.csv'}, {out / 'race.md'}, {out / 'race.png'}, {out / 'record.json'}")
@@ -227,8 +233,9 @@ def rates_table(args, world: int) -> str:
     for (name, _), r in loopback_rows(args.steps_from).items():
         if name in args.strategies:
             loopback.setdefault(name, []).append(r)
+    local = load_fit(args.loopback_fit)["builtin"] if args.loopback_fit else None
     seconds = by_rate(loopback, load_fit(args.fit)["builtin"], parse_rate(args.rate), world,
-                      [parse_rate(r) for r in RATES])
+                      [parse_rate(r) for r in RATES], local)
     lines = [f"Predicted seconds to the target on {world} hosts (x DDP's in brackets), from the loopback "
              f"race {args.steps_from} (the median over its seeds) and the {args.rate} link's fit {args.fit}, "
              "its seconds per byte scaled by rate:", "",

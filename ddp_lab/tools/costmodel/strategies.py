@@ -16,9 +16,16 @@ link's fitted constants. The bytes are those the loopback run counted up to
 its target (`wire_bytes_to_target`: PowerSGD's plain steps come first, so
 its average over a whole run under-prices them), spread over its
 synchronisations; a race.csv from before that count falls back to the
-run's bytes per step. DiLoCo with sync.overlap=TAU computes TAU inner steps
+run's bytes per step. Each collective that carried them pays the link's
+latency (`collectives_to_target`: DDP one a bucket, PowerSGD three a bucket,
+DiLoCo in 4 bits two a sync); a race.csv from before they were counted
+charges one a synchronisation. DiLoCo with sync.overlap=TAU computes TAU inner steps
 while its outer all-reduce travels: only what the all-reduce takes beyond
-TAU loopback steps is added.
+TAU loopback steps is added. Given a fit of loopback itself (`local`), the
+loopback run's own collectives are priced on it and taken out first: what
+is left is compute (DDP's loopback all-reduce partly overlapped its backward,
+so this takes out a little too much there; an overlapped DiLoCo's is hidden
+and left in).
 
 At another rate the link's seconds per byte scale as 1/rate: `by_rate` prices
 each strategy across rates, so a user reads at which bandwidth each starts
@@ -36,16 +43,23 @@ from ddp_lab.tools.costmodel.formulas import MODELS, Params
 from ddp_lab.tools.costmodel.step_time import load_fit
 
 
-def time_to_target_s(loopback: dict, link: Params, world: int) -> float | None:
-    """A loopback race's row (race.csv) priced on `link`; None where it missed the target."""
+def time_to_target_s(loopback: dict, link: Params, world: int, local: Params | None = None) -> float | None:
+    """A loopback race's row (race.csv) priced on `link` (and net of its collectives on `local`, a fit
+    of loopback); None where it missed the target."""
     if not loopback.get("time_to_target_s"):
         return None
     steps, every = int(loopback["steps_to_target"]), int(loopback["every"])
     sent = float(loopback.get("wire_bytes_to_target") or steps * float(loopback["wire_bytes_per_step"]))
     syncs = steps / every
-    per_sync = link.time(MODELS["builtin"], world, sent / syncs)
-    hidden = overlap_of(loopback) * float(loopback.get("step_ms") or 0) / 1e3  # computed while it travels
-    return float(loopback["time_to_target_s"]) + syncs * max(0.0, per_sync - hidden)
+    calls = float(loopback.get("collectives_to_target") or syncs)
+
+    def per_sync(on: Params) -> float:  # the bytes at its bandwidth, every collective at its latency
+        latency = on.time(MODELS["builtin"], world, 0)
+        return on.time(MODELS["builtin"], world, sent / syncs) + (calls / syncs - 1) * latency
+    overlap = overlap_of(loopback)
+    hidden = overlap * float(loopback.get("step_ms") or 0) / 1e3  # computed while it travels
+    compute = float(loopback["time_to_target_s"]) - (syncs * per_sync(local) if local and not overlap else 0.0)
+    return compute + syncs * max(0.0, per_sync(link) - hidden)
 
 
 def overlap_of(row: dict) -> int:
@@ -64,10 +78,11 @@ def loopback_rows(path: Path) -> dict[tuple[str, str], dict]:
                           "--ranks N on loopback first and give its race.csv") from None
 
 
-def predict_rows(rows: list[dict], fit_path: Path, steps_from: Path) -> None:
+def predict_rows(rows: list[dict], fit_path: Path, steps_from: Path, local_fit: Path | None = None) -> None:
     """Add the predicted time to target (and its error) to each measured row of a race, from the
-    loopback run of the same strategy and seed."""
+    loopback run of the same strategy and seed (net of its collectives, priced by local_fit)."""
     link, loopback = load_fit(fit_path)["builtin"], loopback_rows(steps_from)
+    local = load_fit(local_fit)["builtin"] if local_fit else None
     for r in rows:
         seed = "" if r.get("seed") is None else str(r["seed"])
         base = loopback.get((r["strategy"], seed))
@@ -75,13 +90,13 @@ def predict_rows(rows: list[dict], fit_path: Path, steps_from: Path) -> None:
             raise ConfigError(f"--steps-from {steps_from} has no {r['strategy']} run of {r['world_size']} ranks"
                               f"{' and seed ' + seed if seed else ''}: race the same strategies and seeds at the "
                               "same world size on loopback first")
-        r["predicted_time_to_target_s"] = time_to_target_s(base, link, r["world_size"])
+        r["predicted_time_to_target_s"] = time_to_target_s(base, link, r["world_size"], local)
         if r["predicted_time_to_target_s"] and r["time_to_target_s"]:
             r["prediction_error"] = r["predicted_time_to_target_s"] / r["time_to_target_s"] - 1
 
 
 def by_rate(loopback: dict[str, list[dict]], link: Params, link_bits: int, world: int,
-            rates_bits: list[int]) -> dict[str, list[float | None]]:
+            rates_bits: list[int], local: Params | None = None) -> dict[str, list[float | None]]:
     """Predicted seconds to target of each strategy at each rate (the link's constants with
     its seconds per byte scaled by link_bits / rate): the median over the strategy's loopback
     runs (one per seed) that reached the target."""
@@ -90,6 +105,6 @@ def by_rate(loopback: dict[str, list[dict]], link: Params, link_bits: int, world
         out[name] = []
         for bits in rates_bits:
             scaled = Params(link.alpha, link.beta * link_bits / bits, link.gamma)
-            times = [t for t in (time_to_target_s(r, scaled, world) for r in runs) if t is not None]
+            times = [t for t in (time_to_target_s(r, scaled, world, local) for r in runs) if t is not None]
             out[name].append(statistics.median(times) if times else None)
     return out

@@ -45,6 +45,40 @@ def test_the_bytes_sent_up_to_the_target_are_priced_not_the_run_average():
         pytest.approx(time_to_target_s(row, LINK, 4))]
 
 
+def test_every_collective_up_to_the_target_pays_the_links_latency():
+    # PowerSGD on a 2-bucket model: 312 steps, 2 plain (2 all-reduces each), 310 compressed (6 each)
+    sent, calls = 100_000_000, 2 * 2 + 310 * 6
+    row = {"steps_to_target": "312", "time_to_target_s": "50.0", "wire_bytes_per_step": "0", "every": "1",
+           "wire_bytes_to_target": str(sent), "collectives_to_target": str(calls)}
+    latency = 2 * 3 * 1e-4  # a ring all-reduce's on 4 ranks
+    assert time_to_target_s(row, LINK, 4) == pytest.approx(50.0 + calls * latency + 2 * 3 / 4 * sent * 8e-8)
+    # DiLoCo in 4 bits every 8: two collectives a synchronisation (an all-to-all, an all-gather)
+    row8 = {**row, "steps_to_target": "320", "every": "8", "collectives_to_target": "80"}
+    assert time_to_target_s(row8, LINK, 4) == pytest.approx(50.0 + 80 * latency + 2 * 3 / 4 * sent * 8e-8)
+    # a race.csv from before they were counted: one a synchronisation
+    assert time_to_target_s({**row8, "collectives_to_target": ""}, LINK, 4) == pytest.approx(
+        50.0 + 40 * latency + 2 * 3 / 4 * sent * 8e-8)
+
+
+def test_a_loopback_fit_takes_the_loopback_runs_own_collectives_out_of_its_time():
+    local = Params(alpha=1e-5, beta=1e-9, gamma=0.0)  # loopback: 10 us a message, 1 GB/s
+    b = 516_272
+    row = {"steps_to_target": "400", "time_to_target_s": "100.0", "wire_bytes_per_step": str(b), "every": "1",
+           "collectives_to_target": "800"}  # two buckets a step
+
+    def comm(on):
+        return 800 * 2 * 3 * on.alpha + 400 * 2 * 3 / 4 * b * on.beta
+    assert time_to_target_s(row, LINK, 4, local) == pytest.approx(100.0 - comm(local) + comm(LINK))
+    assert time_to_target_s(row, LINK, 4, local) < time_to_target_s(row, LINK, 4)
+    # an overlapped DiLoCo's loopback all-reduce was hidden behind its steps: nothing taken out
+    over = {**row, "every": "8", "collectives_to_target": "50", "step_ms": "1000",
+            "sync": "diloco/builtin(every 8, outer lr 0.7, momentum 0.5, overlap 4 mix 0.5)"}
+    assert time_to_target_s(over, LINK, 4, local) == time_to_target_s(over, LINK, 4) == pytest.approx(100.0)
+    # by_rate passes it on
+    assert by_rate({"ddp": [row]}, LINK, 100_000_000, 4, [100_000_000], local)["ddp"] == [
+        pytest.approx(time_to_target_s(row, LINK, 4, local))]
+
+
 def test_diloco_overlapped_pays_only_what_its_all_reduce_takes_beyond_tau_steps():
     b = 3_337_216
     row = {"steps_to_target": "120", "time_to_target_s": "40.0", "wire_bytes_per_step": str(b / 8), "every": "8",
@@ -62,6 +96,7 @@ def test_diloco_overlapped_pays_only_what_its_all_reduce_takes_beyond_tau_steps(
     (["--ranks", "2", "--target-acc", "0.9", "--strategies", "ddp,zero"], "zero not among"),
     (["--hosts", "2", "--target-acc", "0.9"], "--hosts and --rate go together"),
     (["--ranks", "2", "--target-acc", "0.9", "--fit", "f.csv"], "--fit and --steps-from go together"),
+    (["--ranks", "2", "--target-acc", "0.9", "--loopback-fit", "f.csv"], "--loopback-fit goes with --fit"),
     (["--ranks", "2", "--target-acc", "0.9", "--seeds", "1,x"], "--seeds 1,x: give integers"),
     (["--ranks", "2", "--target-acc", "0.9", "--seeds", "1,1"], "each seed once"),
 ])
