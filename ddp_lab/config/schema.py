@@ -72,8 +72,8 @@ class SyncConfig:
                                 ok=lambda v: 0 <= v < 1, rule="in [0, 1)")
     overlap: int = key(0, "diloco: inner steps the outer gradient's all-reduce travels behind before its "
                           "outer step lands (Streaming DiLoCo's tau; 0: every rank waits for it)", at_least=0)
-    overlap_mix: float = key(0.5, "diloco with overlap > 0: the share of its own weights a rank keeps when the "
-                                  "outer step lands (0: replaced by the anchor; 0.5 not yet tuned)",
+    overlap_mix: float = key(0.8, "diloco with overlap > 0: the share of its own weights a rank keeps when the "
+                                  "outer step lands (0: replaced by the anchor; 0.8 beat 0.5 and 0: docs/defaults.md)",
                              ok=lambda v: 0 <= v <= 1, rule="in [0, 1]")
     poll: str = key("false", "opt-in: CPU ranks wait for the builtin all-reduce by polling (auto: where the "
                              "ranks fill the cores exactly); paid on one CPU of three (docs/defaults.md)",
