@@ -1,4 +1,4 @@
-"""The grid's table from race/race.csv: per point, the validation loss after the 240 steps and the
+"""The grid's table from race/race.csv and race-mix/race.csv: per point, the validation loss after the 240 steps and the
 steps to 2.8, median (lowest-highest) over seeds 1-3, and the loss against the defaults' run of the
 same seed (the same initial weights and data order: the point's effect, not the seed's).
     python summarize.py > table.md"""
@@ -6,7 +6,9 @@ import csv
 import statistics
 from pathlib import Path
 
-rows = list(csv.DictReader(open(Path(__file__).parent / "race" / "race.csv")))
+here = Path(__file__).parent
+rows = [r for race in ("race", "race-mix") if (here / race / "race.csv").exists()  # (race-mix: run-mix.sh)
+        for r in csv.DictReader(open(here / race / "race.csv"))]
 points = list(dict.fromkeys(r["strategy"] for r in rows))
 default = {r["seed"]: float(r["final"]) for r in rows if r["strategy"] == "diloco"}
 
