@@ -20,7 +20,10 @@ that has started threads or initialised CUDA is safe. Each rank joins a
 process group (`backend`; NCCL ranks take GPU rank % device_count) through a
 FileStore in a fresh temporary directory (no TCP port to pick, so parallel
 test runs cannot collide), runs ``fn(rank, world_size, *args)`` and sends its
-return value back. The return value must be picklable: plain Python values
+return value back over a pipe of its own, whole, before it tears its group down
+(torch's gloo teardown has aborted a finished rank; that must not lose its
+result, nor leave a half-written message on a channel the others share). The
+return value must be picklable: plain Python values
 or CPU tensors. If any rank raises, its traceback is re-raised here in a
 RuntimeError and the other ranks (likely blocked in a collective waiting for
 it) are killed; the same happens (TimeoutError) when `timeout` seconds pass.
@@ -33,10 +36,11 @@ from __future__ import annotations
 
 import datetime
 import os
-import queue as queue_mod
 import tempfile
 import time
 import traceback
+import warnings
+from multiprocessing.connection import wait
 from typing import Any, Callable
 
 import torch.multiprocessing as mp
@@ -44,11 +48,15 @@ import torch.multiprocessing as mp
 __all__ = ["run_in_processes"]
 
 
-def _entry(rank, world_size, backend, init_method, timeout, fn, args, results):
+def _entry(rank, world_size, backend, init_method, timeout, fn, args, conn):
     # Imports here, not at module level, keep importing this harness cheap
     # for test collection.
+    import faulthandler
+
     import torch
     import torch.distributed as dist
+
+    faulthandler.enable()  # a rank killed by a signal (an abort in C++) says where it was
 
     # One intra-op thread per process, as torchrun sets, or N processes
     # fight over the cores. (A forkserver child inherits the server's
@@ -65,13 +73,16 @@ def _entry(rank, world_size, backend, init_method, timeout, fn, args, results):
             world_size=world_size,
             timeout=datetime.timedelta(seconds=timeout),
         )
-        value = fn(rank, world_size, *args)
-        results.put((rank, True, value))
+        report = (True, fn(rank, world_size, *args))
     except BaseException:  # report everything, including KeyboardInterrupt
-        results.put((rank, False, traceback.format_exc()))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        report = (False, traceback.format_exc())
+    try:
+        conn.send(report)  # pickled first, then written whole: sent before any teardown
+    except Exception:  # the value does not pickle
+        conn.send((False, traceback.format_exc()))
+    conn.close()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def run_in_processes(
@@ -100,8 +111,7 @@ def run_in_processes(
         # from it instead of importing them again (seconds per process).
         # Only takes effect if this is the first forkserver use here.
         ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "ddp_lab.training.trainer"])
-    results = ctx.Queue()
-    procs = []
+    procs, conns = [], []
     with tempfile.TemporaryDirectory(prefix="ddp_lab_mp_") as tmp:
         init_method = "file://" + os.path.join(tmp, "store")
         # Children inherit the environment at start(); one intra-op thread
@@ -110,13 +120,16 @@ def run_in_processes(
         os.environ["OMP_NUM_THREADS"] = "1"
         try:
             for rank in range(world_size):
+                receive, send = ctx.Pipe(duplex=False)
                 p = ctx.Process(
                     target=_entry,
-                    args=(rank, world_size, backend, init_method, timeout, fn, args, results),
+                    args=(rank, world_size, backend, init_method, timeout, fn, args, send),
                     daemon=True,
                 )
                 p.start()
+                send.close()  # the rank holds the only writing end: its death reads as EOF
                 procs.append(p)
+                conns.append(receive)
         except BaseException:  # e.g. fn or args cannot be pickled
             _kill(procs)
             raise
@@ -126,50 +139,44 @@ def run_in_processes(
             else:
                 os.environ["OMP_NUM_THREADS"] = saved
         try:
-            values = _collect(procs, results, timeout)
+            values = _collect(procs, conns, timeout)
         except BaseException:
             # The other ranks are probably blocked in a collective waiting
             # for the one that failed: do not wait for them.
             _kill(procs)
             raise
         finally:
-            results.close()
+            for c in conns:
+                c.close()
         _join_or_kill(procs, grace=10)
+        for rank, p in enumerate(procs):
+            if p.exitcode != 0:  # its result is in: a crash in teardown, not in the check
+                warnings.warn(f"rank {rank} of {world_size} reported its result, then exited "
+                              f"with code {p.exitcode} while tearing down", RuntimeWarning, stacklevel=2)
         return values
 
 
-def _collect(procs, results, timeout: float) -> list[Any]:
+def _collect(procs, conns, timeout: float) -> list[Any]:
     world_size = len(procs)
     values: dict[int, Any] = {}
     deadline = time.monotonic() + timeout
-    silent_exit_seen = None
-    while len(values) < world_size:
-        try:
-            # Short waits so that a rank that died without reporting (killed,
-            # segfault, os._exit) is noticed well before the timeout.
-            rank, ok, value = results.get(timeout=0.2)
-        except queue_mod.Empty:
-            now = time.monotonic()
-            gone = [r for r, p in enumerate(procs) if r not in values and p.exitcode is not None]
-            if gone:
-                # A result can still be in the pipe just after its process
-                # exited: allow a moment before calling it a silent death.
-                silent_exit_seen = silent_exit_seen or now
-                if now - silent_exit_seen > 2.0:
-                    r = gone[0]
-                    raise RuntimeError(
-                        f"rank {r} of {world_size} exited with code {procs[r].exitcode} "
-                        "without reporting a result"
-                    ) from None
-            if now > deadline:
-                missing = sorted(set(range(world_size)) - set(values))
-                raise TimeoutError(
-                    f"ranks {missing} of {world_size} did not finish within {timeout:g} s"
-                ) from None
-            continue
-        if not ok:
-            raise RuntimeError(f"rank {rank} of {world_size} failed:\n{value}")
-        values[rank] = value
+    waiting = {conn: rank for rank, conn in enumerate(conns)}
+    while waiting:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"ranks {sorted(waiting.values())} of {world_size} did not finish "
+                               f"within {timeout:g} s")
+        for conn in wait(list(waiting), timeout=left):
+            rank = waiting.pop(conn)
+            try:
+                ok, value = conn.recv()
+            except EOFError:  # it died (killed, segfault, os._exit) before its result was whole
+                procs[rank].join(timeout=5)
+                raise RuntimeError(f"rank {rank} of {world_size} exited with code "
+                                   f"{procs[rank].exitcode} without reporting a result") from None
+            if not ok:
+                raise RuntimeError(f"rank {rank} of {world_size} failed:\n{value}")
+            values[rank] = value
     return [values[r] for r in range(world_size)]
 
 
