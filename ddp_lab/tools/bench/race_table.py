@@ -8,13 +8,14 @@ time whatever the network, and the races evaluate at different intervals than a 
 """
 from __future__ import annotations
 
+import re
 import statistics
 
 COLUMNS = ["strategy", "seed", "sync", "world_size", "target", "target_reached", "steps_to_target",
            "time_to_target_s", "eval_s_to_target", "train_to_target_s", "vs_ddp", "wire_bytes_per_step",
            "wire_bytes_to_target", "bytes_vs_ddp", "collectives_per_step", "collectives_to_target",
            "final", "step_ms", "eval_s", "steps", "every",
-           "predicted_time_to_target_s", "prediction_error"]
+           "predicted_time_to_target_s", "prediction_error", "diverged_at_step"]
 
 
 def row(strategy: str, seed, s: dict, every: int, headline: str) -> dict:
@@ -29,6 +30,13 @@ def row(strategy: str, seed, s: dict, every: int, headline: str) -> dict:
             "collectives_to_target": s.get("collectives_to_target"),
             "final": s[headline], "step_ms": s["step_ms"], "eval_s": s["eval_s"], "steps": s["steps"],
             "every": every}
+
+
+def diverged(strategy: str, seed, world: int, target: float, message: str) -> dict:
+    """The row of a run the divergence guard stopped: a result of the race (a target missed), not a failure."""
+    m = re.search(r"training diverged: .* at step (\d+)", message)
+    return {**dict.fromkeys(COLUMNS), "strategy": strategy, "seed": seed, "world_size": world, "target": target,
+            "target_reached": False, "diverged_at_step": int(m.group(1)) if m else None}
 
 
 def compare(rows: list[dict]) -> None:
@@ -54,12 +62,14 @@ def markdown(rows: list[dict]) -> str:
              "predicted s | bytes/step | bytes to target | DDP's bytes / these | collectives/step | final | step ms |",
              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['strategy']} | {fmt(r['seed'])} | {r['sync']} | {fmt(r['steps_to_target'])} | "
+        final = f"diverged at step {fmt(r['diverged_at_step'])}" if r.get("target_reached") is False and \
+            r.get("diverged_at_step") else fmt(r['final'], '.4f')
+        lines.append(f"| {r['strategy']} | {fmt(r['seed'])} | {fmt(r['sync'])} | {fmt(r['steps_to_target'])} | "
                      f"{fmt(r['time_to_target_s'], '.1f')} | {fmt(r['eval_s_to_target'], '.1f')} | "
                      f"{fmt(r.get('vs_ddp'), '.2f')} | {fmt(r.get('predicted_time_to_target_s'), '.1f')} | "
                      f"{fmt(r['wire_bytes_per_step'], ',.0f')} | {fmt(r['wire_bytes_to_target'], ',.0f')} | "
                      f"{fmt(r.get('bytes_vs_ddp'), '.1f')} | {fmt(r.get('collectives_per_step'), '.2f')} | "
-                     f"{fmt(r['final'], '.4f')} | {fmt(r['step_ms'], '.1f')} |")
+                     f"{final} | {fmt(r['step_ms'], '.1f')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -78,8 +88,9 @@ def by_strategy(rows: list[dict]) -> list[dict]:
     out = {}
     for r in rows:
         out.setdefault(r["strategy"], []).append(r)
-    return [{"strategy": name, "sync": runs[0]["sync"], "runs": len(runs),
+    return [{"strategy": name, "sync": next((r["sync"] for r in runs if r["sync"]), None), "runs": len(runs),
              "reached": sum(bool(r["target_reached"]) for r in runs),
+             "diverged": sum(bool(r.get("diverged_at_step")) for r in runs),
              **{k: spread([r.get(k) for r in runs]) for k in MEDIANS}} for name, runs in out.items()]
 
 
@@ -96,7 +107,8 @@ def summary_markdown(groups: list[dict]) -> str:
              "x DDP's time | MB to target | predicted s | prediction error | final | step ms |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for g in groups:
-        lines.append(f"| {g['strategy']} | {g['sync']} | {g['reached']}/{g['runs']} | "
+        reached = f"{g['reached']}/{g['runs']}" + (f" ({g['diverged']} diverged)" if g.get("diverged") else "")
+        lines.append(f"| {g['strategy']} | {fmt(g['sync'])} | {reached} | "
                      f"{_cell(g['steps_to_target'], '.0f')} | {_cell(g['time_to_target_s'], '.1f')} | "
                      f"{_cell(g['train_to_target_s'], '.1f')} | {_cell(g['vs_ddp'], '.2f')} | "
                      f"{_cell(g['wire_bytes_to_target'], '.1f', 1e-6)} | "

@@ -45,7 +45,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from ddp_lab.telemetry.provenance import command_line, write_record
 from ddp_lab.tools.bench import fresh_out_dir
-from ddp_lab.tools.bench.race_table import COLUMNS, by_strategy, compare, fmt, markdown, row, summary_markdown
+from ddp_lab.tools.bench.race_table import (COLUMNS, by_strategy, compare, diverged, fmt, markdown, row,
+                                           summary_markdown)
 from ddp_lab.tools.bench.trainer_runs import HYDRA_FLAGS, run_trainer
 from ddp_lab.tools.figures import pyplot
 
@@ -186,7 +187,16 @@ def main(argv=None) -> list[dict]:
             for strategy in args.strategies:
                 name = re.sub(r"[^\w.-]", "_", strategy)  # (Hydra parses the dir's "=")
                 run_dir = out / "runs" / (name if seed is None else f"{name}/seed{seed}")
-                s = run_trainer(world, run_overrides(strategy, seed, args), run_dir, args.timeout, cluster)
+                try:
+                    s = run_trainer(world, run_overrides(strategy, seed, args), run_dir, args.timeout, cluster)
+                except RuntimeError as e:  # the divergence guard stopped it: a target missed, the race goes on
+                    if "training diverged" not in str(e):
+                        raise
+                    rows.append(diverged(strategy, seed, world, args.target_acc if args.target_acc is not None
+                                         else args.target_loss, str(e)))
+                    print(f"  {strategy:10s} seed {fmt(seed):4s} diverged at step "
+                          f"{fmt(rows[-1]['diverged_at_step'])}: no target", flush=True)
+                    continue
                 if "val_loss" not in s and headline == "val_loss":  # a classification run's loss is test_loss
                     headline, figure = "test_loss", "loss_test"
                 rows.append(row(strategy, seed, s, _every(run_dir), headline))

@@ -1,7 +1,7 @@
 """The race's tables: each run against DDP's run of the same seed, and the median (range) per strategy."""
 import pytest
 
-from ddp_lab.tools.bench.race_table import by_strategy, compare, row, summary_markdown
+from ddp_lab.tools.bench.race_table import COLUMNS, by_strategy, compare, diverged, markdown, row, summary_markdown
 
 
 def _summary(steps, seconds, eval_s, sent, step_ms=500.0, final=2.7, sync="ddp"):
@@ -29,3 +29,20 @@ def test_each_run_is_compared_with_ddps_run_of_its_own_seed():
     assert diloco["predicted_time_to_target_s"] is None
     table = summary_markdown([ddp, diloco])
     assert "| diloco | ddp | 2/3 | 140 (120-160) | 50.0 (40.0-60.0) | 39.0 (30.0-48.0) | 0.35 (0.30-0.40) |" in table
+
+
+def test_a_run_the_divergence_guard_stopped_is_a_missed_target_not_a_failed_race():
+    said = ("run with 4 rank(s) failed (exit 1):\n...  traceback : ddp_lab: error: training diverged: the loss is "
+            "not finite at step 64 (rank 1: nan); the learning rate optim.lr=0.2 is likely too high: lower it")
+    gone = diverged("diloco", 2, 4, 0.88, said)
+    assert (gone["target_reached"], gone["diverged_at_step"], gone["world_size"], gone["time_to_target_s"]) == \
+        (False, 64, 4, None)
+    assert list(gone) == COLUMNS  # a race.csv row like any other
+    rows = [row("diloco", 1, _summary(120, 40.0, 10.0, 15_000, sync="diloco/builtin(every 8)"), 8, "val_loss"),
+            gone, row("ddp", 2, _summary(160, 200.0, 12.0, 160_000), 1, "val_loss")]
+    compare(rows)
+    assert gone.get("vs_ddp") is None
+    group = by_strategy(rows)[0]
+    assert (group["runs"], group["reached"], group["diverged"], group["sync"]) == (2, 1, 1, "diloco/builtin(every 8)")
+    assert "| diloco | diloco/builtin(every 8) | 1/2 (1 diverged) | 120 |" in summary_markdown([group])
+    assert "| diloco | 2 | - | - | - |" in markdown(rows) and "| diverged at step 64 | - |" in markdown(rows)
