@@ -75,6 +75,9 @@ class SyncConfig:
     overlap_mix: float = key(0.8, "diloco with overlap > 0: the share of its own weights a rank keeps when the "
                                   "outer step lands (0: replaced by the anchor; 0.8 beat 0.5 and 0: docs/defaults.md)",
                              ok=lambda v: 0 <= v <= 1, rule="in [0, 1]")
+    fragments: int = key(1, "diloco: the parameters cut into this many runs of about equal size, each synchronised "
+                            "every sync.every steps at its own offset, so each sync sends 1/F of the outer "
+                            "gradient (Streaming DiLoCo; 1: all at once)", at_least=1)
     poll: str = key("false", "opt-in: CPU ranks wait for the builtin all-reduce by polling (auto: where the "
                              "ranks fill the cores exactly); paid on one CPU of three (docs/defaults.md)",
                     ok=one_of(TRI_STATE), rule="one of auto, true, false")

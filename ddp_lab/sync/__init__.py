@@ -129,6 +129,13 @@ def validate(cfg) -> None:
         raise ConfigError(f"sync.overlap={cfg.overlap} sends DiLoCo's outer gradient in the background on torch's "
                           f"collectives: it takes sync.mode=diloco and sync.algo=builtin, not sync.mode={cfg.mode} "
                           f"sync.algo={cfg.algo}")
+    if cfg.fragments > 1 and (cfg.mode != "diloco" or cfg.algo != "builtin"):
+        raise ConfigError(f"sync.fragments={cfg.fragments} staggers DiLoCo's outer syncs on torch's collectives: it "
+                          f"takes sync.mode=diloco and sync.algo=builtin, not sync.mode={cfg.mode} "
+                          f"sync.algo={cfg.algo}")
+    if cfg.fragments > 1 and cfg.fragments > cfg.every:
+        raise ConfigError(f"sync.fragments={cfg.fragments} must be at most sync.every={cfg.every}: each fragment "
+                          f"synchronises at its own step of the {cfg.every}")
     if cfg.overlap and cfg.overlap >= cfg.every:
         raise ConfigError(f"sync.overlap={cfg.overlap} must be less than sync.every={cfg.every}: the outer step "
                           f"lands before the next synchronisation")

@@ -33,6 +33,12 @@ scores the anchor; a checkpoint taken while an all-reduce travels keeps what
 this rank sent, and a resumed run sends it again, so it resumes bit for bit. Under
 sync.compress=int8|int4 the quantized mean's all-to-all travels in the background
 and its all-gather (half the bytes) runs when the outer step lands.
+
+sync.fragments=F (Streaming DiLoCo's fragments): the parameters, in the model's
+order, are cut into F runs of about equal size; fragment f synchronises every H
+steps as above, but at step f*H//F of each round, so each sync sends 1/F of the
+outer gradient and the link's peak load falls F-fold. With sync.overlap=0 a
+fragment's outer step lands at once and its weights become its anchor.
 """
 from __future__ import annotations
 
@@ -44,6 +50,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.collectives.quantized import start_quantized_mean
+from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
 from ddp_lab.sync.base import COMPRESS_DTYPES, QUANTIZED
 from ddp_lab.sync.local_sgd import LocalSGDSync, average_into, kept
@@ -69,21 +76,35 @@ class DiLoCoSync(LocalSGDSync):
         m = cfg.outer_momentum
         self.outer = torch.optim.SGD(self.anchor, lr=cfg.outer_lr, momentum=m, nesterov=m > 0)
         self.overlap, self.mix = cfg.overlap, cfg.overlap_mix
-        self.sent: InFlight | None = None
+        self.fragments = fragment_bounds([p.numel() for p in self.params], cfg.fragments)
+        self.streaming = bool(self.overlap) or len(self.fragments) > 1
+        self.sent: list[InFlight | None] = [None] * len(self.fragments)  # each fragment's, on its way
 
-    # ------------------------------------------------------------ sync.overlap > 0
+    # ------------------------------------------------------------ sync.overlap > 0 or sync.fragments > 1
+    def due(self, f: int, step: int) -> bool:
+        """Whether fragment f sends its outer gradient after optimizer step `step` (its offset in the round)."""
+        return step % self.every == f * self.every // len(self.fragments)
+
     def after_step(self, step: int) -> None:
-        if not self.overlap:
+        if not self.streaming:
             return super().after_step(step)
         self.step = step
         with position.collective("weight sync"), self._timed():
-            if self.sent is not None and step == self.sent.step + self.overlap:
-                self._land(self.mix)
-            if step % self.every == 0:
-                with torch.no_grad():
-                    self._send(torch.cat([(a - p).reshape(-1) for a, p in zip(self.anchor, self.params)]), step)
+            for f, sent in enumerate(self.sent):
+                if sent is not None and step == sent.step + self.overlap:
+                    self._land(f, self.mix)
+            for f in range(len(self.fragments)):
+                if self.due(f, step):
+                    self._send_fragment(f, step)
+                    if not self.overlap:  # it lands at once: the fragment's weights become its anchor
+                        self._land(f, 0.0)
 
-    def _send(self, outer_grad: torch.Tensor, step: int) -> None:
+    @torch.no_grad()
+    def _send_fragment(self, f: int, step: int) -> None:
+        lo, hi = self.fragments[f]
+        self._send(f, torch.cat([(a - p).reshape(-1) for a, p in zip(self.anchor[lo:hi], self.params[lo:hi])]), step)
+
+    def _send(self, f: int, outer_grad: torch.Tensor, step: int) -> None:
         """Start the all-reduce of this rank's outer gradient (flat), in sync.compress's dtype (divided
         first, as _average does: a 16-bit sum cannot overflow), or its quantized mean (int8, int4: the
         all-to-all under way, the all-gather when it lands)."""
@@ -91,38 +112,46 @@ class DiLoCoSync(LocalSGDSync):
             wire = outer_grad.to(torch.float32, copy=True)  # (outer_grad kept as it was sent)
             pending, sent = start_quantized_mean(wire, self.cfg.compress)
             self.count(sent, 2)  # an all-to-all, then an all-gather when it lands
-            self.sent = InFlight(pending, wire, outer_grad, step)
+            self.sent[f] = InFlight(pending, wire, outer_grad, step)
             return
         dtype = COMPRESS_DTYPES.get(self.cfg.compress) or outer_grad.dtype
         wire = outer_grad.to(dtype, copy=True).div_(self.env.world_size)  # (outer_grad kept as it was sent)
         self.count(wire.numel() * wire.element_size())
-        self.sent = InFlight(dist.all_reduce(wire, async_op=True), wire, outer_grad, step)
+        self.sent[f] = InFlight(dist.all_reduce(wire, async_op=True), wire, outer_grad, step)
 
     @torch.no_grad()
-    def _land(self, mix: float) -> None:
-        """Wait for the outer gradient's all-reduce, step the anchor, mix it into the weights. (Resumed
-        while it travelled: every rank sends again what it sent, and the sum is the same to the bit.)"""
-        if self.sent.work is None:
-            self._send(self.sent.outer_grad, self.sent.step)
-        self.sent.work.wait()
-        mean, offset = self.sent.wire.float(), 0
-        self.sent = None
-        for a in self.anchor:
+    def _land(self, f: int, mix: float) -> None:
+        """Wait for fragment f's outer gradient, step its anchor, mix it into its weights. (Resumed while
+        it travelled: every rank sends again what it sent, and the sum is the same to the bit.)"""
+        if self.sent[f].work is None:
+            self._send(f, self.sent[f].outer_grad, self.sent[f].step)
+        self.sent[f].work.wait()
+        mean, offset = self.sent[f].wire.float(), 0
+        self.sent[f] = None
+        lo, hi = self.fragments[f]
+        for a in self.anchor[lo:hi]:
             a.grad = mean[offset:offset + a.numel()].view_as(a).to(a.dtype)
             offset += a.numel()
-        self.outer.step()
-        for p, a in zip(self.params, self.anchor):
+        self.outer.step()  # (the other fragments' anchors have no gradient: SGD leaves them, and their momentum)
+        for p, a in zip(self.params[lo:hi], self.anchor[lo:hi]):
             p.mul_(mix).add_(a, alpha=1 - mix)
-        self._average_buffers()
+            a.grad = None
+        if f == 0:  # once a round
+            self._average_buffers()
 
     def finish(self, step: int) -> None:
-        if not self.overlap:
+        if not self.streaming:
             return super().finish(step)
         with position.collective("weight sync"):
-            if self.sent is not None:  # the last outer step lands; every rank ends on the anchor
-                self._land(0.0)
-            elif step % self.every:
-                self.synchronise()
+            if len(self.fragments) == 1 and self.sent[0] is None:
+                if step % self.every:
+                    self.synchronise()
+                return
+            for f, sent in enumerate(self.sent):  # every rank ends on the anchor
+                if sent is None and not (self.due(f, step) and not self.overlap):
+                    self._send_fragment(f, step)
+                if self.sent[f] is not None:
+                    self._land(f, 0.0)
 
     @torch.no_grad()
     def synchronise(self) -> None:
@@ -146,7 +175,7 @@ class DiLoCoSync(LocalSGDSync):
     def consensus(self):
         """The anchor and its buffers (the model every rank agrees on), for an evaluation; each
         rank's own weights and buffers are back after it."""
-        if self.synced_at(self.step) and not self.overlap:
+        if self.synced_at(self.step) and not self.streaming:
             yield
             return
         with kept(self.params + self.buffers):
@@ -158,11 +187,13 @@ class DiLoCoSync(LocalSGDSync):
     def state_dict(self) -> dict:
         return {"step": self.step, "anchor": [a.detach().clone() for a in self.anchor],
                 "anchor_buffers": [a.detach().clone() for a in self.anchor_buffers],
-                "outer": self.outer.state_dict(), "sent_at": self.sent.step if self.sent else None}
+                "outer": self.outer.state_dict(), "sent_at": [s.step if s else None for s in self.sent]}
 
     def own_state_dict(self) -> dict:
-        """overlap: what this rank sent in the all-reduce still travelling (sent again on resume)."""
-        return {"sent": self.sent.outer_grad.clone()} if self.sent else {}
+        """overlap: what this rank sent in the all-reduces still travelling, by fragment (sent again on resume)."""
+        if not any(self.sent):
+            return {}
+        return {"sent": [s.outer_grad.clone() if s else None for s in self.sent]}
 
     def load_state_dict(self, shared: dict, own: dict | None) -> None:
         super().load_state_dict(shared, own)
@@ -172,11 +203,35 @@ class DiLoCoSync(LocalSGDSync):
                                     shared["anchor"] + shared.get("anchor_buffers", [])):
                     a.copy_(saved)
             self.outer.load_state_dict(shared["outer"])
-        if shared.get("sent_at") is not None and own and "sent" in own:  # (another world size: dropped)
-            self.sent = InFlight(None, None, own["sent"], shared["sent_at"])
+        sent_at, mine = shared.get("sent_at"), (own or {}).get("sent")
+        if isinstance(sent_at, int):  # saved before fragments: one, the whole model
+            sent_at, mine = [sent_at], [mine]
+        if sent_at is None or not any(s is not None for s in sent_at):
+            return
+        if len(sent_at) != len(self.fragments):
+            raise ConfigError(f"the checkpoint was saved with sync.fragments={len(sent_at)} while an outer gradient "
+                              f"travelled: resume with sync.fragments={len(sent_at)}")
+        if mine is not None:  # (another world size: no file of this rank's; dropped)
+            self.sent = [InFlight(None, None, g, at) if at is not None else None for at, g in zip(sent_at, mine)]
 
     def describe(self) -> str:
         c = self.cfg.compress
         late = f", overlap {self.overlap} mix {self.mix:g}" if self.overlap else ""
+        late += f", fragments {len(self.fragments)}" if len(self.fragments) > 1 else ""
         return (f"diloco/{self.cfg.algo}(every {self.every}, outer lr {self.cfg.outer_lr:g}, "
                 f"momentum {self.cfg.outer_momentum:g}{late})" + ("" if c == "none" else f"+{c}"))
+
+
+def fragment_bounds(sizes: list[int], fragments: int) -> list[tuple[int, int]]:
+    """[lo, hi) runs of the parameters (their element counts `sizes`, in order) cut into `fragments` of about
+    equal size: fragment f begins at the first parameter where the running total reaches f/F of the whole
+    (or where the parameters left are just enough for one each)."""
+    if fragments > len(sizes):
+        raise ConfigError(f"sync.fragments={fragments} is more than the model's {len(sizes)} trainable parameter "
+                          f"tensors: use at most {len(sizes)}")
+    total, cuts = sum(sizes), [0]
+    for i in range(1, len(sizes)):
+        left = fragments - len(cuts)
+        if left and (sum(sizes[:i]) >= len(cuts) * total / fragments or len(sizes) - i == left):
+            cuts.append(i)
+    return list(zip(cuts, cuts[1:] + [len(sizes)]))

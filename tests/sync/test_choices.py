@@ -84,7 +84,7 @@ def test_the_schema_holds_every_sync_key_with_a_true_choice_list():
     fields = {f.name: f.metadata["help"] for f in dataclasses.fields(SyncConfig)}
     assert list(fields) == ["mode", "algo", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph",
                             "compress", "powersgd_rank", "powersgd_start_step", "zero_stage", "shard_units", "prefetch",
-                            "every", "local_sgd_start_step", "outer_lr", "outer_momentum", "overlap", "overlap_mix",
+                            "every", "local_sgd_start_step", "outer_lr", "outer_momentum", "overlap", "overlap_mix", "fragments",
                             "poll"]
     assert all(m in fields["mode"] for m in ("auto", *MODES, *PERIODIC, *SHARDED))
     assert [a.value for a in Algo] == list(ALGOS)
@@ -127,3 +127,25 @@ def test_an_overlap_diloco_cannot_serve_is_refused_in_one_line(extra, says):
     with pytest.raises(ConfigError, match=says) as e:
         validate(sync_cfg(**{"mode": "diloco", "every": 8, "overlap": 2, **extra}))
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("extra,says", [
+    (dict(mode="local_sgd"), r"sync.fragments=3 staggers DiLoCo's outer syncs .* not sync.mode=local_sgd"),
+    (dict(algo="ring"), r"sync.fragments=3 staggers .* on torch's collectives: .* sync.algo=ring$"),
+    (dict(every=2), r"sync.fragments=3 must be at most sync.every=2: each fragment synchronises at its own step"),
+])
+def test_fragments_diloco_cannot_serve_are_refused_in_one_line(extra, says):
+    with pytest.raises(ConfigError, match=says) as e:
+        validate(sync_cfg(**{"mode": "diloco", "every": 8, "fragments": 3, **extra}))
+    assert "\n" not in str(e.value)
+
+
+def test_fragments_cut_the_parameters_into_runs_of_about_equal_size():
+    from ddp_lab.sync.diloco import fragment_bounds
+    assert fragment_bounds([48, 8, 8, 24, 3], 1) == [(0, 5)]
+    assert fragment_bounds([48, 8, 8, 24, 3], 2) == [(0, 1), (1, 5)]  # 48 | 43
+    assert fragment_bounds([10] * 6, 3) == [(0, 2), (2, 4), (4, 6)]
+    assert fragment_bounds([100, 1, 1, 1], 3) == [(0, 1), (1, 2), (2, 4)]  # one large: the rest one each
+    assert fragment_bounds([1, 1, 1, 100], 3) == [(0, 2), (2, 3), (3, 4)]  # left just enough for one each
+    with pytest.raises(ConfigError, match=r"sync.fragments=5 is more than the model's 4 trainable parameter tensors"):
+        fragment_bounds([1, 1, 1, 1], 5)

@@ -43,44 +43,59 @@ def _inner(params):
     return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
 
 
-def reference(overlap: int = 0, mix: float = 0.0) -> list[list[list[torch.Tensor]]]:
+# Streaming DiLoCo's fragments of _model's parameters (48, 8, 8, 24 and 3 elements): by hand, in halves
+FRAGMENTS = {1: [[0, 1, 2, 3, 4]], 2: [[0], [1, 2, 3, 4]]}
+
+
+def reference(overlap: int = 0, mix: float = 0.0, fragments: int = 1) -> list[list[list[torch.Tensor]]]:
     """Each worker's parameters after every step (the anchor after the last step of a round). With
     overlap (Streaming DiLoCo), the outer gradients taken at a round's end are applied `overlap` steps
-    later, and each worker keeps `mix` of the weights it reached in between."""
+    later, and each worker keeps `mix` of the weights it reached in between. With fragments, fragment f's
+    round ends at step f*H//F of each H instead (its first round is shorter)."""
     x, y = _data()
     workers = [_model() for _ in range(N)]
     opts = [_inner(w.parameters()) for w in workers]
     anchor = [p.detach().clone() for p in workers[0].parameters()]
     buf = [torch.zeros_like(a) for a in anchor]
     seen = [[] for _ in range(N)]
-    sent = None  # the mean outer gradient of each parameter, taken at a round's end
-    for step in range(H * ROUNDS):
+    groups = FRAGMENTS[fragments]
+    sent = [None] * fragments  # per fragment: (the step, the mean outer gradient of each of its parameters)
+
+    def land(f, mix):
+        at, delta = sent[f]
+        for i in groups[f]:
+            buf[i] = MU * buf[i] + delta[i]
+            anchor[i] -= LR * (delta[i] + MU * buf[i])
+            for w in workers:
+                p = list(w.parameters())[i]
+                p.copy_(mix * p + (1 - mix) * anchor[i])
+        sent[f] = None
+
+    for step in range(1, H * ROUNDS + 1):
         for r, (w, opt) in enumerate(zip(workers, opts)):
-            F.cross_entropy(w(x[step, r]), y[step, r]).backward()
+            F.cross_entropy(w(x[step - 1, r]), y[step - 1, r]).backward()
             opt.step()
             opt.zero_grad()
         with torch.no_grad():
-            if (step + 1) % H == 0:
-                sent = [sum(a - list(w.parameters())[i] for w in workers) / N for i, a in enumerate(anchor)]
-            if sent is not None and (step + 1) % H == overlap % H:
-                for i, a in enumerate(anchor):
-                    buf[i] = MU * buf[i] + sent[i]
-                    a -= LR * (sent[i] + MU * buf[i])
-                for w in workers:
-                    for p, a in zip(w.parameters(), anchor):
-                        p.copy_(mix * p + (1 - mix) * a)
-                sent = None
+            for f in range(fragments):
+                if sent[f] is not None and step == sent[f][0] + overlap:
+                    land(f, mix)
+            for f, group in enumerate(groups):
+                if step % H == f * H // fragments:
+                    sent[f] = (step, {i: sum(anchor[i] - list(w.parameters())[i] for w in workers) / N for i in group})
+                    if not overlap:
+                        land(f, 0.0)
         for r, w in enumerate(workers):
             seen[r].append([p.detach().clone() for p in w.parameters()])
     return seen
 
 
-def _run(rank: int, world_size: int, overlap: int = 0, mix: float = 0.5) -> dict:
+def _run(rank: int, world_size: int, overlap: int = 0, mix: float = 0.5, fragments: int = 1) -> dict:
     x, y = _data()
     env = DistEnv(rank, world_size, 0, CPU, "gloo")
     model = _model()
     sync = build_sync(sync_cfg("diloco", every=H, outer_lr=LR, outer_momentum=MU, local_sgd_start_step=0,
-                               overlap=overlap, overlap_mix=mix), model, env)
+                               overlap=overlap, overlap_mix=mix, fragments=fragments), model, env)
     opt = _inner(model.parameters())
     steps, evaluated = [], {}
     for step in range(H * ROUNDS):
@@ -104,7 +119,8 @@ def _run(rank: int, world_size: int, overlap: int = 0, mix: float = 0.5) -> dict
             evaluated["own"] = own
             # (numpy arrays: tensors would go back through shared memory the ending rank takes along)
             evaluated["anchor_model"] = {k: v.numpy().copy() for k, v in anchor.state_dict().items()}
-    return {"steps": steps, "describe": sync.describe(), **evaluated}
+    return {"steps": steps, "describe": sync.describe(), "fragments": sync.fragments,
+            "bytes": sync.wire_bytes, "collectives": sync.collectives, **evaluated}
 
 
 class _Loader:
@@ -149,6 +165,29 @@ def test_overlapped_diloco_takes_the_steps_of_its_reference():
     assert max(abs(torch.from_numpy(a) - b).max().item() for a, b in zip(ranks[0]["steps"][-1], plain[0][-1])) > 1e-3
     assert any((a != b).any() for a, b in zip(ranks[0]["steps"][H], ranks[1]["steps"][H]))
     assert ranks[0]["describe"] == "diloco/builtin(every 3, outer lr 0.7, momentum 0.9, overlap 1 mix 0.5)"
+
+
+@pytest.mark.parametrize("overlap", [0, 1])
+def test_diloco_in_staggered_fragments_takes_the_steps_of_its_reference(overlap):
+    """sync.fragments=2: the first layer's weight syncs at steps 3, 6, 9, the rest at 1, 4, 7 (each half the
+    bytes), blocking or landing a step late."""
+    ranks, ref = run_in_processes(_run, N, overlap, 0.5, 2, timeout=120), reference(overlap, 0.5 * overlap, 2)
+    assert ranks[0]["fragments"] == [(0, 1), (1, 5)]
+    for r, got in enumerate(ranks):
+        for step, (mine, want) in enumerate(zip(got["steps"], ref[r]), start=1):
+            diff = max(abs(torch.from_numpy(a) - b).max().item() for a, b in zip(mine, want))
+            assert diff < 1e-5, (r, step, diff)
+    # not DiLoCo of the whole model at once; every parameter's outer gradient sent 3 times, each fragment's
+    # apart, and BatchNorm's 16 statistics averaged as fragment 0 lands (with overlap 1 its third, sent at step
+    # 9, would land at step 10)
+    whole = reference(overlap, 0.5 * overlap)
+    assert max(abs(torch.from_numpy(a) - b).max().item() for a, b in zip(ranks[0]["steps"][-1], whole[0][-1])) > 1e-3
+    landed = 3 - overlap
+    assert ranks[0]["bytes"] == (3 * 91 + landed * 16) * 4 and ranks[0]["collectives"] == 3 * 2 + landed
+    if not overlap:  # after step 1 the second fragment is the ranks' anchor, the first each rank's own
+        first, rest = ([torch.from_numpy(r["steps"][0][i]) for r in ranks] for i in (0, 3))
+        assert (rest[0] == rest[1]).all() and (first[0] != first[1]).any()
+    assert ranks[0]["describe"].endswith(", fragments 2)")
 
 
 def test_an_evaluation_scores_the_anchor_with_its_buffers_and_leaves_each_rank_its_own(ranks):

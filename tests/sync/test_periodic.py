@@ -207,6 +207,8 @@ RESUMED = {
     "diloco_overlap": ["sync=diloco", "sync.every=4", "sync.overlap=2"],
     # the same in 4 bits: the quantized mean's all-to-all on the wire at step 9, sent again on resume
     "diloco_overlap_int4": ["sync=diloco", "sync.every=4", "sync.overlap=2", "sync.compress=int4"],
+    # in 2 fragments: the first's (sent at step 8) on the wire at step 9, the second's (sent at 6) landed at 8
+    "diloco_fragments": ["sync=diloco", "sync.every=4", "sync.overlap=2", "sync.fragments=2"],
     "powersgd": ["sync=powersgd", "sync.powersgd_start_step=4"],
     "zero": ["sync=zero", "sync.algo=ring_textbook", "optim=adamw"],  # each rank its shard of AdamW's state
     "zero2": ["sync=zero", "sync.zero_stage=2", "optim=adamw"],  # and of the gradients, sent in the backward
@@ -248,7 +250,10 @@ def test_a_killed_rank_resumes_bit_identical(strategy, tiny_fmnist, tmp_path):
         assert mine.shape == first.shape and not torch.equal(mine, first)
     else:  # the rank's own weights, which differ from rank 0's at step 9
         if strategy == "diloco_overlap":
-            assert own["sync"]["sent"].numel() == sum(w.numel() for w in own["model"].values())
+            assert own["sync"]["sent"][0].numel() == sum(w.numel() for w in own["model"].values())
+        if strategy == "diloco_fragments":
+            first, second = own["sync"]["sent"]
+            assert second is None and 0 < first.numel() < sum(w.numel() for w in own["model"].values())
         rank0 = torch.load(tmp_path / "killed" / "checkpoints" / "step-9" / "state.pt", weights_only=True)
         assert any(not torch.equal(own["model"][k], rank0["model"][k]) for k in own["model"])
     assert a["wire_bytes_per_step"] > 0

@@ -21,7 +21,8 @@ latency (`collectives_to_target`: DDP one a bucket, PowerSGD three a bucket,
 DiLoCo in 4 bits two a sync); a race.csv from before they were counted
 charges one a synchronisation. DiLoCo with sync.overlap=TAU computes TAU inner steps
 while its outer all-reduce travels: only what the all-reduce takes beyond
-TAU loopback steps is added. Given a fit of loopback itself (`local`), the
+TAU loopback steps is added. DiLoCo in F fragments (sync.fragments) makes F
+synchronisations a round, each of 1/F of the bytes, each hidden or paid alone. Given a fit of loopback itself (`local`), the
 loopback run's own collectives are priced on it and taken out first: what
 is left is compute (DDP's loopback all-reduce partly overlapped its backward,
 so this takes out a little too much there; an overlapped DiLoCo's is hidden
@@ -50,7 +51,7 @@ def time_to_target_s(loopback: dict, link: Params, world: int, local: Params | N
         return None
     steps, every = int(loopback["steps_to_target"]), int(loopback["every"])
     sent = float(loopback.get("wire_bytes_to_target") or steps * float(loopback["wire_bytes_per_step"]))
-    syncs = steps / every
+    syncs = steps / every * fragments_of(loopback)
     calls = float(loopback.get("collectives_to_target") or syncs)
 
     def per_sync(on: Params) -> float:  # the bytes at its bandwidth, every collective at its latency
@@ -66,6 +67,12 @@ def overlap_of(row: dict) -> int:
     """DiLoCo's sync.overlap (TAU) of a race's row, read from its sync description; 0 if none."""
     m = re.search(r"overlap (\d+)", row.get("sync") or "")
     return int(m.group(1)) if m else 0
+
+
+def fragments_of(row: dict) -> int:
+    """DiLoCo's sync.fragments of a race's row, read from its sync description; 1 if none."""
+    m = re.search(r"fragments (\d+)", row.get("sync") or "")
+    return int(m.group(1)) if m else 1
 
 
 def loopback_rows(path: Path) -> dict[tuple[str, str], dict]:

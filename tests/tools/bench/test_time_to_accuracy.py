@@ -88,6 +88,13 @@ def test_diloco_overlapped_pays_only_what_its_all_reduce_takes_beyond_tau_steps(
     assert time_to_target_s({**row, "step_ms": "50"}, LINK, 4) == pytest.approx(40.0 + 15 * (per_sync - 0.2))
     waits = {**row, "sync": "diloco/builtin(every 8, outer lr 0.7, momentum 0.5)"}  # no overlap: all of it
     assert time_to_target_s(waits, LINK, 4) == pytest.approx(40.0 + 15 * per_sync)
+    # in 4 fragments: 60 syncs of a quarter of the bytes (0.10 s), each hidden behind 4 steps of 0.02 s but for its rest
+    quarter = 2 * 3 * 1e-4 + 2 * 3 / 4 * b / 4 * 8e-8
+    fragments = {**row, "step_ms": "20", "collectives_to_target": "60",
+                 "sync": "diloco/builtin(every 8, outer lr 0.7, momentum 0.5, overlap 4 mix 0.5, fragments 4)"}
+    assert time_to_target_s(fragments, LINK, 4) == pytest.approx(40.0 + 60 * (quarter - 0.08))
+    blocking = {**fragments, "sync": "diloco/builtin(every 8, outer lr 0.7, momentum 0.5, fragments 4)"}
+    assert time_to_target_s(blocking, LINK, 4) == pytest.approx(40.0 + 60 * quarter)
 
 
 @pytest.mark.parametrize("argv,says", [
