@@ -54,6 +54,7 @@ def _abort_in_teardown_on_rank_one(rank: int, world_size: int):
 
 
 def test_a_rank_that_crashes_in_teardown_keeps_its_result_and_is_reported():
-    with pytest.warns(RuntimeWarning, match=rf"rank 1 of 2 reported its result, then exited with code -{signal.SIGABRT}"):
+    aborted = rf"rank 1 of 2 reported its result, then exited with code -{signal.SIGABRT}"
+    with pytest.warns(RuntimeWarning, match=aborted):
         values = run_in_processes(_abort_in_teardown_on_rank_one, 2, timeout=60)
     assert values == [[0] * 100_000, [1] * 100_000]

@@ -45,8 +45,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from ddp_lab.telemetry.provenance import command_line, write_record
 from ddp_lab.tools.bench import fresh_out_dir
-from ddp_lab.tools.bench.race_table import (COLUMNS, by_strategy, compare, diverged, fmt, markdown, row,
-                                           summary_markdown)
+from ddp_lab.tools.bench.race_table import COLUMNS, by_strategy, compare, diverged, fmt, markdown, row, summary_markdown
 from ddp_lab.tools.bench.trainer_runs import HYDRA_FLAGS, run_trainer
 from ddp_lab.tools.figures import pyplot
 

@@ -22,8 +22,8 @@ DiLoCo in 4 bits two a sync); a race.csv from before they were counted
 charges one a synchronisation. DiLoCo with sync.overlap=TAU computes TAU inner steps
 while its outer all-reduce travels: only what the all-reduce takes beyond
 TAU loopback steps is added. DiLoCo in F fragments (sync.fragments) makes F
-synchronisations a round, each of 1/F of the bytes, each hidden or paid alone. Given a fit of loopback itself (`local`), the
-loopback run's own collectives are priced on it and taken out first: what
+synchronisations a round, each of 1/F of the bytes, each hidden or paid alone.
+Given a fit of loopback itself (`local`), the loopback run's own collectives are priced on it and taken out first: what
 is left is compute (DDP's loopback all-reduce partly overlapped its backward,
 so this takes out a little too much there; an overlapped DiLoCo's is hidden
 and left in).
