@@ -23,10 +23,10 @@ charges one a synchronisation. DiLoCo with sync.overlap=TAU computes TAU inner s
 while its outer all-reduce travels: only what the all-reduce takes beyond
 TAU loopback steps is added. DiLoCo in F fragments (sync.fragments) makes F
 synchronisations a round, each of 1/F of the bytes, each hidden or paid alone.
-Given a fit of loopback itself (`local`), the loopback run's own collectives are priced on it and taken out first: what
-is left is compute (DDP's loopback all-reduce partly overlapped its backward,
-so this takes out a little too much there; an overlapped DiLoCo's is hidden
-and left in).
+Given a fit of loopback itself (`local`), the loopback run's own collectives
+are priced on it and taken out first: what is left is compute (DDP's loopback
+all-reduce partly overlapped its backward, so this takes out a little too
+much there; an overlapped DiLoCo's is hidden and left in).
 
 At another rate the link's seconds per byte scale as 1/rate: `by_rate` prices
 each strategy across rates, so a user reads at which bandwidth each starts
