@@ -205,7 +205,7 @@ class DiLoCoSync(LocalSGDSync):
             self.outer.load_state_dict(shared["outer"])
         sent_at, mine = shared.get("sent_at"), (own or {}).get("sent")
         if isinstance(sent_at, int):  # saved before fragments: one, the whole model
-            sent_at, mine = [sent_at], [mine]
+            sent_at, mine = [sent_at], None if mine is None else [mine]
         if sent_at is None or not any(s is not None for s in sent_at):
             return
         if len(sent_at) != len(self.fragments):

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
 from ddp_lab.sync import build_sync
 from ddp_lab.training.evaluation import evaluate
@@ -251,3 +252,35 @@ def test_overlapped_outer_gradients_in_4_bits_land_as_the_blocking_ones_would():
     assert 0 < off < 0.2 * full["anchor_moved"], (off, full["anchor_moved"])
     assert got["bytes"] == ranks[0]["int4"]["bytes"]  # the same quantized messages, sent later
     assert got["describe"].endswith("overlap 1 mix 0.5)+int4")
+
+
+def _load_checkpoints(rank: int, world_size: int) -> dict:
+    def built(fragments):
+        return build_sync(sync_cfg("diloco", every=4, outer_lr=LR, outer_momentum=MU, local_sgd_start_step=0,
+                                   overlap=2, fragments=fragments), _model(), DistEnv(rank, world_size, 0, CPU, "gloo"))
+    saved = built(1).state_dict()
+    sent = torch.arange(91.0)
+    out = {}
+    one = built(1)  # a checkpoint from before fragments: one step, one tensor
+    one.load_state_dict({**saved, "sent_at": 8}, {"sent": sent})
+    out["old"] = [(s.step, s.outer_grad.tolist()) if s else None for s in one.sent]
+    gone = built(1)  # the same at another world size: no file of this rank's
+    gone.load_state_dict({**saved, "sent_at": 8}, None)
+    out["other world"] = gone.sent
+    two = built(2)
+    two.load_state_dict({**saved, "sent_at": [None, 6]}, {"sent": [None, sent[48:]]})
+    out["fragments"] = [(s.step, len(s.outer_grad)) if s else None for s in two.sent]
+    try:
+        built(2).load_state_dict({**saved, "sent_at": [8]}, {"sent": [sent]})
+    except ConfigError as e:
+        out["refused"] = str(e)
+    return out
+
+
+def test_a_checkpoint_keeps_each_fragments_outer_gradient_in_flight_and_old_ones_still_load():
+    got = run_in_processes(_load_checkpoints, 1, timeout=60)[0]
+    assert got["old"] == [(8, list(range(91)))]
+    assert got["other world"] == [None]
+    assert got["fragments"] == [None, (6, 43)]
+    assert got["refused"] == ("the checkpoint was saved with sync.fragments=1 while an outer gradient travelled: "
+                              "resume with sync.fragments=1")
