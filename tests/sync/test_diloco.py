@@ -63,7 +63,7 @@ def reference(overlap: int = 0, mix: float = 0.0, fragments: int = 1) -> list[li
     sent = [None] * fragments  # per fragment: (the step, the mean outer gradient of each of its parameters)
 
     def land(f, mix):
-        at, delta = sent[f]
+        _, delta = sent[f]
         for i in groups[f]:
             buf[i] = MU * buf[i] + delta[i]
             anchor[i] -= LR * (delta[i] + MU * buf[i])

@@ -62,8 +62,7 @@ def markdown(rows: list[dict]) -> str:
              "predicted s | bytes/step | bytes to target | DDP's bytes / these | collectives/step | final | step ms |",
              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        final = f"diverged at step {fmt(r['diverged_at_step'])}" if r.get("target_reached") is False and \
-            r.get("diverged_at_step") else fmt(r['final'], '.4f')
+        final = f"diverged at step {r['diverged_at_step']}" if r.get("diverged_at_step") else fmt(r['final'], '.4f')
         lines.append(f"| {r['strategy']} | {fmt(r['seed'])} | {fmt(r['sync'])} | {fmt(r['steps_to_target'])} | "
                      f"{fmt(r['time_to_target_s'], '.1f')} | {fmt(r['eval_s_to_target'], '.1f')} | "
                      f"{fmt(r.get('vs_ddp'), '.2f')} | {fmt(r.get('predicted_time_to_target_s'), '.1f')} | "
