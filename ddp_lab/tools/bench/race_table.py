@@ -46,7 +46,7 @@ def compare(rows: list[dict]) -> None:
         d = ddp.get(r["seed"])
         if d and d["time_to_target_s"] and r["time_to_target_s"]:
             r["vs_ddp"] = r["time_to_target_s"] / d["time_to_target_s"]
-        if d and r["wire_bytes_per_step"]:
+        if d and d["wire_bytes_per_step"] and r["wire_bytes_per_step"]:
             r["bytes_vs_ddp"] = d["wire_bytes_per_step"] / r["wire_bytes_per_step"]
 
 

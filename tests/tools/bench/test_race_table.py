@@ -46,3 +46,12 @@ def test_a_run_the_divergence_guard_stopped_is_a_missed_target_not_a_failed_race
     assert (group["runs"], group["reached"], group["diverged"], group["sync"]) == (2, 1, 1, "diloco/builtin(every 8)")
     assert "| diloco | diloco/builtin(every 8) | 1/2 (1 diverged) | 120 |" in summary_markdown([group])
     assert "| diloco | 2 | - | - | - |" in markdown(rows) and "| diverged at step 64 | - |" in markdown(rows)
+
+
+def test_a_seed_on_which_ddp_diverged_leaves_its_other_runs_without_a_ratio():
+    ddp_gone = diverged("ddp", 2, 2, 0.88, "training diverged: the loss is not finite at step 63 (rank 0: nan)")
+    local = row("local_sgd", 2, _summary(336, 17.7, 3.0, 21_000_000), 8, "val_loss")
+    rows = [ddp_gone, local]
+    compare(rows)  # (this raised a TypeError: DDP's bytes a step are unknown)
+    assert (local.get("vs_ddp"), local.get("bytes_vs_ddp"), local["time_to_target_s"]) == (None, None, 17.7)
+    assert by_strategy(rows)[0]["diverged"] == 1
