@@ -125,7 +125,8 @@ def test_a_regression_trains_by_its_loss_alone_and_its_held_out_loss_falls(compo
 
 
 def test_a_users_loss_by_target_trains_and_a_max_steps_run_counts_steps(compose_train, tmp_path, capsys):
-    huber = ["trainer.loss._target_=torch.nn.HuberLoss", "+trainer.loss.delta=1.0", "trainer.max_steps=40"]
+    huber = ["trainer.loss._target_=torch.nn.HuberLoss", "+trainer.loss.delta=1.0", "trainer.max_steps=40",
+             "optim.warmup_epochs=0.5"]  # (40 steps are 1.25 epochs: not all of them warming up)
     before, s = _fit_alone(compose_train, tmp_path, [*REGRESSION, *huber])
     assert s["test_loss"] < 0.05 * before  # the Huber loss: linear past 1, so slower than MSE, still falling
     assert (s["steps"], s["max_steps_cut"]) == (40, True)

@@ -117,7 +117,7 @@ class OptimConfig:
     lr: float = key(0.2, "peak learning rate for the global batch", ok=positive_finite,
                     rule="a positive, finite number (e.g. optim.lr=0.1)")
     schedule: Schedule = key(Schedule.cosine, "constant | cosine (decays to 0 over the run)")
-    warmup_epochs: float = key(0.5, "linear warm-up from about 0, in epochs (0: none)", at_least=0)
+    warmup_epochs: float = key(1.0, "linear warm-up from about 0, in epochs (0: none)", at_least=0)
     warmup_steps: int = key(0, "linear warm-up in optimizer steps; when > 0 it replaces warmup_epochs",
                             at_least=0)
     clip_grad_norm: float = key(0.0, "clip the gradients' norm over the whole model to this before each step "
