@@ -77,10 +77,27 @@ def quantized_mean_(flat: torch.Tensor, compress: str, group: dist.ProcessGroup 
     return sent
 
 
+class QuantizedMeanUnderWay:
+    """start_quantized_mean's call: its all-to-all under way, then its all-gather. advance() waits for the
+    all-to-all, sums and starts the all-gather in the background; wait() finishes both. Every rank must
+    advance at the same point (collectives go in the same order on every rank)."""
+
+    def __init__(self, first: Pending):
+        self.first, self.second = first, None
+
+    def advance(self) -> None:
+        if self.second is None:
+            self.second = self.first.wait()
+
+    def wait(self) -> torch.Tensor:
+        self.advance()
+        return self.second.wait()
+
+
 def start_quantized_mean(flat: torch.Tensor, compress: str, group: dist.ProcessGroup | None = None):
-    """quantized_mean_ with its all-to-all under way when it returns: (a Pending whose wait() finishes
-    it, the all-gather included, and leaves the mean in flat; the bytes). What DiLoCo's sync.overlap
-    sends; flat must not change until the wait."""
+    """quantized_mean_ with its all-to-all under way when it returns: (a QuantizedMeanUnderWay whose
+    wait() finishes it and leaves the mean in flat; the bytes). What DiLoCo's sync.overlap sends,
+    advancing it halfway; flat must not change until the wait."""
     bits, n = BITS[compress], dist.get_world_size(group)
     chunk = -(-flat.numel() // (n * BLOCK)) * BLOCK  # each rank's chunk, whole blocks
     padded = torch.zeros(n * chunk, dtype=torch.float32, device=flat.device)
@@ -90,11 +107,14 @@ def start_quantized_mean(flat: torch.Tensor, compress: str, group: dist.ProcessG
     recv = torch.empty_like(send)
     work = dist.all_to_all_single(recv, send, group=group, async_op=True)  # row j: rank j's piece of my chunk
 
-    def finish() -> torch.Tensor:
+    def gather() -> Pending:
         mean = sum(_unpack(recv[j], chunk, bits) for j in range(n)) / n  # summed in fp32
         gathered = torch.empty_like(send)
-        TORCH_ALL_GATHER(gathered.view(-1), _pack(mean, bits), group=group)
-        whole = torch.cat([_unpack(gathered[j], chunk, bits) for j in range(n)])
-        return flat.copy_(whole[:flat.numel()])
+        done = TORCH_ALL_GATHER(gathered.view(-1), _pack(mean, bits), group=group, async_op=True)
 
-    return Pending([work], finish), n * message_bytes(chunk, bits)
+        def unpack() -> torch.Tensor:
+            whole = torch.cat([_unpack(gathered[j], chunk, bits) for j in range(n)])
+            return flat.copy_(whole[:flat.numel()])
+        return Pending([done], unpack)
+
+    return QuantizedMeanUnderWay(Pending([work], gather)), n * message_bytes(chunk, bits)

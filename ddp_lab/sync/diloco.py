@@ -32,7 +32,8 @@ With TAU=0 nothing changes: the code path is the one above. An evaluation
 scores the anchor; a checkpoint taken while an all-reduce travels keeps what
 this rank sent, and a resumed run sends it again, so it resumes bit for bit. Under
 sync.compress=int8|int4 the quantized mean's all-to-all travels in the background
-and its all-gather (half the bytes) runs when the outer step lands.
+for TAU//2 steps, then its all-gather (the other half of the bytes) for the rest
+(with TAU=1 the all-gather runs when the outer step lands).
 
 sync.fragments=F (Streaming DiLoCo's fragments): the parameters, in the model's
 order, are cut into F runs of about equal size; fragment f synchronises every H
@@ -93,6 +94,8 @@ class DiLoCoSync(LocalSGDSync):
             for f, sent in enumerate(self.sent):
                 if sent is not None and step == sent.step + self.overlap:
                     self._land(f, self.mix)
+                elif sent is not None and step == sent.step + self.overlap // 2 and hasattr(sent.work, "advance"):
+                    sent.work.advance()  # int8, int4: halfway, the all-gather starts in the background
             for f in range(len(self.fragments)):
                 if self.due(f, step):
                     self._send_fragment(f, step)

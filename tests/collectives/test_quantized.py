@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddp_lab.collectives.quantized import BLOCK, dequantize, message_bytes, quantize, quantized_mean_
+from ddp_lab.collectives.basics import Pending
+from ddp_lab.collectives.quantized import (
+    BLOCK,
+    dequantize,
+    message_bytes,
+    quantize,
+    quantized_mean_,
+    start_quantized_mean,
+)
 from tests.multiproc import run_in_processes
 
 
@@ -68,3 +76,23 @@ def pad(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     out = like.clone()
     out[:x.numel()] = x
     return out
+
+
+def _in_two_phases(rank: int, world_size: int) -> dict:
+    x = _sample(rank)
+    at_once, halves = x.clone(), x.clone()
+    quantized_mean_(at_once, "int4")
+    under_way, _ = start_quantized_mean(halves, "int4")
+    started = under_way.second is None  # only the all-to-all posted
+    under_way.advance()  # the all-to-all waited for, the all-gather posted and left travelling
+    halfway = isinstance(under_way.second, Pending) and under_way.second.finish is not None
+    untouched = torch.equal(halves, x)  # nothing written before the wait
+    under_way.wait()
+    return {"started": started, "halfway": halfway, "untouched": untouched, "equal": torch.equal(halves, at_once)}
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_mean_advanced_halfway_ends_as_the_blocking_one_bit_for_bit(n):
+    """DiLoCo's overlap advances the quantized mean halfway: the all-gather then travels in the background."""
+    for r in run_in_processes(_in_two_phases, n, timeout=120):
+        assert r == {"started": True, "halfway": True, "untouched": True, "equal": True}

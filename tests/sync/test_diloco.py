@@ -209,23 +209,27 @@ def _compressed(rank: int, world_size: int) -> dict:
     g = torch.Generator().manual_seed(4)
     x, y = torch.randn(2 * H, N, BATCH, 32, generator=g), torch.randint(0, 10, (2 * H, N, BATCH), generator=g)
     env, out = DistEnv(rank, world_size, 0, CPU, "gloo"), {}
-    for compress, overlap in (("none", 0), ("int8", 0), ("int4", 0), ("none", 1), ("int4", 1)):
+    for compress, overlap in (("none", 0), ("int8", 0), ("int4", 0), ("none", 1), ("int4", 1), ("int4", 2)):
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
         start = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         sync = build_sync(sync_cfg("diloco", compress=compress, every=H, outer_lr=LR, outer_momentum=MU,
                                    local_sgd_start_step=0, overlap=overlap), model, env)
         opt = _inner(model.parameters())
+        halfway = []  # overlap 2: whether the all-gather had started, after each step of the first round's sync
         for step in range(2 * H):
             F.cross_entropy(sync.module(x[step, rank]), y[step, rank]).backward()
             opt.step()
             opt.zero_grad()
             sync.after_step(step + 1)
+            if overlap == 2 and step + 1 in (H, H + 1):
+                halfway.append(sync.sent[0].work.second is not None)
         weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         anchor = torch.cat([a.reshape(-1) for a in sync.anchor])
-        out[compress + ("+overlap" if overlap else "")] = {
+        out[compress + ("+overlap" if overlap else "") + ("2" if overlap == 2 else "")] = {
             "weights": weights.numpy(), "moved": (weights - start).norm().item(), "anchor": anchor.numpy(),
-            "anchor_moved": (anchor - start).norm().item(), "bytes": sync.wire_bytes, "describe": sync.describe()}
+            "anchor_moved": (anchor - start).norm().item(), "bytes": sync.wire_bytes, "describe": sync.describe(),
+            "halfway": halfway}
     return out
 
 
@@ -252,6 +256,10 @@ def test_overlapped_outer_gradients_in_4_bits_land_as_the_blocking_ones_would():
     assert 0 < off < 0.2 * full["anchor_moved"], (off, full["anchor_moved"])
     assert got["bytes"] == ranks[0]["int4"]["bytes"]  # the same quantized messages, sent later
     assert got["describe"].endswith("overlap 1 mix 0.5)+int4")
+    # TAU=2: the all-gather starts halfway (after step H+1), not when the outer step lands (H+2)
+    assert all(r["int4+overlap2"]["halfway"] == [False, True] for r in ranks)
+    assert ranks[0]["int4+overlap2"]["anchor_moved"] > 0
+    assert all((r["int4+overlap2"]["anchor"] == ranks[0]["int4+overlap2"]["anchor"]).all() for r in ranks)
 
 
 def _load_checkpoints(rank: int, world_size: int) -> dict:
