@@ -12,9 +12,9 @@ run() {  # seconds seed amp label overrides...
   timeout -s TERM $t $py/bin/torchrun --standalone --nproc_per_node=2 -m ddp_lab.train seed=$seed trainer.amp=$amp \
     trainer.keep_ckpts=0 hydra.run.dir=$out/s$seed-$amp-$label "$@" > $out/s$seed-$amp-$label.log 2>&1
   echo "seed $seed amp $amp $label rc $? $(grep -a -o 'training diverged[^;]*' $out/s$seed-$amp-$label.log | head -1)"
-  cp $out/s$seed-$amp-$label/summary.json $R/runs/s$seed-$amp-$label.summary.json 2>/dev/null
+  cp $out/s$seed-$amp-$label/summary.json $R/summaries/s$seed-$amp-$label.summary.json 2>/dev/null
 }
-mkdir -p $R/runs
+mkdir -p $R/summaries
 # 1. the defaults of then, 75 s each (past the warm-up's end at step 58; about 650-1,150 steps)
 for s in 0 1 2 3 4 5; do for a in bf16 off; do run 75 $s $a default optim.warmup_epochs=0.5; done; done
 # 2. the two remedies on the seed that diverged (seed 2 in bf16, at step 63). (Run under the label warm1,
