@@ -226,7 +226,7 @@ def _compressed(rank: int, world_size: int) -> dict:
                 halfway.append(sync.sent[0].work.second is not None)
         weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         anchor = torch.cat([a.reshape(-1) for a in sync.anchor])
-        out[compress + ("+overlap" if overlap else "") + ("2" if overlap == 2 else "")] = {
+        out[compress + ["", "+overlap", "+overlap2"][overlap]] = {
             "weights": weights.numpy(), "moved": (weights - start).norm().item(), "anchor": anchor.numpy(),
             "anchor_moved": (anchor - start).norm().item(), "bytes": sync.wire_bytes, "describe": sync.describe(),
             "halfway": halfway}
