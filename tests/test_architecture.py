@@ -15,7 +15,7 @@ PACKAGE = Path(ddp_lab.__file__).parent
 
 
 def part(module: str) -> str:
-    """The package a module belongs to: ddp_lab.sync.ddp -> sync, ddp_lab.tools.bench.scaling ->
+    """The package a module belongs to: ddp_lab.sync.every_step.ddp -> sync, ddp_lab.tools.bench.scaling ->
     tools.bench; a module at the top (ddp_lab.train) is a part of its own."""
     parts = module.split(".")[1:] or ["__init__"]
     return ".".join(parts[:2]) if parts[0] == "tools" and len(parts) > 1 else parts[0]
@@ -98,15 +98,19 @@ def test_the_training_entry_point_loads_no_tool_module():
     assert out.stdout.split() == []
 
 
-def test_the_tools_short_names_are_the_same_modules():
-    import ddp_lab.bench.scaling
+def test_importing_ddp_lab_installs_no_import_hook():
+    """The tools run by their own module names (ddp_lab.tools.bench.scaling): no finder of ddp_lab's
+    on sys.meta_path or sys.path_hooks, and no old short name (ddp_lab.bench) to import."""
+    code = ("import importlib.util, sys; import ddp_lab; "
+            "hooks = [type(f).__module__ for f in sys.meta_path]; "
+            "hooks += [getattr(h, '__module__', '') for h in sys.path_hooks]; "
+            "print(' '.join(m for m in hooks if m.startswith('ddp_lab'))); "
+            "print(importlib.util.find_spec('ddp_lab.bench'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ["", "None"]
 
-    import ddp_lab.tools.bench.scaling
-    assert ddp_lab.bench.scaling is ddp_lab.tools.bench.scaling
-    assert ddp_lab.bench.scaling.__spec__.name == "ddp_lab.tools.bench.scaling"
 
-
-def test_python_m_runs_a_tool_by_its_short_name():
-    out = subprocess.run([sys.executable, "-m", "ddp_lab.costmodel", "--help"], capture_output=True, text=True)
+def test_python_m_runs_a_tool_by_its_module_name():
+    out = subprocess.run([sys.executable, "-m", "ddp_lab.tools.costmodel", "--help"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert "ddp_lab.costmodel" in out.stdout or "costmodel" in out.stdout
+    assert "costmodel" in out.stdout

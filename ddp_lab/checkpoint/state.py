@@ -26,7 +26,7 @@ log = logging.getLogger("ddp_lab")
 def shared_state(tr, model: dict) -> dict:
     """What rank 0 saves: everything every rank shares; `model` is the whole model's state_dict
     (sync.model_state_dict: every rank calls it). Sharded optimizer state is each rank's own."""
-    return {"model": model, "optimizer": {} if tr.sync.shards else tr.optimizer.state_dict(),
+    return {"model": model, "optimizer": {} if tr.sync.caps.shards else tr.optimizer.state_dict(),
             "scheduler": tr.scheduler.state_dict(), "scaler": tr.scaler.state_dict(),
             "step": tr.step, "epoch": tr.epoch, "batches_done": tr.batches_done,
             "sampler_seed": tr.cfg.seed, "world_size": tr.env.world_size,
@@ -40,16 +40,16 @@ def own_state(tr) -> dict:
     own = {"rng": rng_state(tr.env.device), "step": tr.step,
            "batches_done": tr.batches_done, **tr.meter.own_state_dict(),  # sums
            "sync": tr.sync.own_state_dict()}
-    if tr.sync.diverges:
+    if tr.sync.caps.diverges:
         own.update(model=tr.model.state_dict(), optimizer=tr.optimizer.state_dict())
-    elif tr.sync.shards:  # (zero, fsdp) this rank's shard of the optimizer state
+    elif tr.sync.caps.shards:  # (zero, fsdp) this rank's shard of the optimizer state
         own.update(optimizer=tr.optimizer.state_dict())
     return own
 
 
 def restore(tr, shared: dict, own: dict) -> None:
     """Put a checkpoint's state back into a freshly built Trainer."""
-    if tr.sync.shards:  # this rank's own shards (at another world size: every old rank's, cut again)
+    if tr.sync.caps.shards:  # this rank's own shards (at another world size: every old rank's, cut again)
         reshard = getattr(tr.sync, "reshard_optimizer_state", None)
         if "optimizer" not in own and ("optimizers" not in own or reshard is None):
             raise ConfigError(f"this checkpoint holds the optimizer state in {shared['world_size']} shards, "
@@ -64,7 +64,7 @@ def restore(tr, shared: dict, own: dict) -> None:
             raise ConfigError(f"this checkpoint's optimizer state does not fit this run's shards ({e}): resume "
                               f"it with the sync.zero_stage and sync.bucket_cap_mb that wrote it") from None
     tr.sync.load_model_state_dict(tr.model, shared["model"])  # (sharded: each rank keeps its piece)
-    if not tr.sync.shards:
+    if not tr.sync.caps.shards:
         tr.optimizer.load_state_dict(shared["optimizer"])
     tr.scheduler.load_state_dict(shared["scheduler"])
     tr.scaler.load_state_dict(shared["scaler"])
@@ -78,7 +78,7 @@ def restore(tr, shared: dict, own: dict) -> None:
     if "optimizer" in own:  # its own optimizer state (local_sgd, diloco; zero, fsdp: its shard's)
         tr.optimizer.load_state_dict(own["optimizer"])
     tr.sync.load_state_dict(shared.get("sync", {}), own.get("sync"))
-    if "sync" not in own and (tr.sync.diverges or tr.sync.own_state_dict()):  # another world size
+    if "sync" not in own and (tr.sync.caps.diverges or tr.sync.own_state_dict()):  # another world size
         log.warning("resumed at another world size: every rank continues from rank 0's weights and optimizer "
                     "state, and PowerSGD's error feedback starts at zero (docs/bandwidth.md)")
     if "target" in shared:

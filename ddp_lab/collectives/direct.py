@@ -17,7 +17,7 @@ Two things the ring cannot do follow from that one step:
    travelled (``async_op=True``: a Pending whose wait() finishes the call). ZeRO posts a
    gradient bucket's reduce-scatter from a backward hook and goes on computing, and the
    weights' all-gather from after the optimizer step, waited for by the forward that
-   needs them (sync/zero2.py).
+   needs them (sync/sharded/zero2.py).
 2. The receives are posted before the sends. On gloo's TCP transport a send whose
    receive is already posted goes out at once; a send posted first waits for the
    receiver's "ready", and across hosts the link then carries one direction at a time

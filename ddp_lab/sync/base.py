@@ -1,4 +1,4 @@
-"""What every gradient sync strategy shares: timing its communication, polling, averaging.
+"""What every sync strategy shares: what it can do (Capabilities), timing its communication, counting its bytes.
 
 Communication time (``comm_seconds``, ``comm_timing``):
 
@@ -28,27 +28,44 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_lab import tuning
-from ddp_lab.collectives.quantized import BITS as QUANTIZED
-from ddp_lab.collectives.quantized import quantized_mean_
 from ddp_lab.distributed import DistEnv
 from ddp_lab.telemetry import position
 
-COMPRESS_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the Trainer, the checkpoint and the guards may rely on, one record per strategy class."""
+
+    # the gradients travel in the last backward (DDP's buckets, zero's hooks), not in after_backward:
+    # where the watchdog marks the gradient sync
+    syncs_in_backward: bool = False
+    # each rank steps the optimizer on its own shard (zero, fsdp): its optimizer state is checkpointed
+    # by every rank, and the gradients differ between ranks after the sync
+    shards: bool = False
+    # each forward gathers the weights (zero stage 3, fsdp): a collective, so every rank must run as
+    # many forwards as the others, evaluating too
+    forward_gathers: bool = False
+    # the weights differ between the ranks between syncs (local_sgd, diloco): each rank's weights and
+    # optimizer state are checkpointed
+    diverges: bool = False
+    # False where .grad must stay allocated between steps (flat: views into its buffer), so the
+    # trainer calls zero_grad(set_to_none=caps.grads_set_to_none)
+    grads_set_to_none: bool = True
+    # why the model must run eagerly ("" where it may be compiled): trainer.compile=true is refused then
+    eager: str = ""
 
 
 class ReplicaSync:
     """No communication at all: a single process, or the base of the others."""
 
     comm_timing = "none"  # see the module docstring
-    # False where .grad must stay allocated between steps (flat: views into its buffer),
-    # so the trainer calls zero_grad(set_to_none=grads_set_to_none).
-    grads_set_to_none = True
+    caps = Capabilities()
 
     def __init__(self, model: nn.Module, env: DistEnv):
         self.model = model
@@ -117,18 +134,6 @@ class ReplicaSync:
             yield
             self._seconds += time.perf_counter() - t0
 
-    # Where the gradients travel, for the watchdog's marks: in the last backward
-    # (DDP: its all-reduces overlap it) or in after_backward (the others).
-    syncs_in_backward = False
-
-    # True where each rank steps the optimizer on its own shard (zero): the optimizer's state
-    # is checkpointed by every rank, and the gradients differ between ranks after the sync
-    shards = False
-
-    # True where each forward gathers the weights (zero stage 3, fsdp): a collective, so every rank
-    # must run as many as the others, evaluating too
-    forward_gathers = False
-
     def parameters(self) -> list:
         """What this rank's optimizer steps: the model's parameters (zero: this rank's shard)."""
         return list(self.model.parameters())
@@ -147,14 +152,13 @@ class ReplicaSync:
         step's last one, which syncs where the strategy syncs in backward."""
         if not last:
             return self.no_sync()
-        return position.collective("gradient sync") if self.syncs_in_backward else contextlib.nullcontext()
+        return position.collective("gradient sync") if self.caps.syncs_in_backward else contextlib.nullcontext()
 
     def after_backward(self) -> None:
         pass
 
     # Weights that differ between the ranks (local_sgd, diloco) -------------
     # Every other strategy keeps the ranks' weights identical: these are no-ops.
-    diverges = False  # True: each rank's weights and optimizer state are checkpointed
 
     def after_step(self, step: int) -> None:
         """After optimizer step `step` (1-based, the run's count)."""
@@ -209,37 +213,3 @@ def broadcast_from_rank0(model: nn.Module) -> None:
     with torch.no_grad():
         for t in [*model.parameters(), *model.buffers()]:
             dist.broadcast(t.data, src=0)
-
-
-class AveragingSync(ReplicaSync):
-    """A ReplicaSync that averages 1-D buffers itself with the chosen algorithm."""
-
-    def __init__(self, model: nn.Module, env: DistEnv, cfg):
-        super().__init__(model, env)
-        self.cfg = cfg
-        self.allreduce = tuning.allreduce(cfg.algo, env)  # as this machine runs it
-        self.wire_dtype = COMPRESS_DTYPES.get(cfg.compress)  # (powersgd: DDP's hook, ddp.py)
-
-    def _average(self, flat: torch.Tensor) -> None:
-        """flat (1-D, contiguous) <- the mean of every rank's flat."""
-        n = self.env.world_size
-        if self.cfg.compress in QUANTIZED:  # (DiLoCo's outer gradients: sync.validate)
-            self.count(quantized_mean_(flat, self.cfg.compress), 2)  # an all-to-all, an all-gather
-        elif self.wire_dtype is None or flat.dtype == self.wire_dtype:
-            self._average_exact(flat)
-        else:
-            # Divide first, as PyTorch's compress hooks do: the fp16 sum cannot overflow.
-            wire = flat.to(self.wire_dtype).div_(n)
-            self.allreduce(wire)
-            flat.copy_(wire)
-            self.count(wire.numel() * wire.element_size())
-
-    def _average_exact(self, flat: torch.Tensor) -> None:
-        """flat <- the mean of every rank's flat, in its own dtype whatever sync.compress says."""
-        self.allreduce(flat)
-        flat.div_(self.env.world_size)
-        self.count(flat.numel() * flat.element_size())
-
-    def describe(self) -> str:
-        c = self.cfg.compress
-        return f"{self.cfg.mode}/{self.cfg.algo}" + ("" if c == "none" else f"+{c}")

@@ -78,9 +78,9 @@ class Trainer:
         self.scheduler = build_schedule(self.optimizer, cfg.optim, self.steps_per_epoch, self.total_steps)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp == "fp16")
         # ranks whose weights or gradients differ after the sync compare losses instead
-        apart, lr = self.sync.diverges, self.optimizer.defaults.get("lr", 0.0)
+        apart, lr = self.sync.caps.diverges, self.optimizer.defaults.get("lr", 0.0)
         self.loss_watch = LossWatch(env, cfg.sync.every if apart else t.log_every, lr, self.amp,
-                                    None if apart or self.sync.shards else self.model.parameters())
+                                    None if apart or self.sync.caps.shards else self.model.parameters())
         self.target = TimeToTarget(t, self.task.name)  # trainer.target_acc/_loss, eval_every_steps
         self.profiler = StepProfiler(t.profile, t.profile_wait, t.profile_active, self.run_dir,
                                      env.rank, env.device.type == "cuda")
@@ -182,7 +182,7 @@ class Trainer:
         self.loss_watch.observe(self.last_loss, self.step + 1)
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=self.sync.grads_set_to_none)
+        self.optimizer.zero_grad(set_to_none=self.sync.caps.grads_set_to_none)
         self.scheduler.step()
         self.sync.after_step(self.step + 1)  # local_sgd, diloco: the weights travel here
 
@@ -257,7 +257,7 @@ class Trainer:
     def evaluate(self) -> tuple[float, int, int]:
         """Exact held-out (loss sum, correct, targets) of the weights the ranks agree on (sync.consensus)."""
         self.meter.throughput.pause()
-        lockstep = self.work.input_example if self.sync.forward_gathers else None  # (zero 3, fsdp: see evaluate)
+        lockstep = self.work.input_example if self.sync.caps.forward_gathers else None  # (zero 3, fsdp: see evaluate)
         with self.sync.consensus():
             return evaluate(self.model, self.test_loader, self.env, self.task, self.autocast, lockstep)
 

@@ -5,6 +5,7 @@ import pytest
 
 from ddp_lab.checkpoint.state import own_state, restore
 from ddp_lab.config import ConfigError
+from ddp_lab.sync.base import Capabilities
 
 
 class _Optimizer:
@@ -21,7 +22,7 @@ class _Optimizer:
 def _sharded_trainer():
     import torch
     meter = SimpleNamespace(own_state_dict=lambda: {"sums": torch.zeros(3)})
-    sync = SimpleNamespace(diverges=False, shards=True, own_state_dict=lambda: {})
+    sync = SimpleNamespace(caps=Capabilities(shards=True), own_state_dict=lambda: {})
     env = SimpleNamespace(device=torch.device("cpu"), world_size=4)
     return SimpleNamespace(sync=sync, meter=meter, env=env, step=9, batches_done=1,
                            optimizer=_Optimizer({"state": {0: "rank 2's shard"}}))

@@ -135,7 +135,7 @@ def _run_cases(rank: int, world_size: int) -> dict:
         per = BATCH // world_size
         mine = [[(_fmt(x[s, m, rank * per:(rank + 1) * per], cl), y[s, m, rank * per:(rank + 1) * per])
                  for m in range(micro)] for s in range(STEPS)]
-        _train(sync, model, mine, opts.get("set_to_none", sync.grads_set_to_none))
+        _train(sync, model, mine, opts.get("set_to_none", sync.caps.grads_set_to_none))
         params = [p.detach().contiguous().clone() for p in model.parameters()]
         finals[name] = params
         base = name.split("+")[0]
@@ -231,7 +231,7 @@ def _run_gpt_cases(rank: int, world_size: int) -> dict:
             LANGUAGE_MODEL.loss(sync.module(xs), ys).backward()
             sync.after_backward()
             opt.step()
-            opt.zero_grad(set_to_none=sync.grads_set_to_none)
+            opt.zero_grad(set_to_none=sync.caps.grads_set_to_none)
         return [p.detach().clone() for p in model.parameters()]
 
     torch.manual_seed(0)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ddp_lab.sync.flat import Bucket, bucketed, flat_view
+from ddp_lab.sync.every_step.flat import Bucket, bucketed, flat_view
 
 
 def test_bucket_views_keep_the_param_layout_and_survive_set_to_none():

@@ -139,7 +139,7 @@ def test_fsdp_is_not_compiled(compose_train):
 
 def test_units_are_the_top_level_children_or_the_named_classes():
     from ddp_lab.models.gpt import Block, gpt
-    from ddp_lab.sync.zero3 import unit_modules
+    from ddp_lab.sync.sharded.zero3 import unit_modules
     model = gpt(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=16)
     blocks = [m for m in model.modules() if isinstance(m, Block)]
     assert len(blocks) == 2 and all(b in unit_modules(model) for b in blocks)  # a ModuleList's children
@@ -152,7 +152,7 @@ def test_units_are_the_top_level_children_or_the_named_classes():
 def test_a_torch_without_fully_shard_is_refused_in_one_line(monkeypatch):
     import torch.distributed.fsdp
 
-    from ddp_lab.sync.fsdp import fully_shard_or_refuse
+    from ddp_lab.sync.sharded.fsdp import fully_shard_or_refuse
     monkeypatch.delattr(torch.distributed.fsdp, "fully_shard")
     with pytest.raises(ConfigError, match=r"^sync.mode=fsdp needs torch.distributed.fsdp.fully_shard \(torch >= "
                                           r"2.6\); this torch is .*: upgrade torch, or use sync.mode=zero "

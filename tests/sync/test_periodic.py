@@ -27,7 +27,7 @@ from ddp_lab.distributed import DistEnv
 from ddp_lab.models import num_parameters
 from ddp_lab.models.lenet import lenet
 from ddp_lab.sync import ReplicaSync, build_sync
-from ddp_lab.sync.fsdp import local
+from ddp_lab.sync.sharded.fsdp import local
 from tests.conftest import failure, read_summary, run_module, tiny_overrides
 from tests.multiproc import run_in_processes
 from tests.sync import sync_cfg
@@ -76,7 +76,7 @@ def _train(sync, model, xs, ys, momentum):
         F.cross_entropy(sync.module(x), y).backward()
         sync.after_backward()
         opt.step()
-        opt.zero_grad(set_to_none=sync.grads_set_to_none)
+        opt.zero_grad(set_to_none=sync.caps.grads_set_to_none)
         sync.after_step(step)
         digests.append(_digest(model))
         sync.per_step.append(sync.collectives - sum(sync.per_step))

@@ -8,7 +8,7 @@ import torch
 
 from ddp_lab.distributed import DistEnv
 from ddp_lab.sync.base import polls
-from ddp_lab.sync.ddp import polling_hook
+from ddp_lab.sync.every_step.ddp import polling_hook
 from tests.sync import sync_cfg
 
 

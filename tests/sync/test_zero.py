@@ -79,7 +79,7 @@ def _train(sync, kind: str, optimizer: str, steps, clip: float = 0.0, held: list
         opt.step()
         if held is not None:
             held.append(model_state_bytes(sync.model, opt))
-        opt.zero_grad(set_to_none=sync.grads_set_to_none)
+        opt.zero_grad(set_to_none=sync.caps.grads_set_to_none)
         sync.after_step(step)
     return opt
 
@@ -152,7 +152,7 @@ def _run(rank: int, world_size: int) -> dict:
                 F.mse_loss(sync.module(xs), ys).backward()
                 sync.after_backward()
                 opt.step()
-                opt.zero_grad(set_to_none=sync.grads_set_to_none)
+                opt.zero_grad(set_to_none=sync.caps.grads_set_to_none)
                 sync.after_step(step)
         with sync.whole_weights():
             out["tiny", stage] = max((a - b).abs().max().item() for a, b in zip(many.parameters(), one.parameters()))
@@ -293,7 +293,7 @@ def test_the_schema_takes_stages_one_to_three(compose_train):
 
 FREE_AND_MEASURE = """
 import os, sys, torch
-from ddp_lab.sync.zero3 import return_freed_blocks
+from ddp_lab.sync.sharded.zero3 import return_freed_blocks
 def rss():
     return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 print(return_freed_blocks(torch.device("cpu")) if sys.argv[1] == "set" else None)

@@ -39,7 +39,7 @@ def _run(rank: int, world_size: int) -> dict:
             LANGUAGE_MODEL.loss(sync.module(tokens[step, :, :-1]), tokens[step, :, 1:]).backward()
             sync.after_backward()
             opt.step()
-            opt.zero_grad(set_to_none=sync.grads_set_to_none)
+            opt.zero_grad(set_to_none=sync.caps.grads_set_to_none)
             sync.after_step(step + 1)
             under_way.append(len(sync.gathering))
         with sync.whole_weights():

@@ -42,7 +42,7 @@ def _run(rank: int, world_size: int) -> dict:
             LANGUAGE_MODEL.loss(sync.module(tokens[step, :, :-1]), tokens[step, :, 1:]).backward()
             sync.after_backward()
             opt.step()
-            opt.zero_grad(set_to_none=sync.grads_set_to_none)
+            opt.zero_grad(set_to_none=sync.caps.grads_set_to_none)
             sync.after_step(step + 1)
         sent, most = sync.wire_bytes, peak[0]
         with sync.whole_weights():

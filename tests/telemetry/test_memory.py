@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from ddp_lab.models import build_model, num_parameters
 from ddp_lab.models.gpt import gpt
 from ddp_lab.models.lenet import lenet
-from ddp_lab.sync.flat import Bucket
+from ddp_lab.sync.every_step.flat import Bucket
 from ddp_lab.telemetry.memory import model_state_bytes
 from tests.conftest import fit_alone
 

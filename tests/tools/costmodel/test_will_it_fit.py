@@ -31,7 +31,7 @@ def _held_after_a_step(rank: int, world_size: int) -> dict:
         sync.after_backward()
         opt.step()
         out[name] = held_bytes(model, opt)["total"]  # (stage 3: between its gathers)
-        opt.zero_grad(set_to_none=sync.grads_set_to_none)
+        opt.zero_grad(set_to_none=sync.caps.grads_set_to_none)
         sync.after_step(1)
     return out
 

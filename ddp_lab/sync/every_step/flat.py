@@ -5,7 +5,8 @@ import torch
 from torch import nn
 
 from ddp_lab.distributed import DistEnv
-from ddp_lab.sync.base import AveragingSync, broadcast_from_rank0
+from ddp_lab.sync.base import Capabilities, broadcast_from_rank0
+from ddp_lab.sync.every_step.averaging import AveragingSync
 from ddp_lab.telemetry import position
 
 
@@ -14,12 +15,12 @@ class FlatSync(AveragingSync):
 
     Each param's .grad is a view into a persistent buffer, so backward writes
     (and accumulates, with grad_accum) straight into it: no copy on the way
-    in or out. grads_set_to_none is False so the trainer zeroes the views in
+    in or out. caps.grads_set_to_none is False so the trainer zeroes the views in
     place; a set_to_none=True anyway only costs one copy at the next sync.
     """
 
     comm_timing = "after_backward"
-    grads_set_to_none = False
+    caps = Capabilities(grads_set_to_none=False)
 
     def __init__(self, model: nn.Module, env: DistEnv, cfg):
         super().__init__(model, env, cfg)

@@ -12,8 +12,9 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_lab.distributed import DistEnv
-from ddp_lab.sync.base import AveragingSync, polls
-from ddp_lab.sync.powersgd import PowerSGD
+from ddp_lab.sync.base import Capabilities, polls
+from ddp_lab.sync.every_step.averaging import AveragingSync
+from ddp_lab.sync.every_step.powersgd import PowerSGD
 from ddp_lab.tuning import wait_polling
 
 # DDP's first bucket, kept small so that the first allreduce starts early.
@@ -31,7 +32,7 @@ class DDPSync(AveragingSync):
     synchronously, and hands DDP a completed future.
     """
 
-    syncs_in_backward = True
+    caps = Capabilities(syncs_in_backward=True)
 
     def __init__(self, model: nn.Module, env: DistEnv, cfg):
         super().__init__(model, env, cfg)

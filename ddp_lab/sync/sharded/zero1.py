@@ -1,32 +1,44 @@
-"""sync.mode=zero sync.zero_stage=2: the gradients sharded too, reduce-scattered during the backward.
+"""sync.mode=zero (sync.zero_stage=1): ZeRO stage 1, each rank keeps the optimizer state of its own shard only.
+The base of stages 2 (zero2.py) and 3 (zero3.py): the layout, the schedule and the all-gather are here.
 
-Stage 1 (zero.py, on this file's layout and schedule) keeps every rank's whole gradient. Stage 2
-keeps 1/N of it between steps: with AdamW in fp32 a rank holds 4 bytes of weights per parameter
-and 12/N of gradients and moments, 4 + 12/N instead of stage 1's 8 + 8/N.
+ZeRO (Rajbhandari et al. 2019) splits what every DDP rank holds N ways. Stage 1 shards the
+optimizer state: with AdamW in fp32 a rank holds 4 bytes of weights, 4 of gradients and
+8/N of moments per parameter, 8 + 8/N instead of DDP's 16, for the same bytes on the wire.
 
-The parameters go into buckets of at most sync.bucket_cap_mb, in the reverse of the model's
-order (roughly the order the backward finishes them, as DDP's buckets). Each bucket is a
-slice of one flat weight buffer, padded to N equal chunks; rank r steps chunk r of every
-bucket (one optimizer parameter per bucket, a view of the weights). In a backward:
+The layout: the parameters go into buckets of at most sync.bucket_cap_mb, in the reverse of the
+model's order (roughly the order the backward finishes them, as DDP's buckets). Each bucket is a
+slice of one flat weight buffer, padded to N equal chunks, every parameter a view into it, so the
+model computes as before; rank r steps chunk r of every bucket (one optimizer parameter per
+bucket, a view of the weights). A step:
 
-1. a hook on each parameter counts the gradients autograd has finished; when a bucket's are
-   all there, they are copied into a bucket-sized buffer and dropped (p.grad = None);
-2. the buckets are reduce-scattered in bucket order (the same on every rank, whatever order
-   they finish in): rank r adds the sum of its chunk, / N, to its chunk's gradient;
-   sync.algo=builtin (torch's) and direct (ours, collectives/direct.py) run asynchronously,
-   at most two in flight, so they overlap the rest of the backward; ring_textbook runs
-   ours inside the hook;
-3. at the end of the backward (a callback autograd runs) the buckets no hook completed
-   (parameters without a gradient this time) are sent as zeros, and every one is waited for.
+1. backward accumulates each gradient into a whole gradient buffer laid out as the weights;
+2. a hook on each parameter counts the gradients autograd has finished; as soon as a bucket's
+   are all there (in the step's last micro-batch), it is reduce-scattered, in bucket order (the
+   same on every rank, whatever order they finish in), during the rest of the backward as DDP's
+   all-reduce is: rank r ends with the sum of chunk r of every rank's gradients, / N, which is
+   what its optimizer steps. sync.algo=builtin (torch's) and direct (ours, collectives/direct.py)
+   run asynchronously, at most two in flight; ring_textbook runs ours inside the hook. At the end
+   of the backward (a callback autograd runs) the buckets no hook completed (parameters without
+   a gradient this time) are sent as zeros, and every one is waited for;
+3. the optimizer steps chunk r of each bucket alone (a view of the weights, so the model's own
+   parameters change with it): its state is 1/N of DDP's;
+4. all-gather: every rank's new chunks reach every other rank (after_step). Under
+   sync.algo=direct every bucket's all-gather is posted at once, in the forward's order, and the
+   next forward waits for a bucket only in the pre-hook of a module that holds one of its
+   parameters: the weights travel while the forward computes (DDP's all-reduce has no such second
+   half to hide). Whatever reads the weights first waits for all (_wait_gathers).
 
-After the optimizer step each bucket's chunks are all-gathered into the weights (after_step).
-Under sync.algo=direct every bucket's all-gather is posted at once, in the forward's order, and
-the next forward waits for a bucket only in the pre-hook of a module that holds one of its
-parameters: the weights travel while the forward computes (DDP's all-reduce has no such
-second half to hide). Whatever reads the weights first waits for all (_wait_gathers).
-Under trainer.grad_accum every micro-batch is reduce-scattered (the gradients never exist
-whole between micro-batches): k times the gradient bytes of one step, as DeepSpeed's stage 2.
-Communication time: the time inside the hooks and waiting at the end (comm_timing "hook").
+2 and 4 together are one all-reduce's traffic, split around the optimizer step. Under
+trainer.grad_accum stage 1 keeps the gradients whole between micro-batches, so it accumulates
+locally and sends once a step (stage 2 sends every micro-batch). sync.algo=builtin runs torch's
+reduce_scatter_tensor and all_gather_into_tensor (gloo sums, then this divides: its ReduceOp.AVG
+is wrong, pytorch#162338); ring_textbook and direct run ours (collectives/ring_textbook.py,
+collectives/direct.py). Communication time: the time inside the hooks and waiting at the end
+(comm_timing "hook").
+
+The stages differ in three overridable steps of construction: _prepare (stage 3 returns freed
+blocks to the kernel), _lay_out (stage 3 lays out units it frees between uses) and _attach_grads
+(stage 1 a whole gradient buffer; stages 2 and 3 this rank's chunks only).
 """
 from __future__ import annotations
 
@@ -46,8 +58,8 @@ from ddp_lab.collectives import (
 )
 from ddp_lab.collectives.basics import Pending
 from ddp_lab.distributed import DistEnv
-from ddp_lab.sync.base import ReplicaSync, broadcast_from_rank0
-from ddp_lab.sync.shards import clip_sharded, trainable_parameters, views_into
+from ddp_lab.sync.base import Capabilities, ReplicaSync, broadcast_from_rank0
+from ddp_lab.sync.sharded.common import clip_sharded, trainable_parameters, views_into
 from ddp_lab.telemetry import position
 
 IN_FLIGHT = 2  # builtin, direct: reduce-scatters launched and not yet waited for (bounds their buffers)
@@ -67,47 +79,66 @@ def buckets_of(params: list[nn.Parameter], cap_bytes: float) -> list[list[nn.Par
     return out
 
 
-class Zero2Sync(ReplicaSync):
+class Zero1Sync(ReplicaSync):
     comm_timing = "hook"
-    grads_set_to_none = False  # each chunk's gradient is a view into one buffer
-    shards = True
-    syncs_in_backward = True
+    # each chunk's gradient is a view into one buffer kept between steps
+    caps = Capabilities(syncs_in_backward=True, shards=True, grads_set_to_none=False)
 
     def __init__(self, model: nn.Module, env: DistEnv, cfg):
         super().__init__(model, env)
         self.cfg = cfg
         params = trainable_parameters(model, "sync.mode=zero")
+        self._prepare()
         broadcast_from_rank0(model)
-        n, r = env.world_size, env.rank
-        self.buckets = buckets_of(params, cfg.bucket_cap_mb * 2**20)
+        self._lay_out(model, params)
+        self._attach_grads()
+        self.hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
+        self._start_backward()
+
+    # ------------------------------------------------------------ construction, by stage
+    def _prepare(self) -> None:
+        """Before the weights move (stage 3: freed gathers go back to the kernel)."""
+
+    def _lay_out(self, model: nn.Module, params: list[nn.Parameter]) -> None:
+        """Buckets of one flat weight buffer (the model's parameters become views into it) and this
+        rank's chunk of each, the optimizer's parameters."""
+        n, r = self.env.world_size, self.env.rank
+        self.buckets = buckets_of(params, self.cfg.bucket_cap_mb * 2**20)
         self.chunks = [-(-sum(p.numel() for p in b) // n) for b in self.buckets]  # ceil: the last one padded
         starts = [0]
         for c in self.chunks:
             starts.append(starts[-1] + c * n)
         self.spans = [slice(a, b) for a, b in zip(starts, starts[1:])]  # each bucket's slice of the weights
-        dtype, device = params[0].dtype, params[0].device
-        self.weights = torch.zeros(starts[-1], dtype=dtype, device=device)
-        self.grads = torch.zeros(sum(self.chunks), dtype=dtype, device=device)  # this rank's chunks only
+        self.weights = torch.zeros(starts[-1], dtype=params[0].dtype, device=params[0].device)
         self.shard_size = sum(self.chunks)
-        self.pieces, offset = [], 0  # this rank's chunk of each bucket: the optimizer's parameters
+        self.pieces = []  # this rank's chunk of each bucket: the optimizer's parameters
         with torch.no_grad():
             for bucket, span, c in zip(self.buckets, self.spans, self.chunks):
                 for p, w in zip(bucket, views_into(self.weights[span], bucket)):
                     w.copy_(p)
                     p.data = w  # the model's weights now live in the flat buffer
-                piece = nn.Parameter(self.weights[span][r * c:(r + 1) * c])
-                piece.grad = self.grads[offset:offset + c]
-                self.pieces.append(piece)
-                offset += c
+                self.pieces.append(nn.Parameter(self.weights[span][r * c:(r + 1) * c]))
         self.bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
-        self.hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
-        self._start_backward()
         self.gathering: dict[int, Pending] = {}  # direct: bucket -> its all-gather under way
-        if cfg.algo == "direct":
+        if self.cfg.algo == "direct":
             for m in model.modules():
                 mine = sorted({self.bucket_of[id(p)] for p in m.parameters(recurse=False) if id(p) in self.bucket_of})
                 if mine:
                     m.register_forward_pre_hook(lambda _m, _a, mine=mine: self._wait_gathers(mine))
+
+    def _attach_grads(self) -> None:
+        """One whole gradient buffer laid out as the weights: backward accumulates into it, and
+        this rank's chunk of it is its piece's gradient."""
+        r = self.env.rank
+        self.whole_grads = torch.zeros_like(self.weights)
+        self.grad_views = []  # per bucket, each parameter's view of the whole gradient buffer
+        for bucket, span, c, piece in zip(self.buckets, self.spans, self.chunks, self.pieces):
+            views = views_into(self.whole_grads[span], bucket)
+            for p, g in zip(bucket, views):
+                p.grad = g  # backward accumulates into the buffer
+            self.grad_views.append(views)
+            piece.grad = self.whole_grads[span][r * c:(r + 1) * c]  # where the mean of this rank's chunk lands
+        self.accumulating = False
 
     def parameters(self):
         return list(self.pieces)
@@ -121,8 +152,14 @@ class Zero2Sync(ReplicaSync):
         from ddp_lab.checkpoint.reshard import reshard_zero_state
         return reshard_zero_state(states, self.group_sizes(), self.env.rank, self.env.world_size)
 
+    @contextlib.contextmanager
     def no_sync(self):
-        return position.collective("gradient sync")  # every micro-batch reduce-scatters (see above)
+        """A micro-batch but the step's last: the gradients accumulate, nothing is sent."""
+        self.accumulating = True
+        try:
+            yield
+        finally:
+            self.accumulating = False
 
     # ------------------------------------------------------------ in the backward
     def _start_backward(self) -> None:
@@ -132,6 +169,8 @@ class Zero2Sync(ReplicaSync):
         self.queued = False
 
     def _grad_ready(self, p: nn.Parameter) -> None:
+        if self.accumulating:
+            return
         if not self.queued:  # the first gradient of a backward: its end flushes and waits
             torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
             self.queued = True
@@ -141,14 +180,14 @@ class Zero2Sync(ReplicaSync):
             self.next += 1
 
     def _bucket_grads(self, i: int) -> torch.Tensor:
-        """Bucket i's gradients in one buffer of N chunks, copied out of the parameters, which drop them."""
-        like = self.pieces[i]
-        flat = torch.zeros(self.chunks[i] * self.env.world_size, dtype=like.dtype, device=like.device)
-        for p, g in zip(self.buckets[i], views_into(flat, self.buckets[i])):
-            if p.grad is not None:  # (none: unused this backward, its zeros stand for it)
+        """Bucket i's slice of the whole gradient buffer (a .grad replaced since goes back into it)."""
+        for p, g in zip(self.buckets[i], self.grad_views[i]):
+            if p.grad is None:
+                p.grad = g  # (unused: its zeros stand for it)
+            elif p.grad.data_ptr() != g.data_ptr():
                 g.copy_(p.grad)
-                p.grad = None
-        return flat
+                p.grad = g
+        return self.whole_grads[self.spans[i]]
 
     def _send(self, i: int) -> None:
         """Reduce-scatter bucket i's gradients."""
@@ -169,9 +208,15 @@ class Zero2Sync(ReplicaSync):
                 self._land(*self.in_flight.pop(0))
 
     def _land(self, pending: Pending, i: int, flat: torch.Tensor) -> None:
-        """Wait for bucket i's reduce-scatter; add its mean to this rank's chunk's gradient.
+        """This rank's chunk of bucket i <- its mean; the others' chunks zeroed (the next step's start).
         (`flat` rides along in in_flight so that the backend can read it in the background until here.)"""
-        self.pieces[i].grad.add_(pending.wait().div_(self.env.world_size))
+        mean = pending.wait().div_(self.env.world_size)
+        grad = self.pieces[i].grad
+        if mean.data_ptr() != grad.data_ptr():  # builtin: it came in an output of its own
+            grad.copy_(mean)
+        r, c = self.env.rank, self.chunks[i]
+        flat[:r * c].zero_()
+        flat[(r + 1) * c:].zero_()
 
     def _end_backward(self) -> None:
         self._wait_gathers()  # (direct: a bucket no forward used; before the step changes what it sends)
@@ -232,7 +277,7 @@ class Zero2Sync(ReplicaSync):
         model.load_state_dict(state)
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
-        return clip_sharded([self.grads], max_norm)  # this rank's chunks, one buffer
+        return clip_sharded([p.grad for p in self.pieces], max_norm)
 
     def describe(self) -> str:
-        return f"zero2/{self.cfg.algo}"
+        return f"zero1/{self.cfg.algo}"

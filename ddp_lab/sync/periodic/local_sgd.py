@@ -15,7 +15,7 @@ the update is linear (tests/sync/test_periodic.py). Optimizer state (SGD's
 momentum) stays per rank, as in the paper.
 
 Between synchronisations the ranks' weights differ, so every rank's weights
-and optimizer state go into its own checkpoint file (`diverges`), an
+and optimizer state go into its own checkpoint file (`caps.diverges`), an
 evaluation scores the average of the ranks' weights (`consensus`), and the
 run ends with a synchronisation (`finish`).
 """
@@ -27,12 +27,13 @@ import torch
 from torch import nn
 
 from ddp_lab.distributed import DistEnv
-from ddp_lab.sync.flat import FlatSync
+from ddp_lab.sync.base import Capabilities
+from ddp_lab.sync.every_step.flat import FlatSync
 from ddp_lab.telemetry import position
 
 
 class LocalSGDSync(FlatSync):
-    diverges = True
+    caps = Capabilities(diverges=True, grads_set_to_none=False)  # (flat's buffer kept)
 
     def __init__(self, model: nn.Module, env: DistEnv, cfg, start: int | None = None):
         super().__init__(model, env, cfg)  # rank 0's weights everywhere; buffers for synchronous steps

@@ -1,6 +1,6 @@
 """sync.mode=zero sync.zero_stage=3: the weights sharded too, gathered a block at a time.
 
-Stages 1 and 2 (zero.py, zero2.py) keep the whole weights on every rank. Stage 3 keeps 1/N
+Stages 1 and 2 (zero1.py, zero2.py) keep the whole weights on every rank. Stage 3 keeps 1/N
 of everything between steps: with AdamW in fp32, 16/N bytes a parameter. The model is cut
 into units: its top-level children that hold parameters (for a ModuleList, each of its
 children: a GPT's blocks), or the modules of the classes sync.shard_units names. Parameters
@@ -34,9 +34,6 @@ forward; the model runs eagerly (trainer.compile: its hooks resize storages).
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import logging
-import os
 
 import torch
 from torch import nn
@@ -47,55 +44,10 @@ from ddp_lab.collectives import (
     direct_all_gather,
     ring_textbook_all_gather,
 )
-from ddp_lab.config import ConfigError
-from ddp_lab.distributed import DistEnv
-from ddp_lab.sync.base import ReplicaSync, broadcast_from_rank0
-from ddp_lab.sync.shards import trainable_parameters, views_into
-from ddp_lab.sync.zero2 import Zero2Sync
+from ddp_lab.sync.base import Capabilities
+from ddp_lab.sync.sharded.common import return_freed_blocks, unit_modules, views_into
+from ddp_lab.sync.sharded.zero2 import Zero2Sync
 from ddp_lab.telemetry import position
-
-
-def unit_modules(model: nn.Module, classes: str = "") -> list[nn.Module]:
-    """The modules gathered one at a time: those of the comma-separated class names in `classes`
-    (sync.shard_units; outermost first, none inside another), or else the top-level children with
-    parameters, and the children of a top-level ModuleList or ModuleDict (no forward of its own)."""
-    names = {c.strip() for c in classes.split(",") if c.strip()}
-    if names:
-        found, inside = [], set()
-        for m in model.modules():
-            if type(m).__name__ in names and id(m) not in inside and m is not model:
-                found.append(m)
-                inside.update(id(s) for s in m.modules())
-        if not found:
-            known = sorted({type(m).__name__ for m in model.modules()})
-            raise ConfigError(f"sync.shard_units={classes} names no module of this model: its classes are "
-                              f"{', '.join(known)}")
-        return [m for m in found if any(p.requires_grad for p in m.parameters())]
-    out = []
-    for child in model.children():
-        inner = list(child.children()) if isinstance(child, (nn.ModuleList, nn.ModuleDict)) else [child]
-        out += [m for m in inner if any(p.requires_grad for p in m.parameters())]
-    return out
-
-
-log = logging.getLogger("ddp_lab")
-M_MMAP_THRESHOLD = -3  # glibc's mallopt() parameter
-
-
-def return_freed_blocks(device: torch.device, threshold: int = 2**20) -> bool:
-    """Have glibc mmap every CPU block of `threshold` bytes or more, so that freeing one gives it back to
-    the kernel. Its default threshold grows to the largest block freed, after which the weights stage 3
-    and fsdp gather and free stay in the heap: a memory limit then kills what fits on paper (the memory
-    wall's record, linked from docs/memory.md). Left alone on a GPU, off glibc, or where the user set
-    MALLOC_MMAP_THRESHOLD_; whether it was set."""
-    if device.type != "cpu" or "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return False
-    try:
-        done = bool(ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, threshold))
-    except (OSError, AttributeError):
-        return False
-    log.info("glibc: blocks of %d bytes or more are mmapped, so freed gathers go back to the kernel", threshold)
-    return done
 
 
 class Unit:
@@ -118,17 +70,19 @@ class Unit:
 
 
 class Zero3Sync(Zero2Sync):
-    forward_gathers = True
+    caps = Capabilities(syncs_in_backward=True, shards=True, forward_gathers=True, grads_set_to_none=False,
+                        eager="sync.zero_stage=3 gathers and frees the weights in module hooks that resize "
+                              "their storage")
 
-    def __init__(self, model: nn.Module, env: DistEnv, cfg):
-        ReplicaSync.__init__(self, model, env)
-        self.cfg = cfg
-        params = trainable_parameters(model, "sync.mode=zero")
-        return_freed_blocks(env.device)
-        broadcast_from_rank0(model)
-        n, r = env.world_size, env.rank
+    def _prepare(self) -> None:
+        return_freed_blocks(self.env.device)
+
+    def _lay_out(self, model: nn.Module, params: list[nn.Parameter]) -> None:
+        """Units instead of buckets: each its own flat buffer, freed but while in use; this rank's
+        piece of each a view into one buffer of them all."""
+        n, r = self.env.world_size, self.env.rank
         owners = {}  # parameter -> the units whose modules hold it
-        mods = unit_modules(model, cfg.shard_units)
+        mods = unit_modules(model, self.cfg.shard_units)
         for i, m in enumerate(mods):
             for p in m.parameters():
                 owners.setdefault(p, set()).add(i)
@@ -139,14 +93,11 @@ class Zero3Sync(Zero2Sync):
         self.forward = [Unit(ps, n) for ps in [a for a in alone.values() if a] + ([root] if root else [])]
         self.root = self.forward[-1] if root else None
         self.shard_size = sum(u.chunk for u in self.forward)
-        dtype, device = params[0].dtype, params[0].device
-        self.mine = torch.zeros(self.shard_size, dtype=dtype, device=device)  # this rank's pieces
-        self.grads = torch.zeros_like(self.mine)
+        self.mine = torch.zeros(self.shard_size, dtype=params[0].dtype, device=params[0].device)  # this rank's pieces
         offset = 0
         for u in self.forward:
             u.piece = nn.Parameter(self.mine[offset:offset + u.chunk])  # a view: one buffer for all pieces
             u.piece.detach().copy_(u.flat[r * u.chunk:(r + 1) * u.chunk])
-            u.piece.grad = self.grads[offset:offset + u.chunk]
             offset += u.chunk
             u.free()
         # sent in the reverse of the forward's order, the root last: its gradients (a tied embedding's)
@@ -158,16 +109,23 @@ class Zero3Sync(Zero2Sync):
         self.whole = False
         self.pending: dict[int, tuple] = {}  # id(unit) -> (work, input) of a gather started ahead
         self.prefetched = 0  # gathers found already started when needed (their count, for the tests)
-        self.gathering = {}  # (stage 2's all-gathers after the step: none here)
-        ahead = cfg.prefetch and cfg.algo in ("builtin", "direct")
+        self.gathering = {}  # (stage 1's all-gathers after the step: none here)
+        ahead = self.cfg.prefetch and self.cfg.algo in ("builtin", "direct")
         order = self.forward[:len(self.forward) - (self.root is not None)]  # the hooks' units (root aside)
         for i, (m, u) in enumerate(zip(self.modules, self.forward)):
             after = order[i + 1] if ahead and i + 1 < len(order) else None  # the forward's next
             before = order[i - 1] if ahead and 0 < i < len(order) else None  # the backward's next
             m.register_forward_pre_hook(lambda _m, _a, u=u, nxt=after: self._gather(u, nxt))
             m.register_forward_hook(lambda _m, _a, out, u=u, nxt=before: self._after_forward(u, out, nxt))
-        self.hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
-        self._start_backward()
+
+    def _attach_grads(self) -> None:
+        """Stage 2's: this rank's pieces' gradients in one buffer, laid out as the pieces are."""
+        self.grads = torch.zeros_like(self.mine)
+        offset = 0
+        for u in self.forward:
+            u.piece.grad = self.grads[offset:offset + u.chunk]
+            offset += u.chunk
+        self.accumulating = False
 
     # ------------------------------------------------------------ gathering and freeing
     def _gather(self, u: Unit, ahead: Unit | None = None) -> None:

@@ -3,7 +3,7 @@
 FSDP2 shards every parameter over the ranks as a DTensor (dim 0, rank r holds rows r/N of it)
 and, like stage 3, gathers a unit's weights before its forward and its backward and frees them
 after, reduce-scattering its gradients in the backward. It is applied as torchtitan applies it:
-`fully_shard` on each unit (zero3.unit_modules: the top-level children and a ModuleList's
+`fully_shard` on each unit (common.unit_modules: the top-level children and a ModuleList's
 children, or the classes sync.shard_units names), then on the whole model, whose own and tied
 parameters form the root unit. Like ours (sync.prefetch) it gathers the next unit ahead.
 
@@ -27,9 +27,8 @@ from torch import nn
 
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
-from ddp_lab.sync.base import ReplicaSync, broadcast_from_rank0
-from ddp_lab.sync.shards import clip_sharded
-from ddp_lab.sync.zero3 import return_freed_blocks, unit_modules
+from ddp_lab.sync.base import Capabilities, ReplicaSync, broadcast_from_rank0
+from ddp_lab.sync.sharded.common import clip_sharded, return_freed_blocks, unit_modules
 
 
 def fully_shard_or_refuse():
@@ -50,9 +49,8 @@ def local(t: torch.Tensor) -> torch.Tensor:
 
 class FSDPSync(ReplicaSync):
     comm_timing = "unmeasured"  # FSDP's collectives run asynchronously inside its hooks
-    shards = True
-    syncs_in_backward = True
-    forward_gathers = True
+    caps = Capabilities(syncs_in_backward=True, shards=True, forward_gathers=True,
+                        eager="sync.mode=fsdp applies fully_shard to the eager model's blocks")
 
     def __init__(self, model: nn.Module, env: DistEnv, cfg):
         super().__init__(model, env)

@@ -5,8 +5,9 @@ import torch
 from torch import nn
 
 from ddp_lab.distributed import DistEnv
-from ddp_lab.sync.base import AveragingSync, broadcast_from_rank0
-from ddp_lab.sync.flat import flat_view
+from ddp_lab.sync.base import broadcast_from_rank0
+from ddp_lab.sync.every_step.averaging import AveragingSync
+from ddp_lab.sync.every_step.flat import flat_view
 from ddp_lab.telemetry import position
 
 

@@ -50,11 +50,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddp_lab.collectives.quantized import BITS as QUANTIZED
 from ddp_lab.collectives.quantized import start_quantized_mean
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
-from ddp_lab.sync.base import COMPRESS_DTYPES, QUANTIZED
-from ddp_lab.sync.local_sgd import LocalSGDSync, average_into, kept
+from ddp_lab.sync.every_step.averaging import COMPRESS_DTYPES
+from ddp_lab.sync.periodic.local_sgd import LocalSGDSync, average_into, kept
 from ddp_lab.telemetry import position
 
 

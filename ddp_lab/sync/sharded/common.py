@@ -1,0 +1,94 @@
+"""What the sharded family shares (ZeRO stages 1-3 in zero1.py, zero2.py, zero3.py, and torch's FSDP2 in
+fsdp.py): the collectives they run on, parameters as views into one flat buffer, gradient clipping over
+shards, the units that stage 3 and fsdp gather one at a time, and giving freed gathers back to the kernel."""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddp_lab.config import ConfigError
+from ddp_lab.sync.every_step.flat import dense_strides
+from ddp_lab.telemetry import position
+
+ALGOS = ("builtin", "ring_textbook", "direct")  # those with a reduce-scatter and an all-gather of their own
+
+
+def views_into(buffer: torch.Tensor, params: list[nn.Parameter]) -> list[torch.Tensor]:
+    """For each parameter, a view of `buffer` with its shape and layout, one after another."""
+    views, offset = [], 0
+    for p in params:
+        strides = dense_strides(p)  # the parameter's own layout (e.g. channels_last)
+        views.append(buffer[offset:offset + p.numel()].view(p.shape) if strides is None
+                     else buffer.as_strided(p.shape, strides, buffer.storage_offset() + offset))  # (absolute)
+        offset += p.numel()
+    return views
+
+
+def trainable_parameters(model: nn.Module, what: str) -> list[nn.Parameter]:
+    """The parameters that train, refused unless all of one floating-point dtype and device (one flat buffer)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    kinds = {(p.dtype, p.device) for p in params}
+    if len(kinds) != 1 or not next(iter(kinds))[0].is_floating_point:
+        raise ConfigError(f"{what} needs every trainable parameter of one floating-point dtype "
+                          f"and device; this model has {sorted(str(d) for d, _ in kinds)}: use sync.mode=flat")
+    return params
+
+
+def clip_sharded(grads: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """The norm over every rank's shard of the gradients (one all-reduce of a number), then each rank
+    scales its own `grads` in place; returns the norm before."""
+    squares = sum(g.double().pow(2).sum() for g in grads).reshape(1)
+    with position.collective("gradient norm"):
+        dist.all_reduce(squares)
+    norm = squares.sqrt().squeeze().to(grads[0].dtype)
+    for g in grads:
+        g.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))  # as torch's clip_grad_norm_
+    return norm
+
+
+def unit_modules(model: nn.Module, classes: str = "") -> list[nn.Module]:
+    """The modules gathered one at a time: those of the comma-separated class names in `classes`
+    (sync.shard_units; outermost first, none inside another), or else the top-level children with
+    parameters, and the children of a top-level ModuleList or ModuleDict (no forward of its own)."""
+    names = {c.strip() for c in classes.split(",") if c.strip()}
+    if names:
+        found, inside = [], set()
+        for m in model.modules():
+            if type(m).__name__ in names and id(m) not in inside and m is not model:
+                found.append(m)
+                inside.update(id(s) for s in m.modules())
+        if not found:
+            known = sorted({type(m).__name__ for m in model.modules()})
+            raise ConfigError(f"sync.shard_units={classes} names no module of this model: its classes are "
+                              f"{', '.join(known)}")
+        return [m for m in found if any(p.requires_grad for p in m.parameters())]
+    out = []
+    for child in model.children():
+        inner = list(child.children()) if isinstance(child, (nn.ModuleList, nn.ModuleDict)) else [child]
+        out += [m for m in inner if any(p.requires_grad for p in m.parameters())]
+    return out
+
+
+log = logging.getLogger("ddp_lab")
+M_MMAP_THRESHOLD = -3  # glibc's mallopt() parameter
+
+
+def return_freed_blocks(device: torch.device, threshold: int = 2**20) -> bool:
+    """Have glibc mmap every CPU block of `threshold` bytes or more, so that freeing one gives it back to
+    the kernel. Its default threshold grows to the largest block freed, after which the weights stage 3
+    and fsdp gather and free stay in the heap: a memory limit then kills what fits on paper (the memory
+    wall's record, linked from docs/memory.md). Left alone on a GPU, off glibc, or where the user set
+    MALLOC_MMAP_THRESHOLD_; whether it was set."""
+    if device.type != "cpu" or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    try:
+        done = bool(ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, threshold))
+    except (OSError, AttributeError):
+        return False
+    log.info("glibc: blocks of %d bytes or more are mmapped, so freed gathers go back to the kernel", threshold)
+    return done

@@ -1,0 +1,54 @@
+"""sync.mode=zero sync.zero_stage=2: the gradients sharded too, reduce-scattered during the backward.
+
+Stage 1 (zero1.py, the layout and schedule this file keeps) holds every rank's whole gradient.
+Stage 2 keeps 1/N of it between steps: with AdamW in fp32 a rank holds 4 bytes of weights per
+parameter and 12/N of gradients and moments, 4 + 12/N instead of stage 1's 8 + 8/N.
+
+What changes: when a bucket's gradients are all there, they are copied into a bucket-sized buffer
+and dropped (p.grad = None); the reduce-scatter adds the mean of this rank's chunk to its chunk's
+gradient, in a buffer of this rank's chunks only. Under trainer.grad_accum every micro-batch is
+reduce-scattered (the gradients never exist whole between micro-batches): k times the gradient
+bytes of one step, as DeepSpeed's stage 2.
+"""
+from __future__ import annotations
+
+import torch
+
+from ddp_lab.collectives.basics import Pending
+from ddp_lab.sync.sharded.common import clip_sharded, views_into
+from ddp_lab.sync.sharded.zero1 import Zero1Sync
+from ddp_lab.telemetry import position
+
+
+class Zero2Sync(Zero1Sync):
+    def _attach_grads(self) -> None:
+        """This rank's chunks' gradients, one buffer (the parameters' own are dropped once sent)."""
+        self.grads = torch.zeros(self.shard_size, dtype=self.pieces[0].dtype, device=self.pieces[0].device)
+        offset = 0
+        for piece, c in zip(self.pieces, self.chunks):
+            piece.grad = self.grads[offset:offset + c]
+            offset += c
+        self.accumulating = False  # (never: every micro-batch sends)
+
+    def no_sync(self):
+        return position.collective("gradient sync")  # every micro-batch reduce-scatters (see above)
+
+    def _bucket_grads(self, i: int) -> torch.Tensor:
+        """Bucket i's gradients in one buffer of N chunks, copied out of the parameters, which drop them."""
+        like = self.pieces[i]
+        flat = torch.zeros(self.chunks[i] * self.env.world_size, dtype=like.dtype, device=like.device)
+        for p, g in zip(self.buckets[i], views_into(flat, self.buckets[i])):
+            if p.grad is not None:  # (none: unused this backward, its zeros stand for it)
+                g.copy_(p.grad)
+                p.grad = None
+        return flat
+
+    def _land(self, pending: Pending, i: int, flat: torch.Tensor) -> None:
+        """Wait for bucket i's reduce-scatter; add its mean to this rank's chunk's gradient."""
+        self.pieces[i].grad.add_(pending.wait().div_(self.env.world_size))
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        return clip_sharded([self.grads], max_norm)  # this rank's chunks, one buffer
+
+    def describe(self) -> str:
+        return f"zero2/{self.cfg.algo}"
