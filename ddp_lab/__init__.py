@@ -11,8 +11,7 @@ The core, what a training run needs (`torchrun -m ddp_lab.train`):
   telemetry/    what a run measures and reports
   models/, datasets/, tuning/
 The tools, which use the core and which the core never imports: tools/ (bench, costmodel,
-cluster, baselines, figures). `python -m ddp_lab.bench.<name>` and the like are their short names.
+cluster, baselines, figures), each run by its own module name, e.g.
+`python -m ddp_lab.tools.bench.scaling`, or by a command of pyproject.toml's [project.scripts]
+(`ddp-lab-cluster`, `ddp-lab-costmodel`, ...).
 """
-from ddp_lab import _tool_names
-
-_tool_names.install()

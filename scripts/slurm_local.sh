@@ -12,7 +12,7 @@
 #
 # * Debian's slurmd, slurmctld, slurm-client and munge (slurm-wlm 22.05),
 #   installed with apt-get when missing (they stay installed after `down`).
-# * An emulated cluster (python -m ddp_lab.cluster up --name NAME): hosts
+# * An emulated cluster (python -m ddp_lab.tools.cluster up --name NAME): hosts
 #   NAME-0 .. NAME-(N-1), each a network namespace with its own address,
 #   hostname and /etc/hosts, links shaped to RATE. They are the SLURM nodes.
 # * A link, sl-NAME, from this machine's own network namespace into the
@@ -88,7 +88,7 @@ say() { echo "$ME: $*"; }
 python_with_ddp_lab() {
     local py
     for py in "${PYTHON:-}" "$REPO/.venv/bin/python" python3; do
-        if [ -n "$py" ] && "$py" -c "import ddp_lab.cluster" 2>/dev/null; then
+        if [ -n "$py" ] && "$py" -c "import ddp_lab.tools.cluster" 2>/dev/null; then
             echo "$py"; return 0
         fi
     done
@@ -246,21 +246,21 @@ up() {
         die "port $port (for slurmctld) is taken on this machine: choose another with --port, or stop what listens there (ss -ltnp 'sport = :$port')"
     ! ip link show "$LINK" >/dev/null 2>&1 ||
         die "a link named $LINK exists already: run $0 down --name $NAME, or ip link del $LINK"
-    "$py" -c "import sys; from ddp_lab.cluster import find; sys.exit(find(sys.argv[1]) is not None)" "$NAME" ||
+    "$py" -c "import sys; from ddp_lab.tools.cluster import find; sys.exit(find(sys.argv[1]) is not None)" "$NAME" ||
         die "an emulated cluster named $NAME exists and is not this script's: choose another --name"
 
     mkdir -p -m 0755 "$ROOT" && mkdir -m 0755 "$STATE" || die "cannot make $STATE: is /run writable?"
     trap failed_up EXIT
     echo "$NAME" > "$STATE/cluster"  # down removes the emulated cluster named here
     local out
-    out=$("$py" -m ddp_lab.cluster up --hosts "$hosts" --rate "$rate" --name "$NAME" 2>&1) ||
+    out=$("$py" -m ddp_lab.tools.cluster up --hosts "$hosts" --rate "$rate" --name "$NAME" 2>&1) ||
         die "$(tail -n1 <<< "$out")"
 
     # This namespace joins the switch as the controller, at .254 of the hosts' /24.
     local addresses="" i a ctl
     for ((i = 0; i < hosts; i++)); do
         a=$(ip -n "ddplab-$NAME-$i" -4 -o addr show dev eth0 | awk '{print $4}' | cut -d/ -f1)
-        [ -n "$a" ] || die "host $NAME-$i has no address: see python -m ddp_lab.cluster status"
+        [ -n "$a" ] || die "host $NAME-$i has no address: see python -m ddp_lab.tools.cluster status"
         addresses+="$a "
     done
     ctl="$(cut -d. -f1-3 <<< "${addresses%% *}").254"
@@ -340,7 +340,7 @@ down() {
         local py
         py=$(python_with_ddp_lab) ||
             die "no Python that imports ddp_lab to remove cluster $NAME: set PYTHON=<python with ddp_lab installed>, then $0 down --name $NAME again"
-        "$py" -m ddp_lab.cluster down --name "$(cat "$STATE/cluster")" || exit 2
+        "$py" -m ddp_lab.tools.cluster down --name "$(cat "$STATE/cluster")" || exit 2
     fi
     if [ -L "$ETC_CONF" ] && [ "$(readlink "$ETC_CONF")" = "$STATE/slurm.conf" ]; then
         rm -f "$ETC_CONF" && echo "removed $ETC_CONF (a link to $STATE/slurm.conf)"

@@ -1,13 +1,16 @@
 """pyproject.toml lists its packages by name: a subpackage or config group left
-off it would be missing from an installed (non-editable) ddp_lab."""
+off it would be missing from an installed (non-editable) ddp_lab. Its console
+commands ([project.scripts]) each name a function that exists."""
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import tomllib
 
 ROOT = Path(__file__).parents[1]
-SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
 
 
 def test_every_subpackage_is_listed_in_pyproject():
@@ -22,3 +25,12 @@ def test_every_config_group_ships_its_yaml_files():
     for package in groups | {"ddp_lab.conf"}:
         assert package in SETUPTOOLS["packages"], f"add {package} to [tool.setuptools] packages"
     assert "*.yaml" in SETUPTOOLS["package-data"]["*"], 'keep "*" = ["*.yaml"] in [tool.setuptools.package-data]'
+
+
+def test_every_console_command_names_a_callable():
+    scripts = PYPROJECT["project"]["scripts"]
+    assert "ddp-lab-cluster" in scripts and "ddp-lab-costmodel" in scripts
+    for command, target in scripts.items():
+        module, _, attr = target.partition(":")
+        assert module.startswith("ddp_lab.tools.") and attr, f"{command} = {target!r}: expected ddp_lab.tools.X:func"
+        assert callable(getattr(importlib.import_module(module), attr, None)), f"{command}: {target} is no callable"

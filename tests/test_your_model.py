@@ -211,7 +211,7 @@ def test_the_gpt_trains_on_two_ranks_and_its_validation_loss_falls(tmp_path):
 def test_the_scaling_benchmark_takes_the_example_project(tmp_path):
     env = {**os.environ, "PYTHONPATH": f"{EXAMPLE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.run(
-        [sys.executable, "-m", "ddp_lab.bench.scaling", "--worlds", "1,2", "--max-steps", "10", "--repeats", "1",
+        [sys.executable, "-m", "ddp_lab.tools.bench.scaling", "--worlds", "1,2", "--max-steps", "10", "--repeats", "1",
          "--kinds", "weak", "--out", str(tmp_path), "--", "--config-dir", str(EXAMPLE / "conf"), "model=mlp",
          "data=spirals", "optim=adam"], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -92,28 +92,28 @@ def test_no_checkout_gives_no_commit(tmp_path):
 def test_command_line_plain_and_under_torchrun(monkeypatch):
     for var in ("LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "GROUP_WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)
-    assert prov.command_line("ddp_lab.bench.scaling", ["--worlds", "1,2"]) == \
-        "python -m ddp_lab.bench.scaling --worlds 1,2"
+    assert prov.command_line("ddp_lab.tools.bench.scaling", ["--worlds", "1,2"]) == \
+        "python -m ddp_lab.tools.bench.scaling --worlds 1,2"
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
-    assert prov.command_line("ddp_lab.costmodel", ["inputs=[a.csv,b.csv]"]) == \
-        "torchrun --nproc_per_node=3 -m ddp_lab.costmodel 'inputs=[a.csv,b.csv]'"
+    assert prov.command_line("ddp_lab.tools.costmodel", ["inputs=[a.csv,b.csv]"]) == \
+        "torchrun --nproc_per_node=3 -m ddp_lab.tools.costmodel 'inputs=[a.csv,b.csv]'"
     monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
     assert prov.command_line("m", []).startswith("torchrun --nnodes=2 --nproc_per_node=3 -m m")
     assert prov.hydra_command("m") is None  # no Hydra app running here
 
 
 def test_write_record(tmp_path):
-    path = prov.write_record(tmp_path, "python -m ddp_lab.bench.scaling", {"worlds": [1, 2]})
+    path = prov.write_record(tmp_path, "python -m ddp_lab.tools.bench.scaling", {"worlds": [1, 2]})
     record = json.loads(path.read_text())
     assert path == tmp_path / "record.json"
-    assert record["record"] == 1 and record["command"] == "python -m ddp_lab.bench.scaling"
+    assert record["record"] == 1 and record["command"] == "python -m ddp_lab.tools.bench.scaling"
     assert record["worlds"] == [1, 2]
     for key in ("date", "machine", "git_commit", "torch", "python", "cpu_model", "cores", "cpu_flags"):
         assert key in record
     with pytest.raises(FileExistsError):  # an earlier measurement's record stays
         prov.write_record(tmp_path, "other", {})
-    assert json.loads(path.read_text())["command"] == "python -m ddp_lab.bench.scaling"
+    assert json.loads(path.read_text())["command"] == "python -m ddp_lab.tools.bench.scaling"
     (tmp_path / "library").mkdir()
     called = json.loads(prov.write_record(tmp_path / "library", None).read_text())
     assert called["command"] is None and called["command_note"] == "called from Python, not from the command line"

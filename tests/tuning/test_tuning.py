@@ -70,7 +70,7 @@ def test_ranks_on_machine_counts_every_emulated_host(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.delenv(RANKS_ON_MACHINE_ENV, raising=False)
     assert tuning.ranks_on_machine(world_size=8) == 2  # torchrun's own count: other hosts have their own cores
-    monkeypatch.setenv(RANKS_ON_MACHINE_ENV, "8")  # ddp_lab.cluster: 4 hosts x 2 on these cores
+    monkeypatch.setenv(RANKS_ON_MACHINE_ENV, "8")  # ddp_lab.tools.cluster: 4 hosts x 2 on these cores
     assert tuning.ranks_on_machine(world_size=8) == 8
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     monkeypatch.delenv(RANKS_ON_MACHINE_ENV)

@@ -1,8 +1,8 @@
 """Baseline 1: d2l's multi-GPU training from scratch (LeNet, hand-written allreduce).
 
-    python -m ddp_lab.baselines.d2l_scratch                    # 10 epochs, batch 256, lr 0.2, 2 devices
-    python -m ddp_lab.baselines.d2l_scratch num_devices=1 epochs=2
-    python -m ddp_lab.baselines.d2l_scratch max_steps=50 data.num_workers=4   # a quick check, d2l's 4 workers
+    python -m ddp_lab.tools.baselines.d2l_scratch                    # 10 epochs, batch 256, lr 0.2, 2 devices
+    python -m ddp_lab.tools.baselines.d2l_scratch num_devices=1 epochs=2
+    python -m ddp_lab.tools.baselines.d2l_scratch max_steps=50 data.num_workers=4   # a quick check, d2l's 4 workers
 
 One process holds a copy of the parameters per device. Each minibatch is
 scattered over the devices, every device computes the loss of its shard and

@@ -1,8 +1,8 @@
 """Baseline 2: d2l's concise multi-GPU training (ResNet-18 in nn.DataParallel).
 
-    python -m ddp_lab.baselines.data_parallel                   # 10 epochs, batch 256, lr 0.1, all GPUs
-    python -m ddp_lab.baselines.data_parallel num_devices=2 data.batch_size=512 lr=0.2   # d2l's 2-GPU run
-    python -m ddp_lab.baselines.data_parallel max_steps=20 data.num_workers=4           # quick check, d2l's 4 workers
+    python -m ddp_lab.tools.baselines.data_parallel                   # 10 epochs, batch 256, lr 0.1, all GPUs
+    python -m ddp_lab.tools.baselines.data_parallel num_devices=2 data.batch_size=512 lr=0.2   # d2l's 2-GPU run
+    python -m ddp_lab.tools.baselines.data_parallel max_steps=20 data.num_workers=4   # quick check, d2l's 4 workers
 
 One process. nn.DataParallel replicates the network onto every GPU at each
 forward, scatters the batch, gathers the outputs on GPU 0, and sums the

@@ -1,4 +1,4 @@
-"""Benchmarks, each `python -m ddp_lab.bench.<name>` (or under torchrun):
+"""Benchmarks, each `python -m ddp_lab.tools.bench.<name>` (or under torchrun):
 
     collectives/       allreduce algorithms timed and checked, as nccl-tests does (Hydra)
     scaling.py         training throughput over world sizes, on loopback or emulated hosts

@@ -1,16 +1,16 @@
 """How close each allreduce came to its link: bus bandwidth over the link's rate,
 and over what the algorithm's own formula allows on that link.
 
-    python -m ddp_lab.bench.link_share --rate 1gbit run-2h/ run-4h/ run-8h/
-    python -m ddp_lab.bench.link_share --rate 100mbit --from 4M --out FOLDER sweeps/*
+    python -m ddp_lab.tools.bench.link_share --rate 1gbit run-2h/ run-4h/ run-8h/
+    python -m ddp_lab.tools.bench.link_share --rate 100mbit --from 4M --out FOLDER sweeps/*
 
-Each input is a ddp_lab.bench.collectives sweep (its collectives.csv or its
-run directory) measured across emulated hosts (ddp_lab.cluster) whose links
+Each input is a ddp_lab.tools.bench.collectives sweep (its collectives.csv or its
+run directory) measured across emulated hosts (ddp_lab.tools.cluster) whose links
 are shaped to --rate. An allreduce of N bytes on p ranks must move
 2(p-1)/p N bytes through each rank's link at the least, so no allreduce has
 a bus bandwidth (busbw, nccl-tests' measure) above the link's rate: the ring,
 halving-doubling at a power of two and gloo's own can reach it. Other
-algorithms move more, and their own formula (ddp_lab.costmodel.formulas with
+algorithms move more, and their own formula (ddp_lab.tools.costmodel.formulas with
 only the link's time per byte, no latency, no arithmetic) says how much of
 the link they can reach at best: naive 1/p (the root's link carries every
 rank's message both ways), halving-doubling on 3 ranks 1/2 (the folded-in
@@ -96,9 +96,9 @@ def markdown(rows: list[dict], rate_bits: int, from_bytes: int) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ddp_lab.bench.link_share", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ddp_lab.tools.bench.link_share", description=__doc__.split("\n")[0])
     p.add_argument("sweeps", nargs="+", type=Path, help="collectives.csv files or their run directories")
-    p.add_argument("--rate", required=True, help="the links' rate, as given to ddp_lab.cluster up: 1gbit, ...")
+    p.add_argument("--rate", required=True, help="the links' rate, as given to ddp_lab.tools.cluster up: 1gbit, ...")
     p.add_argument("--from", dest="from_size", default="4M", help="smallest size counted (default 4M)")
     p.add_argument("--out", type=Path, default=None, help="a new folder for link_share.csv, link_share.md "
                    "and record.json (default outputs/bench/link_share/<time>)")
@@ -113,7 +113,7 @@ def main(argv=None) -> int:
         p.error(f"--from {a.from_size!r} is not a size in bytes; e.g. --from 4M or --from 1048576")
     missing = [s for s in a.sweeps if not (s / "collectives.csv" if s.is_dir() else s).is_file()]
     if missing:
-        p.error(f"no collectives.csv at {missing[0]}: give sweeps of ddp_lab.bench.collectives")
+        p.error(f"no collectives.csv at {missing[0]}: give sweeps of ddp_lab.tools.bench.collectives")
     rows = rows_of(a.sweeps, rate, from_bytes)
     if not rows:
         p.error(f"no measured size of {a.from_size} or more in the sweeps; lower --from")
@@ -128,7 +128,7 @@ def main(argv=None) -> int:
         w.writeheader()
         w.writerows(rows)
     (out / "link_share.md").write_text(table)
-    write_record(out, command_line("ddp_lab.bench.link_share", sys.argv[1:] if argv is None else argv),
+    write_record(out, command_line("ddp_lab.tools.bench.link_share", sys.argv[1:] if argv is None else argv),
                  {"rate_bits": rate, "sweeps": [str(s) for s in a.sweeps]})
     print(f"# wrote {out}")
     return 0

@@ -1,6 +1,6 @@
 """A picture of one training run, from its TensorBoard events.
 
-    python -m ddp_lab.bench.run_plot outputs/<run id> [picture.png]
+    python -m ddp_lab.tools.bench.run_plot outputs/<run id> [picture.png]
 
 The picture goes to the path given (default: run.png in the run directory);
 one that exists already is never drawn over.
@@ -85,7 +85,7 @@ def _save(plt, fig, path: Path, title: str | None) -> Path:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m ddp_lab.bench.run_plot", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ddp_lab.tools.bench.run_plot", description=__doc__.split("\n")[0])
     p.add_argument("run_dir", type=Path, help="a run directory of ddp_lab.train")
     p.add_argument("png", type=Path, nargs="?", default=None, help="the picture (default: <run_dir>/run.png)")
     p.add_argument("--title", default=None)

@@ -1,9 +1,9 @@
 """Training scaling study: images/s against world size, weak and strong.
 
-    python -m ddp_lab.bench.scaling                           # worlds 1,2; ddp/builtin; both kinds
-    python -m ddp_lab.bench.scaling --worlds 1,2,4 --syncs ddp/builtin,flat/ring \\
+    python -m ddp_lab.tools.bench.scaling                           # worlds 1,2; ddp/builtin; both kinds
+    python -m ddp_lab.tools.bench.scaling --worlds 1,2,4 --syncs ddp/builtin,flat/ring \\
         --kinds weak --max-steps 200 --repeats 3
-    python -m ddp_lab.bench.scaling --worlds 1,2 -- model=resnet18 data=synthetic
+    python -m ddp_lab.tools.bench.scaling --worlds 1,2 -- model=resnet18 data=synthetic
 
 Each point is a real `torchrun --standalone --nproc_per_node=N -m ddp_lab.train`
 run (world size 1 included, so the 1-rank baseline pays the same DDP and
@@ -22,9 +22,9 @@ it; MFU is each run's own (summary.json, ddp_lab.telemetry.mfu). Results (the me
 On a machine with C cores, more than C ranks oversubscribe the CPU: such
 points measure contention, not scaling.
 
-Across emulated hosts (ddp_lab.cluster, needs root):
+Across emulated hosts (ddp_lab.tools.cluster, needs root):
 
-    python -m ddp_lab.bench.scaling --hosts 1,2,4 --rate 100mbit --syncs flat/builtin \
+    python -m ddp_lab.tools.bench.scaling --hosts 1,2,4 --rate 100mbit --syncs flat/builtin \
         --kinds weak --fit outputs/costmodel/<run>/fit.csv
 
 --hosts replaces --worlds: each point runs N emulated hosts of one rank each,
@@ -32,7 +32,7 @@ on a cluster made for the benchmark with every link shaped to --rate (both
 ways; --mtu 9000 for jumbo frames) and removed at the end. The hosts still
 share this machine's cores.
 --fit (a cost model run's fit.csv) adds the predicted step time beside the
-measured one (ddp_lab.bench.scaling_prediction): compute plus the all-reduce
+measured one (ddp_lab.tools.bench.scaling_prediction): compute plus the all-reduce
 priced. --compute-from takes each point's compute from the same study run on
 loopback first (`--worlds` instead of `--hosts`): the cores shared the same way.
 """
@@ -53,7 +53,7 @@ from ddp_lab.tools.bench.plots import plot_scaling
 from ddp_lab.tools.bench.scaling_prediction import loopback_compute, predicted
 from ddp_lab.tools.bench.trainer_runs import run_trainer
 
-# This process only launches runs and reads their files: ddp_lab.cluster,
+# This process only launches runs and reads their files: ddp_lab.tools.cluster,
 # .costmodel and .sync (which import torch) are imported where a flag needs
 # them, so --help and a bad argument answer within a second rather than in 3.
 
@@ -148,7 +148,7 @@ def measure(kind: str, sync: str, world: int, args, out: Path, cluster=None) -> 
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m ddp_lab.bench.scaling", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m ddp_lab.tools.bench.scaling", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worlds", default="1,2", help="comma-separated world sizes (default 1,2)")
     p.add_argument("--hosts", default=None, help="instead of --worlds: numbers of emulated hosts "
@@ -237,7 +237,7 @@ def main(argv=None) -> list[dict]:
                   for kind in args.kinds for sync in args.syncs for world in sorted(args.worlds)]
     rows = efficiency_rows(points, fit, args.threads, args.loopback)
     write_results(rows, out)
-    write_record(out, command_line("ddp_lab.bench.scaling", sys.argv[1:] if argv is None else argv),
+    write_record(out, command_line("ddp_lab.tools.bench.scaling", sys.argv[1:] if argv is None else argv),
                  {"worlds": args.worlds, "kinds": args.kinds, "syncs": args.syncs,
                   "emulated_hosts": args.hosts is not None, "link_rate": args.rate, "link_mtu": args.mtu,
                   "fit": str(args.fit) if args.fit else None,
@@ -246,6 +246,12 @@ def main(argv=None) -> list[dict]:
     print(f"written: {out / 'scaling.csv'}, {out / 'scaling.md'}, {out / 'scaling.png'}, "
           f"{out / 'record.json'}")
     return rows
+
+
+def command() -> None:
+    """The `ddp-lab-bench-scaling` command (pyproject.toml's [project.scripts]): main(), its rows kept
+    back, since a console script exits with what its function returns."""
+    main()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The cost model's step time beside each point of a scaling study (bench.scaling --fit).
 
 predicted step = compute + the all-reduce of the model's gradients, priced by
-ddp_lab.costmodel.step_time. The compute of N ranks is, by default, the
+ddp_lab.tools.costmodel.step_time. The compute of N ranks is, by default, the
 1-rank step scaled by the per-rank batch and by max(1, ranks x threads /
 cores) where ranks share the cores. That under-counts emulated hosts that
 share 2 cores: lock-step ranks taking turns on the cores also wait for each

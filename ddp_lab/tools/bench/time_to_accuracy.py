@@ -1,8 +1,8 @@
 """The race past the bandwidth wall: each strategy trained to the same target, timed.
 
-    python -m ddp_lab.bench.time_to_accuracy --hosts 4 --rate 100mbit --target-acc 0.88 --epochs 5
-    python -m ddp_lab.bench.time_to_accuracy --ranks 4 --target-acc 0.88 --epochs 5    # loopback
-    python -m ddp_lab.bench.time_to_accuracy --hosts 4 --rate 100mbit --target-loss 2.1 \\
+    python -m ddp_lab.tools.bench.time_to_accuracy --hosts 4 --rate 100mbit --target-acc 0.88 --epochs 5
+    python -m ddp_lab.tools.bench.time_to_accuracy --ranks 4 --target-acc 0.88 --epochs 5    # loopback
+    python -m ddp_lab.tools.bench.time_to_accuracy --hosts 4 --rate 100mbit --target-loss 2.1 \\
         --strategies ddp,diloco --epochs 1 -- model=gpt data=text optim=adamw sync.every=16
 
 Each strategy (`--strategies`, sync presets: ddp, powersgd, local_sgd,
@@ -13,7 +13,7 @@ diloco:sync.outer_momentum=0.5) trains the same model from the same seed for the
 trains on, so the final figures after the same budget are compared too.
 Arguments after `--` are Hydra overrides for every run (sync.every=16 applies
 to local_sgd and diloco). With --hosts the runs go over emulated hosts of one
-rank each, every link shaped to --rate (ddp_lab.cluster, needs root); with
+rank each, every link shaped to --rate (ddp_lab.tools.cluster, needs root); with
 --ranks, over loopback.
 
 Time to target (MLPerf Training's measure) = steps to target (what the method
@@ -27,7 +27,7 @@ to 10 Gbit/s, where each strategy starts to pay.
 
 --fit (a cost model fit.csv of the link) with --steps-from (a loopback race
 of the same ranks, its race.csv) adds the cost model's prediction beside each
-measurement: ddp_lab.costmodel.strategies. --loopback-fit (a fit of loopback
+measurement: ddp_lab.tools.costmodel.strategies. --loopback-fit (a fit of loopback
 itself) takes the loopback run's own collectives out of its time first.
 """
 from __future__ import annotations
@@ -49,15 +49,16 @@ from ddp_lab.tools.bench.race_table import COLUMNS, by_strategy, compare, diverg
 from ddp_lab.tools.bench.trainer_runs import HYDRA_FLAGS, run_trainer
 from ddp_lab.tools.figures import pyplot
 
-# This process only launches runs and reads their files: ddp_lab.cluster and
-# ddp_lab.costmodel (which import torch) are imported where a flag needs them,
+# This process only launches runs and reads their files: ddp_lab.tools.cluster and
+# ddp_lab.tools.costmodel (which import torch) are imported where a flag needs them,
 # so --help and a bad argument answer within a second rather than in 3.
 
 STRATEGIES = ("ddp", "powersgd", "local_sgd", "diloco")  # each a sync preset (conf/sync/)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m ddp_lab.bench.time_to_accuracy", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m ddp_lab.tools.bench.time_to_accuracy",
+                                description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hosts", type=int, default=None, help="emulated hosts of one rank each (needs --rate, root)")
     p.add_argument("--rate", default=None, help="with --hosts: every link's rate, e.g. 100mbit, 1gbit")
@@ -142,7 +143,8 @@ def preflight(args) -> None:
             validate_sync(compose(run_overrides(strategy, args.seeds[0], args)).sync)
         except (ConfigError, HydraException, OmegaConfBaseException) as e:
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise SystemExit(f"python -m ddp_lab.bench.time_to_accuracy: --strategies {strategy}: {msg}") from None
+            raise SystemExit(f"python -m ddp_lab.tools.bench.time_to_accuracy: --strategies {strategy}: "
+                             f"{msg}") from None
 
 
 def curve(run_dir: Path, figure: str) -> list[tuple[float, float]]:
@@ -217,7 +219,7 @@ def main(argv=None) -> list[dict]:
     table = (summary_markdown(groups) + "\nEvery run:\n\n" if len(args.seeds) > 1 else "") + markdown(rows)
     (out / "race.md").write_text(table)
     plot(curves, figure, rows[0]["target"], out / "race.png")
-    write_record(out, command_line("ddp_lab.bench.time_to_accuracy", sys.argv[1:] if argv is None else argv),
+    write_record(out, command_line("ddp_lab.tools.bench.time_to_accuracy", sys.argv[1:] if argv is None else argv),
                  {"world_size": world, "emulated_hosts": args.hosts is not None, "link_rate": args.rate,
                   "strategies": args.strategies, "seeds": args.seeds, "epochs": args.epochs,
                   "eval_every": args.eval_every, "stop_at_target": args.stop_at_target,
@@ -261,6 +263,12 @@ def _every(run_dir: Path) -> int:
     """Steps between synchronisations of a run (1 but for local_sgd and diloco), from its config."""
     sync = OmegaConf.load(run_dir / ".hydra" / "config.yaml").sync
     return int(sync.every) if sync.mode in ("local_sgd", "diloco") else 1
+
+
+def command() -> None:
+    """The `ddp-lab-bench-time-to-accuracy` command (pyproject.toml's [project.scripts]): main(), its rows kept
+    back, since a console script exits with what its function returns."""
+    main()
 
 
 if __name__ == "__main__":

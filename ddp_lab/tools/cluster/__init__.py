@@ -1,14 +1,14 @@
 """A cluster on one machine: emulated hosts with shaped links, for torchrun to launch on.
 
-    python -m ddp_lab.cluster up --hosts 4 --rate 1gbit        # hosts lab-0 .. lab-3
-    python -m ddp_lab.cluster up --hosts 4 --rate 1gbit --mtu 9000 --name jumbo  # jumbo frames
-    python -m ddp_lab.cluster up --hosts 2 --rate 1gbit --mem 1g --name small    # 1 GiB per host
-    python -m ddp_lab.cluster status
-    python -m ddp_lab.cluster run --nproc-per-host 1 -- -m ddp_lab.train trainer.epochs=1
-    python -m ddp_lab.cluster exec lab-1 -- getent hosts lab-0
-    python -m ddp_lab.cluster link lab-1 down                  # pull its cable (and: up)
-    python -m ddp_lab.cluster kill lab-2                       # every process of lab-2, SIGKILL
-    python -m ddp_lab.cluster down
+    python -m ddp_lab.tools.cluster up --hosts 4 --rate 1gbit        # hosts lab-0 .. lab-3
+    python -m ddp_lab.tools.cluster up --hosts 4 --rate 1gbit --mtu 9000 --name jumbo  # jumbo frames
+    python -m ddp_lab.tools.cluster up --hosts 2 --rate 1gbit --mem 1g --name small    # 1 GiB per host
+    python -m ddp_lab.tools.cluster status
+    python -m ddp_lab.tools.cluster run --nproc-per-host 1 -- -m ddp_lab.train trainer.epochs=1
+    python -m ddp_lab.tools.cluster exec lab-1 -- getent hosts lab-0
+    python -m ddp_lab.tools.cluster link lab-1 down                  # pull its cable (and: up)
+    python -m ddp_lab.tools.cluster kill lab-2                       # every process of lab-2, SIGKILL
+    python -m ddp_lab.tools.cluster down
 
 A test bed, not a launcher: each emulated host is a Linux network namespace
 with its own link into a bridge, both directions of the link shaped to a rate

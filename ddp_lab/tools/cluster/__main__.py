@@ -1,4 +1,4 @@
-"""`python -m ddp_lab.cluster up|down|status|run|exec|link|kill`: see ddp_lab.cluster."""
+"""`python -m ddp_lab.tools.cluster up|down|status|run|exec|link|kill`: see ddp_lab.tools.cluster."""
 from __future__ import annotations
 
 import argparse
@@ -13,7 +13,7 @@ from ddp_lab.tools.cluster.shaping import DEFAULT_MTU, format_rate
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m ddp_lab.cluster", description=__doc__.split(":")[0])
+    p = argparse.ArgumentParser(prog="python -m ddp_lab.tools.cluster", description=__doc__.split(":")[0])
     sub = p.add_subparsers(dest="action", required=True)
     up = sub.add_parser("up", help="create hosts NAME-0..NAME-(N-1) with links shaped to RATE")
     up.add_argument("--hosts", type=int, required=True, help="number of hosts")
@@ -92,16 +92,16 @@ def ready_cluster(name: str) -> network.Cluster:
     cluster = network.find(names.check_name(name))
     if cluster is None:
         raise ClusterError(f"no cluster named {name}: create one with "
-                           f"`python -m ddp_lab.cluster up --hosts 2 --rate 1gbit --name {name}`")
+                           f"`python -m ddp_lab.tools.cluster up --hosts 2 --rate 1gbit --name {name}`")
     if not cluster.complete:
         raise ClusterError(f"cluster {name} is incomplete ({'; '.join(cluster.problems)}): "
-                           f"`python -m ddp_lab.cluster down --name {name}`, then up again")
+                           f"`python -m ddp_lab.tools.cluster down --name {name}`, then up again")
     return cluster
 
 
 def show(clusters: list[network.Cluster]) -> None:
     if not clusters:
-        print("no clusters (make one: python -m ddp_lab.cluster up --hosts 2 --rate 1gbit)")
+        print("no clusters (make one: python -m ddp_lab.tools.cluster up --hosts 2 --rate 1gbit)")
     for c in clusters:
         rate = format_rate(c.rate_bits) if c.rate_bits else "mixed or none"
         state = "" if c.complete else f"  INCOMPLETE ({'; '.join(c.problems)}): run down --name {c.name}"
@@ -160,7 +160,7 @@ def main(argv=None) -> int:
             rc = subprocess.run(in_host(host, args.command)).returncode
             return rc if rc >= 0 else 128 - rc  # killed by signal S (the host's memory limit): 128 + S
     except ClusterError as e:
-        print(f"ddp_lab.cluster: error: {e}", file=sys.stderr)
+        print(f"ddp_lab.tools.cluster: error: {e}", file=sys.stderr)
         return 2
     return 0
 

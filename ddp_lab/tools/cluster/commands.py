@@ -42,7 +42,7 @@ def require_privileges() -> None:
                if not caps >> bit & 1]
     if missing:
         raise ClusterError(f"making network namespaces needs {' and '.join(missing)}, which this "
-                           "process lacks: run as root (sudo python -m ddp_lab.cluster ...), or in a "
+                           "process lacks: run as root (sudo python -m ddp_lab.tools.cluster ...), or in a "
                            "container started with --cap-add NET_ADMIN --cap-add SYS_ADMIN")
 
 

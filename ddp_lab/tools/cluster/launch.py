@@ -5,7 +5,7 @@ rendezvous id, so all workers share TORCHELASTIC_RUN_ID and with it the run
 directory (ddp_lab.config). gloo binds to the host's eth0
 (GLOO_SOCKET_IFNAME), so its traffic crosses the shaped links, never loopback.
 
-The hosts share this machine's cores and GPUs: ddp_lab.cluster.sharing
+The hosts share this machine's cores and GPUs: ddp_lab.tools.cluster.sharing
 gives each worker its share of threads and says how they are shared.
 
 Elastic membership (`min_hosts` below the number of hosts): torchrun's own
@@ -124,7 +124,7 @@ class Job:
     def start(self) -> Job:
         self.oom_kills_before = {h.name: memory.oom_kills(h.netns) for h in self.hosts}
         env, note = self.environment()
-        self._say(f"ddp_lab.cluster: {note}; run id {self.run_id}, rendezvous "
+        self._say(f"ddp_lab.tools.cluster: {note}; run id {self.run_id}, rendezvous "
                   f"{self.hosts[0].name}:{self.port}" + (f", {self.min_hosts} to {len(self.hosts)} "
                                                           "hosts (elastic)" if self.elastic else ""))
         for host in self.starting:
@@ -137,7 +137,7 @@ class Job:
         host = host_named(self.cluster, host_name)
         if any(a.host == host and a.proc.poll() is None for a in self.agents):
             raise ValueError(f"{host_name} already runs an agent of this job")
-        self._say(f"ddp_lab.cluster: {host_name} joins run {self.run_id}")
+        self._say(f"ddp_lab.tools.cluster: {host_name} joins run {self.run_id}")
         return self._start_agent(host, self.environment()[0])
 
     def _start_agent(self, host: Host, env: dict) -> Agent:
@@ -201,7 +201,7 @@ class Job:
             if failed and not self.elastic:
                 self._stop_the_stuck(now)
                 if now > min(failed) + grace_s and None in self.poll():
-                    self._say(f"ddp_lab.cluster: a host failed {grace_s:g} s ago and the others "
+                    self._say(f"ddp_lab.tools.cluster: a host failed {grace_s:g} s ago and the others "
                               "still run: stopping them")
                     self.stop()
             if deadline is not None and now > deadline:
@@ -216,7 +216,7 @@ class Job:
             return 0
         if failed:
             for name in links_down(self.cluster):
-                self._say(f"ddp_lab.cluster: the link of {name} is down")
+                self._say(f"ddp_lab.tools.cluster: the link of {name} is down")
             self._say_out_of_memory()
         return self.agents[failed[0][1]].proc.returncode if failed else 0
 
@@ -225,10 +225,10 @@ class Job:
         for h in self.hosts:
             killed = memory.oom_kills(h.netns) - self.oom_kills_before.get(h.name, 0)
             if killed:
-                self._say(f"ddp_lab.cluster: {h.name} ran out of memory: its limit of {h.mem_bytes / 2**30:.2f} GiB "
-                          f"(cluster up --mem) killed {killed} process(es) of this job; shard the model state "
-                          f"(sync=zero sync.zero_stage=3, or sync=fsdp), or check first: python -m "
-                          f"ddp_lab.costmodel.will_it_fit")
+                self._say(f"ddp_lab.tools.cluster: {h.name} ran out of memory: its limit of "
+                          f"{h.mem_bytes / 2**30:.2f} GiB (cluster up --mem) killed {killed} process(es) of this "
+                          f"job; shard the model state (sync=zero sync.zero_stage=3, or sync=fsdp), or check "
+                          f"first: python -m ddp_lab.tools.costmodel.will_it_fit")
 
     def _stop_the_stuck(self, now: float) -> None:
         stuck = []
@@ -241,7 +241,7 @@ class Job:
                 stuck.append(i)
         if stuck:
             hosts = ", ".join(self.agents[i].host.name for i in stuck)
-            self._say(f"ddp_lab.cluster: {hosts}: workers ended after another host failed, but the "
+            self._say(f"ddp_lab.tools.cluster: {hosts}: workers ended after another host failed, but the "
                       "agent still waits (on a host it cannot reach?): stopping it")
             self.stop(stuck, term_grace_s=IDLE_S)
 

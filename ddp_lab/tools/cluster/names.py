@@ -10,7 +10,7 @@ The hosts are called NAME-0 .. NAME-(N-1). All namespaces share the machine's
 hostname, and torchrun advertises the hostname (socket.getfqdn()) as the
 address of rank 0 (MASTER_ADDR): were it the machine's, every host would be
 told to connect to itself. So each host's processes run with their own UTS
-hostname (set by ddp_lab.cluster.launch), and each host gets an /etc/hosts of
+hostname (set by ddp_lab.tools.cluster.launch), and each host gets an /etc/hosts of
 its own, /etc/netns/<namespace>/hosts, that maps every host name to its
 address (`ip netns exec` bind-mounts it over /etc/hosts).
 """

@@ -121,7 +121,7 @@ def free_subnet() -> ipaddress.IPv4Network:
         if not any(subnet.overlaps(t) for t in taken):
             return subnet
     raise ClusterError(f"no free subnet among {SUBNETS[0]}..{SUBNETS[-1]}: remove a cluster "
-                       "(python -m ddp_lab.cluster status, then down --name NAME)")
+                       "(python -m ddp_lab.tools.cluster status, then down --name NAME)")
 
 
 def create(cluster: str, hosts: int, rate: str, mtu: int = shaping.DEFAULT_MTU, mem: int | None = None) -> Cluster:
@@ -138,7 +138,7 @@ def create(cluster: str, hosts: int, rate: str, mtu: int = shaping.DEFAULT_MTU, 
         memory.require_controller()
     if find(cluster) is not None:
         raise ClusterError(f"a cluster named {cluster} exists (or an interrupted up left parts of "
-                           f"it): remove it with `python -m ddp_lab.cluster down --name {cluster}`, "
+                           f"it): remove it with `python -m ddp_lab.tools.cluster down --name {cluster}`, "
                            "or choose another --name")
     subnet = free_subnet()
     try:
@@ -213,7 +213,7 @@ def host_named(cluster: Cluster, host_name: str) -> Host:
     host = next((h for h in cluster.hosts if h.name == host_name), None)
     if host is None:
         raise ClusterError(f"cluster {cluster.name} has no host {host_name!r}; see "
-                           "python -m ddp_lab.cluster status")
+                           "python -m ddp_lab.tools.cluster status")
     return host
 
 

@@ -3,13 +3,13 @@
     # fit to benchmark runs (any world sizes; files, run directories or glob patterns),
     # predict 8..4096 ranks for LeNet and ResNet-18 (docs/costmodel.md, "The fit", runs
     # it on recorded sweeps)
-    python -m ddp_lab.costmodel 'inputs=[outputs/bench/collectives/*/collectives.csv]'
+    python -m ddp_lab.tools.costmodel 'inputs=[outputs/bench/collectives/*/collectives.csv]'
     # fit to 2-3 ranks, check the prediction of every point measured at 4 and 8 (validation.csv),
-    # and set 1/beta beside the links' rate (see ddp_lab.costmodel.validation)
-    python -m ddp_lab.costmodel 'inputs=[h2/collectives.csv,h3/collectives.csv]' \
+    # and set 1/beta beside the links' rate (see ddp_lab.tools.costmodel.validation)
+    python -m ddp_lab.tools.costmodel 'inputs=[h2/collectives.csv,h3/collectives.csv]' \
         'validate=[h4/collectives.csv,h8/collectives.csv]' link_rate=1gbit
     # nominal interconnects instead of (or beside) the fit
-    python -m ddp_lab.costmodel 'params=[ib_100g,eth_25g]' 'compute_ms={lenet: 2, resnet18: 60}'
+    python -m ddp_lab.tools.costmodel 'params=[ib_100g,eth_25g]' 'compute_ms={lenet: 2, resnet18: 60}'
 
 Configuration: conf/costmodel.yaml (Hydra, like every ddp_lab entry point).
 Output: outputs/costmodel/<run id>/ with fit.csv, fit_points.csv, fit.png,

@@ -1,6 +1,6 @@
-"""`python -m ddp_lab.costmodel`: validate the config, fit, predict, write the results.
+"""`python -m ddp_lab.tools.costmodel`: validate the config, fit, predict, write the results.
 
-Configuration: conf/costmodel.yaml. See ddp_lab.costmodel for the model.
+Configuration: conf/costmodel.yaml. See ddp_lab.tools.costmodel for the model.
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def validate(cfg) -> dict:
     inputs = expand_inputs(list(cfg.inputs))
     if "fitted" in params and not inputs:
         raise ConfigError("params=fitted needs measurements: inputs=[path/to/collectives.csv, ...] "
-                          "(from ddp_lab.bench.collectives); or predict from a preset only, e.g. "
+                          "(from ddp_lab.tools.bench.collectives); or predict from a preset only, e.g. "
                           "'params=[ib_100g]'")
     for name in params:
         if name == "fitted":
@@ -224,7 +224,7 @@ def run(cfg, run_dir: Path, log=print) -> dict:
     log(f"# wrote {run_dir / 'predictions.csv'}")
     if cfg.plot:
         log(f"# wrote {plot_predictions(preds, run_dir / 'predictions.png')}")
-    record = write_record(run_dir, hydra_command("ddp_lab.costmodel"), {"inputs": [str(p) for p in s["inputs"]],
+    record = write_record(run_dir, hydra_command("ddp_lab.tools.costmodel"), {"inputs": [str(p) for p in s["inputs"]],
                           "validate": [str(p) for p in s["validate"]], "link_rate": cfg.get("link_rate")})
     log(f"# wrote {record}")
     return {"fits": fits, "params": param_sets, "predictions": preds, "compute_s": compute_s}
@@ -236,5 +236,5 @@ def main(cfg: DictConfig) -> None:
     try:
         run(cfg, run_dir)
     except ConfigError as e:
-        print(f"ddp_lab.costmodel: error: {e}", file=sys.stderr, flush=True)
+        print(f"ddp_lab.tools.costmodel: error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None

@@ -3,7 +3,7 @@
 conf/costmodel.yaml composes on top of CostModelConfig and adds only the
 presets (nominal interconnects, each figure with its source); cli.validate
 keeps what needs more than one key or the files (preset names, gradients,
-the inputs). `python -m ddp_lab.costmodel.config` prints the reference.
+the inputs). `python -m ddp_lab.tools.costmodel.config` prints the reference.
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Fit alpha, beta (and gamma) to measured allreduce times; read the measurements.
 
-The inputs are ddp_lab.bench.collectives CSV files; each row becomes a Point,
+The inputs are ddp_lab.tools.bench.collectives CSV files; each row becomes a Point,
 and every algorithm's points are fitted with its own formula
-(ddp_lab.costmodel.formulas), weighting each by 1/measured time so that the
+(ddp_lab.tools.costmodel.formulas), weighting each by 1/measured time so that the
 fit minimises relative error.
 """
 from __future__ import annotations
@@ -208,7 +208,7 @@ def read_points(paths: Iterable[Path], log=print) -> list[Point]:
             missing = [c for c in CSV_COLUMNS if c not in (reader.fieldnames or [])]
             if missing:
                 raise ConfigError(f"inputs: {path} lacks columns {', '.join(missing)}; "
-                                  "is it a ddp_lab.bench.collectives output?")
+                                  "is it a ddp_lab.tools.bench.collectives output?")
             skipped_wrong = skipped_single = 0
             for r in reader:
                 if int(r["wrong"]) > 0:

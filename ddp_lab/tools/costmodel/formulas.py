@@ -1,7 +1,7 @@
 """Cost formulas of allreduce algorithms in the alpha-beta-gamma model.
 
 Each formula prices an allreduce of N bytes on p ranks from three machine
-constants (see ddp_lab.costmodel): alpha seconds per message, beta seconds per
+constants (see ddp_lab.tools.costmodel): alpha seconds per message, beta seconds per
 byte sent over a link, gamma seconds per byte reduced. All are linear in the
 three, which is what makes fitting them a least-squares problem.
 """
@@ -84,7 +84,7 @@ def tree(p: int, n: float, alpha: float, beta: float, gamma: float) -> float:
     return 2 * steps * (alpha + n * beta) + steps * n * gamma
 
 
-# Algorithm names match ddp_lab.bench.collectives' (and ddp_lab.collectives').
+# Algorithm names match ddp_lab.tools.bench.collectives' (and ddp_lab.collectives').
 # "builtin" is the backend's own allreduce (gloo's or NCCL's), a black box here:
 # it is modelled, and fitted, with the ring formula, which is what NCCL uses for
 # large messages and what gloo's ring variants do. The textbook versions of ring

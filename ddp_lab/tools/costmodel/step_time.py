@@ -9,7 +9,7 @@ fitted constants of the sync's algorithm (builtin: the ring formula) at the
 world size; compressed syncs (sync.compress=bf16 or fp16) send half the bytes.
 No overlap of communication with the backward pass is assumed.
 Where ranks share cores, loopback_steps() gives their compute as measured
-(see ddp_lab.bench.scaling_prediction).
+(see ddp_lab.tools.bench.scaling_prediction).
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def load_fit(path: str | Path) -> dict[str, Params]:
                                   float(r["gamma_s_per_byte"]), f"fit: {r['algo']} ({path})")
                 for r in rows}
     except (OSError, KeyError, ValueError) as e:
-        raise ConfigError(f"{path}: not a cost model fit.csv ({e}); run python -m ddp_lab.costmodel "
+        raise ConfigError(f"{path}: not a cost model fit.csv ({e}); run python -m ddp_lab.tools.costmodel "
                           "inputs=[...] and give its <run dir>/fit.csv") from None
 
 
@@ -71,4 +71,4 @@ def loopback_steps(path: str | Path) -> dict[tuple[str, str, int, int], float]:
                     for r in csv.DictReader(f) if r["step_ms"]}
     except (OSError, KeyError, ValueError) as e:
         raise ConfigError(f"{path}: not a bench.scaling scaling.csv ({e}); run python -m "
-                          "ddp_lab.bench.scaling --worlds ... and give its scaling.csv") from None
+                          "ddp_lab.tools.bench.scaling --worlds ... and give its scaling.csv") from None

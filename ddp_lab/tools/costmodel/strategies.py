@@ -3,7 +3,7 @@
     time to target on a link = the loopback run's time to target
                              + the link's time for the all-reduces it made up to the target
 
-The loopback run (the same ranks on one machine's loopback, ddp_lab.bench.
+The loopback run (the same ranks on one machine's loopback, ddp_lab.tools.bench.
 time_to_accuracy --ranks N) measures once what the network does not change:
 how many steps the strategy needs (the same seed and data take the same
 steps on any link), its compute per step (PowerSGD's compression and
@@ -11,7 +11,7 @@ decompression included), its evaluations, all with all-reduces at memory
 speed. The link adds, per step, the all-reduce of the bytes the strategy
 sends: DDP and PowerSGD every step, local SGD and DiLoCo their weights once
 every H = sync.every steps, priced by the alpha-beta-gamma model of the
-builtin all-reduce (ddp_lab.costmodel.formulas, the ring formula) with the
+builtin all-reduce (ddp_lab.tools.costmodel.formulas, the ring formula) with the
 link's fitted constants. The bytes are those the loopback run counted up to
 its target (`wire_bytes_to_target`: PowerSGD's plain steps come first, so
 its average over a whole run under-prices them), spread over its
@@ -81,7 +81,7 @@ def loopback_rows(path: Path) -> dict[tuple[str, str], dict]:
         with open(path, newline="") as f:
             return {(r["strategy"], r.get("seed") or ""): r for r in csv.DictReader(f)}
     except (OSError, KeyError) as e:
-        raise ConfigError(f"{path}: not a race.csv of ddp_lab.bench.time_to_accuracy ({e}); run it with "
+        raise ConfigError(f"{path}: not a race.csv of ddp_lab.tools.bench.time_to_accuracy ({e}); run it with "
                           "--ranks N on loopback first and give its race.csv") from None
 
 

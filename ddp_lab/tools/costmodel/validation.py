@@ -1,6 +1,6 @@
 """Does the cost model predict what it was not fitted to? Held-out sweeps, and beta against the link.
 
-    python -m ddp_lab.costmodel 'inputs=[h2/collectives.csv,h3/collectives.csv]' \\
+    python -m ddp_lab.tools.costmodel 'inputs=[h2/collectives.csv,h3/collectives.csv]' \\
         'validate=[h4/collectives.csv,h8/collectives.csv]' link_rate=1gbit
 
 The fit sees only `inputs` (e.g. 2 and 3 ranks); every point of the `validate`
@@ -12,7 +12,7 @@ shows here. validation.csv in the run directory holds every point.
 link_rate: the rate the network was built to (an emulated cluster's --rate);
 1/beta, the per-link bandwidth the fit found, is printed beside it. TCP over
 1500-byte Ethernet frames carries at most 1448 payload bytes per 1514 on the
-wire (95.6%; 99.3% with link_mtu=9000, ddp_lab.cluster.shaping), so 1/beta
+wire (95.6%; 99.3% with link_mtu=9000, ddp_lab.tools.cluster.shaping), so 1/beta
 near 96% of the rate means the links run full.
 """
 from __future__ import annotations

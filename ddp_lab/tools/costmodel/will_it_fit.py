@@ -1,6 +1,6 @@
 """Will it fit? Before a run: each strategy's memory per rank and its price on a link.
 
-    python -m ddp_lab.costmodel.will_it_fit --ranks 4 --memory 2GiB --link 1gbit -- model=gpt2 data=text \
+    python -m ddp_lab.tools.costmodel.will_it_fit --ranks 4 --memory 2GiB --link 1gbit -- model=gpt2 data=text \
         data.path=corpus.txt optim=adamw
 
 For the model, optimizer and data the overrides after `--` choose (the training's own config:
@@ -13,7 +13,7 @@ each, it prints for DDP and ZeRO stages 1, 2 and 3:
   for every strategy) and whether the two fit in --memory; stage 3 also holds one block's whole
   weights and gradients while it computes, not counted here;
 - the bytes each sends per step and their time on --link (the alpha-beta model's ring formulas,
-  ddp_lab.costmodel.formulas: an all-reduce of the gradients for DDP, stages 1 and 2 its two
+  ddp_lab.tools.costmodel.formulas: an all-reduce of the gradients for DDP, stages 1 and 2 its two
   halves, stage 3 the weights gathered twice and the gradients reduce-scattered once), and with
   --compute-ms the step: compute plus communication, none of it overlapped (an upper bound).
   A reduce-scatter is priced as the run's collectives send it: torch's on gloo (sync.algo=builtin
@@ -117,7 +117,8 @@ def compose(overrides: list[str]):
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m ddp_lab.costmodel.will_it_fit", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ddp_lab.tools.costmodel.will_it_fit",
+                                description=__doc__.split("\n")[0])
     p.add_argument("--ranks", type=int, required=True, help="the world size")
     p.add_argument("--memory", required=True, help="memory per rank, e.g. 2GiB, 512m")
     p.add_argument("--link", help="a link's rate in tc's units (1gbit, 200mbit): prices each step's communication")
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
         cfg = compose(args.overrides)
         params, state, name, acts, batch = describe(cfg, args.ranks, args.batch)
     except ConfigError as e:
-        print(f"ddp_lab.costmodel.will_it_fit: error: {e}", file=sys.stderr)
+        print(f"ddp_lab.tools.costmodel.will_it_fit: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     rs = reduce_scatter_of(cfg)
     rows = table(params, state, acts, args.ranks, memory, link, args.alpha_us * 1e-6, args.compute_ms, rs)

@@ -70,7 +70,7 @@ def test_sgd_divides_by_the_batch_size():
 @pytest.mark.system
 def test_end_to_end_run(tiny_fmnist, tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_module("ddp_lab.baselines.d2l_scratch", [
+    proc = run_module("ddp_lab.tools.baselines.d2l_scratch", [
         f"data.root={tiny_fmnist}", f"data.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={run_dir}",
         "data.batch_size=64", "data.num_workers=0", "epochs=3", "num_devices=2", "threads=1",
         "warmup_steps=1", "log_every=4"], nproc=0)

@@ -61,7 +61,7 @@ def test_loss_falls_on_one_batch():
 @pytest.mark.system
 def test_end_to_end_run(tiny_fmnist, tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_module("ddp_lab.baselines.data_parallel", [
+    proc = run_module("ddp_lab.tools.baselines.data_parallel", [
         f"data.root={tiny_fmnist}", f"data.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={run_dir}",
         "data.batch_size=32", "data.num_workers=0", "epochs=2", "max_steps=3", "threads=1",
         "warmup_steps=1", "log_every=1"], nproc=0)

@@ -1,4 +1,4 @@
-"""ddp_lab.bench.collectives: formulas, sweep sizes, validation, check pattern, a real torchrun sweep."""
+"""ddp_lab.tools.bench.collectives: formulas, sweep sizes, validation, check pattern, a real torchrun sweep."""
 from __future__ import annotations
 
 import csv
@@ -98,8 +98,8 @@ def test_a_wrong_type_or_choice_is_refused_when_the_config_is_composed(override,
 def test_the_configuration_guide_holds_the_bench_reference():
     from ddp_lab.tools.bench.collectives.config import markdown
     from tests.conftest import guide_reference
-    assert guide_reference("ddp_lab.bench.collectives.config") == markdown(), (
-        "docs/configuration.md is out of date: paste `python -m ddp_lab.bench.collectives.config` there")
+    assert guide_reference("ddp_lab.tools.bench.collectives.config") == markdown(), (
+        "docs/configuration.md is out of date: paste `python -m ddp_lab.tools.bench.collectives.config` there")
 
 
 def test_the_schema_holds_every_key_and_the_yaml_only_hydras_settings():
@@ -140,7 +140,7 @@ def test_bad_interleaved_input_names_the_key(overrides, message):
 @pytest.mark.system
 def test_torchrun_interleaved_two_processes(tmp_path):
     algos = ["builtin", "ring", "ring_textbook", "halving_doubling_textbook"]
-    r = run_module("ddp_lab.bench.collectives",
+    r = run_module("ddp_lab.tools.bench.collectives",
                    ["mode=interleaved", "interleaved.sizes=[4K,512K]", "interleaved.rounds=3",
                     "algos=[ring,ring_textbook,halving_doubling_textbook]",
                     f"hydra.run.dir={tmp_path}"], nproc=2, timeout=180)
@@ -159,14 +159,15 @@ def test_torchrun_interleaved_two_processes(tmp_path):
     assert not (tmp_path / "collectives.csv").exists()
     record = json.loads((tmp_path / "record.json").read_text())
     assert (record["mode"], record["world_size"], record["backend"]) == ("interleaved", 2, "gloo")
-    assert record["command"].startswith("torchrun --nproc_per_node=2 -m ddp_lab.bench.collectives mode=interleaved")
+    assert record["command"].startswith("torchrun --nproc_per_node=2 -m ddp_lab.tools.bench.collectives "
+                                        "mode=interleaved")
 
 
 def test_bad_input_single_process_exits_2(tmp_path):
-    r = run_module("ddp_lab.bench.collectives", ["min_bytes=8192", "max_bytes=4096",
+    r = run_module("ddp_lab.tools.bench.collectives", ["min_bytes=8192", "max_bytes=4096",
                                                  f"hydra.run.dir={tmp_path}"], nproc=0, timeout=120)
     assert r.returncode == 2
-    assert "ddp_lab.bench.collectives: error: min_bytes=8192 is larger than max_bytes=4096" in r.stderr
+    assert "ddp_lab.tools.bench.collectives: error: min_bytes=8192 is larger than max_bytes=4096" in r.stderr
     assert not (tmp_path / "collectives.csv").exists()
 
 
@@ -174,7 +175,7 @@ def test_bad_input_single_process_exits_2(tmp_path):
 def test_torchrun_sweep_two_processes(tmp_path):
     algos = ["builtin", "naive", "ring", "halving_doubling"]
     run_dir = tmp_path / "run"
-    r = run_module("ddp_lab.bench.collectives",
+    r = run_module("ddp_lab.tools.bench.collectives",
                    ["min_bytes=1024", "max_bytes=65536", "factor=4", "warmup=1", "iters=3",
                     "min_iters=1", f"hydra.run.dir={run_dir}"], nproc=2, timeout=180)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -198,14 +199,14 @@ def test_torchrun_sweep_two_processes(tmp_path):
     assert (run_dir / "collectives.png").stat().st_size > 0
     assert any((run_dir / "tb").iterdir())
     record = json.loads((run_dir / "record.json").read_text())
-    assert record["command"] == ("torchrun --nproc_per_node=2 -m ddp_lab.bench.collectives min_bytes=1024 "
+    assert record["command"] == ("torchrun --nproc_per_node=2 -m ddp_lab.tools.bench.collectives min_bytes=1024 "
                                  "max_bytes=65536 factor=4 warmup=1 iters=3 min_iters=1")
     assert (record["world_size"], record["backend"], record["torch"]) == (2, "gloo", torch.__version__)
     assert record["mode"] == "sweep"
     assert {"date", "machine", "git_commit", "cpu_model", "cores", "cpu_flags", "comm_threads"} <= set(record)
     # a second sweep into the same directory stops, every rank, and keeps the first one's CSV
     before = (run_dir / "collectives.csv").read_bytes()
-    r = run_module("ddp_lab.bench.collectives", ["max_bytes=4096", f"hydra.run.dir={run_dir}"],
+    r = run_module("ddp_lab.tools.bench.collectives", ["max_bytes=4096", f"hydra.run.dir={run_dir}"],
                    nproc=2, timeout=120)
     assert r.returncode != 0
     assert "already holds collectives.csv from an earlier sweep" in r.stderr
@@ -214,7 +215,7 @@ def test_torchrun_sweep_two_processes(tmp_path):
 
 @pytest.mark.system
 def test_torchrun_bad_input_fails_every_rank_quickly(tmp_path):
-    r = run_module("ddp_lab.bench.collectives", ["algos=[ring,butterfly]", f"hydra.run.dir={tmp_path}"],
+    r = run_module("ddp_lab.tools.bench.collectives", ["algos=[ring,butterfly]", f"hydra.run.dir={tmp_path}"],
                    nproc=2, timeout=120)
     assert r.returncode != 0
     assert "Invalid value 'butterfly', expected one of [builtin, naive, ring" in r.stderr + r.stdout
@@ -318,7 +319,7 @@ def test_check_of_reduce_scatter_and_all_gather_is_exact(dtype, world):
 
 def _sweep_rows(tmp_path, collective, sizes_args):
     run_dir = tmp_path / "run"
-    r = run_module("ddp_lab.bench.collectives",
+    r = run_module("ddp_lab.tools.bench.collectives",
                    [f"collective={collective}", *sizes_args, "warmup=1", "iters=3", "min_iters=1",
                     "plot=false", "tensorboard=false", f"hydra.run.dir={run_dir}"], nproc=2, timeout=120)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -356,10 +357,10 @@ def test_torchrun_all_gather_two_processes(tmp_path):
 
 
 def test_a_collective_the_algorithm_lacks_exits_2_with_one_line(tmp_path):
-    r = run_module("ddp_lab.bench.collectives", ["collective=all_gather", "algos=[builtin,naive]",
+    r = run_module("ddp_lab.tools.bench.collectives", ["collective=all_gather", "algos=[builtin,naive]",
                                                  f"hydra.run.dir={tmp_path}"], nproc=0, timeout=120)
     assert r.returncode == 2
     errors = [ln for ln in r.stderr.splitlines() if "error:" in ln]
-    assert errors == ["ddp_lab.bench.collectives: error: algos: naive has no all-gather (collective=all_gather); "
+    assert errors == ["ddp_lab.tools.bench.collectives: error: algos: naive has no all-gather (collective=all_gather); "
                       "choose among builtin, ring_textbook, direct, e.g. 'algos=[builtin,ring_textbook,direct]'"]
     assert not (tmp_path / "collectives.csv").exists()

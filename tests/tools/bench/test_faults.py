@@ -27,7 +27,7 @@ def test_a_raise_is_timed_and_recorded(tmp_path, capsys):
     assert any("rank 1 stopped at step 5" in line and "DDP_LAB_FAULT" in line
                for line in result["said"])
     record = json.loads((out / "record.json").read_text())
-    assert record["command"].endswith("-m ddp_lab.bench.faults --kinds raise --timeout-s 20 "
+    assert record["command"].endswith("-m ddp_lab.tools.bench.faults --kinds raise --timeout-s 20 "
                                       f"--out {out}")
     assert "| raise | 1 |" in capsys.readouterr().out
     assert "DDP_LAB_FAULT" in (out / "raise.log").read_text()  # the raw lines beside the record

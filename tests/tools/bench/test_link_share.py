@@ -50,7 +50,7 @@ def test_table_and_files(tmp_path, capsys):
     assert "| tree | - | 27% (0.10) |" in md  # whole message up and down a tree of depth 2: 3/8 allowed
     assert md in capsys.readouterr().out
     record = json.loads((out / "record.json").read_text())
-    assert record["rate_bits"] == 10 ** 9 and record["command"].startswith("python -m ddp_lab.bench.link_share")
+    assert record["rate_bits"] == 10 ** 9 and record["command"].startswith("python -m ddp_lab.tools.bench.link_share")
     written = {p.name: p.read_bytes() for p in out.iterdir()}
     with pytest.raises(SystemExit, match="already holds an earlier run's files"):  # never written over
         ls.main(["--rate", "1gbit", str(a), "--out", str(out)])

@@ -75,7 +75,7 @@ def test_short_real_study(tmp_path):
     assert len(summaries) == 2
     assert [json.loads(p.read_text())["threads"] for p in summaries] == [1, 1]
     record = json.loads((tmp_path / "record.json").read_text())
-    assert record["command"].startswith("python -m ddp_lab.bench.scaling --worlds 1,2 --kinds weak")
+    assert record["command"].startswith("python -m ddp_lab.tools.bench.scaling --worlds 1,2 --kinds weak")
     assert record["worlds"] == [1, 2] and record["syncs"] == ["ddp/builtin"]
     assert {"date", "machine", "git_commit", "torch", "cpu_model", "cores", "cpu_flags"} <= set(record)
 

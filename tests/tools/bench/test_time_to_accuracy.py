@@ -156,7 +156,7 @@ def test_a_short_race_on_loopback(tiny_fmnist, tmp_path):
         assert r["wire_bytes_to_target"] == pytest.approx(r["wire_bytes_per_step"] * r["steps_to_target"])
         assert 0 < r["eval_s_to_target"] <= r["eval_s"]
     record = json.loads((out / "record.json").read_text())
-    assert record["command"].startswith("python -m ddp_lab.bench.time_to_accuracy --ranks 2")
+    assert record["command"].startswith("python -m ddp_lab.tools.bench.time_to_accuracy --ranks 2")
 
     fit = tmp_path / "fit.csv"
     fit.write_text("algo,points,alpha_s,beta_s_per_byte,gamma_s_per_byte,median_abs_rel_err,max_abs_rel_err\n"

@@ -123,7 +123,7 @@ def test_commands_hold_the_same_data_and_epochs(tmp_path):
     assert reference == "baseline d2l_scratch"
     (base, _, base_cmd), (trainer, _, trainer_cmd) = systems
     b, t = base_cmd(tmp_path / "b"), trainer_cmd(tmp_path / "t")
-    assert b[1:3] == ["-m", "ddp_lab.baselines.d2l_scratch"]
+    assert b[1:3] == ["-m", "ddp_lab.tools.baselines.d2l_scratch"]
     assert {"epochs=3", "data.batch_size=128", "data.root=/data/fm", "num_devices=1",
             f"hydra.run.dir={tmp_path / 'b'}"} <= set(b)
     assert t[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
@@ -196,7 +196,7 @@ def test_a_run_leaves_its_record_beside_the_results(tmp_path, monkeypatch):
     out = tmp_path / "out"
     assert cli.main(["--out", str(out), "--epochs", "1", "--repeats", "2"]) == 0
     record = json.loads((out / "record.json").read_text())
-    assert record["command"] == f"python -m ddp_lab.bench.vs_baseline --out {out} --epochs 1 --repeats 2"
+    assert record["command"] == f"python -m ddp_lab.tools.bench.vs_baseline --out {out} --epochs 1 --repeats 2"
     assert record["runs"] == 4 and record["failed"] is False
     assert {"date", "machine", "git_commit", "torch", "cpu_model", "cores", "cpu_flags"} <= set(record)
     # the baseline's MFU is the benchmark's, the trainer's its own summary's

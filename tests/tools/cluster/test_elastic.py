@@ -63,7 +63,7 @@ def test_a_lost_host_leaves_two_that_go_on_and_it_rejoins(three_hosts, tiny_fmni
 
 def test_nnodes_and_only_are_checked_before_anything_starts(three_hosts):
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "ddp_lab.cluster", "run", "--name", three_hosts.name,
+        return subprocess.run([sys.executable, "-m", "ddp_lab.tools.cluster", "run", "--name", three_hosts.name,
                                *args, "--", "-m", "ddp_lab.train"], capture_output=True, text=True)
 
     for args, error in [(["--nnodes", "2:4"], "--nnodes 2:4: MAX must be the 3 host(s) the job uses"),

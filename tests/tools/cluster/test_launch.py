@@ -100,7 +100,7 @@ def test_a_killed_host_restarts_and_ends_bit_identical(two_hosts, loopback_run, 
 def test_sigint_reaches_every_agent_and_nothing_is_left(two_hosts, tmp_path):
     script = tmp_path / "wait.py"
     script.write_text(WAIT_OR_FAIL)
-    proc = subprocess.Popen([sys.executable, "-m", "ddp_lab.cluster", "run", "--name", two_hosts.name,
+    proc = subprocess.Popen([sys.executable, "-m", "ddp_lab.tools.cluster", "run", "--name", two_hosts.name,
                              "--", str(script), "wait"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     try:

@@ -32,7 +32,7 @@ def test_a_rank_past_its_hosts_limit_is_named_out_of_memory(cluster_name, tmp_pa
         out = job.output()
         assert memory.oom_kills(c.hosts[1].netns) >= 1 and memory.oom_kills(c.hosts[0].netns) == 0
     assert rc != 0 and out.count("ready") == 2, out
-    assert (f"ddp_lab.cluster: {cluster_name}-1 ran out of memory: its limit of 0.68 GiB (cluster up --mem) "
+    assert (f"ddp_lab.tools.cluster: {cluster_name}-1 ran out of memory: its limit of 0.68 GiB (cluster up --mem) "
             f"killed 1 process(es) of this job") in out, out
     assert f"{cluster_name}-0 ran out of memory" not in out
 
@@ -50,5 +50,5 @@ def test_a_process_in_a_host_reads_its_limit_and_down_removes_it(cluster_name):
 
 def test_a_bad_size_is_refused_in_one_line(capsys):
     assert main(["up", "--hosts", "2", "--rate", "1gbit", "--mem", "lots", "--name", "ptnever"]) == 2
-    assert capsys.readouterr().err == ("ddp_lab.cluster: error: --mem 'lots': give a size with a unit, e.g. "
+    assert capsys.readouterr().err == ("ddp_lab.tools.cluster: error: --mem 'lots': give a size with a unit, e.g. "
                                        "--mem 2GiB or --mem 512m\n")

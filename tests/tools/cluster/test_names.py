@@ -23,7 +23,7 @@ def test_every_host_resolves_every_name_to_its_eth0_address(two_hosts):
 
 def test_exec_runs_a_command_inside_a_host(two_hosts):
     host = two_hosts.hosts[1]
-    proc = subprocess.run([sys.executable, "-m", "ddp_lab.cluster", "exec", "--name", two_hosts.name,
+    proc = subprocess.run([sys.executable, "-m", "ddp_lab.tools.cluster", "exec", "--name", two_hosts.name,
                            host.name, "--", "ip", "-4", "-o", "addr", "show", "eth0"],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

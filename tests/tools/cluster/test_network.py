@@ -15,7 +15,7 @@ from tests.tools.cluster.conftest import between_two_hosts
 
 
 def cli(*args, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ddp_lab.cluster", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "ddp_lab.tools.cluster", *args], capture_output=True,
                           text=True, **kw)
 
 
@@ -53,7 +53,7 @@ def test_up_status_down_leave_the_machine_as_it_was(cluster_name):
 
 def test_down_after_up_was_killed_half_way(cluster_name):
     before = machine_state()
-    up = subprocess.Popen([sys.executable, "-m", "ddp_lab.cluster", "up", "--hosts", "40",
+    up = subprocess.Popen([sys.executable, "-m", "ddp_lab.tools.cluster", "up", "--hosts", "40",
                            "--rate", "1gbit", "--name", cluster_name],
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     third = names.RUN_NETNS / names.host_netns(cluster_name, 2)
@@ -86,7 +86,7 @@ def test_refused_without_capabilities_and_nothing_is_made(cluster_name):
     if shutil.which("setpriv") is None:
         pytest.skip("setpriv (util-linux) is needed to drop capabilities")
     proc = subprocess.run(["setpriv", "--bounding-set=-net_admin,-sys_admin", sys.executable, "-m",
-                           "ddp_lab.cluster", "up", "--hosts", "2", "--rate", "1gbit", "--name",
+                           "ddp_lab.tools.cluster", "up", "--hosts", "2", "--rate", "1gbit", "--name",
                            cluster_name], capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "CAP_NET_ADMIN and CAP_SYS_ADMIN" in proc.stderr

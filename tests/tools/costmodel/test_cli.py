@@ -1,4 +1,4 @@
-"""ddp_lab.costmodel as a program: gradients by name, inputs, its config, the command line."""
+"""ddp_lab.tools.costmodel as a program: gradients by name, inputs, its config, the command line."""
 from __future__ import annotations
 
 import csv
@@ -105,8 +105,8 @@ def test_bad_config_is_refused_with_the_key(overrides, message):
 def test_the_configuration_guide_holds_the_cost_model_reference():
     from ddp_lab.tools.costmodel.config import markdown
     from tests.conftest import guide_reference
-    assert guide_reference("ddp_lab.costmodel.config") == markdown(), (
-        "docs/configuration.md is out of date: paste `python -m ddp_lab.costmodel.config` there")
+    assert guide_reference("ddp_lab.tools.costmodel.config") == markdown(), (
+        "docs/configuration.md is out of date: paste `python -m ddp_lab.tools.costmodel.config` there")
 
 
 def test_the_yaml_holds_only_the_presets_and_hydras_settings():
@@ -118,19 +118,19 @@ def test_the_yaml_holds_only_the_presets_and_hydras_settings():
 
 def test_cli_records_its_command_line(tmp_path):
     # LeNet alone: counting ResNet-18's gradients would import torchvision (3 s here)
-    r = run_module("ddp_lab.costmodel", ["params=[ib_100g]", "gradients=[lenet]", "compute_ms.lenet=2",
+    r = run_module("ddp_lab.tools.costmodel", ["params=[ib_100g]", "gradients=[lenet]", "compute_ms.lenet=2",
                                          "plot=false", f"hydra.run.dir={tmp_path}"], nproc=0, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     record = json.loads((tmp_path / "record.json").read_text())
-    assert record["command"] == ("python -m ddp_lab.costmodel 'params=[ib_100g]' 'gradients=[lenet]' "
+    assert record["command"] == ("python -m ddp_lab.tools.costmodel 'params=[ib_100g]' 'gradients=[lenet]' "
                                  "compute_ms.lenet=2 plot=false")
     assert record["inputs"] == [] and record["torch"] == torch.__version__
 
 
 def test_cli_bad_input_exits_2_with_the_message(tmp_path):
-    r = run_module("ddp_lab.costmodel", ["params=[fitted]", f"hydra.run.dir={tmp_path}"], nproc=0, timeout=120)
+    r = run_module("ddp_lab.tools.costmodel", ["params=[fitted]", f"hydra.run.dir={tmp_path}"], nproc=0, timeout=120)
     assert r.returncode == 2, r.stderr
-    assert "ddp_lab.costmodel: error: params=fitted needs measurements" in r.stderr
+    assert "ddp_lab.tools.costmodel: error: params=fitted needs measurements" in r.stderr
     assert r.stderr.count("error") == 1
 
 

@@ -1,4 +1,4 @@
-"""ddp_lab.costmodel's arithmetic: the formulas, the non-negative fit, predictions."""
+"""ddp_lab.tools.costmodel's arithmetic: the formulas, the non-negative fit, predictions."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""The allreduce benchmark, in the style of nccl-tests: `torchrun -m ddp_lab.bench.collectives`.
+"""The allreduce benchmark, in the style of nccl-tests: `torchrun -m ddp_lab.tools.bench.collectives`.
 
     sweep.py        the program: times each (algorithm, size) point of a sweep (mode=sweep)
     interleaved.py  mode=interleaved: the algorithms against builtin in shuffled rounds

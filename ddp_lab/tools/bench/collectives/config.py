@@ -5,7 +5,7 @@ refuses unknown keys, wrong types and values off a list; ddp_lab.config.schema.c
 refuses a value out of range, and plan.validate what depends on
 two keys at once (min_bytes <= max_bytes, sizes that fit the dtype, algos that
 have the chosen collective).
-`python -m ddp_lab.bench.collectives.config` prints the reference
+`python -m ddp_lab.tools.bench.collectives.config` prints the reference
 (docs/configuration.md).
 """
 from __future__ import annotations

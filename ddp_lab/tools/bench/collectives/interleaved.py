@@ -1,8 +1,8 @@
-"""mode=interleaved of ddp_lab.bench.collectives: all-reduces timed against
+"""mode=interleaved of ddp_lab.tools.bench.collectives: all-reduces timed against
 dist.all_reduce in interleaved rounds, for a tight ratio on a noisy machine
 (with collective=reduce_scatter|all_gather, those against torch's own).
 
-    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=3 -m ddp_lab.bench.collectives \
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=3 -m ddp_lab.tools.bench.collectives \
         mode=interleaved 'interleaved.sizes=[64K,1M,4M,16M]' interleaved.rounds=15 \
         'algos=[builtin,ring,halving_doubling]'
 
@@ -100,7 +100,7 @@ def run(cfg, plan, env, fns: dict[str, Callable], run_dir: Path, check: Callable
     cuda = env.device.type == "cuda"
     rows = []
     if env.is_main:
-        print(f"# ddp_lab.bench.collectives mode=interleaved: {named}world_size={n} dtype={plan.dtype_name} "
+        print(f"# ddp_lab.tools.bench.collectives mode=interleaved: {named}world_size={n} dtype={plan.dtype_name} "
               f"rounds={rounds} warmup={cfg.interleaved.warmup} comm_threads={env.comm_threads} "
               "(median over rounds; vs_builtin = median of per-round busbw / builtin's)")
         print(f"{'size':>10} {'algo':>26} {'time_us':>10} {'busbw_GB/s':>11} {'vs_builtin':>10} {'wrong':>6}",

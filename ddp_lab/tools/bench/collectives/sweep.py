@@ -1,12 +1,12 @@
 """Allreduce benchmark in the style of NVIDIA's nccl-tests (all_reduce_perf), and with
 `collective=reduce_scatter|all_gather` their reduce_scatter_perf and all_gather_perf.
 
-    torchrun --standalone --nproc_per_node=4 -m ddp_lab.bench.collectives
-    torchrun --standalone --nproc_per_node=2 -m ddp_lab.bench.collectives \
+    torchrun --standalone --nproc_per_node=4 -m ddp_lab.tools.bench.collectives
+    torchrun --standalone --nproc_per_node=2 -m ddp_lab.tools.bench.collectives \
         min_bytes=1024 max_bytes=1048576 factor=4 'algos=[builtin,ring]' dtype=bfloat16
-    python -m ddp_lab.bench.collectives          # a world of one (busbw is 0 there)
-    torchrun --standalone --nproc_per_node=3 -m ddp_lab.bench.collectives mode=interleaved
-    torchrun --standalone --nproc_per_node=2 -m ddp_lab.bench.collectives collective=reduce_scatter
+    python -m ddp_lab.tools.bench.collectives          # a world of one (busbw is 0 there)
+    torchrun --standalone --nproc_per_node=3 -m ddp_lab.tools.bench.collectives mode=interleaved
+    torchrun --standalone --nproc_per_node=2 -m ddp_lab.tools.bench.collectives collective=reduce_scatter
 
 mode=interleaved times the algorithms against builtin in shuffled rounds
 instead of sweeping them one after another: see interleaved.py.
@@ -190,7 +190,7 @@ def _refuse_an_earlier_sweep(run_dir: Path, env: DistEnv, name: str = "collectiv
 
 def _write_record(run_dir: Path, env: DistEnv, plan: Plan) -> None:
     """record.json: the command and the machine beside the figures (ddp_lab.telemetry.provenance)."""
-    write_record(run_dir, hydra_command("ddp_lab.bench.collectives"),
+    write_record(run_dir, hydra_command("ddp_lab.tools.bench.collectives"),
                  {"mode": plan.mode, "collective": plan.collective, "world_size": env.world_size,
                   "backend": dist.get_backend(),
                   "device": str(env.device), "comm_threads": env.comm_threads})
@@ -226,7 +226,7 @@ def run(cfg: DictConfig, run_dir: Path) -> list[dict]:
         sweep = _Sweep(env, cfg, plan)
         if env.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
-            print(f"# ddp_lab.bench.collectives: {_WHAT[plan.collective]}, world_size={env.world_size}, "
+            print(f"# ddp_lab.tools.bench.collectives: {_WHAT[plan.collective]}, world_size={env.world_size}, "
                   f"backend={backend}, device={env.device}, dtype={plan.dtype_name}")
             print(f"# sizes {plan.sizes[0]}..{plan.sizes[-1]} B x{int(cfg.factor)}, algos {','.join(plan.algos)}, "
                   f"warmup<={cfg.warmup}, iters {cfg.min_iters}..{cfg.iters} within ~{cfg.time_budget_s}s per size, "
@@ -293,7 +293,7 @@ def main(cfg: DictConfig) -> None:
         # A bad input: one line on stderr (rank 0; the other ranks reach the same
         # verdict), the message in torchrun's failure summary, exit status 2.
         if os.environ.get("RANK", "0") == "0":
-            say(f"ddp_lab.bench.collectives: error: {e}")
+            say(f"ddp_lab.tools.bench.collectives: error: {e}")
         get_error_handler().record_exception(e)
         raise SystemExit(2) from None
 

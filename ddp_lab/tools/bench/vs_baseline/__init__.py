@@ -1,5 +1,5 @@
 """The trainer against a d2l baseline, on the same machine, data and epochs:
-`python -m ddp_lab.bench.vs_baseline` (cli.py says what it measures and how).
+`python -m ddp_lab.tools.bench.vs_baseline` (cli.py says what it measures and how).
 
     cli.py    the program: runs the systems in alternating rounds, writes the record
     runs.py   each system's command line, one run as a subprocess, the plan of a round

@@ -1,25 +1,25 @@
 """The trainer against a d2l baseline, on the same machine, data and epochs.
 
     # the README table: d2l's LeNet from scratch vs `torchrun --nproc_per_node=2 -m ddp_lab.train`
-    python -m ddp_lab.bench.vs_baseline --epochs 10 --repeats 3
+    python -m ddp_lab.tools.bench.vs_baseline --epochs 10 --repeats 3
     # the same with more trainer rows: torch.compile off (auto compiles 10 epochs), and the
     # trainer at the baseline's global batch (256, with its own lr per image: 0.1 per 256)
-    python -m ddp_lab.bench.vs_baseline --epochs 10 --repeats 3 --variant eager=trainer.compile=false \
+    python -m ddp_lab.tools.bench.vs_baseline --epochs 10 --repeats 3 --variant eager=trainer.compile=false \
         --variant b256="data.batch_size=256 optim.lr=0.1"
     # a quick sanity check (minutes, not a measurement)
-    python -m ddp_lab.bench.vs_baseline --epochs 1 --repeats 1
+    python -m ddp_lab.tools.bench.vs_baseline --epochs 1 --repeats 1
     # scaling: the trainer on 1 and on 2 processes, 256 images and 1 thread per process
-    python -m ddp_lab.bench.vs_baseline --compare-world 1,2 --per-process-batch 256 --threads 1 \
+    python -m ddp_lab.tools.bench.vs_baseline --compare-world 1,2 --per-process-batch 256 --threads 1 \
         --epochs 3 --repeats 3 --trainer-args trainer.compile=true
     # d2l's ResNet-18 in nn.DataParallel vs the trainer with ResNet-18 (a GPU machine: 1 process per GPU)
-    python -m ddp_lab.bench.vs_baseline --baseline data_parallel --nproc 2 --epochs 10 --repeats 3
+    python -m ddp_lab.tools.bench.vs_baseline --baseline data_parallel --nproc 2 --epochs 10 --repeats 3
     # 10-epoch rounds on a shared machine: hold the shared lock for one run at a time
-    python -m ddp_lab.bench.vs_baseline --epochs 10 --repeats 3 --lock /tmp/ddp_lab_cpu.lock
+    python -m ddp_lab.tools.bench.vs_baseline --epochs 10 --repeats 3 --lock /tmp/ddp_lab_cpu.lock
     # re-render the table of an earlier run's results.json
-    python -m ddp_lab.bench.vs_baseline --table-only outputs/bench/vs_baseline/<stamp>
+    python -m ddp_lab.tools.bench.vs_baseline --table-only outputs/bench/vs_baseline/<stamp>
 
 Every run is a subprocess of its own: the baseline as `python -m
-ddp_lab.baselines.<name>`, the trainer as `python -m torch.distributed.run
+ddp_lab.tools.baselines.<name>`, the trainer as `python -m torch.distributed.run
 --standalone --nproc_per_node=N -m ddp_lab.train`. Runs alternate (baseline,
 trainer, baseline, trainer, ...) so that a change in machine load hits both
 systems alike; each writes summary.json into <out>/runs/<system>-<repeat>/,
@@ -69,7 +69,7 @@ from ddp_lab.tools.bench.vs_baseline.table import notes_for, summarize, write_ou
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m ddp_lab.bench.vs_baseline",
+    p = argparse.ArgumentParser(prog="python -m ddp_lab.tools.bench.vs_baseline",
                                 description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--baseline", choices=sorted(TRAINER_MODEL), default="d2l_scratch",
@@ -143,7 +143,7 @@ def main(argv=None) -> int:
         failed = e
     (a.out / "results.json").write_text(json.dumps(
         {"args": args_record, "reference": reference, "results": results}, indent=2) + "\n")
-    write_record(a.out, command_line("ddp_lab.bench.vs_baseline", sys.argv[1:] if argv is None else argv),
+    write_record(a.out, command_line("ddp_lab.tools.bench.vs_baseline", sys.argv[1:] if argv is None else argv),
                  {"runs": len(results), "failed": failed is not None})
     if failed is not None:
         print(f"vs_baseline: {failed}", file=sys.stderr)

@@ -27,7 +27,7 @@ def baseline_command(name: str, run_dir: Path, a) -> list[str]:
             f"threads={a.baseline_threads}", f"max_steps={a.max_steps}"]
     if a.data_root:
         args.append(f"data.root={a.data_root}")
-    return [sys.executable, "-m", f"ddp_lab.baselines.{name}", *args, *shlex.split(a.baseline_args)]
+    return [sys.executable, "-m", f"ddp_lab.tools.baselines.{name}", *args, *shlex.split(a.baseline_args)]
 
 
 def trainer_command(nproc: int, batch: int | None, run_dir: Path, a, extra: str = "") -> list[str]:
