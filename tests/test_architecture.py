@@ -114,3 +114,22 @@ def test_python_m_runs_a_tool_by_its_module_name():
     out = subprocess.run([sys.executable, "-m", "ddp_lab.tools.costmodel", "--help"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "costmodel" in out.stdout
+
+
+# File names two modules may share for now, each pair with a folder that its owner is restructuring
+# (ddp_lab/training/ gained build.py beside models/build.py): rename one there, then drop the entry.
+ALLOWED_SHARED_NAMES = {
+    "build.py": {"models/build.py", "training/build.py"},
+}
+
+
+def test_no_two_modules_share_a_file_name():
+    """A file name says which module it is: no `faults.py` in guards/ and in tools/bench/ for a reader
+    (or a traceback, or a search for the file) to mix up. __init__.py and __main__.py aside."""
+    found: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name not in ("__init__.py", "__main__.py"):
+            found.setdefault(path.name, set()).add(path.relative_to(PACKAGE).as_posix())
+    shared = {name: sorted(paths) for name, paths in found.items()
+              if len(paths) > 1 and not paths <= ALLOWED_SHARED_NAMES.get(name, set())}
+    assert shared == {}, "rename the tools' (or the newer) module to say what it is"

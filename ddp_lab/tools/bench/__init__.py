@@ -5,7 +5,7 @@
     vs_baseline/       the trainer against the chapter's own programs
     time_to_accuracy.py  sync strategies raced to a target accuracy or loss
     link_share.py      a sweep's bus bandwidth over its link's rate
-    faults.py          each injected fault's time to the last rank's exit
+    fault_drill.py     each injected fault's time to the last rank's exit
     run_plot.py        a picture of one training run
 
 Each writes a new folder with a record.json (docs/configuration.md: the rule for outputs).

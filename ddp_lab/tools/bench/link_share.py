@@ -33,7 +33,7 @@ from ddp_lab.config import ConfigError
 from ddp_lab.telemetry.provenance import command_line, write_record
 from ddp_lab.tools.bench import fresh_out_dir
 from ddp_lab.tools.bench.collectives.interleaved import parse_size
-from ddp_lab.tools.bench.collectives.plan import busbw_factor
+from ddp_lab.tools.bench.collectives.sweep_plan import busbw_factor
 from ddp_lab.tools.cluster.commands import ClusterError
 from ddp_lab.tools.cluster.shaping import format_rate, parse_rate
 from ddp_lab.tools.costmodel.formulas import MODELS

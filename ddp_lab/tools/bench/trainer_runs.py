@@ -1,6 +1,6 @@
 """Launching `ddp_lab.train` from a benchmark: one run under torchrun on this machine,
 or across the emulated hosts of ddp_lab.tools.cluster, and the summary.json it wrote.
-Used by bench.scaling, bench.time_to_accuracy and bench.faults; torch is not
+Used by bench.scaling, bench.time_to_accuracy and bench.fault_drill; torch is not
 imported here (the runs are subprocesses)."""
 from __future__ import annotations
 

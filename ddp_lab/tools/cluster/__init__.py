@@ -15,7 +15,7 @@ with its own link into a bridge, both directions of the link shaped to a rate
 with a token bucket, its own hostname and /etc/hosts; `run` starts one
 ordinary torchrun agent per host there (c10d rendezvous at host 0). Needs root
 (CAP_NET_ADMIN and CAP_SYS_ADMIN). The hosts share this machine's CPU cores
-and GPUs, and its memory unless `--mem` limits each host's (memory.py): only the network
+and GPUs, and its memory unless `--mem` limits each host's (memory_limit.py): only the network
 and that limit are emulated.
 
 In Python (tests, benchmarks):

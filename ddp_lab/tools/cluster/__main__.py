@@ -6,7 +6,7 @@ import signal
 import subprocess
 import sys
 
-from ddp_lab.tools.cluster import memory, names, network
+from ddp_lab.tools.cluster import memory_limit, names, network
 from ddp_lab.tools.cluster.commands import ClusterError
 from ddp_lab.tools.cluster.launch import Job, in_host
 from ddp_lab.tools.cluster.shaping import DEFAULT_MTU, format_rate
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         if args.action == "up":
-            mem = None if args.mem is None else memory.parse_size(args.mem)
+            mem = None if args.mem is None else memory_limit.parse_size(args.mem)
             show([network.create(args.name, args.hosts, args.rate, args.mtu, mem)])
         elif args.action == "down":
             removed = network.destroy(args.name)

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from ddp_lab.tools.cluster import memory
+from ddp_lab.tools.cluster import memory_limit
 from ddp_lab.tools.cluster.commands import descendants
 from ddp_lab.tools.cluster.network import HOST_LINK, Cluster, Host, host_named, links_down
 from ddp_lab.tools.cluster.sharing import share
@@ -51,7 +51,7 @@ IDLE_S = 5  # an agent without workers after another host failed: stopped after 
 
 def in_host(host: Host, command: list[str]) -> list[str]:
     """`command` run inside the host: its network namespace, /etc/hosts and hostname."""
-    return [sys.executable, "-c", JOIN_CGROUP, memory.join_path(host.netns),
+    return [sys.executable, "-c", JOIN_CGROUP, memory_limit.join_path(host.netns),
             "ip", "netns", "exec", host.netns, "unshare", "--uts", "--",
             sys.executable, "-c", SET_HOSTNAME, host.name, "1" if host.mem_bytes else "", *command]
 
@@ -122,7 +122,7 @@ class Job:
                 f"--rdzv-id={self.run_id}", f"--rdzv-conf={conf}", *self.command]
 
     def start(self) -> Job:
-        self.oom_kills_before = {h.name: memory.oom_kills(h.netns) for h in self.hosts}
+        self.oom_kills_before = {h.name: memory_limit.oom_kills(h.netns) for h in self.hosts}
         env, note = self.environment()
         self._say(f"ddp_lab.tools.cluster: {note}; run id {self.run_id}, rendezvous "
                   f"{self.hosts[0].name}:{self.port}" + (f", {self.min_hosts} to {len(self.hosts)} "
@@ -223,7 +223,7 @@ class Job:
     def _say_out_of_memory(self) -> None:
         """Name the hosts whose memory limit killed a process of this job: out of memory, not a hang."""
         for h in self.hosts:
-            killed = memory.oom_kills(h.netns) - self.oom_kills_before.get(h.name, 0)
+            killed = memory_limit.oom_kills(h.netns) - self.oom_kills_before.get(h.name, 0)
             if killed:
                 self._say(f"ddp_lab.tools.cluster: {h.name} ran out of memory: its limit of "
                           f"{h.mem_bytes / 2**30:.2f} GiB (cluster up --mem) killed {killed} process(es) of this "

@@ -21,7 +21,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-from ddp_lab.tools.cluster import memory, names, shaping
+from ddp_lab.tools.cluster import memory_limit, names, shaping
 from ddp_lab.tools.cluster.commands import ClusterError, alive, ip, require_privileges, require_tools
 
 SUBNETS = [ipaddress.ip_network(f"10.213.{x}.0/24") for x in range(256)]
@@ -94,7 +94,7 @@ def find(cluster: str) -> Cluster | None:
             problems.append(f"{names.host_name(cluster, i)} has no hosts file")
         hosts.append(Host(names.host_name(cluster, i), netns, address or "-", rate,
                           shaping.congestion_control(netns, HOST_LINK), _mtu(netns, HOST_LINK),
-                          memory.limit_of(netns)))
+                          memory_limit.limit_of(netns)))
     return Cluster(cluster, hosts, not problems, problems)
 
 
@@ -135,7 +135,7 @@ def create(cluster: str, hosts: int, rate: str, mtu: int = shaping.DEFAULT_MTU, 
     require_tools()
     require_privileges()
     if mem is not None:
-        memory.require_controller()
+        memory_limit.require_controller()
     if find(cluster) is not None:
         raise ClusterError(f"a cluster named {cluster} exists (or an interrupted up left parts of "
                            f"it): remove it with `python -m ddp_lab.tools.cluster down --name {cluster}`, "
@@ -161,7 +161,7 @@ def create(cluster: str, hosts: int, rate: str, mtu: int = shaping.DEFAULT_MTU, 
             shaping.shape(netns, HOST_LINK, bits)   # what host i sends
             shaping.shape(switch, port, bits)       # what host i receives
             if mem is not None:
-                memory.limit(netns, mem)
+                memory_limit.limit(netns, mem)
             addresses[names.host_name(cluster, i)] = address
         names.write_hosts_files(cluster, addresses)
     except BaseException:
@@ -195,8 +195,8 @@ def destroy(cluster: str) -> list[str]:
         with contextlib.suppress(FileNotFoundError):  # a mount point an interrupted add left
             (names.RUN_NETNS / netns).unlink()
         removed.append(f"namespace {netns} (and its links)")
-        if memory.remove(netns):
-            removed.append(f"memory cgroup {memory.folder(netns)}")
+        if memory_limit.remove(netns):
+            removed.append(f"memory cgroup {memory_limit.folder(netns)}")
     removed += [f"folder {f}" for f in names.remove_hosts_files(cluster)]
     return removed
 

@@ -26,7 +26,7 @@ import argparse
 import sys
 
 from ddp_lab.config import ConfigError
-from ddp_lab.tools.cluster.memory import parse_size
+from ddp_lab.tools.cluster.memory_limit import parse_size
 from ddp_lab.tools.cluster.shaping import ClusterError, parse_rate
 from ddp_lab.tools.costmodel.formulas import ring, ring_all_gather, ring_reduce_scatter
 
@@ -108,7 +108,7 @@ def compose(overrides: list[str]):
     from hydra import initialize_config_module
 
     from ddp_lab.config import schema
-    from ddp_lab.config.validate import validate
+    from ddp_lab.training.build import validate
     schema.register()  # the schemas the config composes on, as ddp_lab.train registers them
     with initialize_config_module(version_base="1.3", config_module="ddp_lab.conf"):
         cfg = hydra_compose(config_name="train", overrides=overrides)

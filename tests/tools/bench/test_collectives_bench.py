@@ -13,35 +13,35 @@ from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 
 from ddp_lab.config import ConfigError
-from ddp_lab.tools.bench.collectives import check, interleaved, output, plan
+from ddp_lab.tools.bench.collectives import check, interleaved, output, sweep_plan
 from tests.conftest import run_module
 
 
 def test_algbw_and_busbw_on_known_numbers():
     # 1e9 bytes in 1 s is 1 GB/s of algorithm bandwidth
-    assert plan.algbw_gbps(1e9, 1e6) == pytest.approx(1.0)
-    assert plan.algbw_gbps(4096, 40.96) == pytest.approx(0.1)
+    assert sweep_plan.algbw_gbps(1e9, 1e6) == pytest.approx(1.0)
+    assert sweep_plan.algbw_gbps(4096, 40.96) == pytest.approx(0.1)
     # busbw = algbw * 2(n-1)/n
-    assert plan.busbw_gbps(1.0, 2) == pytest.approx(1.0)
-    assert plan.busbw_gbps(1.0, 4) == pytest.approx(1.5)
-    assert plan.busbw_gbps(2.0, 8) == pytest.approx(3.5)
-    assert plan.busbw_gbps(1.0, 1) == 0.0
+    assert sweep_plan.busbw_gbps(1.0, 2) == pytest.approx(1.0)
+    assert sweep_plan.busbw_gbps(1.0, 4) == pytest.approx(1.5)
+    assert sweep_plan.busbw_gbps(2.0, 8) == pytest.approx(3.5)
+    assert sweep_plan.busbw_gbps(1.0, 1) == 0.0
 
 
 def test_message_sizes_follow_nccl_tests_b_e_f():
-    assert plan.message_sizes(4096, 65536, 2) == [4096, 8192, 16384, 32768, 65536]
-    assert plan.message_sizes(1000, 10000, 3) == [1000, 3000, 9000]
-    assert plan.message_sizes(64, 64, 2) == [64]
-    assert len(plan.message_sizes(4096, 64 << 20, 2)) == 15  # the default sweep
+    assert sweep_plan.message_sizes(4096, 65536, 2) == [4096, 8192, 16384, 32768, 65536]
+    assert sweep_plan.message_sizes(1000, 10000, 3) == [1000, 3000, 9000]
+    assert sweep_plan.message_sizes(64, 64, 2) == [64]
+    assert len(sweep_plan.message_sizes(4096, 64 << 20, 2)) == 15  # the default sweep
 
 
-@pytest.mark.parametrize("dtype", list(plan.DTYPES))
+@pytest.mark.parametrize("dtype", list(sweep_plan.DTYPES))
 @pytest.mark.parametrize("world", [2, 3, 8])
 def test_check_pattern_sums_exactly_in_every_dtype(dtype, world):
     count = 4099
     bufs = []
     for r in range(world):
-        b = torch.empty(count, dtype=plan.DTYPES[dtype])
+        b = torch.empty(count, dtype=sweep_plan.DTYPES[dtype])
         check.fill_pattern(b, r, world, dtype)
         bufs.append(b)
     assert not torch.equal(bufs[0], bufs[1])  # rank-dependent
@@ -61,7 +61,7 @@ def _cfg(overrides=()):
 
 
 def test_defaults_are_valid():
-    p = plan.validate(_cfg())
+    p = sweep_plan.validate(_cfg())
     assert p.sizes[0] == 4096 and p.sizes[-1] == 64 << 20
     assert p.algos == ["builtin", "naive", "ring", "halving_doubling"]
     assert p.dtype == torch.float32 and p.elem_size == 4
@@ -79,7 +79,7 @@ def test_defaults_are_valid():
 ])
 def test_bad_input_names_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
-        plan.validate(_cfg(overrides))
+        sweep_plan.validate(_cfg(overrides))
 
 
 @pytest.mark.parametrize("override, message", [
@@ -96,28 +96,28 @@ def test_a_wrong_type_or_choice_is_refused_when_the_config_is_composed(override,
 
 
 def test_the_configuration_guide_holds_the_bench_reference():
-    from ddp_lab.tools.bench.collectives.config import markdown
+    from ddp_lab.tools.bench.collectives.bench_config import markdown
     from tests.conftest import guide_reference
-    assert guide_reference("ddp_lab.tools.bench.collectives.config") == markdown(), (
-        "docs/configuration.md is out of date: paste `python -m ddp_lab.tools.bench.collectives.config` there")
+    assert guide_reference("ddp_lab.tools.bench.collectives.bench_config") == markdown(), (
+        "docs/configuration.md is out of date: paste `python -m ddp_lab.tools.bench.collectives.bench_config` there")
 
 
 def test_the_schema_holds_every_key_and_the_yaml_only_hydras_settings():
-    from ddp_lab.tools.bench.collectives.config import BenchCollectivesConfig
+    from ddp_lab.tools.bench.collectives.bench_config import BenchCollectivesConfig
     cfg = _cfg()
     assert set(cfg) == {f.name for f in dataclasses.fields(BenchCollectivesConfig)}
-    yaml = (Path(plan.__file__).parents[4] / "conf" / "bench_collectives.yaml").read_text()
+    yaml = (Path(sweep_plan.__file__).parents[4] / "conf" / "bench_collectives.yaml").read_text()
     assert [ln.split(":")[0] for ln in yaml.splitlines() if ln and not ln.startswith(("#", " "))] == [
         "defaults", "hydra"]
 
 
 def test_interleaved_mode_reads_its_sizes_and_always_times_builtin():
-    p = plan.validate(_cfg(["mode=interleaved", "algos=[ring,ring_textbook]",
+    p = sweep_plan.validate(_cfg(["mode=interleaved", "algos=[ring,ring_textbook]",
                              "interleaved.sizes=[4096,64K,1M,1.5M]"]))
     assert p.mode == "interleaved"
     assert p.sizes == [4096, 65536, 1 << 20, 3 << 19]
     assert p.algos == ["builtin", "ring", "ring_textbook"]
-    assert plan.validate(_cfg(["mode=interleaved"])).sizes == [64 << 10, 1 << 20, 4 << 20, 16 << 20]
+    assert sweep_plan.validate(_cfg(["mode=interleaved"])).sizes == [64 << 10, 1 << 20, 4 << 20, 16 << 20]
 
 
 @pytest.mark.parametrize("text, size", [("4096", 4096), (4096, 4096), ("64K", 65536), ("1MiB", 1 << 20),
@@ -134,7 +134,7 @@ def test_parse_size(text, size):
 ])
 def test_bad_interleaved_input_names_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
-        plan.validate(_cfg(overrides))
+        sweep_plan.validate(_cfg(overrides))
 
 
 @pytest.mark.system
@@ -238,36 +238,36 @@ def test_median_of_runs(tmp_path):
 @pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather"])
 def test_busbw_of_all_reduces_halves_is_n_minus_1_over_n(collective):
     # nccl-tests' doc/PERFORMANCE.md: (n-1)/n for ReduceScatter and AllGather, of the whole buffer
-    assert plan.busbw_gbps(1.0, 2, collective) == pytest.approx(0.5)
-    assert plan.busbw_gbps(1.0, 4, collective) == pytest.approx(0.75)
-    assert plan.busbw_gbps(2.0, 8, collective) == pytest.approx(1.75)
-    assert plan.busbw_gbps(1.0, 1, collective) == 0.0
-    assert plan.busbw_gbps(1.0, 4) == plan.busbw_gbps(1.0, 4, "all_reduce") == pytest.approx(1.5)
+    assert sweep_plan.busbw_gbps(1.0, 2, collective) == pytest.approx(0.5)
+    assert sweep_plan.busbw_gbps(1.0, 4, collective) == pytest.approx(0.75)
+    assert sweep_plan.busbw_gbps(2.0, 8, collective) == pytest.approx(1.75)
+    assert sweep_plan.busbw_gbps(1.0, 1, collective) == 0.0
+    assert sweep_plan.busbw_gbps(1.0, 4) == sweep_plan.busbw_gbps(1.0, 4, "all_reduce") == pytest.approx(1.5)
 
 
 def test_chunked_sizes_round_down_to_whole_chunks_and_say_so():
-    assert plan.chunked_sizes([4096, 8192], 2, 4, "reduce_scatter") == ([4096, 8192], "")
-    assert plan.chunked_sizes([4098, 6], 3, 2, "all_reduce") == ([4098, 6], "")  # all_reduce: as asked
-    assert plan.chunked_sizes([1028, 6], 1, 2, "all_gather") == ([1028, 6], "")  # one rank: whole already
-    sizes, note = plan.chunked_sizes([4, 16, 24, 64, 4096], 3, 4, "all_gather")
+    assert sweep_plan.chunked_sizes([4096, 8192], 2, 4, "reduce_scatter") == ([4096, 8192], "")
+    assert sweep_plan.chunked_sizes([4098, 6], 3, 2, "all_reduce") == ([4098, 6], "")  # all_reduce: as asked
+    assert sweep_plan.chunked_sizes([1028, 6], 1, 2, "all_gather") == ([1028, 6], "")  # one rank: whole already
+    sizes, note = sweep_plan.chunked_sizes([4, 16, 24, 64, 4096], 3, 4, "all_gather")
     assert sizes == [12, 24, 60, 4092]
     assert note == ("sizes rounded down to a multiple of world_size 3 x 4 B = 12 B: 4 skipped, 16 -> 12, "
                     "64 -> 60, 4096 -> 4092")
-    sizes, note = plan.chunked_sizes([12, 16], 3, 4, "reduce_scatter")
+    sizes, note = sweep_plan.chunked_sizes([12, 16], 3, 4, "reduce_scatter")
     assert sizes == [12] and note.endswith("16 -> 12 (a repeat) skipped")
     with pytest.raises(ConfigError, match="collective=reduce_scatter at world_size 4 needs sizes of at least 16"):
-        plan.chunked_sizes([4, 8], 4, 4, "reduce_scatter")
+        sweep_plan.chunked_sizes([4, 8], 4, 4, "reduce_scatter")
 
 
 @pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather"])
 def test_reduce_scatter_and_all_gather_take_builtin_ring_textbook_and_direct(collective):
-    p = plan.validate(_cfg([f"collective={collective}"]))  # the default algos: the three it has
+    p = sweep_plan.validate(_cfg([f"collective={collective}"]))  # the default algos: the three it has
     assert (p.collective, p.algos) == (collective, ["builtin", "ring_textbook", "direct"])
-    p = plan.validate(_cfg([f"collective={collective}", "algos=[ring_textbook]"]))
+    p = sweep_plan.validate(_cfg([f"collective={collective}", "algos=[ring_textbook]"]))
     assert p.algos == ["ring_textbook"] and p.busbw_factor(4) == pytest.approx(0.75)
-    p = plan.validate(_cfg([f"collective={collective}", "mode=interleaved", "algos=[ring_textbook]"]))
+    p = sweep_plan.validate(_cfg([f"collective={collective}", "mode=interleaved", "algos=[ring_textbook]"]))
     assert p.algos == ["builtin", "ring_textbook"]
-    assert plan.validate(_cfg()).collective == "all_reduce"
+    assert sweep_plan.validate(_cfg()).collective == "all_reduce"
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -281,7 +281,7 @@ def test_reduce_scatter_and_all_gather_take_builtin_ring_textbook_and_direct(col
 ])
 def test_an_algorithm_without_the_collective_is_refused(overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)) as e:
-        plan.validate(_cfg(overrides))
+        sweep_plan.validate(_cfg(overrides))
     assert "\n" not in str(e.value)
 
 
@@ -292,7 +292,7 @@ def test_an_unknown_collective_is_refused_when_the_config_is_composed():
         str(e.value) + str(e.value.__cause__))
 
 
-@pytest.mark.parametrize("dtype", list(plan.DTYPES))
+@pytest.mark.parametrize("dtype", list(sweep_plan.DTYPES))
 @pytest.mark.parametrize("world", [2, 3])
 def test_check_of_reduce_scatter_and_all_gather_is_exact(dtype, world):
     count, dev = 6 * 7, torch.device("cpu")
@@ -301,7 +301,7 @@ def test_check_of_reduce_scatter_and_all_gather_is_exact(dtype, world):
     for collective in ("reduce_scatter", "all_gather"):
         inputs[collective] = []
         for r in range(world):
-            b = torch.empty(count, dtype=plan.DTYPES[dtype])
+            b = torch.empty(count, dtype=sweep_plan.DTYPES[dtype])
             check.fill_input(b, collective, r, world, dtype)
             inputs[collective].append(b)
     total = inputs["reduce_scatter"][0].clone()

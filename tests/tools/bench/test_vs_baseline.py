@@ -12,8 +12,8 @@ import torch
 from ddp_lab.models.lenet import lenet
 from ddp_lab.models.resnet import resnet18
 from ddp_lab.telemetry import mfu
-from ddp_lab.tools.bench.vs_baseline import cli, table
-from ddp_lab.tools.bench.vs_baseline import mfu as vm
+from ddp_lab.tools.bench.vs_baseline import baseline_mfu as vm
+from ddp_lab.tools.bench.vs_baseline import compare, table
 from ddp_lab.tools.bench.vs_baseline.runs import parse_variants, parse_worlds, plan
 
 
@@ -91,7 +91,7 @@ def test_scaling_efficiency_is_2p_over_twice_1p():
 
 
 def test_notes_give_the_ratio_and_the_efficiency():
-    a = cli.parse_args(["--epochs", "10"])
+    a = compare.parse_args(["--epochs", "10"])
     note, = table.notes_for(table.summarize(CANNED), CANNED, a)
     assert note.startswith("Trainer / baseline: 4.50x images/s, test accuracy +0.0600, "
                            "MFU 45.0% against 20.0% (")
@@ -99,7 +99,7 @@ def test_notes_give_the_ratio_and_the_efficiency():
     # each round's trainer run against the baseline run of the same round
     assert note.endswith("Per round: 4.50x, 5.56x, 3.64x; median 4.50x.")
     runs = [result("trainer 1p", 5000), result("trainer 2p", 9500)]
-    a = cli.parse_args(["--compare-world", "1,2", "--threads", "1"])
+    a = compare.parse_args(["--compare-world", "1,2", "--threads", "1"])
     note, = table.notes_for(table.summarize(runs), runs, a)
     assert "rate(2p) / (2 x rate(1p)) = 95.0%" in note and "256 images and 1 thread(s)" in note
     assert "Per round" not in note  # one round: nothing to pair beyond the headline
@@ -110,13 +110,13 @@ def test_paired_ratios_match_runs_by_round_whatever_their_order():
             result("trainer 1p", 4000, repeat=1), result("trainer 2p", 8000, repeat=0),
             result("trainer 2p", 7000, repeat=2)]  # round 2 has no 1p run: left out
     assert table.paired_ratios(runs, "trainer 2p", "trainer 1p") == pytest.approx([8000 / 5000, 9000 / 4000])
-    a = cli.parse_args(["--compare-world", "1,2"])
+    a = compare.parse_args(["--compare-world", "1,2"])
     note, = table.notes_for(table.summarize(runs), runs, a)
     assert note.endswith("Per round: 80.0%, 112.5%; median 96.2%.")
 
 
 def test_commands_hold_the_same_data_and_epochs(tmp_path):
-    a = cli.parse_args(["--epochs", "3", "--batch", "128", "--data-root", "/data/fm", "--out", str(tmp_path),
+    a = compare.parse_args(["--epochs", "3", "--batch", "128", "--data-root", "/data/fm", "--out", str(tmp_path),
                        "--trainer-args", "trainer.compile=true", "--baseline-args", "num_devices=1"])
     a.out = tmp_path
     systems, reference = plan(a)
@@ -136,7 +136,7 @@ def test_commands_hold_the_same_data_and_epochs(tmp_path):
 
 
 def test_compare_world_keeps_the_per_process_batch(tmp_path):
-    a = cli.parse_args(["--compare-world", "2,1", "--per-process-batch", "64"])
+    a = compare.parse_args(["--compare-world", "2,1", "--per-process-batch", "64"])
     systems, reference = plan(a)
     assert reference == "trainer 1p" and [s for s, _, _ in systems] == ["trainer 1p", "trainer 2p"]
     cmds = [cmd(tmp_path) for _, _, cmd in systems]
@@ -150,17 +150,17 @@ def test_table_only_re_renders_saved_results(tmp_path, capsys):
     args = {"epochs": 10, "batch": 256, "compare_world": "", "per_process_batch": 128, "threads": 1}
     (tmp_path / "results.json").write_text(json.dumps(
         {"args": args, "reference": "baseline d2l_scratch", "results": CANNED}))
-    assert cli.main(["--table-only", str(tmp_path)]) == 0
+    assert compare.main(["--table-only", str(tmp_path)]) == 0
     md = Path(tmp_path / "table.md").read_text()
     assert "| trainer 2p | 3 | 512 | 9,000 |" in md and "Trainer / baseline: 4.50x" in md
     assert (tmp_path / "table.csv").read_text().startswith("system,runs,")
     assert "4.50x" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="no results.json there"):
-        cli.main(["--table-only", str(tmp_path / "elsewhere")])
+        compare.main(["--table-only", str(tmp_path / "elsewhere")])
 
 
 def test_variants_add_trainer_rows_with_their_overrides(tmp_path):
-    a = cli.parse_args(["--variant", "compile=trainer.compile=true", "--variant", "fp32=trainer.amp=off"])
+    a = compare.parse_args(["--variant", "compile=trainer.compile=true", "--variant", "fp32=trainer.amp=off"])
     systems, _ = plan(a)
     assert [s for s, _, _ in systems] == ["baseline d2l_scratch", "trainer 2p", "trainer 2p compile",
                                           "trainer 2p fp32"]
@@ -182,7 +182,7 @@ def test_a_row_with_runs_of_different_batches_shows_each():
 def test_an_out_folder_with_an_earlier_run_is_refused_before_any_run(tmp_path):
     (tmp_path / "results.json").write_text("{}")
     with pytest.raises(SystemExit, match="already holds an earlier run's files; choose another --out"):
-        cli.main(["--out", str(tmp_path), "--epochs", "1", "--repeats", "1"])
+        compare.main(["--out", str(tmp_path), "--epochs", "1", "--repeats", "1"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]  # untouched
 
 
@@ -191,10 +191,10 @@ def test_a_run_leaves_its_record_beside_the_results(tmp_path, monkeypatch):
         return result(system, 9000 if system.startswith("trainer") else 2000, repeat=repeat,
                       mfu=0.45 if system.startswith("trainer") else None)
 
-    monkeypatch.setattr(cli, "run_one", fake_run)
-    monkeypatch.setattr(cli, "with_mfu", lambda r, name, threads: {**r, "mfu": 0.2})
+    monkeypatch.setattr(compare, "run_one", fake_run)
+    monkeypatch.setattr(compare, "with_mfu", lambda r, name, threads: {**r, "mfu": 0.2})
     out = tmp_path / "out"
-    assert cli.main(["--out", str(out), "--epochs", "1", "--repeats", "2"]) == 0
+    assert compare.main(["--out", str(out), "--epochs", "1", "--repeats", "2"]) == 0
     record = json.loads((out / "record.json").read_text())
     assert record["command"] == f"python -m ddp_lab.tools.bench.vs_baseline --out {out} --epochs 1 --repeats 2"
     assert record["runs"] == 4 and record["failed"] is False
@@ -222,9 +222,9 @@ def test_lock_is_held_during_each_run_and_released_between(tmp_path, monkeypatch
         held.append(locked())
         return result(system, 1000, repeat=repeat)
 
-    monkeypatch.setattr(cli, "run_one", fake_run)
-    monkeypatch.setattr(cli, "with_mfu", lambda r, name, threads: (held.append(locked()), r)[1])
-    assert cli.main(["--out", str(tmp_path / "out"), "--repeats", "2", "--lock", str(lock)]) == 0
+    monkeypatch.setattr(compare, "run_one", fake_run)
+    monkeypatch.setattr(compare, "with_mfu", lambda r, name, threads: (held.append(locked()), r)[1])
+    assert compare.main(["--out", str(tmp_path / "out"), "--repeats", "2", "--lock", str(lock)]) == 0
     # baseline run, its MFU, trainer run; twice: every one under the lock
     assert held == [True] * 6 and not locked()
 
@@ -258,7 +258,7 @@ def test_a_baselines_mfu_counts_its_network_against_the_peak_of_its_threads(monk
 @pytest.mark.system
 def test_a_tiny_real_run_gives_both_systems_an_mfu(tiny_fmnist, tmp_path):
     out, cache = tmp_path / "out", tmp_path / "cache"
-    assert cli.main(["--out", str(out), "--epochs", "1", "--repeats", "1", "--batch", "64",
+    assert compare.main(["--out", str(out), "--epochs", "1", "--repeats", "1", "--batch", "64",
                     "--trainer-batch", "64", "--data-root", str(tiny_fmnist), "--timeout", "300",
                     "--baseline-args", f"data.cache_dir={cache} warmup_steps=1",
                     "--trainer-args", f"data.cache_dir={cache} trainer.warmup_steps=1 "

@@ -19,7 +19,7 @@ from ddp_lab.collectives import (
     ring_textbook_reduce_scatter,
 )
 from ddp_lab.distributed import DistEnv
-from ddp_lab.tools.bench.collectives.plan import Plan
+from ddp_lab.tools.bench.collectives.sweep_plan import Plan
 from ddp_lab.tuning import at_comm_priority
 
 

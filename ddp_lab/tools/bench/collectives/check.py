@@ -15,7 +15,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from ddp_lab.distributed import DistEnv
-from ddp_lab.tools.bench.collectives.plan import DTYPES, Plan
+from ddp_lab.tools.bench.collectives.sweep_plan import DTYPES, Plan
 
 # Largest n such that every integer in [-n, n] is exact in the type: the check
 # pattern and all its partial sums stay inside, so any summation order is exact.

@@ -6,7 +6,7 @@ import csv
 import statistics
 from pathlib import Path
 
-from ddp_lab.tools.bench.collectives.plan import algbw_gbps, busbw_gbps
+from ddp_lab.tools.bench.collectives.sweep_plan import algbw_gbps, busbw_gbps
 
 CSV_COLUMNS = ["algo", "size_bytes", "count", "dtype", "world_size",
                "time_us", "algbw_gbps", "busbw_gbps", "wrong"]

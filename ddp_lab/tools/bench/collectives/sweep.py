@@ -10,7 +10,7 @@
 
 mode=interleaved times the algorithms against builtin in shuffled rounds
 instead of sweeping them one after another: see interleaved.py.
-What follows is mode=sweep, the default. Its parts: plan.py (the config
+What follows is mode=sweep, the default. Its parts: sweep_plan.py (the config
 checked, the bandwidth formulas), check.py (the exact-sum check), output.py
 (the CSV, the printed table, medians of sweeps), algorithms.py (what is timed); this file times each point
 and runs the sweep.
@@ -96,7 +96,7 @@ from ddp_lab.tools.bench.collectives import interleaved
 from ddp_lab.tools.bench.collectives.algorithms import collective_fns
 from ddp_lab.tools.bench.collectives.check import count_wrong, fill_input, result_of, wrong_elements
 from ddp_lab.tools.bench.collectives.output import csv_columns, header, line, sig
-from ddp_lab.tools.bench.collectives.plan import Plan, algbw_gbps, busbw_gbps, chunked_sizes, validate
+from ddp_lab.tools.bench.collectives.sweep_plan import Plan, algbw_gbps, busbw_gbps, chunked_sizes, validate
 from ddp_lab.tools.bench.plots import plot_collectives
 
 # What the printed header says each collective does.

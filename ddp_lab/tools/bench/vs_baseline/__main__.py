@@ -1,5 +1,5 @@
 import sys
 
-from ddp_lab.tools.bench.vs_baseline.cli import main
+from ddp_lab.tools.bench.vs_baseline.compare import main
 
 sys.exit(main())

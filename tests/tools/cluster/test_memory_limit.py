@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from ddp_lab.tools.cluster import emulated, memory, running
+from ddp_lab.tools.cluster import emulated, memory_limit, running
 from ddp_lab.tools.cluster.__main__ import main
 from ddp_lab.tools.cluster.launch import in_host
 from tests.tools.cluster.conftest import RATE
@@ -30,7 +30,7 @@ def test_a_rank_past_its_hosts_limit_is_named_out_of_memory(cluster_name, tmp_pa
         assert [h.mem_bytes for h in c.hosts] == [700 * MiB] * 2
         rc = job.wait(timeout=120, grace_s=20)
         out = job.output()
-        assert memory.oom_kills(c.hosts[1].netns) >= 1 and memory.oom_kills(c.hosts[0].netns) == 0
+        assert memory_limit.oom_kills(c.hosts[1].netns) >= 1 and memory_limit.oom_kills(c.hosts[0].netns) == 0
     assert rc != 0 and out.count("ready") == 2, out
     assert (f"ddp_lab.tools.cluster: {cluster_name}-1 ran out of memory: its limit of 0.68 GiB (cluster up --mem) "
             f"killed 1 process(es) of this job") in out, out
@@ -43,7 +43,7 @@ def test_a_process_in_a_host_reads_its_limit_and_down_removes_it(cluster_name):
         out = subprocess.run(in_host(c.hosts[0], [sys.executable, *probe]), capture_output=True, text=True)
         headroom, ranks, what = out.stdout.strip().split("|")
         assert what == "the memory cgroup's limit leaves" and 0 < int(headroom) < 900 * MiB and ranks == "1", out
-        folder = memory.folder(c.hosts[0].netns)
+        folder = memory_limit.folder(c.hosts[0].netns)
         assert (folder / "memory.limit_in_bytes").read_text().strip() == str(900 * MiB)
     assert not folder.exists()
 

@@ -1,7 +1,7 @@
 """How a job fails: the time from each injected fault to the last rank's exit, and what it says.
 
-    python -m ddp_lab.tools.bench.faults                        # every fault, 2 ranks
-    python -m ddp_lab.tools.bench.faults --kinds hang,kill --timeout-s 30 --out DIR
+    python -m ddp_lab.tools.bench.fault_drill                        # every fault, 2 ranks
+    python -m ddp_lab.tools.bench.fault_drill --kinds hang,kill --timeout-s 30 --out DIR
 
 Each fault of FAULTS below (a DDP_LAB_FAULT of ddp_lab.guards.faults, at a
 step and maybe in a phase) is injected into rank 1 of a short 2-rank run on
@@ -110,7 +110,7 @@ def overhead(repeats: int = 7) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ddp_lab.tools.bench.faults", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ddp_lab.tools.bench.fault_drill", description=__doc__.split("\n")[0])
     p.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)}")
     p.add_argument("--timeout-s", type=float, default=20, help="dist.timeout_s of the runs")
     p.add_argument("--out", type=Path, default=None, help="a new folder for the results and record.json")
@@ -135,7 +135,7 @@ def main(argv=None) -> int:
     for r in results:
         (work / f"{r['kind']}.log").write_text("\n".join(r["lines"]) + "\n")
     (work / "results.json").write_text(json.dumps(extra, indent=2) + "\n")
-    write_record(work, command_line("ddp_lab.tools.bench.faults", sys.argv[1:] if argv is None else argv), extra)
+    write_record(work, command_line("ddp_lab.tools.bench.fault_drill", sys.argv[1:] if argv is None else argv), extra)
     print(f"# wrote {work}")
     return 0
 

@@ -63,7 +63,7 @@ from pathlib import Path
 
 from ddp_lab.telemetry.provenance import command_line, write_record
 from ddp_lab.tools.bench import fresh_out_dir
-from ddp_lab.tools.bench.vs_baseline.mfu import with_mfu
+from ddp_lab.tools.bench.vs_baseline.baseline_mfu import with_mfu
 from ddp_lab.tools.bench.vs_baseline.runs import TRAINER_MODEL, holding, plan, run_one
 from ddp_lab.tools.bench.vs_baseline.table import notes_for, summarize, write_outputs
 

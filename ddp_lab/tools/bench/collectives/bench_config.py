@@ -2,10 +2,10 @@
 
 conf/bench_collectives.yaml composes on top of BenchCollectivesConfig, so Hydra
 refuses unknown keys, wrong types and values off a list; ddp_lab.config.schema.check
-refuses a value out of range, and plan.validate what depends on
+refuses a value out of range, and sweep_plan.validate what depends on
 two keys at once (min_bytes <= max_bytes, sizes that fit the dtype, algos that
 have the chosen collective).
-`python -m ddp_lab.tools.bench.collectives.config` prints the reference
+`python -m ddp_lab.tools.bench.collectives.bench_config` prints the reference
 (docs/configuration.md).
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 from ddp_lab.config import ConfigError
 from ddp_lab.config.schema import check
 from ddp_lab.tools.bench.collectives import interleaved
-from ddp_lab.tools.bench.collectives.config import BenchCollectivesConfig
+from ddp_lab.tools.bench.collectives.bench_config import BenchCollectivesConfig
 
 DTYPES = {
     "float32": torch.float32,
@@ -104,7 +104,7 @@ def _default_algos() -> list[str]:
 def validate(cfg: DictConfig) -> Plan:
     """Check the whole config before any collective; same verdict on every rank.
 
-    The schema (config.py) has refused wrong types, unknown choices and
+    The schema (bench_config.py) has refused wrong types, unknown choices and
     values out of range; what is left depends on two keys at once.
     Raises ConfigError naming the key and the fix.
     """
