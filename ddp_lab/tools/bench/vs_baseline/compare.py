@@ -1,6 +1,6 @@
 """The trainer against a d2l baseline, on the same machine, data and epochs.
 
-    # the README table: d2l's LeNet from scratch vs `torchrun --nproc_per_node=2 -m ddp_lab.train`
+    # the headline results (docs/results/README.md): d2l's LeNet from scratch vs the trainer on 2 ranks
     python -m ddp_lab.tools.bench.vs_baseline --epochs 10 --repeats 3
     # the same with more trainer rows: torch.compile off (auto compiles 10 epochs), and the
     # trainer at the baseline's global batch (256, with its own lr per image: 0.1 per 256)
