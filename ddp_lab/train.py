@@ -26,13 +26,13 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from ddp_lab import config, distributed, tuning
 from ddp_lab.config import ConfigError, RunFailed, error_file, say, schema
-from ddp_lab.config.validate import validate
 from ddp_lab.distributed import rendezvous
 from ddp_lab.guards import stall
 from ddp_lab.guards.preemption import Preemption, Terminated
 from ddp_lab.guards.rundir import LaunchTrace, RunDirTaken
 from ddp_lab.guards.watchdog import Watchdog, first_failure, note_failure
 from ddp_lab.training import fast_path
+from ddp_lab.training.builder import validate
 from ddp_lab.training.trainer import Trainer
 
 log = logging.getLogger("ddp_lab")
@@ -84,7 +84,7 @@ def main(cfg) -> dict:
                                 d.timeout_s).start()
         log.info("rank %d/%d on %s (%s, %s comm threads), run dir %s", env.rank, env.world_size,
                  env.device, env.backend, env.comm_threads, run_dir)
-        trainer = Trainer(cfg, env, run_dir, preemption)
+        trainer = Trainer.from_config(cfg, env, run_dir, preemption)
         summary = trainer.fit()
         if env.is_main:
             print(f"TensorBoard logs: {run_dir / 'tb'}  (open with: tensorboard --logdir {run_dir.parent})")

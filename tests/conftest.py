@@ -143,7 +143,7 @@ def fit_alone(compose_train, data_root: Path, run_dir: Path, extra=()) -> dict:
     args = [o for o in tiny_overrides(data_root, run_dir) if not o.startswith("hydra.")]
     cfg = compose_train(args + ["trainer.amp=off", "trainer.threads=1", *extra])
     threads = torch.get_num_threads()
-    trainer = Trainer(cfg, DistEnv(0, 1, 0, torch.device("cpu"), "none"), run_dir)
+    trainer = Trainer.from_config(cfg, DistEnv(0, 1, 0, torch.device("cpu"), "none"), run_dir)
     try:
         return trainer.fit()
     finally:

@@ -29,7 +29,7 @@ def _build(compose_train, tmp_path, overrides):
     """What the entry point does before training: the schema's ranges, then the Trainer."""
     cfg = compose_train(list(overrides) + QUICK)
     schema.check(cfg)
-    Trainer(cfg, DistEnv(0, 1, 0, torch.device("cpu"), "none"), tmp_path).close()
+    Trainer.from_config(cfg, DistEnv(0, 1, 0, torch.device("cpu"), "none"), tmp_path).close()
 
 
 MODEL = VECTORS[:2]
@@ -104,7 +104,7 @@ def _fit_alone(compose_train, tmp_path, overrides) -> tuple[float, dict]:
     """One process trains (no torchrun): the held-out loss before the first step, and the summary."""
     cfg = compose_train(list(overrides) + QUICK + ["trainer.amp=off"])
     schema.check(cfg)
-    trainer = Trainer(cfg, DistEnv(0, 1, 0, torch.device("cpu"), "none"), tmp_path)
+    trainer = Trainer.from_config(cfg, DistEnv(0, 1, 0, torch.device("cpu"), "none"), tmp_path)
     try:
         loss_sum, _, n = trainer.evaluate()
         return loss_sum / n, trainer.fit()

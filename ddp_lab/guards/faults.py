@@ -24,9 +24,9 @@ checkpoint, ...): `rank=1,step=1,kind=stop,phase=compile`.
 
 (slow, mismatch and nan act from step `step` itself; the others right after it.)
 
-The trainer calls `install(trainer)` once: with DDP_LAB_FAULT set, it wraps
-the few trainer parts the fault acts through on the chosen rank; without it,
-nothing is wrapped and the training step never asks about faults.
+The builder asks `Fault.from_env()` once: with DDP_LAB_FAULT set, the chosen
+rank gets a FaultInjection step callback (training/callbacks.py); without it,
+there is no callback and the training step never asks about faults.
 """
 from __future__ import annotations
 
@@ -39,7 +39,6 @@ from dataclasses import dataclass
 import torch
 
 from ddp_lab.config import ConfigError, say
-from ddp_lab.telemetry import position
 
 KINDS = ("raise", "kill", "hang", "slow=F", "mismatch", "nan", "term", "stop")
 PHASED = ("raise", "kill", "hang", "term", "stop")  # the kinds that phase=P can place
@@ -136,41 +135,6 @@ class Fault:
         if self.kind == "nan" and self._here(rank, step):
             return loss * float("nan")
         return loss
-
-
-def install(rank: int, measure, sync, loss_fn):
-    """Wrap the seams DDP_LAB_FAULT acts through (the step's observer, the sync, the loss), on the
-    chosen rank only; returns the loss function the trainer uses."""
-    fault = Fault.from_env()
-    if fault is None or rank != fault.rank:
-        return loss_fn
-
-    def step() -> int:  # the step being taken (1-based)
-        return position.HERE.step
-
-    closed, starts = measure.step_closed, measure.step_starts
-    during_backward, after_backward = sync.during_backward, sync.after_backward
-
-    def closed_then_fire(done: int) -> None:  # after the step's logging, evaluation and checkpoint
-        closed(done)
-        fault.after_step(rank, done)
-
-    def starts_then_sleep(images: int) -> None:  # the sleep counts as this rank's compute
-        starts(images)
-        fault.slow_down(rank, step(), measure.last_compute)
-
-    if fault.phase is not None:  # every caller reaches position.phase through the module
-        phase = position.phase
-
-        def phase_then_fire(name: str) -> None:
-            phase(name)
-            fault.entering(rank, name, position.HERE.step)
-
-        position.phase = phase_then_fire
-    measure.step_closed, measure.step_starts = closed_then_fire, starts_then_sleep
-    sync.during_backward = lambda last: during_backward(last and not fault.skips_sync(rank, step()))
-    sync.after_backward = lambda: None if fault.skipping(step()) else after_backward()
-    return lambda out, y: fault.loss(loss_fn(out, y), rank, step())
 
 
 def _factor(kind: str) -> float | None:

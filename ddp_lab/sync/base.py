@@ -57,6 +57,9 @@ class Capabilities:
     # False where .grad must stay allocated between steps (flat: views into its buffer), so the
     # trainer calls zero_grad(set_to_none=caps.grads_set_to_none)
     grads_set_to_none: bool = True
+    # what is cut N ways between steps: 0 nothing, 1 the optimizer state, 2 also the gradients, 3 also
+    # the weights (the memory estimate's ZeRO stage)
+    sharding: int = 0
     # why the model must run eagerly ("" where it may be compiled): trainer.compile=true is refused then
     eager: str = ""
 

@@ -80,9 +80,19 @@ def at_step(step: int) -> None:
     HERE.step = step
 
 
+LISTENERS: list = []  # called with each phase's name as the thread enters it (faults' phase=P)
+
+
+def on_phase(listener) -> None:
+    """Call `listener(name)` each time the training thread enters a phase (ddp_lab.guards.faults)."""
+    LISTENERS.append(listener)
+
+
 def phase(name: str) -> None:
     """The training thread starts a stretch of its own work called `name`."""
     HERE.mark(name)
+    for listener in LISTENERS:
+        listener(name)
 
 
 def progress() -> None:

@@ -1,8 +1,8 @@
 """What a step measures, behind one switch: trainer.measure=full|light|off.
 
-The loop calls one observer at five points of every optimizer step (`step_starts`,
-`batch_done`, `synced`, `step_done`, `step_closed`), and the observer alone decides what
-is measured there:
+The loop's Measure callback (training/callbacks.py) calls one observer at four points of every
+optimizer step (`step_starts`, `batch_done`, `synced`, `step_done`), and the observer alone
+decides what is measured there:
 
 | level | train loss | train accuracy | throughput, MFU | stragglers | communication time |
 |---|---|---|---|---|---|
@@ -71,9 +71,6 @@ class StepMeasure:
     def step_done(self) -> None:
         self.meter.step_done(self.images)
         self.profiler.step()
-
-    def step_closed(self, step: int) -> None:
-        """After the step's logging, evaluation and checkpoint: nothing to measure (a seam for faults)."""
 
     @property
     def last_compute(self) -> float:

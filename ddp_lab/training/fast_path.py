@@ -79,7 +79,7 @@ def resolve_compile(setting, device: torch.device, images_per_rank: int, eager: 
     """trainer.compile=auto|true|false -> (compile?, why), the reason for the run log.
 
     images_per_rank: the images one rank trains on in this run (steps x its batch); eager: why the model
-    must run eagerly ("" where it need not; config.validate refuses trainer.compile=true then).
+    must run eagerly ("" where it need not; the builder refuses trainer.compile=true then).
     """
     value = str(setting).lower()  # one of auto, true, false (ddp_lab.config.schema checks)
     if value != "auto":

@@ -24,55 +24,56 @@ from ddp_lab.training.tasks import summary_name
 FIGURES = ("loss", "acc", "ppl", "token_acc")  # a task's figures (ddp_lab.training.tasks), by TensorBoard name
 
 
-def run_summary(trainer) -> dict:
+def run_summary(parts) -> dict:
     """What summary.json holds: results, speed over the post-warm-up window (null where
     not measured), and the settings that tell runs apart. A collective (stragglers).
+    Asks the parts (training/builder.py), not the Trainer.
 
     The figures of the run so far (accuracy, loss, sec/epoch) come from the checkpoint
     of a resumed launch; the speed figures are this launch's own, null where it ran no
     step (one resumed at its last step).
     """
-    cfg, env, last = trainer.cfg, trainer.env, trainer.last
-    tp, sync = trainer.meter.throughput, trainer.sync
+    cfg, env, progress, task = parts.cfg, parts.env, parts.progress, parts.work.task
+    last, tp, sync = progress.last, parts.meter.throughput, parts.sync
     rate = tp.per_sec
     comm_ms, comm_frac = sync.comm_figures(tp.steps, tp.seconds)
-    seconds = trainer.meter.epoch_seconds
+    seconds = parts.meter.epoch_seconds
     peaks = by_rank(peak_memory_mb(env.device), env)  # every rank's: under zero the ranks are not alike
     return {
         # the task's figures, named by it: test_acc, train_loss (classification); val_ppl, ...
         **{summary_name(k): v for k, v in last.items() if k.split("/")[0] in FIGURES},
         # (a task whose figure is the loss alone counts no correct predictions)
         **{k: v for k, v in last.items() if k.endswith("_total") or (k.endswith("_correct") and
-                                                                      trainer.task.correct_name)},
-        "task": trainer.task.name, "samples_per_sec": rate,
+                                                                      task.correct_name)},
+        "task": task.name, "samples_per_sec": rate,
         "samples_per_sec_per_rank": rate / env.world_size,
         "sec_per_epoch": sum(seconds) / len(seconds), "step_ms": tp.step_ms,
-        "data_ms": 1000 * trainer.meter.data_seconds / tp.seen if tp.seen else math.nan,
-        "epochs": trainer.epoch, "steps": trainer.step, "world_size": env.world_size,
+        "data_ms": 1000 * parts.meter.data_seconds / tp.seen if tp.seen else math.nan,
+        "epochs": progress.epoch, "steps": progress.step, "world_size": env.world_size,
         # trainer.max_steps ended the run before its epochs did (the closing line counts steps)
-        "max_steps_cut": trainer.cut,
-        "world_sizes": trainer.world_sizes,
+        "max_steps_cut": parts.plan.cut,
+        "world_sizes": progress.world_sizes,
         "backend": env.backend if env.distributed else "none",
         "comm_threads": env.comm_threads, "device": env.device.type,
         "model": model_name(cfg.model), "data": str(cfg.data["_target_"]).rsplit(".", 1)[-1],
         "sync": sync.describe(),
-        "global_batch": cfg.data.batch_size, "amp": trainer.amp, "seed": cfg.seed,
-        "threads": torch.get_num_threads(), "compile": trainer.compiled,
+        "global_batch": cfg.data.batch_size, "amp": parts.amp, "seed": cfg.seed,
+        "threads": torch.get_num_threads(), "compile": parts.compiled,
         "measured_steps": tp.steps, "comm_timing": sync.comm_timing,
         "comm_ms_per_step": comm_ms, "comm_frac": comm_frac,
         # bytes handed to all-reduces per optimizer step, as counted at each call (ddp_lab.sync)
         "wire_bytes_per_step": sync.wire_bytes / tp.seen if tp.seen else None,
         "collectives_per_step": sync.collectives / tp.seen if tp.seen else None,  # the calls carrying them
-        **trainer.target.summary(),  # target, target_reached, steps_to_target, time_to_target_s, eval_s
+        **parts.target.summary(),  # target, target_reached, steps_to_target, time_to_target_s, eval_s
         "peak_mem_mb": peaks[0], "peak_mem_mb_by_rank": peaks,  # rank 0's, every rank's (telemetry/memory.py)
         # counted at the second step's sync (telemetry/step_measure.py), or now if it took fewer
         "model_state_bytes": [int(b) for b in by_rank(
-            (trainer.measure.model_state or model_state_bytes(trainer.model, trainer.optimizer))["total"], env)],
-        "straggler": trainer.measure.straggler(cfg.trainer.straggler_threshold),
-        "mfu": trainer.meter.mfu(rate), "peak_flops": trainer.meter.peak_flops,
-        "flops_per_sample": trainer.meter.flops_per_image,
-        **({"tokens_per_sec": rate * trainer.work.targets_per_sample}
-           if trainer.task.name == "language_model" else {}),
+            (parts.measure.model_state or model_state_bytes(parts.model, parts.optimizer))["total"], env)],
+        "straggler": parts.measure.straggler(cfg.trainer.straggler_threshold),
+        "mfu": parts.meter.mfu(rate), "peak_flops": parts.meter.peak_flops,
+        "flops_per_sample": parts.meter.flops_per_image,
+        **({"tokens_per_sec": rate * parts.work.targets_per_sample}
+           if task.name == "language_model" else {}),
     }
 
 

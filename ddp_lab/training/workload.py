@@ -13,7 +13,6 @@ from ddp_lab.datasets import as_tensor_pairs
 from ddp_lab.distributed import DistEnv
 from ddp_lab.models import check_fits_data
 from ddp_lab.training.data import build_datasets, build_loaders, example
-from ddp_lab.training.memory_estimate import check_fits_memory
 from ddp_lab.training.tasks import Task, build_loss, choose_task
 
 log = logging.getLogger("ddp_lab")
@@ -25,12 +24,10 @@ class Workload:
     test_loader: object
     task: Task
     input_example: torch.Tensor   # one sample's input, for the FLOP count
+    target_example: torch.Tensor  # its target, for the memory estimate
     targets_per_sample: int       # 1 for classification, the sequence length for a language model
     channels_last: bool           # the images' layout (off for other inputs)
     classes: int = 0              # the largest target + 1 (0: regression, no classes)
-
-    def loaders(self) -> tuple:
-        return self.train_loader, self.test_loader
 
 
 def num_classes(train) -> int:
@@ -39,29 +36,27 @@ def num_classes(train) -> int:
     return int(pairs.targets.max()) + 1 if pairs is not None else int(example(train)[1].max()) + 1
 
 
-def build_workload(data, env: DistEnv, seed: int, *, model, trainer, optim, sync) -> Workload:
-    """data's datasets, loaders and task. The other groups are the checks': the model must take the data,
-    trainer.loss its outputs, and model, optimizer (sharded or not) and a batch must fit in memory."""
+def build_workload(data, env: DistEnv, seed: int, *, model, loss=None, grad_accum: int = 1,
+                   channels_last: bool = False) -> Workload:
+    """data's datasets, loaders and task. The rest are the checks': the model (its group) must take the
+    data, trainer.loss (`loss`) its outputs, and each rank's shard must hold trainer.grad_accum batches."""
     train, test = build_datasets(data)
     x, y = example(train)
-    task = choose_task(data.task, y, build_loss(trainer.get("loss")))
+    task = choose_task(data.task, y, build_loss(loss))
     classes = num_classes(train) if task.correct_name else 0
     out = check_fits_data(model, data, x, y, task, classes)
     if task.criterion is not None:
-        check_loss(trainer.loss["_target_"], task, out, y)
-    channels_last = trainer.channels_last and x.dim() == 3  # memory layouts are for images
+        check_loss(loss["_target_"], task, out, y)
+    channels_last = channels_last and x.dim() == 3  # memory layouts are for images
     train_loader, test_loader = build_loaders(data, train, test, env.rank, env.world_size, env.device,
                                               seed, channels_last)
-    k = trainer.grad_accum
+    k = grad_accum
     if len(train_loader) < k:
         raise ConfigError(f"trainer.grad_accum={k} takes {k} batches per optimizer step, but each rank has only "
                           f"{len(train_loader)} per epoch: lower trainer.grad_accum (or data.batch_size)")
-    stage = sync.zero_stage if sync.mode == "zero" else 3 if sync.mode == "fsdp" else 0
-    check_fits_memory(model, optim, env, x, y, task, train_loader.batch_size, stage=stage,
-                      refuse=trainer.get("memory_check", True))  # a CPU run: refused if it cannot fit
     log.info("data: %d training and %d held-out samples of %s -> %s (%s), %s loader", len(train), len(test),
              list(x.shape), list(y.shape) or "a class", task.name, type(train_loader).__name__)
-    return Workload(train_loader, test_loader, task, x, max(y.numel(), 1), channels_last, classes)
+    return Workload(train_loader, test_loader, task, x, y, max(y.numel(), 1), channels_last, classes)
 
 
 def check_loss(name: str, task: Task, out: torch.Size, y: torch.Tensor) -> None:

@@ -72,7 +72,7 @@ def test_bad_value_message(tiny_fmnist, tmp_path, compose_train, extra, message)
         # What the entry point does, in its order: the schema's ranges, the backend, the Trainer.
         schema.check(cfg)
         resolve_backend(cfg.dist.backend, torch.device("cpu"))
-        Trainer(cfg, DistEnv(0, 1, 0, torch.device("cpu"), "none"), tmp_path).close()
+        Trainer.from_config(cfg, DistEnv(0, 1, 0, torch.device("cpu"), "none"), tmp_path).close()
     assert message in str(e.value)
 
 
@@ -81,8 +81,8 @@ def test_sync_bn_on_cpu_ranks_is_refused_before_any_collective(tiny_fmnist, tmp_
     cfg = compose_train(overrides + ["model=resnet18", "model.sync_bn=true"])
     # Rank 0 of 2 with no process group: the check must come before DDP needs one.
     with pytest.raises(ConfigError, match="model.sync_bn=true needs GPU ranks"):
-        Trainer(cfg, DistEnv(0, 2, 0, torch.device("cpu"), "gloo"), tmp_path).close()
-    Trainer(cfg, DistEnv(0, 1, 0, torch.device("cpu"), "none"), tmp_path).close()  # alone: fine
+        Trainer.from_config(cfg, DistEnv(0, 2, 0, torch.device("cpu"), "gloo"), tmp_path).close()
+    Trainer.from_config(cfg, DistEnv(0, 1, 0, torch.device("cpu"), "none"), tmp_path).close()  # alone: fine
 
 
 @pytest.mark.system
@@ -123,7 +123,7 @@ def test_resnet_takes_small_images_and_lenet_its_own_sizes(tiny_fmnist, tmp_path
     for extra in (["model=resnet18", "data.image_shape=[1,8,8]"], ["model=lenet", "data.image_shape=[1,29,29]"],
                   ["model.num_classes=12", "data.num_classes=12"]):
         cfg = compose_train(overrides + ["data=synthetic", "data.num_train=64", "data.num_test=8"] + extra)
-        Trainer(cfg, DistEnv(0, 1, 0, torch.device("cpu"), "none"), tmp_path).close()
+        Trainer.from_config(cfg, DistEnv(0, 1, 0, torch.device("cpu"), "none"), tmp_path).close()
 
 
 def _one_error_line(proc, message: str) -> None:

@@ -129,9 +129,10 @@ def test_what_fsdp_cannot_do_is_refused_in_one_line(extra, says):
 
 
 def test_fsdp_is_not_compiled(compose_train):
-    from ddp_lab.config.validate import validate
     from ddp_lab.sync import eager_only
-    with pytest.raises(ConfigError, match=r"^trainer.compile=true cannot run with sync.mode=fsdp: .* set "
+    from ddp_lab.training.builder import validate
+    with pytest.raises(ConfigError, match=r"^trainer.compile=true cannot run where sync.mode=fsdp applies "
+                                          r"fully_shard .* set "
                                           r"trainer.compile=false \(or auto\)$"):
         validate(compose_train(["sync=fsdp", "trainer.compile=true"]))
     assert "fully_shard" in eager_only(compose_train(["sync=fsdp"]).sync)

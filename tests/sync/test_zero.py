@@ -270,11 +270,11 @@ def test_what_zero_cannot_do_is_refused_in_one_line(extra, says):
 
 
 def test_stage_three_is_not_compiled(compose_train):
-    from ddp_lab.config.validate import validate
     from ddp_lab.sync import eager_only
+    from ddp_lab.training.builder import validate
     from ddp_lab.training.fast_path import resolve_compile
-    with pytest.raises(ConfigError, match=r"^trainer.compile=true cannot run with sync.zero_stage=3, whose module "
-                                          r"hooks .*: set trainer.compile=false \(or auto\)$"):
+    with pytest.raises(ConfigError, match=r"^trainer.compile=true cannot run where sync.zero_stage=3 gathers and frees "
+                                          r"the weights in module hooks .*: set trainer.compile=false \(or auto\)$"):
         validate(compose_train(["sync=zero", "sync.zero_stage=3", "trainer.compile=true"]))
     cfg = compose_train(["sync=zero", "sync.zero_stage=3"])
     validate(cfg)  # auto: turned off, with the reason in the log

@@ -34,7 +34,7 @@ def _fit(compose_train, tmp_path, model: str) -> tuple[dict, str]:
     cfg = compose_train(["model=custom", f"model._target_=tests.workloads.{model}", "data=custom",
                          "data._target_=tests.workloads.blobs", "data.batch_size=64", "trainer.epochs=1",
                          "trainer.progress=false", "trainer.compile=false", "trainer.amp=off"])
-    trainer = Trainer(cfg, DistEnv(0, 1, 0, torch.device("cpu"), "none"), tmp_path / model)
+    trainer = Trainer.from_config(cfg, DistEnv(0, 1, 0, torch.device("cpu"), "none"), tmp_path / model)
     try:
         return trainer.fit()
     finally:

@@ -65,7 +65,7 @@ def test_off_counts_neither_but_keeps_the_throughput_clock():
 def test_only_full_puts_a_hook_on_the_parameters(compose_train, tiny_fmnist, tmp_path, level):
     args = [o for o in tiny_overrides(tiny_fmnist, tmp_path) if not o.startswith("hydra.")]
     cfg = compose_train(args + ["trainer.amp=off", "trainer.threads=1", f"trainer.measure={level}"])
-    trainer = Trainer(cfg, ENV, tmp_path)
+    trainer = Trainer.from_config(cfg, ENV, tmp_path)
     try:
         assert (trainer.measure.step_timer is not None) == (level == "full")
         hooked = [bool(p._post_accumulate_grad_hooks) for p in trainer.model.parameters()]

@@ -48,7 +48,7 @@ def test_a_target_that_cannot_be_judged_is_refused(compose_train, tiny_fmnist, t
 
 @pytest.mark.parametrize("mode", ["local_sgd", "diloco"])
 def test_evaluations_between_synchronisations_are_refused_at_start_up(compose_train, mode):
-    from ddp_lab.config.validate import validate
+    from ddp_lab.training.builder import validate
     with pytest.raises(ConfigError, match=rf"trainer.eval_every_steps=6 must be a multiple of sync.every=4 "
                                           rf"with sync.mode={mode}"):
         validate(compose_train([f"sync={mode}", "sync.every=4", "trainer.eval_every_steps=6"]))

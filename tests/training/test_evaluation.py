@@ -16,7 +16,7 @@ def _trainer(data_root, tmp, rank, world_size, backend) -> Trainer:
         cfg = compose("train", [f"data.root={data_root}", f"data.cache_dir={tmp}/cache",
                                 "data.batch_size=60", "trainer.amp=off"])
     env = DistEnv(rank, world_size, 0, torch.device("cpu"), backend)
-    return Trainer(cfg, env, Path(tmp) / f"w{world_size}")
+    return Trainer.from_config(cfg, env, Path(tmp) / f"w{world_size}")
 
 
 def _evaluate(rank, world_size, data_root, tmp, state):
@@ -57,7 +57,8 @@ def _regression(rank, world_size, tmp, state):
                                 "data._target_=tests.workloads.linear_regression", "data.batch_size=60",
                                 "+data.num_test=203", "trainer.amp=off"])
     backend = "gloo" if world_size > 1 else "none"
-    trainer = Trainer(cfg, DistEnv(rank, world_size, 0, torch.device("cpu"), backend), Path(tmp) / f"r{world_size}")
+    env = DistEnv(rank, world_size, 0, torch.device("cpu"), backend)
+    trainer = Trainer.from_config(cfg, env, Path(tmp) / f"r{world_size}")
     trainer.model.load_state_dict(state)
     try:
         return trainer.evaluate()

@@ -41,7 +41,7 @@ def trained_with(compose_train, tiny_fmnist, tmp_path, knobs, epochs=2):
     """A trainer after `epochs` epochs with `knobs`, open for inspection (close() drops its forward)."""
     overrides = tiny_overrides(tiny_fmnist, tmp_path / "run") + [
         f"trainer.epochs={epochs}", "trainer.threads=1", "trainer.eval_every=0", *knobs]
-    trainer = Trainer(compose_train(overrides), ALONE, tmp_path / "run")
+    trainer = Trainer.from_config(compose_train(overrides), ALONE, tmp_path / "run")
     batches = list(trainer.train_loader.epoch(0))[:3]
     try:
         before = probe_loss(trainer, batches)
@@ -109,7 +109,7 @@ def test_inductor_available_looks_for_a_cpp_compiler(monkeypatch):
 def test_short_runs_are_not_compiled_by_default(compose_train, tiny_fmnist, tmp_path):
     cfg = compose_train(tiny_overrides(tiny_fmnist, tmp_path / "run"))
     assert cfg.trainer.compile == "auto"
-    trainer = Trainer(cfg, ALONE, tmp_path / "run")
+    trainer = Trainer.from_config(cfg, ALONE, tmp_path / "run")
     try:
         assert trainer.compiled is False and trainer.forward is trainer.model
     finally:

@@ -149,7 +149,7 @@ def test_the_trainer_refuses_a_run_that_cannot_fit_before_any_step(compose_train
     cfg = _gpt(compose_train, f"data.path={tmp_path}/c.txt", "data.batch_size=32", "trainer.compile=false")
     schema.check(cfg)
     with pytest.raises(ConfigError, match=r"^model=gpt needs about 0\.\d GiB per rank, more than the 0\.1 GiB"):
-        Trainer(cfg, DistEnv(0, 1, 0, CPU, "none"), tmp_path).close()
+        Trainer.from_config(cfg, DistEnv(0, 1, 0, CPU, "none"), tmp_path).close()
 
 
 class _ReadsItsWeights(torch.nn.Module):

@@ -36,7 +36,7 @@ def test_a_step_that_is_not_a_log_step_never_syncs_the_host(compose_train, tiny_
 
     monkeypatch.setattr(Trainer, "_run_batch", quiet(run_batch))
     monkeypatch.setattr(Trainer, "_after_step", quiet(after_step))
-    trainer = Trainer(cfg, DistEnv(0, 1, 0, torch.device("cuda", 0), "none"), tmp_path)
+    trainer = Trainer.from_config(cfg, DistEnv(0, 1, 0, torch.device("cuda", 0), "none"), tmp_path)
     try:
         trainer.fit()
     finally:

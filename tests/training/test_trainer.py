@@ -11,7 +11,7 @@ def test_a_step_of_several_micro_batches_reports_their_mean_loss(compose_train, 
     micro-batches' losses before the update), not the last micro-batch's."""
     args = [o for o in tiny_overrides(tiny_fmnist, tmp_path) if not o.startswith("hydra.")]
     cfg = compose_train(args + ["trainer.grad_accum=2", "trainer.amp=off", "trainer.threads=1"])
-    trainer = Trainer(cfg, DistEnv(0, 1, 0, torch.device("cpu"), "none"), tmp_path)
+    trainer = Trainer.from_config(cfg, DistEnv(0, 1, 0, torch.device("cpu"), "none"), tmp_path)
     try:
         micro = list(trainer.train_loader.epoch(0))[:2]
         with torch.no_grad():
@@ -29,7 +29,7 @@ def test_optim_clip_grad_norm_bounds_the_step(compose_train, tiny_fmnist, tmp_pa
     cfg = compose_train(args + ["trainer.amp=off", "trainer.threads=1", "optim.lr=0.1", "optim.momentum=0",
                                 "optim.nesterov=false", "optim.weight_decay=0", "optim.schedule=constant",
                                 "optim.warmup_epochs=0", "optim.clip_grad_norm=0.001"])
-    trainer = Trainer(cfg, DistEnv(0, 1, 0, torch.device("cpu"), "none"), tmp_path)
+    trainer = Trainer.from_config(cfg, DistEnv(0, 1, 0, torch.device("cpu"), "none"), tmp_path)
     try:
         before = [p.detach().clone() for p in trainer.model.parameters()]
         trainer._run_batch(list(trainer.train_loader.epoch(0))[:1])

@@ -49,7 +49,7 @@ def local(t: torch.Tensor) -> torch.Tensor:
 
 class FSDPSync(ReplicaSync):
     comm_timing = "unmeasured"  # FSDP's collectives run asynchronously inside its hooks
-    caps = Capabilities(syncs_in_backward=True, shards=True, forward_gathers=True,
+    caps = Capabilities(syncs_in_backward=True, shards=True, forward_gathers=True, sharding=3,
                         eager="sync.mode=fsdp applies fully_shard to the eager model's blocks")
 
     def __init__(self, model: nn.Module, env: DistEnv, cfg):

@@ -82,7 +82,7 @@ def buckets_of(params: list[nn.Parameter], cap_bytes: float) -> list[list[nn.Par
 class Zero1Sync(ReplicaSync):
     comm_timing = "hook"
     # each chunk's gradient is a view into one buffer kept between steps
-    caps = Capabilities(syncs_in_backward=True, shards=True, grads_set_to_none=False)
+    caps = Capabilities(syncs_in_backward=True, shards=True, grads_set_to_none=False, sharding=1)
 
     def __init__(self, model: nn.Module, env: DistEnv, cfg):
         super().__init__(model, env)

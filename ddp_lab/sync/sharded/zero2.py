@@ -12,6 +12,8 @@ bytes of one step, as DeepSpeed's stage 2.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from ddp_lab.collectives.basics import Pending
@@ -21,6 +23,8 @@ from ddp_lab.telemetry import position
 
 
 class Zero2Sync(Zero1Sync):
+    caps = replace(Zero1Sync.caps, sharding=2)
+
     def _attach_grads(self) -> None:
         """This rank's chunks' gradients, one buffer (the parameters' own are dropped once sent)."""
         self.grads = torch.zeros(self.shard_size, dtype=self.pieces[0].dtype, device=self.pieces[0].device)

@@ -70,7 +70,7 @@ class Unit:
 
 
 class Zero3Sync(Zero2Sync):
-    caps = Capabilities(syncs_in_backward=True, shards=True, forward_gathers=True, grads_set_to_none=False,
+    caps = Capabilities(syncs_in_backward=True, shards=True, forward_gathers=True, grads_set_to_none=False, sharding=3,
                         eager="sync.zero_stage=3 gathers and frees the weights in module hooks that resize "
                               "their storage")
 

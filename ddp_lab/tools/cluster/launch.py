@@ -116,7 +116,7 @@ class Job:
     def torchrun(self, host: Host) -> list[str]:
         nnodes = f"{self.min_hosts}:{len(self.hosts)}" if self.elastic else str(len(self.hosts))
         conf = ",".join(f"{k}={v}" for k, v in {"is_host": host == self.hosts[0], **self.rdzv_conf}.items())
-        return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
+        return [sys.executable, "-m", "ddp_lab.distributed.torchrun", f"--nnodes={nnodes}",
                 f"--nproc-per-node={self.nproc_per_host}", f"--max-restarts={self.max_restarts}",
                 "--rdzv-backend=c10d", f"--rdzv-endpoint={self.hosts[0].name}:{self.port}",
                 f"--rdzv-id={self.run_id}", f"--rdzv-conf={conf}", *self.command]

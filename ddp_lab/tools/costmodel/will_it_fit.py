@@ -108,7 +108,7 @@ def compose(overrides: list[str]):
     from hydra import initialize_config_module
 
     from ddp_lab.config import schema
-    from ddp_lab.training.build import validate
+    from ddp_lab.training.builder import validate
     schema.register()  # the schemas the config composes on, as ddp_lab.train registers them
     with initialize_config_module(version_base="1.3", config_module="ddp_lab.conf"):
         cfg = hydra_compose(config_name="train", overrides=overrides)

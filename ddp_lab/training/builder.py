@@ -1,0 +1,203 @@
+"""The builder: the config describes, each part builds itself from its own group, the Trainer runs the parts.
+
+`validate(cfg)` is the config's one check at start-up, before any rank waits for another: every key in
+its range (config.schema), each group's own rules (the sync family's, sync.validate), then the few
+rules that tie two groups together, each with its one-line error. A rule that needs what was built
+(the data's task, the world size, the model's size) is said by the part that builds it.
+
+`build(cfg, env, run_dir, preemption)` turns the config into Parts, in the order each needs the last:
+
+    precision  trainer.amp                     -> the autocast dtype, on this device
+    work       data (+ model, trainer.loss)    -> datasets, the task, each rank's loaders (training/workload.py)
+    plan       trainer (+ the loaders)         -> steps per epoch, total steps
+    model      model (+ seed)                  -> the same initial weights on every rank (models/build.py)
+    memory     model x optim x sync x batch    -> refused before any step if it cannot fit (memory_estimate.py)
+    meter      the model, once                 -> FLOPs per sample, the machine's matmul peak
+    sync       sync (+ the model)              -> how the replicas agree (sync/)
+    optimizer  optim (+ the sync's parameters) -> the optimizer, its schedule, the grad scaler
+    guards, telemetry, checkpointer, and the step callbacks (training/callbacks.py)
+
+Nothing here runs a step: the Trainer (training/trainer.py) resumes and runs what this returns.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from ddp_lab import sync as sync_strategies
+from ddp_lab.checkpoint import Checkpointer
+from ddp_lab.config import ConfigError, schema
+from ddp_lab.distributed import DistEnv
+from ddp_lab.guards.divergence import LossWatch
+from ddp_lab.guards.preemption import Preemption
+from ddp_lab.models import build_model, check_sync_bn
+from ddp_lab.sync import ReplicaSync, build_sync
+from ddp_lab.telemetry import position
+from ddp_lab.telemetry.meter import Meter, flops_and_peak
+from ddp_lab.telemetry.profiling import StepProfiler
+from ddp_lab.telemetry.step_measure import StepMeasure
+from ddp_lab.telemetry.stragglers import StepTimer
+from ddp_lab.telemetry.target import TimeToTarget
+from ddp_lab.training import callbacks as cb
+from ddp_lab.training.fast_path import amp_reason, autocast, resolve_amp, resolve_compile
+from ddp_lab.training.memory_estimate import check_fits_memory
+from ddp_lab.training.optim import build_optimizer, build_schedule
+from ddp_lab.training.workload import Workload, build_workload
+
+log = logging.getLogger("ddp_lab")
+
+
+# ------------------------------------------------------------ the config's one check
+def evaluations_fall_on_synchronisations(cfg) -> None:
+    """trainer x sync: an evaluation scores weights every rank holds, which local_sgd and diloco
+    have only at their synchronisations."""
+    every, s = cfg.trainer.eval_every_steps, cfg.sync
+    if s.mode in sync_strategies.PERIODIC and every % s.every:
+        raise ConfigError(f"trainer.eval_every_steps={every} must be a multiple of sync.every={s.every} "
+                          f"with sync.mode={s.mode}: an evaluation scores weights every rank holds")
+
+
+def compiled_only_where_it_may(cfg) -> None:
+    """trainer x sync: a strategy whose hooks need the eager model (Capabilities.eager) is not compiled."""
+    if str(cfg.trainer.compile).lower() != "true":
+        return
+    why = sync_strategies.eager_only(cfg.sync)
+    if why:
+        raise ConfigError(f"trainer.compile=true cannot run where {why}: set trainer.compile=false (or auto)")
+
+
+RULES = (evaluations_fall_on_synchronisations, compiled_only_where_it_may)
+
+
+def validate(cfg) -> None:
+    """Raise ConfigError, naming the keys and the fix, at the first value or pair of values that cannot run."""
+    schema.check(cfg)
+    sync_strategies.validate(cfg.sync)
+    for rule in RULES:
+        rule(cfg)
+
+
+# ------------------------------------------------------------ the parts
+@dataclass
+class Plan:
+    """How many optimizer steps: per epoch (whole steps of trainer.grad_accum micro-batches), in all."""
+    steps_per_epoch: int
+    total_steps: int
+    cut: bool  # trainer.max_steps ends the run before its epochs do
+    grad_accum: int
+    step_samples: int  # a rank's samples in a whole step
+
+    @staticmethod
+    def of(t, train_loader) -> Plan:
+        per_epoch = len(train_loader) // t.grad_accum
+        total = per_epoch * t.epochs
+        steps = min(total, t.max_steps) if t.max_steps > 0 else total
+        return Plan(per_epoch, steps, steps < total, t.grad_accum, t.grad_accum * train_loader.batch_size)
+
+
+@dataclass
+class Progress:
+    """Where the run is, and what it has measured so far: the Trainer's own state, checkpointed."""
+    total_steps: int
+    world_size: int
+    step: int = 0
+    epoch: int = 0
+    batches_done: int = 0  # of the current epoch
+    last: dict = field(default_factory=dict)  # the newest metrics, for summary.json
+    world_sizes: list = field(default_factory=list)  # [step, ranks] at every change
+
+    def __post_init__(self):
+        self.world_sizes = self.world_sizes or [[0, self.world_size]]
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "epoch": self.epoch, "batches_done": self.batches_done,
+                "total_steps": self.total_steps, "last": dict(self.last), "world_sizes": self.world_sizes}
+
+    def load_state_dict(self, shared: dict) -> None:
+        self.step, self.epoch, self.batches_done = shared["step"], shared["epoch"], shared["batches_done"]
+        self.last = dict(shared["last"])
+        self.world_sizes = [list(w) for w in shared.get("world_sizes", [[0, shared["world_size"]]])]
+        if self.world_sizes[-1][1] != self.world_size:
+            self.world_sizes.append([self.step, self.world_size])
+
+
+@dataclass
+class Parts:
+    """What a Trainer runs, each built from its own config group (see the module docstring)."""
+    cfg: object
+    env: DistEnv
+    run_dir: Path
+    amp: str
+    autocast: object  # a context for the forward pass
+    work: Workload
+    plan: Plan
+    progress: Progress
+    model: torch.nn.Module
+    compiled: bool
+    meter: Meter
+    sync: ReplicaSync
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    scaler: torch.amp.GradScaler
+    loss_watch: LossWatch
+    target: TimeToTarget
+    profiler: StepProfiler
+    measure: StepMeasure
+    checkpointer: Checkpointer
+    preemption: Preemption
+    callbacks: cb.Callbacks
+
+
+def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None) -> Parts:
+    """Every part of a run, built from its own group (validate(cfg) has run, or runs here)."""
+    validate(cfg)
+    t, run_dir = cfg.trainer, Path(run_dir)
+    preemption = preemption or Preemption(env.rank, t.preempt_save_s)  # not installed: never asks to save
+    if t.threads > 0:  # (0: keep torch's, torchrun's 1)
+        torch.set_num_threads(t.threads)
+    amp = resolve_amp(t.amp, env.device)
+    log.info(amp_reason(t.amp, amp, env.device))
+    position.phase("loading data")  # every stretch of a rank's life is named (telemetry/position.py)
+    work = build_workload(cfg.data, env, cfg.seed, model=cfg.model, loss=t.get("loss"), grad_accum=t.grad_accum,
+                          channels_last=t.channels_last)
+    plan = Plan.of(t, work.train_loader)
+    strategy = sync_strategies.strategy(cfg.sync, env.device)
+    check_fits_memory(cfg.model, cfg.optim, env, work.input_example, work.target_example, work.task,
+                      work.train_loader.batch_size, stage=strategy.caps.sharding,
+                      refuse=t.get("memory_check", True))  # a CPU run: refused if it cannot fit
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+    position.phase("building the model")
+    memory_format = torch.channels_last if work.channels_last else torch.contiguous_format
+    model = build_model(cfg.model).to(env.device, memory_format=memory_format)
+    check_sync_bn(model, env.distributed, env.device)
+    compiled, why = resolve_compile(t.compile, env.device, plan.total_steps * plan.step_samples,
+                                    strategy.caps.eager)
+    log.info(why)
+    # the FLOP count runs the model once: before the sync's hooks (zero stage 3 would gather for it)
+    meter = Meter(env, t.warmup_steps, *flops_and_peak(model, work.input_example, amp, env),
+                  full_step_images=plan.step_samples, task=work.task, targets_per_sample=work.targets_per_sample)
+    # DDP wraps the compiled model: compiling DDP breaks its forward's graph (and slowed CPU LeNet)
+    sync = build_sync(cfg.sync, torch.compile(model) if compiled else model, env)
+    optimizer = build_optimizer(cfg.optim, sync.parameters())  # (zero: this rank's shard)
+    scheduler = build_schedule(optimizer, cfg.optim, plan.steps_per_epoch, plan.total_steps)
+    # ranks whose weights or gradients differ after the sync compare losses instead
+    apart = sync.caps.diverges
+    loss_watch = LossWatch(env, cfg.sync.every if apart else t.log_every, optimizer.defaults.get("lr", 0.0), amp,
+                           None if apart or sync.caps.shards else model.parameters())
+    profiler = StepProfiler(t.profile, t.profile_wait, t.profile_active, run_dir, env.rank,
+                            env.device.type == "cuda")
+    timer = StepTimer(model, env) if t.measure == "full" else None  # stragglers: a hook per parameter
+    measure = StepMeasure(t.measure, meter, sync, profiler, timer, (model, optimizer))
+    fault = cb.fault_injection(env.rank)  # DDP_LAB_FAULT, on its rank only
+    callbacks = cb.Callbacks([cb.PositionMarks(), cb.Measure(measure), cb.LossCheck(), cb.LogEvery(t.log_every),
+                              cb.EvaluateWhenDue(), cb.CheckpointWhenDue(), *([fault] if fault else []),
+                              cb.StopWhenAsked(preemption)])
+    return Parts(cfg, env, run_dir, amp, partial(autocast, amp, env.device), work, plan,
+                 Progress(plan.total_steps, env.world_size), model, compiled, meter, sync, optimizer, scheduler,
+                 torch.amp.GradScaler("cuda", enabled=amp == "fp16"), loss_watch,
+                 TimeToTarget(t, work.task.name), profiler, measure, Checkpointer(cfg, env, run_dir), preemption,
+                 callbacks)
