@@ -1,6 +1,8 @@
-"""Follow the run's config (`cfg`) or its DistEnv (`env`) from Trainer.__init__ down the call graph (stdlib `ast`).
+"""Follow the run's config (`cfg`) or its DistEnv (`env`) from the entry point down the call graph (stdlib `ast`).
 
-Usage: python scripts/cfg_walk.py [PACKAGE_DIR] [--name cfg|env] [--list]. The walk goes depth-first, in source
+Usage: python scripts/cfg_walk.py [PACKAGE_DIR] [--name cfg|env] [--list] [--start train.main]. The walk starts at
+the entry point every rank runs (`ddp_lab.train.main`, whose parameter is the config; `env` from the first function
+that binds it, Trainer.__init__ or the builder) and goes depth-first, in source
 order, into each call that passes the object on: an argument that is a tracked name, an attribute chain or subscript
 of one (`cfg.sync`, `self.cfg`, `t.amp` after `t = cfg.trainer`), or an object carrying it (the Trainer `self`;
 `self.x = Klass(cfg)` when Klass.__init__ keeps a part). Callees resolve statically (module functions, `from ddp_lab.x
@@ -10,6 +12,11 @@ visit order to a function in a higher layer (lower number in LAYERS). "Returns t
 visit order (repeats in a row collapsed) seen before, with another module in between. "Calls into a higher layer":
 calls that pass the object from a function to one in a higher layer (the walk's edges, not its order), each listed.
 A second walk follows the whole object only (not `cfg.sync`, `cfg["x"]`): the functions a part reaches unnarrowed.
+
+"Climbs back up" (the figure the house is held to: at most 2): calls that pass the object from a function to one
+in a module already on the current call path, other than the caller's own module: a part handing the config back
+to a module above it on the way down (builder -> workload -> builder would be one; builder -> fast_path, then later
+builder -> fast_path again is not: the builder is the caller both times). Each such call is listed.
 """
 from __future__ import annotations
 
@@ -20,7 +27,8 @@ from pathlib import Path
 # Layers, highest first, by module path under the package; "x" covers x and x.*. Old flat and new folder names.
 LAYERS = {
     0: ["train"],
-    1: ["trainer", "training", "workload", "data", "tasks", "evaluation", "optim", "fast_path", "memory_estimate"],
+    1: ["trainer", "training", "builder", "callbacks", "workload", "data", "tasks", "evaluation", "optim", "fast_path",
+        "memory_estimate"],
     2: ["checkpoint", "sync", "guards", "telemetry"],
     3: ["models", "datasets", "collectives", "tuning"],
     4: ["distributed", "rendezvous"],
@@ -97,6 +105,8 @@ class Walk:
     def __init__(self, index: Index, parts: bool = True):
         self.index, self.order, self.made = index, {}, {}  # order: key -> (module, depth); made: an __init__'s state
         self.parts = parts
+        self.path: list[str] = []  # the modules of the functions on the current call path, outermost first
+        self.climbs: list[str] = []  # calls back into a module already on the path (see the module docstring)
 
     def key(self, module: str, fn, cls=None) -> str:
         return f"{module.removeprefix(self.index.pkg + '.')}.{cls[1].name + '.' if cls else ''}{fn.name}"
@@ -124,7 +134,10 @@ class Walk:
         found = dotted(func) and self.index.resolve(module, dotted(func))
         if found and isinstance(found[1], ast.ClassDef):  # Klass(...): its __init__
             return (hit := self.index.method(found, "__init__")) and (*hit, None, True)
-        return (*found, None, False) if found and found[0] != "module" else None  # a function, Klass.method (static)
+        if not found or found[0] == "module":
+            return None
+        classmethod_ = any(dotted(d) == "classmethod" for d in found[1].decorator_list)  # cls: bound, not an argument
+        return (*found, None, classmethod_)  # a function, Klass.method (static, or a classmethod)
 
     def bind(self, call, target, names: set, typed: dict):
         """The callee's tracked and typed names, from the call's receiver and arguments."""
@@ -162,6 +175,10 @@ class Walk:
     def visit(self, target, names: set, typed: dict, depth: int = 0) -> None:
         """Record a function, then follow its calls and assignments in source order (an assignment after its value)."""
         module, fn, cls = target[:3]
+        caller = self.path[-1] if self.path else None
+        if caller is not None and module != caller and module in self.path:
+            self.climbs.append(f"{list(self.order)[-1]} -> {self.key(module, fn, cls)}")
+        self.path.append(module)
         self.order[key := self.key(module, fn, cls)] = (module.removeprefix(self.index.pkg + "."), depth)
         if cls and fn.args.args:
             typed.setdefault(fn.args.args[0].arg, cls)  # self: its methods resolve
@@ -173,6 +190,7 @@ class Walk:
                 self.visit(callee, *new, depth + 1)
         if cls and fn.name == "__init__":
             self.made[key] = (fn.args.args[0].arg, names, typed)
+        self.path.pop()
 
 
 def main() -> None:
@@ -180,14 +198,19 @@ def main() -> None:
     parser.add_argument("package", nargs="?", type=Path, default=Path(__file__).resolve().parent.parent / "ddp_lab")
     parser.add_argument("--name", choices=["cfg", "env"], action="append", help="default: both")
     parser.add_argument("--list", action="store_true", help="the visited functions in order, with their layers")
+    parser.add_argument("--start", default="train.main", help="module.function to start at (default: the entry point)")
     args = parser.parse_args()
     index = Index(args.package.resolve())
+    module, _, function = f"{index.pkg}.{args.start}".rpartition(".")
+    start = (module, index.mods[module][0][function], None)
     trainer = next((m, d["Trainer"]) for m, (d, _) in index.mods.items() if isinstance(d.get("Trainer"), ast.ClassDef))
     for name in args.name or ["cfg", "env"]:
+        # the entry point binds `cfg`; `env` is first bound where the Trainer (or its builder) receives it
+        begin = start if name == "cfg" else index.method(trainer, "__init__")
         whole = Walk(index, parts=False)  # only the calls that pass the whole object, not one of its groups
-        whole.visit(index.method(trainer, "__init__"), {name}, {})
+        whole.visit(begin, {name}, {})
         walk = Walk(index)
-        walk.visit(index.method(trainer, "__init__"), {name}, {})
+        walk.visit(begin, {name}, {})
         modules = [m for m, _ in walk.order.values()]
         layers = [layer(m) for m in modules]
         up = sum(1 for a, b in zip(layers, layers[1:]) if a is not None and b is not None and b < a)
@@ -198,12 +221,15 @@ def main() -> None:
             callers.append(next((j for j in range(i - 1, -1, -1) if depths[j] == d - 1), None))
         calls_up = [i for i, j in enumerate(callers) if j is not None and None not in (layers[i], layers[j])
                     and layers[i] < layers[j]]
-        print(f"{name}: {len(walk.order)} functions in {len(set(modules))} modules; {up} returns up a layer; "
+        print(f"{name}: {len(walk.order)} functions in {len(set(modules))} modules; {len(walk.climbs)} climbs back up; "
+              f"{up} returns up a layer; "
               f"{back} returns to a module left; {len(calls_up)} calls into a higher layer; "
               f"the whole {name} reaches {len(whole.order) - 1} functions: {', '.join(list(whole.order)[1:])}")
         keys = list(walk.order)
         for i in calls_up:
             print(f"  up: {keys[callers[i]]} -> {keys[i]}")
+        for climb in walk.climbs:
+            print(f"  climb: {climb}")
         for (key, (_, depth)), number in zip(walk.order.items(), layers) if args.list else ():
             print(f"  {'?' if number is None else number}  {'  ' * depth}{key}")
 

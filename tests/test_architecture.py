@@ -129,3 +129,29 @@ def test_no_two_modules_share_a_file_name():
     shared = {name: sorted(paths) for name, paths in found.items()
               if len(paths) > 1 and not paths <= ALLOWED_SHARED_NAMES.get(name, set())}
     assert shared == {}, "rename the tools' (or the newer) module to say what it is"
+
+
+def test_the_config_is_followed_from_the_entry_point_through_the_builder_only():
+    """scripts/cfg_walk.py's walk of `cfg` from ddp_lab.train.main: the Trainer receives built parts (its __init__
+    never sees the config), the builder hands each group to its part, and no part climbs back up (at most 2)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("cfg_walk", PACKAGE.parent / "scripts" / "cfg_walk.py")
+    cfg_walk = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cfg_walk)
+    index = cfg_walk.Index(PACKAGE)
+    walk = cfg_walk.Walk(index)
+    walk.visit(("ddp_lab.train", index.mods["ddp_lab.train"][0]["main"], None), {"cfg"}, {})
+    assert "training.builder.build" in walk.order and "training.trainer.Trainer.__init__" not in walk.order
+    assert len(walk.climbs) <= 2, walk.climbs
+    # below the builder: each part's own package, or a layer below it (config's _target_, models' checks)
+    order = list(walk.order.items())
+    start = next(i for i, (k, _) in enumerate(order) if k == "training.builder.build")
+    depth, part = order[start][1][1], None
+    for key, (module, d) in order[start + 1:]:
+        if d <= depth:
+            break
+        if d == depth + 1:
+            part = module
+        else:
+            own = module.split(".")[0] == part.split(".")[0]
+            assert own or cfg_walk.layer(module) > cfg_walk.layer(part), f"{part} hands cfg to {key}"
