@@ -3,7 +3,9 @@
 What carries over, and what is guaranteed:
 
 * The model, optimizer, LR schedule and grad scaler are rank 0's state.pt:
-  data parallelism keeps them identical on every rank, so they fit any M.
+  data parallelism keeps them identical on every rank, so they fit any M
+  (local_sgd's and diloco's ranks, apart between syncs, all continue from
+  rank 0's; zero's and fsdp's optimizer state is in shards: the last point).
 * The global batch stays `data.batch_size` (hashed with the config); each
   rank takes global / M, and a batch that does not divide over M ranks is
   refused before anything is loaded (ddp_lab.training.data.per_rank_batch names the
@@ -34,10 +36,11 @@ What carries over, and what is guaranteed:
 
 Why not torch.distributed.checkpoint (DCP): DCP saves each rank's shard of
 every tensor with a global plan and reshards on load, which is what sharded
-training (FSDP, tensor parallelism) needs. In data parallelism nothing is
-sharded: rank 0's one file is the whole state, and the only per-rank state
-is a few bytes of RNG and sums, reconciled above; ZeRO's shards of a 1-D
-group reshard in the twenty lines below. Our own format keeps what DCP does
+training (FSDP, tensor parallelism) needs. Here the replicated state is
+rank 0's one file, and besides a few bytes of RNG and sums, reconciled
+above, the only sharded state is zero's and fsdp's optimizer state: ZeRO's
+shards of a 1-D group reshard in the twenty lines below, fsdp's rows in as
+many in sync/sharded/fsdp.py. Our own format keeps what DCP does
 not give: each file's checksum in meta.json and one atomic rename per
 checkpoint.
 """

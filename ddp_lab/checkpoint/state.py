@@ -8,10 +8,12 @@ Every rank saves its own (rank<R>.pt): RNG states, the partial epoch's sums,
 the sync's per-rank state (PowerSGD's error feedback) and, where the ranks'
 weights differ between synchronisations (sync.mode=local_sgd, diloco), its
 own weights and optimizer state; under zero and fsdp, its shard of the
-optimizer state. At another world size no rank's own state but the RNG and
-sums comes back (reshard.py): every rank continues from rank 0's weights and
-optimizer state, and PowerSGD's error feedback starts at zero; zero's
-and fsdp's optimizer shards are resharded (reshard.py).
+optimizer state. At another world size (reshard.py) a rank's own RNG and
+sums come back, and under zero and fsdp its shard of the optimizer state,
+joined from every old rank's shards and cut again (reshard_zero_state,
+FSDPSync.reshard_optimizer_state); a rank's own weights and optimizer state
+(local_sgd, diloco) do not: every rank continues from rank 0's, and
+PowerSGD's error feedback starts at zero.
 """
 from __future__ import annotations
 

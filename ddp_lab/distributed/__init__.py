@@ -39,7 +39,7 @@ class DistEnv:
         return self.backend != "none"
 
 
-# Set by ddp_lab.cluster in every worker's environment: how many ranks all the
+# Set by ddp_lab.tools.cluster in every worker's environment: how many ranks all the
 # emulated hosts run on this machine's cores (LOCAL_WORLD_SIZE counts one host's).
 RANKS_ON_MACHINE_ENV = "DDP_LAB_RANKS_ON_MACHINE"
 
@@ -51,7 +51,7 @@ def usable_cores() -> int:
 
 def ranks_on_machine(world_size: int) -> int:
     """How many ranks share this machine's cores: torchrun's LOCAL_WORLD_SIZE, or
-    more where ddp_lab.cluster runs several emulated hosts on the same cores."""
+    more where ddp_lab.tools.cluster runs several emulated hosts on the same cores."""
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     return max(local, int(os.environ.get(RANKS_ON_MACHINE_ENV, "0")))
 
@@ -172,12 +172,3 @@ def all_reduce_sum(t: torch.Tensor, env: DistEnv) -> torch.Tensor:
     if env.distributed:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
-
-
-def all_agree(flag: bool, env: DistEnv) -> bool:
-    """True when `flag` is true on every rank: lets one rank's failure stop all."""
-    if not env.distributed:
-        return flag
-    t = torch.tensor([0 if flag else 1], dtype=torch.int32, device=env.device)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return int(t.item()) == 0

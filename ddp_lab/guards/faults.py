@@ -19,14 +19,17 @@ torchrun restart (--max-restarts) then runs clean. Kinds:
 
 `phase=P` moves raise, kill, hang, term and stop from "after step N" to the
 moment the rank enters a phase whose name starts with P at step N or later
-(the phases of ddp_lab.guards.stall: compile, data loading, evaluation,
-checkpoint, ...): `rank=1,step=1,kind=stop,phase=compile`.
+(the phases the training thread marks with ddp_lab.telemetry.position: compile,
+data loading, evaluation, checkpoint, ...): `rank=1,step=1,kind=stop,phase=compile`.
 
 (slow, mismatch and nan act from step `step` itself; the others right after it.)
 
-The builder asks `Fault.from_env()` once: with DDP_LAB_FAULT set, the chosen
-rank gets a FaultInjection step callback (training/callbacks.py); without it,
-there is no callback and the training step never asks about faults.
+This module only parses the fault and fires it. The builder asks once
+(training/callbacks.py `fault_injection`, which reads `Fault.from_env()`): with
+DDP_LAB_FAULT set, the chosen rank gets a FaultInjection step callback, listed
+after the checkpoint, whose hooks call `loss`, `skips_sync`, `slow_down` and
+`after_step` here (and `entering`, through position.on_phase); without it, there
+is no callback and the training step never asks about faults.
 """
 from __future__ import annotations
 

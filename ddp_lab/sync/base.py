@@ -102,7 +102,7 @@ class ReplicaSync:
         return 1000 * comm / steps, (comm / seconds if seconds > 0 else math.nan)
 
     def count(self, nbytes: int, collectives: int = 1) -> None:
-        """Note `nbytes` handed to the network in `collectives` calls (ddp_lab.costmodel.strategies
+        """Note `nbytes` handed to the network in `collectives` calls (ddp_lab.tools.costmodel.strategies
         prices both: the bytes by the link's bandwidth, each call by its latency)."""
         self.wire_bytes += nbytes
         self.collectives += collectives

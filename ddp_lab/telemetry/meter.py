@@ -79,7 +79,7 @@ def flops_and_peak(model, example: torch.Tensor, amp: str, env: DistEnv) -> tupl
     """The model's training FLOPs per sample like `example` (one input), and the measured matmul peak of the cores
     (or GPUs) the run uses, in the dtype it computes in (ddp_lab.telemetry.mfu; the peak is cached).
 
-    The ranks that share a machine's cores are one host's, or, under ddp_lab.cluster,
+    The ranks that share a machine's cores are one host's, or, under ddp_lab.tools.cluster,
     every emulated host's: counting each emulated host as a machine of its own
     would put cores in the peak that the hosts in fact share.
     """

@@ -1,6 +1,8 @@
-"""What a run reports: TensorBoard scalars, the console, summary.json.
+"""What a run reports: TensorBoard scalars, the console, and the atomic JSON writer.
 
-(What it measures is in ddp_lab.telemetry.meter.)
+(What it measures is in ddp_lab.telemetry.meter. A training run's summary.json is
+written by ddp_lab/training/results.py with write_json_atomic; RunLogger.summary
+writes the d2l baselines'.)
 
 Only rank 0 writes TensorBoard events and summary.json; every other rank gets
 the same object with writing switched off, so callers need no `if rank == 0`.

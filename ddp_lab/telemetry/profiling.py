@@ -6,15 +6,14 @@ rank to `<run dir>/profile/rank<N>.json`, and beside it `rank<N>.txt`: the
 ops that took the most time of those steps, by self time (time in the op
 itself, not in the ops it called), as torch.profiler's own table. Open it in https://ui.perfetto.dev
 (or chrome://tracing): the forward and backward ops sit on the main thread;
-DDP's bucket allreduces (gloo/NCCL `allreduce` ops, or the `ddp_lab.sync`
-ranges of the hand-written algorithms) show where communication overlaps the
-backward pass and where the step waits for it.
+DDP's bucket allreduces (gloo/NCCL `allreduce` ops, or the sends and
+receives of the hand-written algorithms) show where communication overlaps
+the backward pass and where the step waits for it.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 TOP_OPS = 25  # rows of the table beside each trace
@@ -52,7 +51,3 @@ class StepProfiler:
             self.prof.stop()
             self.prof = None
 
-
-def range_(name: str):
-    """A named range on the timeline (cheap when no profiler is running)."""
-    return torch.profiler.record_function(name)

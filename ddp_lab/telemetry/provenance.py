@@ -2,9 +2,9 @@
 
     from ddp_lab.telemetry.provenance import command_line, machine_facts, write_record
 
-    write_record(out_dir, command_line("ddp_lab.bench.scaling", argv), {"worlds": [1, 2]})
+    write_record(out_dir, command_line("ddp_lab.tools.bench.scaling", argv), {"worlds": [1, 2]})
 
-Every benchmark (`ddp_lab.bench.collectives`, `.scaling`, `.vs_baseline`) and
+Every benchmark (`ddp_lab.tools.bench.collectives`, `.scaling`, `.vs_baseline`) and
 the cost model write a record.json into their output folder, so a figure copied
 out of it can be traced back to the machine and the code that produced it:
 

@@ -7,15 +7,6 @@ from typing import Iterable, Mapping
 from ddp_lab.tools.figures import pyplot
 
 
-def human_bytes(n: float) -> str:
-    """4096 -> '4 KiB', 67108864 -> '64 MiB' (binary units, as nccl-tests' sizes are)."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:g} {unit}" if unit == "B" else f"{n:.4g} {unit}"
-        n /= 1024
-    return f"{n:g} GiB"  # pragma: no cover
-
-
 def plot_collectives(rows: Iterable[Mapping], path: Path, title: str) -> Path:
     """busbw against message size (log x) and time per call (log-log), one line per algo.
 
