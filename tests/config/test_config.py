@@ -70,6 +70,15 @@ def test_defaults(compose_train):
     assert cfg.optim._target_ == "torch.optim.SGD"
 
 
+def test_the_chapter_keeps_its_plain_sgd_as_a_preset(compose_train):
+    """optim=sgd_d2l: torch.optim.SGD(lr=0.2) at a constant rate, as d2l's chapter trains LeNet, whatever the
+    shipped recipe (optim=sgd) becomes."""
+    chapter = compose_train(["model=lenet", "optim=sgd_d2l", "data.batch_size=256"]).optim
+    assert (chapter.lr, chapter.momentum, chapter.nesterov, chapter.weight_decay) == (0.2, 0.0, False, 0.0)
+    assert (str(chapter.schedule), chapter.warmup_epochs, chapter.warmup_steps, chapter.clip_grad_norm) == (
+        "constant", 0.0, 0, 0.0)
+
+
 def test_overrides_are_typed(compose_train):
     cfg = compose_train(["trainer.epochs=3", "optim.lr=0.05", "data=synthetic", "data.image_shape=[3,32,32]"])
     assert cfg.trainer.epochs == 3 and isinstance(cfg.trainer.epochs, int)
