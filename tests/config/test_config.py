@@ -68,6 +68,8 @@ def test_defaults(compose_train):
     assert cfg.trainer.epochs == 10
     assert cfg.dist.backend == "auto"
     assert cfg.optim._target_ == "torch.optim.SGD"
+    # LeNet's recipe (docs/defaults.md: the grid of 2026-11-29)
+    assert (cfg.optim.lr, cfg.optim.momentum, cfg.optim.warmup_epochs, cfg.optim.clip_grad_norm) == (0.2, 0.9, 1.0, 2.0)
 
 
 def test_the_chapter_keeps_its_plain_sgd_as_a_preset(compose_train):
