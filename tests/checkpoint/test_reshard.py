@@ -137,7 +137,10 @@ def test_zero_stage_three_and_fsdp_runs_stopped_on_4_ranks_finish_on_3_as_an_uns
     about 1e-3. (All end 1.6e-4 from a run on 4 ranks throughout: 3 ranks sum the same gradients in another
     order.)"""
     from concurrent.futures import ThreadPoolExecutor
-    common = ["data.batch_size=96", "trainer.amp=off", "optim.schedule=constant", "dist.timeout_s=120"]
+    # no clipping: each strategy sums the norm in its own order and precision, and the factor it gives
+    # would move the weights by more than the momentum's own rounding (7e-6 at SGD's default of 2)
+    common = ["data.batch_size=96", "trainer.amp=off", "optim.schedule=constant", "optim.clip_grad_norm=0",
+              "dist.timeout_s=120"]
     syncs = {"zero3": ["sync=zero", "sync.zero_stage=3"], "fsdp": ["sync=fsdp"], "flat": ["sync=flat"]}
 
     def launch(name, nproc, *extra):
