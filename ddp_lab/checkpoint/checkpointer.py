@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from ddp_lab.checkpoint.choice import choose
 from ddp_lab.checkpoint.compat import config_hash, config_subset, validate
-from ddp_lab.checkpoint.files import DIRNAME, all_finite, load, read_meta, save
+from ddp_lab.checkpoint.files import DIRNAME, agree, all_finite, load, read_meta, save
 from ddp_lab.checkpoint.reshard import load_own
 from ddp_lab.config import RunFailed
 from ddp_lab.distributed import DistEnv
@@ -58,6 +58,9 @@ class Checkpointer:
         if self.keep == 0:
             return None
         meta = None
+        if "weights" in own:  # each rank's own shards: every rank learns whether one is not finite
+            agree(self.env, None if all_finite(own["weights"]) else f"refusing to write checkpoint step-{step}: "
+                  "the model holds non-finite weights", f"checkpoint step-{step}: weights checked")
         if self.env.is_main:
             if not all_finite(shared["model"]):  # the loss check should have stopped us first
                 raise RunFailed(f"refusing to write checkpoint step-{step}: the model holds "

@@ -5,7 +5,10 @@ Layout, inside the run directory (shared by every rank and node):
     checkpoints/step-<N>/state.pt      rank 0: model, optimizer, LR schedule, grad scaler,
                                         epoch, batches done in the epoch, step, ...
     checkpoints/step-<N>/rank<R>.pt    every rank its own: RNG states and the partial
-                                        epoch's running sums (they differ per rank)
+                                        epoch's running sums (they differ per rank); under
+                                        zero and fsdp its shard of the optimizer state, and
+                                        where the weights are sharded (stage 3, fsdp) its
+                                        shards of them (state.pt then holds none)
     checkpoints/step-<N>/meta.json     rank 0, written last: world size, config and its
                                         hash, size and SHA-256 of every file above
 
@@ -18,7 +21,7 @@ a complete checkpoint. meta.json's checksums catch what the rename cannot
 warning in favour of the one before it.
 
 Why it survives a full disk: after each phase every rank tells the others
-whether its writes worked (`_agree`), so one rank's failure (rank 0's
+whether its writes worked (`agree`), so one rank's failure (rank 0's
 state.pt is the largest file) stops all of them at the same place with the
 same one-line message, the temporary directory is removed, and the
 published checkpoints are left as they were.
@@ -118,7 +121,7 @@ def write_error(what: str, folder: Path, needed: int, e: BaseException) -> str:
     return f"could not write {what} in {folder}: {type(e).__name__}: {e}"
 
 
-def _agree(env: DistEnv, error: str | None, name: str) -> None:
+def agree(env: DistEnv, error: str | None, name: str) -> None:
     """A barrier that carries failures: every rank raises the first rank's error, if any.
     `name`: the collective's, as the stall lines say it (each agreement its own)."""
     errors = [error]
@@ -152,7 +155,7 @@ def save(root: Path, step: int, env: DistEnv, own: dict, shared: dict | None,
             tmp.mkdir()
         except OSError as e:
             error = write_error(what, root, nbytes(shared), e)
-    _agree(env, error, f"{what}: folder made")  # before any rank writes into it
+    agree(env, error, f"{what}: folder made")  # before any rank writes into it
     position.phase(f"{what}: writing rank{env.rank}.pt" + (" and state.pt" if env.is_main else ""))
     try:
         if not tmp.is_dir():
@@ -165,7 +168,7 @@ def save(root: Path, step: int, env: DistEnv, own: dict, shared: dict | None,
     except (OSError, RuntimeError) as e:  # torch.save reports a short write as RuntimeError
         error = write_error(what, root, nbytes(shared) + nbytes(own), e)
     try:
-        _agree(env, error, f"{what}: files written")  # rank 0 may seal and publish
+        agree(env, error, f"{what}: files written")  # rank 0 may seal and publish
         position.phase(f"{what}: publishing")
         if env.is_main:
             try:
@@ -174,7 +177,7 @@ def save(root: Path, step: int, env: DistEnv, own: dict, shared: dict | None,
                 _fsync_dir(root)
             except OSError as e:
                 error = write_error(what, root, 4096, e)
-        _agree(env, error, f"{what}: published")
+        agree(env, error, f"{what}: published")
     except RunFailed:
         if env.is_main:
             shutil.rmtree(tmp, ignore_errors=True)  # give the space back; nothing reads it

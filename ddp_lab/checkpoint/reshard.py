@@ -34,15 +34,21 @@ What carries over, and what is guaranteed:
   are joined and cut again the same way, by the parameter's rows
   (FSDPSync.reshard_optimizer_state).
 
-Why not torch.distributed.checkpoint (DCP): DCP saves each rank's shard of
-every tensor with a global plan and reshards on load, which is what sharded
-training (FSDP, tensor parallelism) needs. Here the replicated state is
-rank 0's one file, and besides a few bytes of RNG and sums, reconciled
-above, the only sharded state is zero's and fsdp's optimizer state: ZeRO's
-shards of a 1-D group reshard in the twenty lines below, fsdp's rows in as
-many in sync/sharded/fsdp.py. Our own format keeps what DCP does
-not give: each file's checksum in meta.json and one atomic rename per
-checkpoint.
+* Sharded weights (zero stage 3, fsdp) are each rank's own file too
+  (state.pt holds none of them): zero's a flat piece per unit as above,
+  fsdp's each parameter's rows. A new rank takes its rows of each from
+  the old ranks that held them (my_rows), and of those ranks' files only
+  those rows: every old rank's file is opened with torch.load(mmap=True),
+  so a page is read only when sliced, and no rank reads, or holds, what it
+  will not own. The optimizer state reshards the same way.
+
+Why not torch.distributed.checkpoint (DCP): DCP writes each rank's shards
+with a global plan and reshards on load, what we do here for the only
+sharded state there is (1-D pieces of a unit, rows of a parameter), in
+my_rows' twenty lines. Its file reader loads every saved chunk a new rank
+overlaps whole before narrowing it; the mapped read above reads only the
+rows. And our own format keeps what DCP does not give: each file's
+checksum in meta.json and one atomic rename per checkpoint.
 """
 from __future__ import annotations
 
@@ -57,15 +63,15 @@ from ddp_lab.checkpoint.files import rank_file
 def load_own(step_dir: Path, rank: int, world_size: int, saved_world_size: int,
              seed: int, step: int) -> dict:
     """This rank's own state ({"rng", "sums"}) for a run of `world_size` ranks."""
-    def read(r: int) -> dict:
-        return torch.load(Path(step_dir) / rank_file(r), map_location="cpu", weights_only=True)
+    def read(r: int, mmap: bool = False) -> dict:  # (mapped: only the pages a rank slices are read)
+        return torch.load(Path(step_dir) / rank_file(r), map_location="cpu", weights_only=True, mmap=mmap)
 
     if world_size == saved_world_size:
         return read(rank)
-    first = read(0)
-    sharded = "optimizer" in first and "model" not in first  # (zero, fsdp) every rank's shard is needed
+    first = read(0, mmap=True)
+    sharded = "optimizer" in first and "model" not in first  # (zero, fsdp) every rank's shards are asked
     everyone = rank == 0 or sharded  # (rank 0 adds every rank's sums)
-    saved = {r: first if r == 0 else read(r) for r in range(saved_world_size) if everyone or r == rank}
+    saved = {r: first if r == 0 else read(r, mmap=True) for r in range(saved_world_size) if everyone or r == rank}
     sums = torch.zeros(3, dtype=torch.float64)
     if rank == 0:
         for own in saved.values():
@@ -74,26 +80,51 @@ def load_own(step_dir: Path, rank: int, world_size: int, saved_world_size: int,
     out = {"rng": rng, "sums": sums}
     if sharded:
         out["optimizers"] = [saved[r]["optimizer"] for r in range(saved_world_size)]
+    if "weights" in first:  # (zero stage 3, fsdp) every old rank's shards of the weights, mapped
+        out["all_weights"] = [saved[r]["weights"] for r in range(saved_world_size)]
+    return out
+
+
+def my_rows(piece_of, rows: int, old_n: int, rank: int, n: int) -> torch.Tensor:
+    """Rows [rank*c, (rank+1)*c) (c = ceil(rows/n), cut at `rows`) of a tensor of `rows` rows that `old_n`
+    ranks held in chunks of ceil(rows/old_n), old rank q's as piece_of(q) (its own chunk, padding past
+    `rows` allowed). Only the old ranks holding some of those rows are asked, and only those rows read:
+    from a checkpoint loaded with torch.load(mmap=True), a rank reads no page it will not own."""
+    old_c, c = -(-rows // old_n), -(-rows // n)
+    lo, hi = min(rank * c, rows), min((rank + 1) * c, rows)
+    parts = []
+    for q in range(lo // old_c if old_c else 0, old_n):
+        start, end = q * old_c, min((q + 1) * old_c, rows)
+        if start >= hi:
+            break
+        if max(start, lo) < min(end, hi):
+            parts.append(piece_of(q)[max(start, lo) - start:min(end, hi) - start])
+    if not parts:  # a rank past the last row holds none: rank 0's zero rows, for their shape and dtype
+        return piece_of(0)[:0]
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+def padded(rows: torch.Tensor, length: int) -> torch.Tensor:
+    """`rows` (1-D) followed by zeros up to `length` elements: a chunk of a group padded to N chunks."""
+    out = torch.zeros(length, dtype=rows.dtype)
+    out[:rows.numel()] = rows
     return out
 
 
 def reshard_zero_state(states: list[dict], sizes: list[int], rank: int, world_size: int) -> dict:
-    """This rank's optimizer state_dict at `world_size` from every old rank's (`states`, in rank order):
-    parameter i of each is a chunk of a group of sizes[i] elements padded to N chunks."""
+    """This rank's optimizer state_dict at `world_size` from every old rank's (`states`, in rank order;
+    loaded with mmap=True, only this rank's elements are read): parameter i of each is a chunk of a
+    group of sizes[i] elements padded to N chunks."""
     if any(len(s["param_groups"][0]["params"]) != len(sizes) for s in states):
         raise ValueError(f"the checkpoint's optimizer steps {len(states[0]['param_groups'][0]['params'])} "
                          f"shard(s) a rank, this run {len(sizes)}")
     state = {}
     for i, size in enumerate(sizes):
-        chunk = -(-size // world_size)
         state[i] = {}
         for key, value in states[0]["state"].get(i, {}).items():
             if isinstance(value, torch.Tensor) and value.dim() == 1:  # a tensor per element: resharded
-                whole = torch.cat([s["state"][i][key] for s in states])[:size]
-                mine = torch.zeros(chunk, dtype=whole.dtype)
-                piece = whole[rank * chunk:(rank + 1) * chunk]
-                mine[:piece.numel()] = piece
-                state[i][key] = mine
+                rows = my_rows(lambda q, i=i, key=key: states[q]["state"][i][key], size, len(states), rank, world_size)
+                state[i][key] = padded(rows, -(-size // world_size))
             else:  # AdamW's step count: the same on every rank
                 state[i][key] = value
     return {"state": state, "param_groups": states[0]["param_groups"]}

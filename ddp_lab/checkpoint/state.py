@@ -8,7 +8,10 @@ Every rank saves its own (rank<R>.pt): RNG states, the partial epoch's sums,
 the sync's per-rank state (PowerSGD's error feedback) and, where the ranks'
 weights differ between synchronisations (sync.mode=local_sgd, diloco), its
 own weights and optimizer state; under zero and fsdp, its shard of the
-optimizer state. At another world size (reshard.py) a rank's own RNG and
+optimizer state; where the weights are sharded too (zero stage 3, fsdp), its
+shards of the weights, and state.pt holds only what every rank holds whole
+(buffers, frozen weights): no rank ever gathers the model to save or resume it.
+At another world size (reshard.py) a rank's own RNG and
 sums come back, and under zero and fsdp its shard of the optimizer state,
 joined from every old rank's shards and cut again (reshard_zero_state,
 FSDPSync.reshard_optimizer_state); a rank's own weights and optimizer state
@@ -36,6 +39,19 @@ def shared_state(parts, model: dict) -> dict:
             "sampler_seed": parts.cfg.seed, "world_size": parts.env.world_size,
             **parts.meter.state_dict(),  # epoch_seconds, epoch_elapsed_s
             "sync": sync.state_dict(), "target": parts.target.state_dict(sync.counts())}
+
+
+def states(parts) -> tuple[dict | None, dict]:
+    """(what rank 0 saves, None on the others; what this rank saves): every rank calls it at the same step."""
+    sync, own = parts.sync, own_state(parts)
+    sharded = sync.caps.sharding == 3  # the weights are cut N ways: each rank saves its own
+    if sharded:
+        model, own["weights"] = sync.sharded_state(parts.model)
+    else:
+        model = sync.model_state_dict(parts.model)  # (every rank calls it)
+    if not parts.env.is_main:
+        return None, own
+    return {**shared_state(parts, model), **({"weights_sharded": True} if sharded else {})}, own
 
 
 def own_state(parts) -> dict:
@@ -67,7 +83,14 @@ def restore(parts, shared: dict, own: dict) -> None:
         except ValueError as e:
             raise ConfigError(f"this checkpoint's optimizer state does not fit this run's shards ({e}): resume "
                               f"it with the sync.zero_stage and sync.bucket_cap_mb that wrote it") from None
-    parts.sync.load_model_state_dict(parts.model, shared["model"])  # (sharded: each rank keeps its piece)
+    if shared.get("weights_sharded"):  # this rank's own shards of the weights (another world size: its rows)
+        try:
+            parts.sync.load_sharded_state(parts.model, shared["model"], own.get("weights"), own.get("all_weights"))
+        except ValueError as e:
+            raise ConfigError(f"this checkpoint's weights do not fit this run's shards ({e}): resume it with "
+                              f"the model and sync.shard_units that wrote it") from None
+    else:  # the whole model (a checkpoint written before the weights were saved in shards, too)
+        parts.sync.load_model_state_dict(parts.model, shared["model"])
     if not parts.sync.caps.shards:
         parts.optimizer.load_state_dict(shared["optimizer"])
     parts.scheduler.load_state_dict(shared["scheduler"])

@@ -20,6 +20,7 @@ def _d2l_init(m: nn.Module) -> None:
 def finish(net: nn.Module, init: str, sync_bn: bool) -> nn.Module:
     """Apply the chosen init and, for multi-process BatchNorm, SyncBatchNorm."""
     if init == "d2l":
+        net.init_weights = _d2l_init  # (declared, so that a meta-device build replays it: models/meta_init.py)
         net.apply(_d2l_init)
     elif init != "default":  # (the config's schema allows only these two)
         raise ValueError(f"unknown init {init!r}")

@@ -71,17 +71,19 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(n_embd)
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied: one matrix reads and writes tokens
-        self.apply(self._init)
-        for name, p in self.named_parameters():  # residual projections scaled by depth (GPT-2)
-            if name.endswith("proj.weight"):
-                nn.init.normal_(p, std=0.02 / math.sqrt(2 * n_layer))
+        self.n_layer = n_layer
+        self.apply(self.init_weights)
 
-    @staticmethod
-    def _init(m: nn.Module) -> None:
+    def init_weights(self, m: nn.Module) -> None:
+        """GPT-2's init of one module, applied to every module in post-order (the constructor's last
+        line): N(0, 0.02) weights, zero biases, the residual projections scaled down by depth. One
+        module at a time, so that a meta-device build replays it a unit at a time (models/meta_init.py)."""
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, std=0.02)
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
+        if isinstance(m, (CausalSelfAttention, MLP)):  # (after its layers: post-order)
+            nn.init.normal_(m.proj.weight, std=0.02 / math.sqrt(2 * self.n_layer))
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         T = idx.shape[1]

@@ -91,7 +91,9 @@ def eager_only(cfg, device: torch.device | None = None) -> str:
     return strategy(cfg, device or torch.device("cpu")).caps.eager
 
 
-def build_sync(cfg, model: nn.Module, env: DistEnv) -> ReplicaSync:
+def build_sync(cfg, model: nn.Module, env: DistEnv, init=None) -> ReplicaSync:
+    """The strategy, built around `model`; `init` (models/meta_init.py's MetaInit): the model is on the
+    meta device, and a strategy that shards the weights makes them a unit at a time."""
     validate(cfg)
     if not env.distributed:
         return ReplicaSync(model, env)
@@ -99,4 +101,4 @@ def build_sync(cfg, model: nn.Module, env: DistEnv) -> ReplicaSync:
     if mode != cfg.mode:  # the strategies read cfg.mode (describe() reports it)
         items = vars(cfg) if isinstance(cfg, SimpleNamespace) else dict(cfg)
         cfg = SimpleNamespace(**{**items, "mode": mode})
-    return strategy(cfg, env.device)(model, env, cfg)
+    return strategy(cfg, env.device)(model, env, cfg, **({"init": init} if init is not None else {}))

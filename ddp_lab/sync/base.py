@@ -183,9 +183,14 @@ class ReplicaSync:
         return contextlib.nullcontext()
 
     def model_state_dict(self, model: nn.Module) -> dict:
-        """The whole model's state_dict on rank 0, for state.pt and model.pt (sharded weights: every
-        rank calls it, and only rank 0's is whole)."""
+        """The whole model's state_dict, for state.pt, where every rank holds the weights whole (a strategy
+        that shards them saves sharded_state() instead: checkpoint/state.py)."""
         return model.state_dict()
+
+    def each_weight(self, model: nn.Module):
+        """The model's state_dict an entry at a time, for model.pt (rank 0 writes each as it comes): every
+        rank runs it to the end (sharded weights: each is gathered, a collective, and dropped after)."""
+        yield from model.state_dict().items()
 
     def load_model_state_dict(self, model: nn.Module, state: dict) -> None:
         """Load a whole state_dict (every rank calls it with the same one; sharded: each keeps its piece)."""

@@ -10,7 +10,8 @@ rules that tie two groups together, each with its one-line error. A rule that ne
     precision  trainer.amp                     -> the autocast dtype, on this device
     work       data (+ model, trainer.loss)    -> datasets, the task, each rank's loaders (training/workload.py)
     plan       trainer (+ the loaders)         -> steps per epoch, total steps
-    model      model (+ seed)                  -> the same initial weights on every rank (models/build.py)
+    model      model (+ seed)                  -> the same initial weights on every rank (models/build.py;
+                                                  on the meta device where the sync shards them: meta_init.py)
     memory     model x optim x sync x batch    -> refused before any step if it cannot fit (memory_estimate.py)
     meter      the model, once                 -> FLOPs per sample, the machine's matmul peak
     sync       sync (+ the model)              -> how the replicas agree (sync/)
@@ -35,6 +36,7 @@ from ddp_lab.distributed import DistEnv
 from ddp_lab.guards.divergence import LossWatch
 from ddp_lab.guards.preemption import Preemption
 from ddp_lab.models import build_model, check_sync_bn
+from ddp_lab.models.meta_init import MetaInit, advice, build_on_meta, refuse_unbuildable
 from ddp_lab.sync import ReplicaSync, build_sync
 from ddp_lab.telemetry import position
 from ddp_lab.telemetry.meter import Meter, flops_and_peak
@@ -152,6 +154,22 @@ class Parts:
     callbacks: cb.Callbacks
 
 
+def build_model_for(cfg, strategy, env: DistEnv) -> tuple[torch.nn.Module, MetaInit | None]:
+    """(the model, None), or, where the sync shards the weights (zero stage 3, fsdp), the model on the
+    meta device and its MetaInit: the sync makes it a unit at a time, no rank holding it whole
+    (models/meta_init.py). A model whose initialisation cannot be replayed so is built whole, and says why."""
+    if strategy.caps.sharding < 3 or not env.distributed:
+        return build_model(cfg.model), None
+    model, why = build_on_meta(lambda: build_model(cfg.model))
+    refuse_unbuildable(model, why)
+    if not why:
+        return model, MetaInit(model)
+    if env.is_main:
+        log.warning(advice(model, why))
+    torch.manual_seed(cfg.seed)
+    return build_model(cfg.model), None
+
+
 def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None) -> Parts:
     """Every part of a run, built from its own group (validate(cfg) has run, or runs here)."""
     validate(cfg)
@@ -172,7 +190,8 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     position.phase("building the model")
     memory_format = torch.channels_last if work.channels_last else torch.contiguous_format
-    model = build_model(cfg.model).to(env.device, memory_format=memory_format)
+    model, init = build_model_for(cfg, strategy, env)
+    model = model.to(memory_format=memory_format) if init else model.to(env.device, memory_format=memory_format)
     check_sync_bn(model, env.distributed, env.device)
     compiled, why = resolve_compile(t.compile, env.device, plan.total_steps * plan.step_samples,
                                     strategy.caps.eager)
@@ -181,7 +200,7 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
     meter = Meter(env, t.warmup_steps, *flops_and_peak(model, work.input_example, amp, env),
                   full_step_images=plan.step_samples, task=work.task, targets_per_sample=work.targets_per_sample)
     # DDP wraps the compiled model: compiling DDP breaks its forward's graph (and slowed CPU LeNet)
-    sync = build_sync(cfg.sync, torch.compile(model) if compiled else model, env)
+    sync = build_sync(cfg.sync, torch.compile(model) if compiled else model, env, init)
     optimizer = build_optimizer(cfg.optim, sync.parameters())  # (zero: this rank's shard)
     scheduler = build_schedule(optimizer, cfg.optim, plan.steps_per_epoch, plan.total_steps)
     # ranks whose weights or gradients differ after the sync compare losses instead

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import torch
 
-from ddp_lab.checkpoint.files import all_finite, nbytes, write_error
+from ddp_lab.checkpoint.files import write_error
 from ddp_lab.config import RunFailed
 from ddp_lab.models import model_name
 from ddp_lab.telemetry.memory import by_rank, model_state_bytes
 from ddp_lab.telemetry.metrics import peak_memory_mb, write_json_atomic
+from ddp_lab.training.model_file import ModelFile
 from ddp_lab.training.tasks import summary_name
 
 FIGURES = ("loss", "acc", "ppl", "token_acc")  # a task's figures (ddp_lab.training.tasks), by TensorBoard name
@@ -83,19 +84,36 @@ def memory_scalars(summary: dict) -> dict[str, float]:
     return {**model, **{f"mem/peak_mb/rank{r}": mb for r, mb in enumerate(summary["peak_mem_mb_by_rank"])}}
 
 
-def write_results(run_dir: Path, model_state: dict, summary: dict) -> None:
-    if not all_finite(model_state):
-        raise RunFailed("refusing to write model.pt: the model holds non-finite weights")
+def write_results(run_dir: Path, model, weights, summary: dict, main: bool) -> None:
+    """model.pt (written a tensor at a time as `weights`, the sync's each_weight(), hands them out:
+    training/model_file.py) and summary.json, by rank 0; every rank runs `weights` to its end."""
+    if not main:
+        for _ in weights:  # (a sharded model: every rank takes part in each gather)
+            pass
+        return
     run_dir = Path(run_dir)
     tmp = run_dir / ".model.pt.tmp"
+    bad, size = [], 0
     try:
-        torch.save(model_state, tmp)
+        out = ModelFile(tmp, model.state_dict(keep_vars=True))
+        try:
+            for name, t in weights:
+                if t.is_floating_point() and not torch.isfinite(t).all():
+                    bad.append(name)
+                out.put(name, t)
+                size += t.numel() * t.element_size()
+            out.finish()
+        finally:
+            out.close()
+        if bad:
+            raise RunFailed(f"refusing to write model.pt: the model holds non-finite weights ({', '.join(bad[:3])})")
         os.replace(tmp, run_dir / "model.pt")
         write_json_atomic(run_dir / "summary.json", summary)
     except (OSError, RuntimeError) as e:  # torch.save reports a short write as RuntimeError
         tmp.unlink(missing_ok=True)
-        raise RunFailed(write_error("model.pt and summary.json", run_dir,
-                                    nbytes(model_state), e)) from None
+        if isinstance(e, RunFailed):
+            raise
+        raise RunFailed(write_error("model.pt and summary.json", run_dir, size, e)) from None
 
 
 def is_complete(run_dir: Path) -> bool:

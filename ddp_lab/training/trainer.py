@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ddp_lab.checkpoint.state import own_state, restore, shared_state
+from ddp_lab.checkpoint.state import restore, states
 from ddp_lab.distributed import DistEnv
 from ddp_lab.guards.preemption import Preemption, Terminated
 from ddp_lab.telemetry import position
@@ -164,10 +164,6 @@ class Trainer:
         """Too few batches left in this epoch for another optimizer step."""
         return self.batches_done + self.cfg.trainer.grad_accum > len(self.train_loader)
 
-    def state_dict(self, model: dict) -> dict:
-        """What rank 0 saves: everything every rank shares, asked of each part (ddp_lab.checkpoint.state)."""
-        return shared_state(self.parts, model)
-
     def load_state_dict(self, shared: dict, own: dict) -> None:
         restore(self.parts, shared, own)
 
@@ -175,9 +171,8 @@ class Trainer:
         """Every rank calls this at the same step; see ddp_lab.checkpoint for the layout."""
         self.meter.throughput.pause()  # saving is not training: keep it out of img/s
         self.loss_watch.check()  # never save weights a diverged step produced
-        model = self.sync.model_state_dict(self.model)  # (sharded weights: every rank gathers them for rank 0)
-        shared = self.state_dict(model) if self.env.is_main else None
-        path = self.checkpointer.save(self.step, shared, own_state(self.parts))
+        shared, own = states(self.parts)  # (sharded weights: each rank its own shards)
+        path = self.checkpointer.save(self.step, shared, own)
         if path is not None:
             self.log.print(f"checkpoint {path.name} ({self._position()})")
         self.meter.throughput.resume()
@@ -231,9 +226,7 @@ class Trainer:
         self.log.hparams(self.cfg, self.env.world_size, summary["backend"],
                          {k: summary[k] for k in (headline, "train_loss", "samples_per_sec")})
         self.log.scalars(memory_scalars(summary), self.step)  # every rank's model state and peak memory
-        model = self.sync.model_state_dict(self.model)
-        if self.env.is_main:
-            write_results(self.run_dir, model, summary)
+        write_results(self.run_dir, self.model, self.sync.each_weight(self.model), summary, self.env.is_main)
         self.log.print(final_line(summary, headline))
         return summary
 

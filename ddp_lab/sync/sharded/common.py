@@ -74,6 +74,25 @@ def unit_modules(model: nn.Module, classes: str = "") -> list[nn.Module]:
     return out
 
 
+def state_names(model: nn.Module) -> dict[int, list[str]]:
+    """id(tensor) -> its names in the model's state_dict (a tied weight has two)."""
+    names: dict[int, list[str]] = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        names.setdefault(id(t), []).append(name)
+    return names
+
+
+def load_whole_part(model: nn.Module, whole: dict) -> None:
+    """Copy the state every rank holds whole (buffers, frozen parameters) back into the model."""
+    state = model.state_dict(keep_vars=True)
+    missing = sorted(set(whole) - set(state))
+    if missing:
+        raise ValueError(f"the model has no {', '.join(missing[:3])}")
+    with torch.no_grad():
+        for name, value in whole.items():
+            state[name].copy_(value)
+
+
 log = logging.getLogger("ddp_lab")
 M_MMAP_THRESHOLD = -3  # glibc's mallopt() parameter
 

@@ -12,10 +12,12 @@ reduce-scatter with ReduceOp.AVG summed (pytorch#162338, open when this was writ
 2.14.1 averages); tests/sync/test_fsdp.py checks that collective and fails if the bug returns.
 
 The parameters, gradients and the optimizer's state are DTensors: this rank's optimizer steps
-its own rows, and its state is checkpointed by this rank (a DTensor saves and loads with
-`torch.load(weights_only=True)`); at another world size every old rank's rows are joined and cut
-again (reshard_optimizer_state). model_state_dict() gathers the whole state_dict on rank 0
-for state.pt and model.pt, as torch.distributed.checkpoint's full_state_dict option does.
+its own rows, and a checkpoint holds this rank's rows of each parameter and of its optimizer
+state (sharded_state; a DTensor saves and loads with `torch.load(weights_only=True)`); at
+another world size a rank reads its rows from the old ranks that held them (checkpoint/reshard.py's
+my_rows). Built from a meta-device model (models/meta_init.py), each unit is made whole,
+initialised as the whole build would and sharded before the next is made; model.pt is written a
+parameter at a time, each gathered whole and dropped (each_weight): no rank holds the whole model.
 """
 from __future__ import annotations
 
@@ -25,10 +27,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddp_lab.checkpoint.reshard import my_rows
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
+from ddp_lab.models.meta_init import MetaInit, real_buffers, real_copy, swap_parameters
 from ddp_lab.sync.base import Capabilities, ReplicaSync, broadcast_from_rank0
-from ddp_lab.sync.sharded.common import clip_sharded, return_freed_blocks, unit_modules
+from ddp_lab.sync.sharded.common import clip_sharded, load_whole_part, return_freed_blocks, unit_modules
 
 
 def fully_shard_or_refuse():
@@ -52,12 +56,13 @@ class FSDPSync(ReplicaSync):
     caps = Capabilities(syncs_in_backward=True, shards=True, forward_gathers=True, sharding=3,
                         eager="sync.mode=fsdp applies fully_shard to the eager model's blocks")
 
-    def __init__(self, model: nn.Module, env: DistEnv, cfg):
+    def __init__(self, model: nn.Module, env: DistEnv, cfg, init: MetaInit | None = None):
         super().__init__(model, env)
         self.cfg = cfg
         fully_shard = fully_shard_or_refuse()
         from torch.distributed.device_mesh import init_device_mesh
-        broadcast_from_rank0(model)  # fully_shard keeps each rank's rows of its own tensors
+        if init is None:  # (a meta-device build: every rank replays the same initialisation)
+            broadcast_from_rank0(model)  # fully_shard keeps each rank's rows of its own tensors
         return_freed_blocks(env.device)
         with torch.no_grad():
             for p in model.parameters():  # FSDP2 shards contiguous rows only (trainer.channels_last is not)
@@ -69,8 +74,11 @@ class FSDPSync(ReplicaSync):
             for p in m.parameters():
                 owners[p] = owners.get(p, 0) + 1
         self.units = [m for m in mods if all(owners[p] == 1 for p in m.parameters())]
-        for m in self.units:
-            fully_shard(m, mesh=mesh)
+        if init is not None:  # each unit made whole, initialised and sharded before the next is made
+            self._initialise(model, init, lambda m: fully_shard(m, mesh=mesh))
+        else:
+            for m in self.units:
+                fully_shard(m, mesh=mesh)
         fully_shard(model, mesh=mesh)
         if dist.get_backend() == "gloo" and hasattr(model, "set_force_sum_reduction_for_comms"):
             for m in [*self.units, model]:  # each unit's setting is its own
@@ -86,6 +94,19 @@ class FSDPSync(ReplicaSync):
         self.gathers, self.scatters = 2 * len(self.units) + has_root, len(self.units) + has_root
         self.forwards = 0  # training forwards since the last after_backward
         model.register_forward_pre_hook(lambda *_: setattr(self, "forwards", self.forwards + torch.is_grad_enabled()))
+
+    def _initialise(self, model: nn.Module, init: MetaInit, shard) -> None:
+        """A meta-device build (models/meta_init.py): the root's parameters (tied, the model's own) made real
+        whole, then each unit's made, initialised as the whole build would and sharded, one at a time."""
+        device = self.env.device
+        in_units = {id(p) for m in self.units for p in m.parameters()}
+        swap_parameters(model, {id(p): real_copy(p, device) for p in model.parameters() if id(p) not in in_units})
+        real_buffers(model, device)
+        root = [p for p in model.parameters() if not p.is_meta]
+        init.materialise(self.units, root,
+                         lambda i: swap_parameters(model, {id(p): real_copy(p, device)
+                                                           for p in self.units[i].parameters()}),
+                         lambda i: shard(self.units[i]))
 
     def no_sync(self):
         """Micro-batches before the last keep their whole gradients (FSDP's own no_sync)."""
@@ -106,18 +127,49 @@ class FSDPSync(ReplicaSync):
         grads = [local(p.grad) for p in self.model.parameters() if p.grad is not None]
         return clip_sharded(grads, max_norm)
 
-    def model_state_dict(self, model: nn.Module) -> dict:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
     def load_model_state_dict(self, model: nn.Module, state: dict) -> None:
+        """A whole state_dict (a checkpoint written before the weights were saved in shards): each rank
+        keeps its rows."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
         set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
 
+    def each_weight(self, model: nn.Module):
+        """The state_dict an entry at a time, for model.pt: each sharded tensor gathered whole (every rank)
+        and handed out, then dropped; so no process holds the whole model."""
+        for name, t in model.state_dict().items():
+            yield name, (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()
+
+    def sharded_state(self, model: nn.Module) -> tuple[dict, dict]:
+        """(the state every rank holds whole: buffers; this rank's rows of every sharded tensor)."""
+        whole, mine = {}, {}
+        for name, t in model.state_dict().items():
+            if hasattr(t, "to_local"):
+                mine[name] = t.to_local().detach()
+            else:
+                whole[name] = t.detach()
+        return whole, mine
+
+    def load_sharded_state(self, model: nn.Module, whole: dict, mine: dict | None, everyone: list | None) -> None:
+        """Back from sharded_state(): this rank's own rows, or at another world size its rows read from
+        the old ranks that held them (`everyone`'s, mapped). ValueError where a tensor does not fit."""
+        load_whole_part(model, whole)
+        with torch.no_grad():
+            for name, t in model.state_dict().items():
+                if not hasattr(t, "to_local"):
+                    continue
+                if name not in (mine if mine is not None else everyone[0]):
+                    raise ValueError(f"it holds no {name}")
+                rows = mine[name] if mine is not None else self._my_rows([o[name] for o in everyone], t, name, name)
+                if rows.shape != t.to_local().shape:
+                    raise ValueError(f"its {name} is {list(rows.shape)} on this rank, this run's "
+                                     f"{list(t.to_local().shape)}")
+                t.to_local().copy_(rows)
+
     def reshard_optimizer_state(self, states: list[dict], optimizer) -> dict:
         """This rank's optimizer state from every rank's of a run at another world size: each state tensor's
-        rows joined over the old ranks (FSDP2 keeps rank r's chunk of dim 0, torch.chunk's, unpadded), then cut
-        as this run shards its parameter. ValueError where a tensor does not match its parameter."""
+        rows that this rank now holds (FSDP2 keeps rank r's chunk of dim 0, torch.chunk's, unpadded), read
+        from the old ranks that held them (checkpoint/reshard.py's my_rows). ValueError where a tensor does
+        not match its parameter."""
         from torch.distributed.tensor import DTensor
         params = [p for group in optimizer.param_groups for p in group["params"]]
         if any(len(s["param_groups"][0]["params"]) != len(params) for s in states):
@@ -130,15 +182,19 @@ class FSDPSync(ReplicaSync):
                 if not (isinstance(value, torch.Tensor) and value.dim() > 0):  # AdamW's step: every rank's
                     state[i][key] = value
                     continue
-                whole = torch.cat([local(s["state"][i][key]) for s in states])
-                chunks = torch.chunk(whole, self.env.world_size) if whole.shape == p.shape else ()
-                mine = chunks[self.env.rank] if self.env.rank < len(chunks) else whole[:0]
-                if mine.shape != local(p).shape:
-                    raise ValueError(f"{key} of parameter {i} joins to {tuple(whole.shape)}, the parameter is "
-                                     f"{tuple(p.shape)}")
-                state[i][key] = DTensor.from_local(mine.clone(), p.device_mesh, p.placements, run_check=False,
-                                                   shape=p.shape, stride=p.stride())
+                rows = self._my_rows([local(s["state"][i][key]) for s in states], p, key, i)
+                state[i][key] = DTensor.from_local(rows, p.device_mesh, p.placements, run_check=False, shape=p.shape,
+                                                   stride=p.stride())
         return {"state": state, "param_groups": states[0]["param_groups"]}
+
+    def _my_rows(self, pieces: list[torch.Tensor], p, what: str, i) -> torch.Tensor:
+        """This rank's rows of DTensor p, from every old rank's rows of it (`pieces`, in rank order)."""
+        rows = sum(t.shape[0] for t in pieces)
+        if rows != p.shape[0] or any(t.shape[1:] != p.shape[1:] for t in pieces):
+            raise ValueError(f"{what} of parameter {i} joins to {[rows, *pieces[0].shape[1:]]}, the parameter is "
+                             f"{list(p.shape)}")
+        mine = my_rows(lambda q: pieces[q], rows, len(pieces), self.env.rank, self.env.world_size)
+        return mine.clone().to(local(p).device)
 
     def describe(self) -> str:
         return "fsdp/builtin"

@@ -58,6 +58,7 @@ from ddp_lab.collectives import (
 )
 from ddp_lab.collectives.basics import Pending
 from ddp_lab.distributed import DistEnv
+from ddp_lab.models.meta_init import MetaInit
 from ddp_lab.sync.base import Capabilities, ReplicaSync, broadcast_from_rank0
 from ddp_lab.sync.sharded.common import clip_sharded, trainable_parameters, views_into
 from ddp_lab.telemetry import position
@@ -84,13 +85,15 @@ class Zero1Sync(ReplicaSync):
     # each chunk's gradient is a view into one buffer kept between steps
     caps = Capabilities(syncs_in_backward=True, shards=True, grads_set_to_none=False, sharding=1)
 
-    def __init__(self, model: nn.Module, env: DistEnv, cfg):
+    def __init__(self, model: nn.Module, env: DistEnv, cfg, init: MetaInit | None = None):
         super().__init__(model, env)
-        self.cfg = cfg
+        self.cfg, self.init = cfg, init  # init: a meta-device model's (stage 3 only), replayed by every rank
         params = trainable_parameters(model, "sync.mode=zero")
         self._prepare()
-        broadcast_from_rank0(model)
+        if init is None:
+            broadcast_from_rank0(model)
         self._lay_out(model, params)
+        params = [p for p in model.parameters() if p.requires_grad]  # (made anew from a meta-device model)
         self._attach_grads()
         self.hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
         self._start_backward()

@@ -22,10 +22,14 @@ tensors autograd saved still point at it and see the weights again once gathered
   rank, two of torch's in flight) into this rank's piece's gradient, and the unit's weights
   freed. At the end of the backward, units a gradient missed are sent as zeros and
   everything is freed.
-- an evaluation gathers and frees unit by unit as a training forward does; a checkpoint or
-  model.pt too (model_state_dict: rank 0 copies each unit while it is gathered), so no rank
-  ever holds the whole weights twice. whole_weights() gathers every unit at once, to load a
-  state_dict (each rank takes its chunk back after, so it sticks).
+- built from a meta-device model (models/meta_init.py), each unit is made whole, initialised
+  as the whole build would, cut to this rank's piece and freed before the next is made.
+- an evaluation gathers and frees unit by unit as a training forward does; model.pt is written
+  a unit at a time as each is gathered (each_weight); a checkpoint holds each rank's own pieces
+  (sharded_state), read back at another world size a rank's rows at a time; so no rank ever
+  holds the whole weights. whole_weights() gathers every unit at once, to load a whole
+  state_dict (a checkpoint written before the pieces were saved: each rank takes its chunk
+  back after, so it sticks).
 
 Per step the weights cross the wire twice (forward and backward) and the gradients once:
 1.5 times DDP's bytes, as the ZeRO paper says. A unit's parameters must be used inside its own
@@ -39,30 +43,52 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
+from ddp_lab.checkpoint.reshard import my_rows, padded
 from ddp_lab.collectives import (
     TORCH_ALL_GATHER,
     direct_all_gather,
     ring_textbook_all_gather,
 )
+from ddp_lab.models.meta_init import make_the_rest_real, swap_parameters
 from ddp_lab.sync.base import Capabilities
-from ddp_lab.sync.sharded.common import return_freed_blocks, unit_modules, views_into
+from ddp_lab.sync.sharded.common import load_whole_part, return_freed_blocks, state_names, unit_modules, views_into
 from ddp_lab.sync.sharded.zero2 import Zero2Sync
 from ddp_lab.telemetry import position
 
 
 class Unit:
-    """One unit's flat weights (whole while gathered, empty otherwise) and this rank's piece of them."""
+    """One unit's flat weights (whole while gathered, empty otherwise) and this rank's piece of them.
+    Its parameters become views into the flat weights: the model's own, holding their values, or, on
+    the meta device, new parameters (`made`: old -> new, for the caller to put in the model)."""
 
-    def __init__(self, params: list[nn.Parameter], world_size: int):
-        self.params = params
-        self.chunk = -(-sum(p.numel() for p in params) // world_size)  # ceil: the last chunk padded
-        self.flat = torch.zeros(self.chunk * world_size, dtype=params[0].dtype, device=params[0].device)
+    def __init__(self, params: list[nn.Parameter], world_size: int, device: torch.device):
+        self.numel = sum(p.numel() for p in params)
+        self.chunk = -(-self.numel // world_size)  # ceil: the last chunk padded
+        self.flat = torch.empty(self.chunk * world_size, dtype=params[0].dtype, device=device)
+        self.flat[self.numel:].zero_()  # the padding (only its pages are touched)
         self.nbytes = self.flat.untyped_storage().nbytes()
         self.gathered = True
+        self.made: dict[int, nn.Parameter] = {}
+        views = views_into(self.flat, params)
+        if params[0].is_meta:
+            self.params = []
+            for p, w in zip(params, views):  # (.data set, as below: its own version counter, not the flat's,
+                q = nn.Parameter(torch.empty(0, dtype=p.dtype, device=device), requires_grad=p.requires_grad)
+                q.data = w  # which the gathers bump while autograd holds what the forward saved)
+                self.params.append(q)
+            self.made = {id(p): q for p, q in zip(params, self.params)}
+            return
+        self.params = params
         with torch.no_grad():
-            for p, w in zip(params, views_into(self.flat, params)):
+            for p, w in zip(params, views):
                 w.copy_(p)
                 p.data = w
+
+    def allocate(self) -> None:
+        """The flat weights' memory back, their values undefined (but the padding's): to be filled."""
+        self.flat.untyped_storage().resize_(self.nbytes)
+        self.flat[self.numel:].zero_()
+        self.gathered = True
 
     def free(self) -> None:
         self.flat.untyped_storage().resize_(0)
@@ -90,16 +116,25 @@ class Zero3Sync(Zero2Sync):
         root = [p for p in params if len(owners.get(p, ())) != 1]  # the model's own, and tied ones
         self.modules = [m for i, m in enumerate(mods) if alone[i]] + ([model] if root else [])
         # the units in the model's order, the root last
-        self.forward = [Unit(ps, n) for ps in [a for a in alone.values() if a] + ([root] if root else [])]
+        device = self.env.device
+        self.forward = [Unit(ps, n, device) for ps in [a for a in alone.values() if a] + ([root] if root else [])]
         self.root = self.forward[-1] if root else None
+        meta = params[0].is_meta
+        if meta:  # a meta-device build: the units' new parameters in the model, the rest made real whole
+            swap_parameters(model, {k: v for u in self.forward for k, v in u.made.items()})
+            make_the_rest_real(model, device)
         self.shard_size = sum(u.chunk for u in self.forward)
-        self.mine = torch.zeros(self.shard_size, dtype=params[0].dtype, device=params[0].device)  # this rank's pieces
+        self.mine = torch.zeros(self.shard_size, dtype=params[0].dtype, device=device)  # this rank's pieces
         offset = 0
         for u in self.forward:
             u.piece = nn.Parameter(self.mine[offset:offset + u.chunk])  # a view: one buffer for all pieces
-            u.piece.detach().copy_(u.flat[r * u.chunk:(r + 1) * u.chunk])
+            if not meta:
+                u.piece.detach().copy_(u.flat[r * u.chunk:(r + 1) * u.chunk])
             offset += u.chunk
-            u.free()
+            if u is not self.root or not meta:
+                u.free()
+        if meta:
+            self._initialise(model)
         # sent in the reverse of the forward's order, the root last: its gradients (a tied embedding's)
         # end last, and a unit waiting for it would keep every unit after it whole until the end
         self.units = [u for u in self.forward[::-1] if u is not self.root] + ([self.root] if root else [])
@@ -117,6 +152,23 @@ class Zero3Sync(Zero2Sync):
             before = order[i - 1] if ahead and 0 < i < len(order) else None  # the backward's next
             m.register_forward_pre_hook(lambda _m, _a, u=u, nxt=after: self._gather(u, nxt))
             m.register_forward_hook(lambda _m, _a, out, u=u, nxt=before: self._after_forward(u, out, nxt))
+
+    def _initialise(self, model: nn.Module) -> None:
+        """A meta-device build's weights, made a unit at a time (models/meta_init.py): each unit allocated,
+        initialised as the whole build would, cut to this rank's piece and freed; the root whole meanwhile."""
+        r = self.env.rank
+
+        def keep(u: Unit) -> None:
+            with torch.no_grad():
+                u.piece.copy_(u.flat[r * u.chunk:(r + 1) * u.chunk])
+            u.free()
+
+        units = self.forward[:len(self.forward) - (self.root is not None)]
+        frozen = [p for p in model.parameters() if not p.requires_grad]
+        self.init.materialise(self.modules[:len(units)], (self.root.params if self.root else []) + frozen,
+                              lambda i: units[i].allocate(), lambda i: keep(units[i]))
+        if self.root is not None:
+            keep(self.root)
 
     def _attach_grads(self) -> None:
         """Stage 2's: this rank's pieces' gradients in one buffer, laid out as the pieces are."""
@@ -209,24 +261,51 @@ class Zero3Sync(Zero2Sync):
             finally:
                 self._settle()
 
-    def model_state_dict(self, model: nn.Module) -> dict:
-        """Gathered a unit at a time (every rank), copied by rank 0: no rank holds two copies of the model."""
-        state = model.state_dict(keep_vars=True)
-        copies = {}  # id(tensor) -> rank 0's copy (a tied weight: one copy)
+    def each_weight(self, model: nn.Module):
+        """The state_dict an entry at a time, for model.pt: each unit gathered (every rank), its entries
+        handed out, then freed; so no process holds the whole model."""
+        names = state_names(model)
+        handed = set()
         with self.uncounted():
             for u in self.forward:
                 was = u.gathered
                 self._gather(u)
-                if self.env.is_main:
-                    copies.update({id(p): p.detach().clone() for p in u.params})
+                for p in u.params:
+                    handed.add(id(p))
+                    for name in names.get(id(p), ()):
+                        yield name, p.detach()
                 if not was:
                     u.free()
-        if not self.env.is_main:
-            return {}
-        for t in state.values():  # buffers, frozen parameters
-            if id(t) not in copies:
-                copies[id(t)] = t.detach().clone()
-        return {k: copies[id(t)] for k, t in state.items()}
+        for name, t in model.state_dict(keep_vars=True).items():  # buffers, frozen parameters
+            if id(t) not in handed:
+                yield name, t.detach()
+
+    def sharded_state(self, model: nn.Module) -> tuple[dict, dict]:
+        """(the state every rank holds whole: buffers, frozen parameters; this rank's pieces of the units)."""
+        sharded = {id(p) for u in self.forward for p in u.params}
+        whole = {k: t.detach() for k, t in model.state_dict(keep_vars=True).items() if id(t) not in sharded}
+        return whole, {"pieces": self.mine.detach(), "units": [u.numel for u in self.forward]}
+
+    def load_sharded_state(self, model: nn.Module, whole: dict, mine: dict | None, everyone: list | None) -> None:
+        """Back from sharded_state(): this rank's own pieces, or at another world size its rows of each
+        unit from the old ranks that held them (`everyone`'s, mapped: only those rows are read).
+        ValueError where the units differ."""
+        load_whole_part(model, whole)
+        units = [u.numel for u in self.forward]
+        for saved in [mine] if mine is not None else everyone:
+            if list(saved["units"]) != units:
+                raise ValueError(f"its units hold {list(saved['units'])} weights, this run's {units}")
+        with torch.no_grad():
+            if mine is not None:
+                self.mine.copy_(mine["pieces"])
+                return
+            n_old, new, old = len(everyone), 0, 0
+            for u in self.forward:
+                c_old = -(-u.numel // n_old)
+                rows = my_rows(lambda q, a=old, b=old + c_old: everyone[q]["pieces"][a:b], u.numel, n_old,
+                               self.env.rank, self.env.world_size)
+                self.mine[new:new + u.chunk].copy_(padded(rows, u.chunk))
+                new, old = new + u.chunk, old + c_old
 
     def load_model_state_dict(self, model: nn.Module, state: dict) -> None:
         with self.whole_weights():  # each rank keeps its chunk of what is loaded
