@@ -38,6 +38,7 @@ from ddp_lab.guards.preemption import Preemption
 from ddp_lab.models import build_model, check_sync_bn
 from ddp_lab.models.meta_init import MetaInit, advice, build_on_meta, refuse_unbuildable
 from ddp_lab.sync import ReplicaSync, build_sync
+from ddp_lab.sync.sharded.common import return_freed_blocks
 from ddp_lab.telemetry import position
 from ddp_lab.telemetry.meter import Meter, flops_and_peak
 from ddp_lab.telemetry.profiling import StepProfiler
@@ -163,6 +164,7 @@ def build_model_for(cfg, strategy, env: DistEnv) -> tuple[torch.nn.Module, MetaI
     model, why = build_on_meta(lambda: build_model(cfg.model))
     refuse_unbuildable(model, why)
     if not why:
+        return_freed_blocks(env.device)  # (before the scratch copies MetaInit makes and frees, a layer each)
         return model, MetaInit(model)
     if env.is_main:
         log.warning(advice(model, why))
