@@ -47,7 +47,7 @@ from ddp_lab.telemetry.stragglers import StepTimer
 from ddp_lab.telemetry.target import TimeToTarget
 from ddp_lab.training import callbacks as cb
 from ddp_lab.training.fast_path import amp_reason, autocast, resolve_amp, resolve_compile
-from ddp_lab.training.memory_estimate import check_fits_memory
+from ddp_lab.training.memory_estimate import Estimate, check_fits_memory
 from ddp_lab.training.optim import build_optimizer, build_schedule
 from ddp_lab.training.workload import Workload, build_workload
 
@@ -153,6 +153,7 @@ class Parts:
     checkpointer: Checkpointer
     preemption: Preemption
     callbacks: cb.Callbacks
+    memory: Estimate | None = None  # the memory estimate (CPU runs), its predicted peak beside the measured one
 
 
 def build_model_for(cfg, strategy, env: DistEnv) -> tuple[torch.nn.Module, MetaInit | None]:
@@ -186,9 +187,10 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
                           channels_last=t.channels_last)
     plan = Plan.of(t, work.train_loader)
     strategy = sync_strategies.strategy(cfg.sync, env.device)
-    check_fits_memory(cfg.model, cfg.optim, env, work.input_example, work.target_example, work.task,
-                      work.train_loader.batch_size, stage=strategy.caps.sharding,
-                      refuse=t.get("memory_check", True))  # a CPU run: refused if it cannot fit
+    memory = check_fits_memory(cfg.model, cfg.optim, env, work.input_example, work.target_example, work.task,
+                               work.train_loader.batch_size, stage=strategy.caps.sharding,
+                               refuse=t.get("memory_check", True),  # a CPU run: refused if it cannot fit
+                               sync=cfg.sync if env.distributed else None)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     position.phase("building the model")
     memory_format = torch.channels_last if work.channels_last else torch.contiguous_format
@@ -221,4 +223,4 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
                  Progress(plan.total_steps, env.world_size), model, compiled, meter, sync, optimizer, scheduler,
                  torch.amp.GradScaler("cuda", enabled=amp == "fp16"), loss_watch,
                  TimeToTarget(t, work.task.name), profiler, measure, Checkpointer(cfg, env, run_dir), preemption,
-                 callbacks)
+                 callbacks, memory)

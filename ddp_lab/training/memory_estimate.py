@@ -16,9 +16,18 @@ Per rank, in the parameters' dtype (float32):
                   (contexts 1024 and 4096): 80% of the peak it took, the rest the
                   backward's transient buffers, so the estimate errs on the side of running
 
-Not counted: the data held in memory, the process itself (torch's libraries, about
-0.5 GB), the backward's transient buffers, bf16 autocast's halving of activations
-(so it is an upper bound under amp). The available memory is /proc/meminfo's
+    runtime       the process before the model: torch's libraries, the data, the process group
+                  (this process's RSS at the check: 0.4-0.7 GB on CPU)
+    transient     held for moments beyond the state: under stage 3 and fsdp the units gathered,
+                  their gradients and the reduce-scatters in flight, in units of the largest
+                  unit (TRANSIENT_UNITS, measured on a 101M-parameter GPT at 2 ranks: the
+                  memory-wall-8-hosts record) and the root unit, whole from the forward to the
+                  backward's end; below stage 3 one more gradient-sized buffer (DDP's buckets,
+                  flat's flattened gradients; zero's buckets in flight, 3 of bucket_cap_mb)
+
+The predicted peak of a rank is the sum (peak_bytes, summary.json's predicted_peak_mb, beside
+the measured peak_mem_mb). Not counted: bf16 autocast's halving of activations (so it is an
+upper bound under amp). The available memory is /proc/meminfo's
 MemAvailable, or what this process's memory cgroup's limit leaves if less, shared by the
 ranks on this machine. CPU runs only: a GPU's memory is
 its own, and its kernels keep other things. Under sync.mode=zero each rank keeps the
@@ -57,6 +66,8 @@ class Estimate:
     optimizer: str
     grad_shards: int = 1    # the gradients kept between steps are 1/grad_shards of the weights (ZeRO stage 2)
     weight_shards: int = 1  # and the weights themselves (stage 3: both)
+    transient_bytes: int = 0  # gathered units, buffers in flight (see the module docstring)
+    runtime_bytes: int = 0    # the process before the model (its RSS at the check)
 
     @property
     def state_bytes(self) -> int:
@@ -65,7 +76,44 @@ class Estimate:
 
     @property
     def total_bytes(self) -> int:
-        return self.state_bytes + self.activation_bytes
+        """What the run adds to the process: the state, the activations, the transient buffers."""
+        return self.state_bytes + self.activation_bytes + self.transient_bytes
+
+    @property
+    def peak_bytes(self) -> int:
+        """The predicted peak of a rank: the runtime and what the run adds."""
+        return self.runtime_bytes + self.total_bytes
+
+
+# units of the largest unit held for moments beyond the state under stage 3 (by sync.algo) and fsdp:
+# gathered weights, their gradients, reduce-scatters in flight (ours: up to 3, gloo's builtin doubling its)
+TRANSIENT_UNITS = {"builtin": 7, "direct": 5, "ring_textbook": 5, "fsdp": 3}
+BUCKETS_IN_FLIGHT = 3  # stages 1 and 2: IN_FLIGHT reduce-scatters and the bucket being filled
+
+
+def transient_bytes(net: torch.nn.Module, weights: int, stage: int, sync) -> int:
+    """The transient of the module docstring for this model under this sync (its config group, or None)."""
+    if sync is None:  # (one process: no sync's buffers)
+        return 0
+    if stage < 3:
+        if stage in (1, 2) and sync.get("bucket_cap_mb", 0) > 0:
+            return min(weights, int(BUCKETS_IN_FLIGHT * sync.bucket_cap_mb * 2**20))
+        return weights  # one gradient-sized buffer
+    from ddp_lab.sync.sharded.common import unit_modules
+    units = unit_modules(net, sync.get("shard_units", "") or "")
+    in_units = {id(p) for m in units for p in m.parameters()}
+    largest = max((sum(p.numel() * p.element_size() for p in m.parameters()) for m in units), default=0)
+    root = sum(p.numel() * p.element_size() for p in net.parameters() if id(p) not in in_units)
+    kind = "fsdp" if sync.get("mode") == "fsdp" else sync.get("algo", "builtin")
+    return TRANSIENT_UNITS.get(kind, 7) * largest + root
+
+
+def runtime_bytes() -> int:
+    """This process's resident memory now (Linux /proc/self/statm; 0 elsewhere)."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def optimizer_state(optim_cfg) -> tuple[int, str]:
@@ -127,10 +175,10 @@ def activation_bytes(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, tas
 
 
 def estimate(model, optim, x: torch.Tensor, y: torch.Tensor, task, batch: int, shards: int = 1,
-             stage: int = 1) -> Estimate:
+             stage: int = 1, sync=None, runtime: int = 0) -> Estimate:
     """The estimate for `batch` samples per rank like (x, y), of the model and optimizer groups,
     with the optimizer state in `shards` parts (sync.mode=zero: the world size), and from stage 2
-    the gradients too."""
+    the gradients too; `sync` (its config group) for the transient, `runtime`: the process's bytes."""
     with torch.device("meta"):
         net = build_model(model)
     n = sum(p.numel() for p in net.parameters())
@@ -143,7 +191,7 @@ def estimate(model, optim, x: torch.Tensor, y: torch.Tensor, task, batch: int, s
         per_sample = 0
     optimizer = kept * -(-weights // shards)  # zero: this rank's shard's (the last one padded)
     return Estimate(n, weights, optimizer, per_sample * batch, batch, name, shards if stage >= 2 else 1,
-                    shards if stage == 3 else 1)
+                    shards if stage == 3 else 1, transient_bytes(net, weights, stage, sync), runtime)
 
 
 def mem_available(world_size: int) -> tuple[int, int, str] | None:
@@ -195,7 +243,8 @@ def describe(e: Estimate, model, stage: int, available: int, ranks: int, machine
             f"each of the {ranks} rank(s) {where} ({machine[1]} {machine[0] / GiB:.1f} GiB): "
             f"activations {e.activation_bytes / GiB:.1f} GiB ({e.batch} samples per rank, what autograd keeps for "
             f"the backward), model state {e.state_bytes / GiB:.1f} GiB ({e.parameters:,} parameters: weights, "
-            f"gradients and {e.optimizer}'s state)")
+            f"gradients and {e.optimizer}'s state)" + (f", transient {e.transient_bytes / GiB:.1f} GiB (gathered "
+                                                       f"units, buffers in flight)" if e.transient_bytes else ""))
     if e.activation_bytes >= e.state_bytes:
         lower = ("data.batch_size or the context, model.block_size (activations grow with both"
                  if "block_size" in model else "data.batch_size (activations grow with it")
@@ -212,7 +261,8 @@ def describe(e: Estimate, model, stage: int, available: int, ranks: int, machine
 
 
 def check_fits_memory(model, optim, env: DistEnv, x: torch.Tensor, y: torch.Tensor, task, batch: int, *,
-                      stage: int = 0, refuse: bool = True, available: int | None = None) -> Estimate | None:
+                      stage: int = 0, refuse: bool = True, available: int | None = None,
+                      sync=None) -> Estimate | None:
     """Refuse (`refuse`: trainer.memory_check) or warn about a CPU run whose estimate is more than the
     memory available to each rank; warn where it takes most of it. None where not checked.
     model, optim: their config groups; stage: sync.zero_stage under sync.mode=zero (0: nothing sharded)."""
@@ -223,14 +273,16 @@ def check_fits_memory(model, optim, env: DistEnv, x: torch.Tensor, y: torch.Tens
     if found is None:
         return None
     try:
-        e = estimate(model, optim, x, y, task, batch, env.world_size if stage else 1, stage)
+        e = estimate(model, optim, x, y, task, batch, env.world_size if stage else 1, stage, sync, runtime_bytes())
     except Exception as err:  # a user's model that cannot be built on meta (it reads values, loads weights)
         log.info("memory estimate: not made (the model cannot be built on the meta device: %s)", err)
         return None
     machine, ranks = (found[0], found[2]), found[1]
     per_rank = machine[0] // ranks
-    log.info("memory estimate: %.2f GiB per rank (activations %.2f, model state %.2f), %.1f GiB available to each",
-             e.total_bytes / GiB, e.activation_bytes / GiB, e.state_bytes / GiB, per_rank / GiB)
+    log.info("memory estimate: %.2f GiB per rank (activations %.2f, model state %.2f, transient %.2f), %.1f GiB "
+             "available to each; predicted peak %.2f GiB with the runtime's %.2f", e.total_bytes / GiB,
+             e.activation_bytes / GiB, e.state_bytes / GiB, e.transient_bytes / GiB, per_rank / GiB,
+             e.peak_bytes / GiB, e.runtime_bytes / GiB)
     if e.total_bytes > per_rank and refuse:
         raise ConfigError(describe(e, model, stage, per_rank, ranks, machine) +
                           " (trainer.memory_check=false: try anyway)")

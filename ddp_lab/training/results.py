@@ -67,6 +67,9 @@ def run_summary(parts) -> dict:
         "collectives_per_step": sync.collectives / tp.seen if tp.seen else None,  # the calls carrying them
         **parts.target.summary(),  # target, target_reached, steps_to_target, time_to_target_s, eval_s
         "peak_mem_mb": peaks[0], "peak_mem_mb_by_rank": peaks,  # rank 0's, every rank's (telemetry/memory.py)
+        # what the memory estimate predicted before the first step (training/memory_estimate.py; CPU runs)
+        "predicted_peak_mb_by_rank": None if parts.memory is None else
+        [round(b / 2**20, 1) for b in by_rank(parts.memory.peak_bytes, env)],
         # counted at the second step's sync (telemetry/step_measure.py), or now if it took fewer
         "model_state_bytes": [int(b) for b in by_rank(
             (parts.measure.model_state or model_state_bytes(parts.model, parts.optimizer))["total"], env)],

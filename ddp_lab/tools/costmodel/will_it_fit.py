@@ -10,8 +10,10 @@ each, it prints for DDP and ZeRO stages 1, 2 and 3:
 - the model state each rank holds between steps (ZeRO's formulas, fp32: DDP 4 + 4 + K bytes a
   parameter, stage 1 4 + 4 + K/N, stage 2 4 + (4 + K)/N, stage 3 (8 + K)/N, K the optimizer's
   bytes of state), the activations of a rank's batch (ddp_lab.training.memory_estimate, the same
-  for every strategy) and whether the two fit in --memory; stage 3 also holds one block's whole
-  weights and gradients while it computes, not counted here;
+  for every strategy), the transient buffers (stage 3: the units gathered and the reduce-scatters
+  in flight; below it one more gradient-sized buffer: the same module's transient_bytes), the
+  runtime (--runtime: this process's memory once it has loaded the data, about what a rank holds
+  before the model) and whether their sum, the predicted peak, fits in --memory;
 - the bytes each sends per step and their time on --link (the alpha-beta model's ring formulas,
   ddp_lab.tools.costmodel.formulas: an all-reduce of the gradients for DDP, stages 1 and 2 its two
   halves, stage 3 the weights gathered twice and the gradients reduce-scattered once), and with
@@ -71,12 +73,15 @@ def wire_bytes(strategy: str, grad_bytes: int) -> int:
 
 
 def table(params: int, state: int, activations: int, ranks: int, memory: int, link_bits: int | None,
-          alpha: float, compute_ms: float | None, reduce_scatter: str = "ring") -> list[dict]:
+          alpha: float, compute_ms: float | None, reduce_scatter: str = "ring", transient: dict | None = None,
+          runtime: int = 0) -> list[dict]:
+    """A row per strategy; transient: its bytes by strategy (none: 0), runtime: the process's own."""
     rows = []
     for s in STRATEGIES:
         held = model_state_bytes(params, state, ranks, s)
-        row = {"strategy": s, "model_state_bytes": held, "total_bytes": held + activations,
-               "fits": held + activations <= memory, "wire_bytes": wire_bytes(s, 4 * params)}
+        peak = runtime + held + activations + (transient or {}).get(s, 0)
+        row = {"strategy": s, "model_state_bytes": held, "total_bytes": held + activations, "peak_bytes": peak,
+               "fits": peak <= memory, "wire_bytes": wire_bytes(s, 4 * params)}
         if link_bits:
             comm = wire_seconds(s, ranks, 4 * params, alpha, 8 / link_bits, 0.0, reduce_scatter)
             row["comm_ms"] = comm * 1e3
@@ -88,10 +93,13 @@ def table(params: int, state: int, activations: int, ranks: int, memory: int, li
 
 def describe(cfg, ranks: int, batch: int | None):
     """(parameters, optimizer state tensors per parameter, its name, activation bytes per rank, samples per
-    rank) of cfg; the model is checked against the data first, as the training checks it."""
-    from ddp_lab.models import check_fits_data
+    rank, transient bytes by strategy) of cfg; the model is checked against the data first, as the
+    training checks it."""
+    import torch
+
+    from ddp_lab.models import build_model, check_fits_data
     from ddp_lab.training.data import build_datasets, example
-    from ddp_lab.training.memory_estimate import estimate, optimizer_state
+    from ddp_lab.training.memory_estimate import estimate, optimizer_state, transient_bytes
     from ddp_lab.training.tasks import build_loss, choose_task
     from ddp_lab.training.workload import num_classes
     train, _ = build_datasets(cfg.data)
@@ -100,7 +108,11 @@ def describe(cfg, ranks: int, batch: int | None):
     check_fits_data(cfg.model, cfg.data, x, y, task, num_classes(train) if task.correct_name else 0)
     per_rank = batch or max(1, cfg.data.batch_size // ranks)
     e = estimate(cfg.model, cfg.optim, x, y, task, per_rank)  # (activations it cannot count: 0, logged)
-    return e.parameters, optimizer_state(cfg.optim)[0], e.optimizer, e.activation_bytes, per_rank
+    with torch.device("meta"):
+        net = build_model(cfg.model)
+    transient = {s: transient_bytes(net, e.weight_bytes, stage, cfg.sync if ranks > 1 else None)
+                 for s, stage in zip(STRATEGIES, (0, 1, 2, 3))}
+    return e.parameters, optimizer_state(cfg.optim)[0], e.optimizer, e.activation_bytes, per_rank, transient
 
 
 def compose(overrides: list[str]):
@@ -125,6 +137,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--alpha-us", type=float, default=50.0, help="seconds a message costs on the link, in us")
     p.add_argument("--compute-ms", type=float, help="a step's compute, to add to its communication")
     p.add_argument("--batch", type=int, help="samples per rank in a forward (default: data.batch_size / ranks)")
+    p.add_argument("--runtime", default="measured", help="a rank's memory before the model, e.g. 700m (default: "
+                   "this process's, measured once it has loaded the data; 0 to leave it out)")
     p.add_argument("overrides", nargs="*", help="the training's config overrides (model=gpt2 optim=adamw ...)")
     args = p.parse_args(argv)
     try:
@@ -135,26 +149,32 @@ def main(argv: list[str] | None = None) -> None:
             link = parse_rate(args.link) if args.link else None
         except ClusterError as e:
             raise ConfigError(str(e).replace("--rate", "--link")) from None
+        runtime = None if args.runtime == "measured" else 0 if args.runtime == "0" else \
+            parse_size(args.runtime, "--runtime")
         cfg = compose(args.overrides)
-        params, state, name, acts, batch = describe(cfg, args.ranks, args.batch)
+        params, state, name, acts, batch, transient = describe(cfg, args.ranks, args.batch)
+        if runtime is None:
+            from ddp_lab.training.memory_estimate import runtime_bytes
+            runtime = runtime_bytes()
     except ConfigError as e:
         print(f"ddp_lab.tools.costmodel.will_it_fit: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     rs = reduce_scatter_of(cfg)
-    rows = table(params, state, acts, args.ranks, memory, link, args.alpha_us * 1e-6, args.compute_ms, rs)
+    rows = table(params, state, acts, args.ranks, memory, link, args.alpha_us * 1e-6, args.compute_ms, rs,
+                 transient, runtime)
     print(f"model={cfg.model.get('name') or cfg.model['_target_']}: {params:,} parameters; {name} keeps {state} "
           f"tensor(s) a parameter; {args.ranks} ranks, {memory / GiB:.2f} GiB each; activations "
-          f"{acts / GiB:.2f} GiB for {batch} sample(s) a rank")
+          f"{acts / GiB:.2f} GiB for {batch} sample(s) a rank; runtime {runtime / GiB:.2f} GiB")
     if link:
         print("reduce-scatter priced as " + ("gloo runs torch's: an all-reduce, twice a ring's bytes "
                                             "(sync.algo=ring_textbook sends a ring's)" if rs == "all-reduce"
                                             else "a ring's"))
     link_cols = f"  {'comm ms/step':>12}" + (f"  {'step ms':>9}" if args.compute_ms is not None else "")
-    print(f"{'strategy':<9} {'model state GiB':>15} {'+ activations':>13}  {'fits':<4} {'wire MB/step':>12}"
-          + (link_cols if link else ""))
+    print(f"{'strategy':<9} {'model state GiB':>15} {'+ activations':>13} {'peak GiB':>9}  {'fits':<4} "
+          f"{'wire MB/step':>12}" + (link_cols if link else ""))
     for r in rows:
-        line = (f"{r['strategy']:<9} {r['model_state_bytes'] / GiB:>15.3f} {r['total_bytes'] / GiB:>13.3f}  "
-                f"{'yes' if r['fits'] else 'no':<4} {r['wire_bytes'] / 1e6:>12.1f}")
+        line = (f"{r['strategy']:<9} {r['model_state_bytes'] / GiB:>15.3f} {r['total_bytes'] / GiB:>13.3f} "
+                f"{r['peak_bytes'] / GiB:>9.3f}  {'yes' if r['fits'] else 'no':<4} {r['wire_bytes'] / 1e6:>12.1f}")
         if link:
             line += f"  {r['comm_ms']:>12.1f}" + (f"  {r['step_ms']:>9.1f}" if "step_ms" in r else "")
         print(line)

@@ -72,11 +72,15 @@ def test_the_reduce_scatter_is_priced_as_the_run_sends_it(compose_train, overrid
 
 def test_the_command_line(tiny_fmnist, tmp_path, capsys):
     data = [f"data.root={tiny_fmnist}", f"data.cache_dir={tmp_path}"]
-    will_it_fit.main(["--ranks", "2", "--memory", "1200KiB", "--batch", "1", *data])
+    will_it_fit.main(["--ranks", "2", "--memory", "2500KiB", "--batch", "1", "--runtime", "0", *data])
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("model=lenet_fast: 129,068 parameters; SGD keeps 1 tensor(s) a parameter; 2 ranks")
+    assert out[0].endswith("runtime 0.00 GiB")
     assert [line.split()[0] for line in out[2:6]] == list(will_it_fit.STRATEGIES)
-    assert out[-1] == "fits: zero2, zero3; run the first with: sync=zero sync.zero_stage=2"  # 12P: 1.5 MB
+    # DDP: 12P (1.5 MB) and a gradient-sized buffer (0.5 MB); stage 3: 6P and 7 of its largest unit (a 410 KB layer)
+    assert out[-1] == "fits: ddp, zero1, zero2; run the first with: sync=ddp (or flat)"
+    will_it_fit.main(["--ranks", "2", "--memory", "2500KiB", "--batch", "1", "--runtime", "600k", *data])
+    assert capsys.readouterr().out.splitlines()[-1] == "fits: zero1, zero2; run the first with: sync=zero"
     for argv, says in ((["--memory", "lots"], "--memory 'lots': give a size with a unit"),
                        (["--memory", "1g", "--link", "fast"], "--link 'fast': give bits per second"),
                        (["--memory", "1g", "sync.zero_stage=4"], "sync.zero_stage=4 must be 1, 2 or 3"),
