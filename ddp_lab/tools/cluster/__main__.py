@@ -140,7 +140,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         if args.action == "up":
-            mem = None if args.mem is None else memory_limit.parse_size(args.mem)
+            mem = None if args.mem is None else memory_limit.host_limit(args.mem)
             show([network.create(args.name, args.hosts, args.rate, args.mtu, mem)])
         elif args.action == "down":
             removed = network.destroy(args.name)

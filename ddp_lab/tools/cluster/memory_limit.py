@@ -25,6 +25,22 @@ UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 1
          "tb": 10**12, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
 
+# what a host's torchrun agent and one worker hold before any model (torch's libraries, the data, the
+# process group): 700 MiB measured at the memory check (the memory-wall-8-hosts record); a limit below it
+# kills every process at start-up
+HOST_FLOOR = 700 * 2**20
+
+
+def host_limit(text: str) -> int:
+    """`cluster up --mem`: a size (parse_size) of at least HOST_FLOOR."""
+    nbytes = parse_size(text)
+    if nbytes < HOST_FLOOR:
+        raise ClusterError(f"--mem {text}: {nbytes / 2**30:.2f} GiB a host is less than the "
+                           f"{HOST_FLOOR / 2**30:.2f} GiB a torchrun agent and one worker hold before any model "
+                           f"(torch's libraries, the data): give --mem 1g or more")
+    return nbytes
+
+
 def parse_size(text: str, flag: str = "--mem") -> int:
     """'2GiB', '1g' (binary), '500MB' (decimal) -> bytes."""
     m = SIZE.match(str(text))

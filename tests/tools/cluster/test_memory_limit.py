@@ -52,3 +52,11 @@ def test_a_bad_size_is_refused_in_one_line(capsys):
     assert main(["up", "--hosts", "2", "--rate", "1gbit", "--mem", "lots", "--name", "ptnever"]) == 2
     assert capsys.readouterr().err == ("ddp_lab.tools.cluster: error: --mem 'lots': give a size with a unit, e.g. "
                                        "--mem 2GiB or --mem 512m\n")
+
+
+@pytest.mark.parametrize("size,gib", [("10k", "0.00"), ("512m", "0.50")])
+def test_a_limit_below_what_a_host_holds_before_any_model_is_refused(capsys, size, gib):
+    assert main(["up", "--hosts", "2", "--rate", "1gbit", "--mem", size, "--name", "ptnever"]) == 2
+    assert capsys.readouterr().err == (
+        f"ddp_lab.tools.cluster: error: --mem {size}: {gib} GiB a host is less than the 0.68 GiB a torchrun agent "
+        f"and one worker hold before any model (torch's libraries, the data): give --mem 1g or more\n")
