@@ -48,6 +48,8 @@ class Trainer:
         self.resumed = self.checkpointer.resume()  # last: it overwrites state (and RNG) built above
         if self.resumed is not None:
             self.load_state_dict(self.resumed.shared, self.resumed.own)
+            # the loaded tensors go (a sharded rank's own weights: as many bytes as its shards)
+            self.resumed = self.resumed._replace(shared={}, own={})
         # resumed at step S: an earlier attempt's events after S are hidden in TensorBoard
         self.log = RunLogger(self.run_dir, self.env.is_main, purge_step=self.step + 1 if self.resumed else None)
         if self.resumed is not None:
