@@ -64,8 +64,10 @@ def test_the_table_says_what_fits_and_prices_each_on_the_link():
 
 
 @pytest.mark.parametrize("overrides,travels", [
-    ([], "ring" if torch.cuda.is_available() else "all-reduce"), (["sync.algo=ring_textbook"], "ring"),
-    (["dist.backend=nccl"], "ring"), (["dist.device=cpu"], "all-reduce")])
+    ([], "ring"),  # sync=zero runs our direct collectives
+    (["sync.algo=builtin"], "ring" if torch.cuda.is_available() else "all-reduce"),
+    (["sync.algo=ring_textbook"], "ring"), (["sync.algo=builtin", "dist.backend=nccl"], "ring"),
+    (["sync.algo=builtin", "dist.device=cpu"], "all-reduce")])
 def test_the_reduce_scatter_is_priced_as_the_run_sends_it(compose_train, overrides, travels):
     assert will_it_fit.reduce_scatter_of(compose_train(["sync=zero", *overrides])) == travels
 
