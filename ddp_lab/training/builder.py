@@ -160,7 +160,8 @@ def build_model_for(cfg, strategy, env: DistEnv) -> tuple[torch.nn.Module, MetaI
     """(the model, None), or, where the sync shards the weights (zero stage 3, fsdp), the model on the
     meta device and its MetaInit: the sync makes it a unit at a time, no rank holding it whole
     (models/meta_init.py). A model whose initialisation cannot be replayed so is built whole, and says why."""
-    if strategy.caps.sharding < 3 or not env.distributed:
+    # (on a GPU the replay would draw from the device's generator, not the CPU's: built whole, as before)
+    if strategy.caps.sharding < 3 or not env.distributed or env.device.type != "cpu":
         return build_model(cfg.model), None
     model, why = build_on_meta(lambda: build_model(cfg.model))
     refuse_unbuildable(model, why)

@@ -257,6 +257,10 @@ def describe(e: Estimate, model, stage: int, available: int, ranks: int, machine
                "with less state")
     else:
         fix = "use a smaller model or an optimizer with less state (optim=sgd)"
+        whole = 2 * e.weight_bytes + e.optimizer_bytes * e.weight_shards  # the state before it is cut N ways
+        room = available - e.activation_bytes - e.transient_bytes
+        if room > 0 and e.weight_shards * room < whole:  # more ranks would make each one's share fit
+            fix += f", shard it over at least {-(-whole // room)} ranks (each with this much memory)"
     return f"{what}; {fix}, or run fewer ranks per machine"
 
 

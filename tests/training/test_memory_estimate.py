@@ -139,8 +139,13 @@ def test_under_zero_a_rank_counts_its_shard_of_the_optimizer_state(compose_train
     line = memory_estimate.describe(zero, cfg.model, 1, available=2**20, ranks=4, machine=(2**22, "MemAvailable"))
     assert "; shard the gradients and the weights too (sync.zero_stage=3), use a smaller model" in line
     line = memory_estimate.describe(three, cfg.model, 3, available=2**20, ranks=4, machine=(2**22, "MemAvailable"))
-    assert line.endswith("use a smaller model or an optimizer with less state (optim=sgd), or run fewer ranks per "
-                         "machine")
+    assert line.endswith("use a smaller model or an optimizer with less state (optim=sgd), shard it over at least "
+                         "269 ranks (each with this much memory), or run fewer ranks per machine")
+    # where an eighth of the whole state (16 bytes a parameter) and the activations fit, 8 ranks would do
+    room = three.activation_bytes + 4 * weights // 8
+    line = memory_estimate.describe(three, cfg.model, 3, available=room, ranks=4, machine=(2**22, "MemAvailable"))
+    assert line.endswith("(optim=sgd), shard it over at least 8 ranks (each with this much memory), or run fewer "
+                         "ranks per machine")
 
 
 def test_the_trainer_refuses_a_run_that_cannot_fit_before_any_step(compose_train, tmp_path, monkeypatch):
