@@ -238,8 +238,10 @@ def cgroup_headroom() -> int | None:
 def describe(e: Estimate, model, stage: int, available: int, ranks: int, machine: tuple[int, str]) -> str:
     """The line that says the estimate, the memory and what to lower."""
     where = "on this machine" if machine[1] == "MemAvailable" else "in this memory cgroup"
-    what = (f"model={model_name(model)} needs about {e.total_bytes / GiB:.1f} GiB per rank, "
-            f"{'more than' if e.total_bytes > available else 'close to'} the {available / GiB:.1f} GiB available to "
+    digits = 1 if f"{e.total_bytes / GiB:.1f}" != f"{available / GiB:.1f}" else 2  # (not "1.2 more than 1.2")
+    what = (f"model={model_name(model)} needs about {e.total_bytes / GiB:.{digits}f} GiB per rank, "
+            f"{'more than' if e.total_bytes > available else 'close to'} the {available / GiB:.{digits}f} GiB "
+            f"available to "
             f"each of the {ranks} rank(s) {where} ({machine[1]} {machine[0] / GiB:.1f} GiB): "
             f"activations {e.activation_bytes / GiB:.1f} GiB ({e.batch} samples per rank, what autograd keeps for "
             f"the backward), model state {e.state_bytes / GiB:.1f} GiB ({e.parameters:,} parameters: weights, "
