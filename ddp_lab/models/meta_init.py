@@ -22,7 +22,6 @@ built whole on every rank, with a line that says why and what would make it buil
 from __future__ import annotations
 
 import copy
-import logging
 
 import torch
 from torch import nn
@@ -30,7 +29,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ddp_lab.config import ConfigError
 
-log = logging.getLogger("ddp_lab")
 NORM_BUFFERS = (nn.modules.batchnorm._NormBase,)  # buffers reset by their reset_parameters (running statistics)
 
 

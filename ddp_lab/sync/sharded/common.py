@@ -99,6 +99,7 @@ def load_whole_part(model: nn.Module, whole: dict) -> None:
 
 log = logging.getLogger("ddp_lab")
 M_MMAP_THRESHOLD = -3  # glibc's mallopt() parameter
+_MMAP_THRESHOLDS_SET: set[int] = set()  # what this process has told glibc already
 
 
 def return_freed_blocks(device: torch.device, threshold: int = 2**20) -> bool:
@@ -106,12 +107,17 @@ def return_freed_blocks(device: torch.device, threshold: int = 2**20) -> bool:
     the kernel. Its default threshold grows to the largest block freed, after which the weights stage 3
     and fsdp gather and free stay in the heap: a memory limit then kills what fits on paper (the memory
     wall's record, linked from docs/memory.md). Left alone on a GPU, off glibc, or where the user set
-    MALLOC_MMAP_THRESHOLD_; whether it was set."""
+    MALLOC_MMAP_THRESHOLD_; whether it was set. Once a process: the meta-device build sets it before the
+    sync that shards the model does."""
     if device.type != "cpu" or "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False
+    if threshold in _MMAP_THRESHOLDS_SET:
+        return True
     try:
         done = bool(ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, threshold))
     except (OSError, AttributeError):
         return False
     log.info("glibc: blocks of %d bytes or more are mmapped, so freed gathers go back to the kernel", threshold)
+    if done:
+        _MMAP_THRESHOLDS_SET.add(threshold)
     return done
