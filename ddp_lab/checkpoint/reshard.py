@@ -111,13 +111,18 @@ def padded(rows: torch.Tensor, length: int) -> torch.Tensor:
     return out
 
 
+def stepped(optimizer_state: dict) -> int:
+    """How many parameters an optimizer state_dict steps, over all its groups."""
+    return sum(len(g["params"]) for g in optimizer_state["param_groups"])
+
+
 def reshard_zero_state(states: list[dict], sizes: list[int], rank: int, world_size: int) -> dict:
     """This rank's optimizer state_dict at `world_size` from every old rank's (`states`, in rank order;
     loaded with mmap=True, only this rank's elements are read): parameter i of each is a chunk of a
     group of sizes[i] elements padded to N chunks."""
-    if any(len(s["param_groups"][0]["params"]) != len(sizes) for s in states):
-        raise ValueError(f"the checkpoint's optimizer steps {len(states[0]['param_groups'][0]['params'])} "
-                         f"shard(s) a rank, this run {len(sizes)}")
+    if any(stepped(s) != len(sizes) for s in states):
+        raise ValueError(f"the checkpoint's optimizer steps {stepped(states[0])} shard(s) a rank, "
+                         f"this run {len(sizes)}")
     state = {}
     for i, size in enumerate(sizes):
         state[i] = {}

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 
+from ddp_lab.checkpoint.reshard import stepped
 from ddp_lab.checkpoint.rng import rng_state, set_rng_state
 from ddp_lab.config import ConfigError
 
@@ -77,7 +78,7 @@ def restore(parts, shared: dict, own: dict) -> None:
         try:
             if "optimizer" not in own:
                 own = {**own, "optimizer": reshard(own["optimizers"], parts.optimizer)}
-            saved, steps = len(own["optimizer"]["param_groups"][0]["params"]), len(parts.sync.parameters())
+            saved, steps = stepped(own["optimizer"]), len(parts.sync.parameters())
             if saved != steps:  # (other buckets: another sync.bucket_cap_mb, or stage 1 before its buckets)
                 raise ValueError(f"it steps {saved} shard(s) a rank, this run {steps}")
         except ValueError as e:

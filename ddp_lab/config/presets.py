@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from enum import Enum
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from ddp_lab.config.keys import choices, fraction, key, positive_finite
+from ddp_lab.config.keys import choices, fraction, key, one_of, positive_finite
 
 Init = choices("Init", "default d2l")
 Loader = choices("Loader", "auto device dataloader")
@@ -122,6 +122,11 @@ class OptimConfig:
                             at_least=0)
     clip_grad_norm: float = key(0.0, "clip the gradients' norm over the whole model to this before each step "
                                      "(0: off; under sync.mode=zero the norm over every rank's shard)", at_least=0)
+    no_decay: Any = key("none", "parameters stepped with weight_decay 0: none | 1d (biases, norms, every 1-D "
+                                "tensor) | a list of name patterns, 1d among them if wanted (e.g. [1d,'*.wte.*'])")
+    elementwise: str = key("auto", "the optimizer treats each element alone (SGD, Adam, AdamW...), so sync.mode=zero "
+                                   "may hand it flat chunks of many tensors: auto (torch's known ones) | true | false",
+                           ok=one_of(("auto", "true", "false")), rule="one of auto, true, false")
 
 
 @dataclass
@@ -149,7 +154,7 @@ PRESETS = {
 
 # the keys of each group that ddp_lab reads itself and does not pass to the callable
 OWN_KEYS = {"model": ("name",), "data": ("batch_size", "loader", "num_workers", "task", "input_key", "target_key"),
-            "optim": ("schedule", "warmup_epochs", "warmup_steps", "clip_grad_norm")}
+            "optim": ("schedule", "warmup_epochs", "warmup_steps", "clip_grad_norm", "no_decay", "elementwise")}
 
 
 def base_defaults(group: str) -> dict:

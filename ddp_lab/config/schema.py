@@ -14,6 +14,7 @@ fixed list is a `Choice`, a str Enum compared with plain strings ("bf16").
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from importlib.resources import files
 from typing import Any
@@ -25,6 +26,7 @@ from omegaconf.errors import ValidationError
 from ddp_lab.config import ConfigError, presets
 from ddp_lab.config.keys import TRI_STATE, choices, key, one_of, positive_finite
 
+EVERY_K = re.compile(r"^every_[1-9][0-9]*$")  # trainer.activation_checkpointing=every_2
 SyncMode = choices("SyncMode", "auto ddp flat per_param local_sgd diloco zero fsdp")
 Algo = choices("Algo", "builtin naive ring halving_doubling ring_textbook halving_doubling_textbook direct")
 Compress = choices("Compress", "none bf16 fp16 powersgd int8 int4")
@@ -57,8 +59,12 @@ class SyncConfig:
     zero_stage: int = key(1, "zero: what is sharded over the ranks: 1 the optimizer state, 2 also the "
                              "gradients, 3 also the weights (gathered a block at a time)", ok=lambda v: v in (1, 2, 3),
                           rule="1, 2 or 3")
-    shard_units: str = key("", "zero stage 3, fsdp: comma-separated class names of the modules gathered one "
-                               "at a time (e.g. Block); empty: the top-level children and a ModuleList's")
+    shard_units: str = key("auto", "zero stage 3, fsdp: the modules gathered one at a time: auto (the model's "
+                                   "repeated block class at any depth, else by size up to sync.unit_mb) or "
+                                   "comma-separated class names (e.g. Block)")
+    unit_mb: float = key(100.0, "zero stage 3, fsdp with sync.shard_units=auto and no repeated block: a module "
+                                "of at most this many MB is a unit, a larger one is split into its children",
+                         ok=positive_finite, rule="a positive number of MB")
     prefetch: bool = key(True, "zero stage 3 with sync.algo=builtin or direct: start the next unit's gather while this "
                                "one computes (false: each unit gathered when it is needed)")
     every: int = key(8, "local_sgd, diloco: steps between synchronisations of the weights (H)",
@@ -107,6 +113,11 @@ class TrainerConfig:
     loss: Any = key({"_target_": None}, "the training loss by _target_: a class (torch.nn.HuberLoss) built with "
                                         "the other keys (+trainer.loss.delta=0.5), or a function of (outputs, "
                                         "targets); null: cross-entropy (regression: MSE)")
+    activation_checkpointing: str = key("none", "keep each unit's inputs, recompute its forward in the backward "
+                                                "(sync.shard_units' units, in every sync mode): none | units | "
+                                                "every_<k> (every k-th unit, e.g. every_2)",
+                                        ok=lambda v: str(v) in ("none", "units") or bool(EVERY_K.match(str(v))),
+                                        rule="none, units or every_<k>")
     memory_check: bool = key(True, "refuse a CPU run whose estimated model state and activations per rank are "
                                    "more than the memory available to each rank (false: only warn)")
     progress: bool = key(True, "progress bar on rank 0 when attached to a terminal")

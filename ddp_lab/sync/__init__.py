@@ -30,6 +30,7 @@ its name in schema.SyncMode. docs/bandwidth.md compares them all.
 """
 from __future__ import annotations
 
+import inspect
 from types import SimpleNamespace
 
 import torch
@@ -91,14 +92,22 @@ def eager_only(cfg, device: torch.device | None = None) -> str:
     return strategy(cfg, device or torch.device("cpu")).caps.eager
 
 
-def build_sync(cfg, model: nn.Module, env: DistEnv, init=None) -> ReplicaSync:
+def build_sync(cfg, model: nn.Module, env: DistEnv, init=None, no_decay: frozenset = frozenset()) -> ReplicaSync:
     """The strategy, built around `model`; `init` (models/meta_init.py's MetaInit): the model is on the
-    meta device, and a strategy that shards the weights makes them a unit at a time."""
+    meta device, and a strategy that shards the weights makes them a unit at a time; `no_decay`: the
+    names of the parameters optim.no_decay steps without weight decay (zero lays their chunks apart)."""
     validate(cfg)
     if not env.distributed:
-        return ReplicaSync(model, env)
-    mode = resolved_mode(cfg, env.device)
-    if mode != cfg.mode:  # the strategies read cfg.mode (describe() reports it)
-        items = vars(cfg) if isinstance(cfg, SimpleNamespace) else dict(cfg)
-        cfg = SimpleNamespace(**{**items, "mode": mode})
-    return strategy(cfg, env.device)(model, env, cfg, **({"init": init} if init is not None else {}))
+        sync = ReplicaSync(model, env)
+    else:
+        mode = resolved_mode(cfg, env.device)
+        if mode != cfg.mode:  # the strategies read cfg.mode (describe() reports it)
+            items = vars(cfg) if isinstance(cfg, SimpleNamespace) else dict(cfg)
+            cfg = SimpleNamespace(**{**items, "mode": mode})
+        cls = strategy(cfg, env.device)
+        extra = {"init": init} if init is not None else {}
+        if no_decay and "no_decay" in inspect.signature(cls).parameters:
+            extra["no_decay"] = no_decay
+        sync = cls(model, env, cfg, **extra)
+    sync.no_decay = no_decay
+    return sync

@@ -62,6 +62,8 @@ class Capabilities:
     sharding: int = 0
     # why the model must run eagerly ("" where it may be compiled): trainer.compile=true is refused then
     eager: str = ""
+    # the optimizer steps flat chunks of many tensors (zero), not the tensors: it must treat each element alone
+    flat_shards: bool = False
 
 
 class ReplicaSync:
@@ -137,9 +139,20 @@ class ReplicaSync:
             yield
             self._seconds += time.perf_counter() - t0
 
+    no_decay: frozenset = frozenset()  # optim.no_decay's parameter names (build_sync sets them)
+
     def parameters(self) -> list:
         """What this rank's optimizer steps: the model's parameters (zero: this rank's shard)."""
         return list(self.model.parameters())
+
+    def param_groups(self) -> list[dict]:
+        """parameters() in the optimizer's groups: the trainable ones decayed, then optim.no_decay's with
+        weight_decay 0 (a group left out where empty)."""
+        groups: list[list] = [[], []]
+        for name, p in self.model.named_parameters():
+            if p.requires_grad:
+                groups[name.replace("_orig_mod.", "") in self.no_decay].append(p)  # (a compiled model's prefix)
+        return [{"params": ps, **({"weight_decay": 0.0} if g else {})} for g, ps in enumerate(groups) if ps]
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """Scale the gradients this rank steps with so that their norm over the whole model is at
@@ -221,3 +234,27 @@ def broadcast_from_rank0(model: nn.Module) -> None:
     with torch.no_grad():
         for t in [*model.parameters(), *model.buffers()]:
             dist.broadcast(t.data, src=0)
+
+
+def broadcast_buffers_each_step(model: nn.Module) -> None:
+    """Before each training forward, rank 0's buffers to every rank, as DDP does (broadcast_buffers): a
+    BatchNorm's running statistics, which each rank's own batches would otherwise move apart. One
+    broadcast per dtype. Only the state_dict's buffers (a non-persistent one, a causal mask, is rebuilt
+    alike by every rank); nothing is hooked where the model has none."""
+    persistent = set(model.state_dict(keep_vars=True))
+    if not any(name in persistent for name, _ in model.named_buffers()):
+        return
+
+    def broadcast(module: nn.Module, _args) -> None:
+        if not (module.training and torch.is_grad_enabled()):
+            return
+        live = [b for name, b in model.named_buffers() if name in persistent]  # (as they are now: moved, made)
+        with torch.no_grad(), position.collective("buffer broadcast"):
+            for dtype in sorted({b.dtype for b in live}, key=str):
+                same = [b for b in live if b.dtype == dtype]
+                flat = torch.cat([b.reshape(-1) for b in same])
+                dist.broadcast(flat, src=0)
+                for b, part in zip(same, flat.split([b.numel() for b in same])):
+                    b.copy_(part.view_as(b))
+
+    model.register_forward_pre_hook(broadcast)

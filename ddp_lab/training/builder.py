@@ -14,6 +14,7 @@ rules that tie two groups together, each with its one-line error. A rule that ne
                                                   on the meta device where the sync shards them: meta_init.py)
     memory     model x optim x sync x batch    -> refused before any step if it cannot fit (memory_estimate.py)
     meter      the model, once                 -> FLOPs per sample, the machine's matmul peak
+    checkpointing  trainer.activation_checkpointing -> units that recompute their forward in the backward
     sync       sync (+ the model)              -> how the replicas agree (sync/)
     optimizer  optim (+ the sync's parameters) -> the optimizer, its schedule, the grad scaler
     guards, telemetry, checkpointer, and the step callbacks (training/callbacks.py)
@@ -39,16 +40,18 @@ from ddp_lab.models import build_model, check_sync_bn
 from ddp_lab.models.meta_init import MetaInit, advice, build_on_meta, refuse_unbuildable
 from ddp_lab.sync import ReplicaSync, build_sync
 from ddp_lab.sync.sharded.common import return_freed_blocks
+from ddp_lab.sync.sharded.units import unit_modules
 from ddp_lab.telemetry import position
 from ddp_lab.telemetry.meter import Meter, flops_and_peak
 from ddp_lab.telemetry.profiling import StepProfiler
 from ddp_lab.telemetry.step_measure import StepMeasure
 from ddp_lab.telemetry.stragglers import StepTimer
 from ddp_lab.telemetry.target import TimeToTarget
+from ddp_lab.training import activation_checkpointing
 from ddp_lab.training import callbacks as cb
 from ddp_lab.training.fast_path import amp_reason, autocast, resolve_amp, resolve_compile
 from ddp_lab.training.memory_estimate import Estimate, check_fits_memory
-from ddp_lab.training.optim import build_optimizer, build_schedule
+from ddp_lab.training.optim import build_optimizer, build_schedule, no_decay_names, refuse_whole_tensor_optimizers
 from ddp_lab.training.workload import Workload, build_workload
 
 log = logging.getLogger("ddp_lab")
@@ -191,7 +194,8 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
     memory = check_fits_memory(cfg.model, cfg.optim, env, work.input_example, work.target_example, work.task,
                                work.train_loader.batch_size, stage=strategy.caps.sharding,
                                refuse=t.get("memory_check", True),  # a CPU run: refused if it cannot fit
-                               sync=cfg.sync if env.distributed else None)
+                               sync=cfg.sync if env.distributed else None,
+                               checkpointing=t.activation_checkpointing)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     position.phase("building the model")
     memory_format = torch.channels_last if work.channels_last else torch.contiguous_format
@@ -205,8 +209,15 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
     meter = Meter(env, t.warmup_steps, *flops_and_peak(model, work.input_example, amp, env),
                   full_step_images=plan.step_samples, task=work.task, targets_per_sample=work.targets_per_sample)
     # DDP wraps the compiled model: compiling DDP breaks its forward's graph (and slowed CPU LeNet)
-    sync = build_sync(cfg.sync, torch.compile(model) if compiled else model, env, init)
-    optimizer = build_optimizer(cfg.optim, sync.parameters())  # (zero: this rank's shard)
+    checkpointed = activation_checkpointing.apply(unit_modules(model, cfg.sync.shard_units, cfg.sync.unit_mb),
+                                                  t.activation_checkpointing)
+    if checkpointed:
+        log.info("activation checkpointing: %d module(s) recompute their forward in the backward (%s, ...)",
+                 len(checkpointed), type(checkpointed[0]).__name__)
+    no_decay = no_decay_names(model, cfg.optim.get("no_decay", "none"))
+    sync = build_sync(cfg.sync, torch.compile(model) if compiled else model, env, init, no_decay)
+    refuse_whole_tensor_optimizers(cfg.optim, sync)
+    optimizer = build_optimizer(cfg.optim, sync.param_groups())  # (zero: this rank's shard)
     scheduler = build_schedule(optimizer, cfg.optim, plan.steps_per_epoch, plan.total_steps)
     # ranks whose weights or gradients differ after the sync compare losses instead
     apart = sync.caps.diverges

@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
 
 from ddp_lab.config import ConfigError, targets
 from ddp_lab.distributed import DistEnv, ranks_on_machine
@@ -91,6 +92,17 @@ TRANSIENT_UNITS = {"builtin": 7, "direct": 5, "ring_textbook": 5, "fsdp": 3}
 BUCKETS_IN_FLIGHT = 3  # stages 1 and 2: IN_FLIGHT reduce-scatters and the bucket being filled
 
 
+def checkpointed_units(net: torch.nn.Module, sync, checkpointing: str) -> list[torch.nn.Module]:
+    """The modules trainer.activation_checkpointing checkpoints (training/activation_checkpointing.py)."""
+    from ddp_lab.sync.sharded.units import unit_modules
+    from ddp_lab.training.activation_checkpointing import parse
+    k = parse(checkpointing)
+    if not k:
+        return []
+    units = unit_modules(net, (sync or {}).get("shard_units", "auto"), (sync or {}).get("unit_mb", 100.0))
+    return units[::k]
+
+
 def transient_bytes(net: torch.nn.Module, weights: int, stage: int, sync) -> int:
     """The transient of the module docstring for this model under this sync (its config group, or None)."""
     if sync is None:  # (one process: no sync's buffers)
@@ -99,8 +111,8 @@ def transient_bytes(net: torch.nn.Module, weights: int, stage: int, sync) -> int
         if stage in (1, 2) and sync.get("bucket_cap_mb", 0) > 0:
             return min(weights, int(BUCKETS_IN_FLIGHT * sync.bucket_cap_mb * 2**20))
         return weights  # one gradient-sized buffer
-    from ddp_lab.sync.sharded.common import unit_modules
-    units = unit_modules(net, sync.get("shard_units", "") or "")
+    from ddp_lab.sync.sharded.units import unit_modules
+    units = unit_modules(net, sync.get("shard_units", "auto"), sync.get("unit_mb", 100.0))
     in_units = {id(p) for m in units for p in m.parameters()}
     largest = max((sum(p.numel() * p.element_size() for p in m.parameters()) for m in units), default=0)
     root = sum(p.numel() * p.element_size() for p in net.parameters() if id(p) not in in_units)
@@ -154,28 +166,53 @@ def _fused_on_cpu(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale
         return False
 
 
-def activation_bytes(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, task) -> int:
+def activation_bytes(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, task,
+                     checkpointed: list[torch.nn.Module] = ()) -> int:
     """Bytes autograd saves for the backward of one sample like (x, y): the forward and
-    loss of two on the meta device, halved; each saved tensor counted once, the parameters not at all."""
+    loss of two on the meta device, halved; each saved tensor counted once, the parameters not at all.
+    `checkpointed` (trainer.activation_checkpointing's modules): of those, their inputs only, and the
+    largest one's own saved tensors once (what its recompute holds in the backward)."""
     params = {id(p) for p in net.parameters()}
     saved: dict[int, int] = {}
+    inside: dict[int, dict[int, int]] = {id(m): {} for m in checkpointed}
+    running: list[int] = []  # the checkpointed module whose forward runs
+
+    def size(t: torch.Tensor) -> tuple[int, int]:
+        base = t._base if t._base is not None else t  # a view keeps its base's storage
+        return id(base), base.numel() * base.element_size()
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        base = t._base if t._base is not None else t  # a view keeps its base's storage
-        if id(base) not in params and id(t) not in params:
-            saved[id(base)] = base.numel() * base.element_size()
+        if id(t) not in params and (t._base is None or id(t._base) not in params):
+            key, n = size(t)
+            (inside[running[-1]] if running else saved)[key] = n
         return t
 
+    def enter(m, args):
+        if not running:
+            for t in tree_leaves(args):
+                if isinstance(t, torch.Tensor) and t.requires_grad and id(t) not in params:
+                    saved.setdefault(*size(t))  # what the checkpoint keeps
+        running.append(id(m))
+
+    def leave(*_) -> None:
+        running.pop()
+
+    hooks = [h for m in checkpointed for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
     # two samples, not one: BatchNorm refuses to train on a batch of one value per channel
     xm = torch.empty(2, *x.shape, dtype=x.dtype, device="meta")
     ym = torch.empty(2, *y.shape, dtype=y.dtype, device="meta")
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _FusedAttention():
-        task.loss(net.train()(xm), ym)
-    return sum(saved.values()) // 2
+    try:
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _FusedAttention():
+            task.loss(net.train()(xm), ym)
+    finally:
+        for h in hooks:
+            h.remove()
+    recompute = max((sum(v.values()) for v in inside.values()), default=0)
+    return (sum(saved.values()) + recompute) // 2
 
 
 def estimate(model, optim, x: torch.Tensor, y: torch.Tensor, task, batch: int, shards: int = 1,
-             stage: int = 1, sync=None, runtime: int = 0) -> Estimate:
+             stage: int = 1, sync=None, runtime: int = 0, checkpointing: str = "none") -> Estimate:
     """The estimate for `batch` samples per rank like (x, y), of the model and optimizer groups,
     with the optimizer state in `shards` parts (sync.mode=zero: the world size), and from stage 2
     the gradients too; `sync` (its config group) for the transient, `runtime`: the process's bytes."""
@@ -185,7 +222,7 @@ def estimate(model, optim, x: torch.Tensor, y: torch.Tensor, task, batch: int, s
     weights = sum(p.numel() * p.element_size() for p in net.parameters())
     kept, name = optimizer_state(optim)
     try:
-        per_sample = activation_bytes(net, x, y, task)
+        per_sample = activation_bytes(net, x, y, task, checkpointed_units(net, sync, checkpointing))
     except (RuntimeError, ValueError, TypeError, NotImplementedError, AssertionError, IndexError) as e:  # on meta
         log.info("memory estimate: activations not counted (%s)", str(e).strip().splitlines()[0] if str(e) else e)
         per_sample = 0
@@ -268,7 +305,7 @@ def describe(e: Estimate, model, stage: int, available: int, ranks: int, machine
 
 def check_fits_memory(model, optim, env: DistEnv, x: torch.Tensor, y: torch.Tensor, task, batch: int, *,
                       stage: int = 0, refuse: bool = True, available: int | None = None,
-                      sync=None) -> Estimate | None:
+                      sync=None, checkpointing: str = "none") -> Estimate | None:
     """Refuse (`refuse`: trainer.memory_check) or warn about a CPU run whose estimate is more than the
     memory available to each rank; warn where it takes most of it. None where not checked.
     model, optim: their config groups; stage: sync.zero_stage under sync.mode=zero (0: nothing sharded)."""
@@ -279,7 +316,8 @@ def check_fits_memory(model, optim, env: DistEnv, x: torch.Tensor, y: torch.Tens
     if found is None:
         return None
     try:
-        e = estimate(model, optim, x, y, task, batch, env.world_size if stage else 1, stage, sync, runtime_bytes())
+        e = estimate(model, optim, x, y, task, batch, env.world_size if stage else 1, stage, sync, runtime_bytes(),
+                     checkpointing)
     except Exception as err:  # a user's model that cannot be built on meta (it reads values, loads weights)
         log.info("memory estimate: not made (the model cannot be built on the meta device: %s)", err)
         return None

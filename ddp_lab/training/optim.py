@@ -1,6 +1,7 @@
-"""The optimizer and its learning-rate schedule, built from the optim config group."""
+"""The optimizer, its parameter groups and its learning-rate schedule, built from the optim config group."""
 from __future__ import annotations
 
+import fnmatch
 import math
 
 import torch
@@ -8,11 +9,52 @@ from hydra.errors import InstantiationException
 
 from ddp_lab.config import ConfigError, targets
 
+# torch's optimizers whose step treats each element alone: on a flat chunk of many tensors (sync.mode=zero)
+# they do the math they do on the tensors (Adafactor's factored moments, LBFGS's line search do not)
+ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "Adadelta", "ASGD")
+
+
+def no_decay_names(model, rule) -> frozenset[str]:
+    """The names (model.named_parameters()') of the parameters optim.no_decay keeps out of weight decay:
+    none; 1d (every tensor of fewer than 2 dimensions: biases, norms' weights); or a list of fnmatch
+    patterns over the names (a tied parameter by any of its names), 1d among them if wanted. A pattern
+    that matches nothing is refused: it is a typo more often than not."""
+    items = [rule] if isinstance(rule, str) else list(rule or [])
+    items = [str(i) for i in items if str(i).lower() != "none"]
+    if not items:
+        return frozenset()
+    canonical = {id(p): n for n, p in model.named_parameters()}
+    out = set()
+    for item in items:
+        hits = {canonical[id(p)] for n, p in model.named_parameters(remove_duplicate=False)
+                if (p.dim() < 2 if item.lower() == "1d" else fnmatch.fnmatchcase(n, item))}
+        if not hits:
+            some = ", ".join(list(canonical.values())[:4])
+            raise ConfigError(f"optim.no_decay: {item!r} matches no parameter of this model (its names are like "
+                              f"{some}): fix the pattern, e.g. optim.no_decay=[1d,'*.bias']")
+        out |= hits
+    return frozenset(out)
+
+
+def refuse_whole_tensor_optimizers(cfg, sync) -> None:
+    """sync.mode=zero hands the optimizer flat chunks of many tensors: an optimizer that is not known to
+    treat each element alone (optim.elementwise) is refused in one line."""
+    if not sync.caps.flat_shards:
+        return
+    declared = str(cfg.get("elementwise", "auto")).lower()
+    name = str(cfg.get("_target_", "")).rsplit(".", 1)[-1]
+    if declared == "true" or (declared == "auto" and str(cfg.get("_target_", "")).startswith("torch.optim.")
+                              and name in ELEMENTWISE):
+        return
+    raise ConfigError(f"sync.mode=zero steps flat chunks of many tensors, and {cfg.get('_target_')} is not known to "
+                      f"treat each element alone (its math would differ): use sync.mode=fsdp (whole tensors' "
+                      f"rows), or set optim.elementwise=true if it does")
+
 
 def build_optimizer(cfg, params):
     """The optimizer `cfg._target_` (the optim group) names; the schedule keys are ddp_lab's own."""
     try:
-        return targets.build("optim", cfg, params=params)
+        return targets.build("optim", cfg, params=params, _convert_="all")  # (param groups: plain dicts)
     except InstantiationException as e:
         # torch.optim checks its own arguments ("Invalid learning rate: -1.0"): pass that on
         if isinstance(e.__cause__, ValueError):

@@ -140,7 +140,7 @@ def test_fsdp_is_not_compiled(compose_train):
 
 def test_units_are_the_top_level_children_or_the_named_classes():
     from ddp_lab.models.gpt import Block, gpt
-    from ddp_lab.sync.sharded.zero3 import unit_modules
+    from ddp_lab.sync.sharded.units import unit_modules
     model = gpt(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=16)
     blocks = [m for m in model.modules() if isinstance(m, Block)]
     assert len(blocks) == 2 and all(b in unit_modules(model) for b in blocks)  # a ModuleList's children

@@ -40,8 +40,10 @@ class LocalSGDSync(FlatSync):
         self.every = cfg.every
         self.start = cfg.local_sgd_start_step if start is None else start
         self.step = 0  # optimizer steps taken, the run's count (checkpointed)
-        # the weights that travel: parameters and floating buffers (BatchNorm's statistics)
-        self.weights = [p for p in model.parameters()] + [b for b in model.buffers() if b.is_floating_point()]
+        # the weights that travel: trained parameters (a frozen one never changes) and floating buffers
+        # (BatchNorm's statistics)
+        self.weights = [p for p in model.parameters() if p.requires_grad] + [b for b in model.buffers()
+                                                                             if b.is_floating_point()]
 
     def synced_at(self, step: int) -> bool:
         """Whether every rank holds the same weights after optimizer step `step`."""

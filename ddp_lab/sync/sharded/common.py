@@ -1,6 +1,6 @@
 """What the sharded family shares (ZeRO stages 1-3 in zero1.py, zero2.py, zero3.py, and torch's FSDP2 in
 fsdp.py): the collectives they run on, parameters as views into one flat buffer, gradient clipping over
-shards, the units that stage 3 and fsdp gather one at a time, and giving freed gathers back to the kernel."""
+shards, and giving freed gathers back to the kernel (the units stage 3 and fsdp gather: units.py)."""
 from __future__ import annotations
 
 import ctypes
@@ -53,29 +53,6 @@ def clip_sharded(grads: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     for g in grads:
         g.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))  # as torch's clip_grad_norm_
     return norm
-
-
-def unit_modules(model: nn.Module, classes: str = "") -> list[nn.Module]:
-    """The modules gathered one at a time: those of the comma-separated class names in `classes`
-    (sync.shard_units; outermost first, none inside another), or else the top-level children with
-    parameters, and the children of a top-level ModuleList or ModuleDict (no forward of its own)."""
-    names = {c.strip() for c in classes.split(",") if c.strip()}
-    if names:
-        found, inside = [], set()
-        for m in model.modules():
-            if type(m).__name__ in names and id(m) not in inside and m is not model:
-                found.append(m)
-                inside.update(id(s) for s in m.modules())
-        if not found:
-            known = sorted({type(m).__name__ for m in model.modules()})
-            raise ConfigError(f"sync.shard_units={classes} names no module of this model: its classes are "
-                              f"{', '.join(known)}")
-        return [m for m in found if any(p.requires_grad for p in m.parameters())]
-    out = []
-    for child in model.children():
-        inner = list(child.children()) if isinstance(child, (nn.ModuleList, nn.ModuleDict)) else [child]
-        out += [m for m in inner if any(p.requires_grad for p in m.parameters())]
-    return out
 
 
 def state_names(model: nn.Module) -> dict[int, list[str]]:

@@ -27,12 +27,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_lab.checkpoint.reshard import my_rows
+from ddp_lab.checkpoint.reshard import my_rows, stepped
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
 from ddp_lab.models.meta_init import MetaInit, real_buffers, real_copy, swap_parameters
-from ddp_lab.sync.base import Capabilities, ReplicaSync, broadcast_from_rank0
-from ddp_lab.sync.sharded.common import clip_sharded, load_whole_part, return_freed_blocks, unit_modules
+from ddp_lab.sync.base import Capabilities, ReplicaSync, broadcast_buffers_each_step, broadcast_from_rank0
+from ddp_lab.sync.sharded.common import clip_sharded, load_whole_part, return_freed_blocks
+from ddp_lab.sync.sharded.outside_use import check_first_forward
+from ddp_lab.sync.sharded.units import announce, unit_modules
 
 
 def fully_shard_or_refuse():
@@ -56,7 +58,8 @@ class FSDPSync(ReplicaSync):
     caps = Capabilities(syncs_in_backward=True, shards=True, forward_gathers=True, sharding=3,
                         eager="sync.mode=fsdp applies fully_shard to the eager model's blocks")
 
-    def __init__(self, model: nn.Module, env: DistEnv, cfg, init: MetaInit | None = None):
+    def __init__(self, model: nn.Module, env: DistEnv, cfg, init: MetaInit | None = None,
+                 no_decay: frozenset = frozenset()):
         super().__init__(model, env)
         self.cfg = cfg
         fully_shard = fully_shard_or_refuse()
@@ -68,30 +71,37 @@ class FSDPSync(ReplicaSync):
             for p in model.parameters():  # FSDP2 shards contiguous rows only (trainer.channels_last is not)
                 p.data = p.data.contiguous()
         mesh = init_device_mesh(env.device.type, (env.world_size,))
-        mods = unit_modules(model, cfg.shard_units)
+        mods = unit_modules(model, cfg.shard_units, getattr(cfg, "unit_mb", 100.0))
         owners = {}  # parameter -> how many units hold it; a tied one (the GPT's embedding) stays in the root
         for m in mods:
             for p in m.parameters():
                 owners[p] = owners.get(p, 0) + 1
         self.units = [m for m in mods if all(owners[p] == 1 for p in m.parameters())]
+        announce(model, self.units, cfg, env.is_main)
         if init is not None:  # each unit made whole, initialised and sharded before the next is made
             self._initialise(model, init, lambda m: fully_shard(m, mesh=mesh))
         else:
             for m in self.units:
                 fully_shard(m, mesh=mesh)
         fully_shard(model, mesh=mesh)
+        check_first_forward(model, self.units)
+        broadcast_buffers_each_step(model)  # (as DDP: a BatchNorm's running statistics are rank 0's)
         if dist.get_backend() == "gloo" and hasattr(model, "set_force_sum_reduction_for_comms"):
             for m in [*self.units, model]:  # each unit's setting is its own
                 m.set_force_sum_reduction_for_comms(True)
         # bytes handed to collectives, counted as zero stage 3 counts them (unpadded): each micro-batch
         # gathers a unit's weights twice (forward, backward; half an all-reduce's bytes each), the root's
-        # once; the step's last micro-batch reduce-scatters the gradients (half an all-reduce's)
-        in_units = {p for m in self.units for p in m.parameters()}
+        # once; the step's last micro-batch reduce-scatters the gradients (half an all-reduce's), the
+        # trainable ones' only
+        in_units = {id(p) for m in self.units for p in m.parameters()}
         size = {id(p): p.numel() * p.element_size() for p in model.parameters()}
-        whole, root = sum(size.values()), sum(n for i, n in size.items() if i not in map(id, in_units))
-        self.gather_bytes, self.scatter_bytes = whole - root + root // 2, whole // 2
+        whole, root = sum(size.values()), sum(n for i, n in size.items() if i not in in_units)
+        trained = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        self.gather_bytes, self.scatter_bytes = whole - root + root // 2, trained // 2
         has_root = root > 0  # (each unit: one all-gather in the forward, one in the backward, one reduce-scatter)
-        self.gathers, self.scatters = 2 * len(self.units) + has_root, len(self.units) + has_root
+        trains = [any(p.requires_grad for p in m.parameters()) for m in self.units]
+        root_trains = any(p.requires_grad and id(p) not in in_units for p in model.parameters())
+        self.gathers, self.scatters = 2 * len(self.units) + has_root, sum(trains) + root_trains
         self.forwards = 0  # training forwards since the last after_backward
         model.register_forward_pre_hook(lambda *_: setattr(self, "forwards", self.forwards + torch.is_grad_enabled()))
 
@@ -172,9 +182,9 @@ class FSDPSync(ReplicaSync):
         not match its parameter."""
         from torch.distributed.tensor import DTensor
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        if any(len(s["param_groups"][0]["params"]) != len(params) for s in states):
-            raise ValueError(f"the checkpoint's optimizer steps {len(states[0]['param_groups'][0]['params'])} "
-                             f"parameters, this run {len(params)}")
+        if any(stepped(s) != len(params) for s in states):
+            raise ValueError(f"the checkpoint's optimizer steps {stepped(states[0])} parameters, "
+                             f"this run {len(params)}")
         state = {}
         for i, p in enumerate(params):
             state[i] = {}

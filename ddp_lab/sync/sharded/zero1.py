@@ -59,7 +59,7 @@ from ddp_lab.collectives import (
 from ddp_lab.collectives.basics import Pending
 from ddp_lab.distributed import DistEnv
 from ddp_lab.models.meta_init import MetaInit
-from ddp_lab.sync.base import Capabilities, ReplicaSync, broadcast_from_rank0
+from ddp_lab.sync.base import Capabilities, ReplicaSync, broadcast_buffers_each_step, broadcast_from_rank0
 from ddp_lab.sync.sharded.common import clip_sharded, trainable_parameters, views_into
 from ddp_lab.telemetry import position
 
@@ -80,21 +80,37 @@ def buckets_of(params: list[nn.Parameter], cap_bytes: float) -> list[list[nn.Par
     return out
 
 
+def grouped_buckets(params: list[nn.Parameter], group: dict[int, int], cap_bytes: float):
+    """(buckets, the optimizer group of each): buckets_of each group's parameters apart, so that a flat
+    chunk never mixes two groups, ordered by when the backward finishes them (their earliest parameter
+    in the model's order last)."""
+    order = {id(p): i for i, p in enumerate(params)}
+    out = []
+    for g in sorted({group.get(id(p), 0) for p in params}):
+        out += [(b, g) for b in buckets_of([p for p in params if group.get(id(p), 0) == g], cap_bytes)]
+    out.sort(key=lambda bg: -min(order[id(p)] for p in bg[0]))
+    return [b for b, _ in out], [g for _, g in out]
+
+
 class Zero1Sync(ReplicaSync):
     comm_timing = "hook"
     # each chunk's gradient is a view into one buffer kept between steps
-    caps = Capabilities(syncs_in_backward=True, shards=True, grads_set_to_none=False, sharding=1)
+    caps = Capabilities(syncs_in_backward=True, shards=True, grads_set_to_none=False, sharding=1, flat_shards=True)
 
-    def __init__(self, model: nn.Module, env: DistEnv, cfg, init: MetaInit | None = None):
+    def __init__(self, model: nn.Module, env: DistEnv, cfg, init: MetaInit | None = None,
+                 no_decay: frozenset = frozenset()):
         super().__init__(model, env)
         self.cfg, self.init = cfg, init  # init: a meta-device model's (stage 3 only), replayed by every rank
         params = trainable_parameters(model, "sync.mode=zero")
+        self.no_decay = no_decay  # (optim.no_decay's parameter names: a group of their own, never in one chunk)
+        self.group_of = {id(p): int(n.replace("_orig_mod.", "") in no_decay) for n, p in model.named_parameters()}
         self._prepare()
         if init is None:
             broadcast_from_rank0(model)
         self._lay_out(model, params)
         params = [p for p in model.parameters() if p.requires_grad]  # (made anew from a meta-device model)
         self._attach_grads()
+        broadcast_buffers_each_step(model)  # (as DDP: a BatchNorm's running statistics are rank 0's)
         self.hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
         self._start_backward()
 
@@ -106,7 +122,7 @@ class Zero1Sync(ReplicaSync):
         """Buckets of one flat weight buffer (the model's parameters become views into it) and this
         rank's chunk of each, the optimizer's parameters."""
         n, r = self.env.world_size, self.env.rank
-        self.buckets = buckets_of(params, self.cfg.bucket_cap_mb * 2**20)
+        self.buckets, self.groups = grouped_buckets(params, self.group_of, self.cfg.bucket_cap_mb * 2**20)
         self.chunks = [-(-sum(p.numel() for p in b) // n) for b in self.buckets]  # ceil: the last one padded
         starts = [0]
         for c in self.chunks:
@@ -143,12 +159,21 @@ class Zero1Sync(ReplicaSync):
             piece.grad = self.whole_grads[span][r * c:(r + 1) * c]  # where the mean of this rank's chunk lands
         self.accumulating = False
 
+    def _in_optimizer_order(self, per_bucket: list) -> list:
+        """`per_bucket` (one item per bucket, or stage 3 unit) in the optimizer's order: by group, then bucket."""
+        return [x for g in sorted(set(self.groups)) for x, h in zip(per_bucket, self.groups) if h == g]
+
     def parameters(self):
-        return list(self.pieces)
+        return self._in_optimizer_order(self.pieces)
+
+    def param_groups(self) -> list[dict]:
+        """This rank's chunks by optimizer group: decayed, then optim.no_decay's (weight_decay 0)."""
+        return [{"params": [p for p, h in zip(self.pieces, self.groups) if h == g],
+                 **({"weight_decay": 0.0} if g else {})} for g in sorted(set(self.groups))]
 
     def group_sizes(self) -> list[int]:
         """The unpadded elements of each bucket (stage 3: unit), as parameters() lists their chunks."""
-        return [sum(p.numel() for p in b) for b in self.buckets]
+        return self._in_optimizer_order([sum(p.numel() for p in b) for b in self.buckets])
 
     def reshard_optimizer_state(self, states: list[dict], optimizer) -> dict:
         """This rank's optimizer state from every rank's of a run at another world size (checkpoint/reshard.py)."""

@@ -51,17 +51,22 @@ from ddp_lab.collectives import (
 )
 from ddp_lab.models.meta_init import make_the_rest_real, swap_parameters
 from ddp_lab.sync.base import Capabilities
-from ddp_lab.sync.sharded.common import load_whole_part, return_freed_blocks, state_names, unit_modules, views_into
+from ddp_lab.sync.sharded.common import load_whole_part, return_freed_blocks, state_names, views_into
+from ddp_lab.sync.sharded.outside_use import check_first_forward
+from ddp_lab.sync.sharded.units import announce, unit_modules
 from ddp_lab.sync.sharded.zero2 import Zero2Sync
 from ddp_lab.telemetry import position
 
 
 class Unit:
-    """One unit's flat weights (whole while gathered, empty otherwise) and this rank's piece of them.
-    Its parameters become views into the flat weights: the model's own, holding their values, or, on
-    the meta device, new parameters (`made`: old -> new, for the caller to put in the model)."""
+    """A flat buffer of a module's weights of one kind (whole while gathered, empty otherwise) and this
+    rank's piece of it. The kind: trainable in optimizer group `group` (0, or 1 for optim.no_decay's), or
+    frozen (group None: gathered, never reduce-scattered or stepped). Its parameters become views into
+    the flat weights: the model's own, holding their values, or, on the meta device, new parameters
+    (`made`: old -> new, for the caller to put in the model)."""
 
-    def __init__(self, params: list[nn.Parameter], world_size: int, device: torch.device):
+    def __init__(self, params: list[nn.Parameter], world_size: int, device: torch.device, group: int | None = 0):
+        self.group, self.in_root = group, False
         self.numel = sum(p.numel() for p in params)
         self.chunk = -(-self.numel // world_size)  # ceil: the last chunk padded
         self.flat = torch.empty(self.chunk * world_size, dtype=params[0].dtype, device=device)
@@ -84,6 +89,10 @@ class Unit:
                 w.copy_(p)
                 p.data = w
 
+    @property
+    def frozen(self) -> bool:
+        return self.group is None
+
     def allocate(self) -> None:
         """The flat weights' memory back, their values undefined (but the padding's): to be filled."""
         self.flat.untyped_storage().resize_(self.nbytes)
@@ -95,8 +104,18 @@ class Unit:
         self.gathered = False
 
 
+def units_of(params: list[nn.Parameter], world_size: int, device: torch.device, group_of: dict) -> list[Unit]:
+    """A module's parameters as Units, one per kind (optimizer group, frozen and dtype), so that a flat chunk
+    holds one kind only."""
+    kinds: dict[tuple, list] = {}
+    for p in params:
+        kinds.setdefault((group_of.get(id(p), 0) if p.requires_grad else None, str(p.dtype)), []).append(p)
+    return [Unit(ps, world_size, device, group) for (group, _), ps in kinds.items()]
+
+
 class Zero3Sync(Zero2Sync):
     caps = Capabilities(syncs_in_backward=True, shards=True, forward_gathers=True, grads_set_to_none=False, sharding=3,
+                        flat_shards=True,
                         eager="sync.zero_stage=3 gathers and frees the weights in module hooks that resize "
                               "their storage")
 
@@ -104,41 +123,54 @@ class Zero3Sync(Zero2Sync):
         return_freed_blocks(self.env.device)
 
     def _lay_out(self, model: nn.Module, params: list[nn.Parameter]) -> None:
-        """Units instead of buckets: each its own flat buffer, freed but while in use; this rank's
-        piece of each a view into one buffer of them all."""
+        """Units instead of buckets: each module's its own flat buffers (units_of), freed but while in use;
+        this rank's pieces of the trainable ones views into one buffer, of the frozen ones into another."""
         n, r = self.env.world_size, self.env.rank
+        every = list(dict.fromkeys(model.parameters()))  # frozen ones too (tied ones once)
         owners = {}  # parameter -> the units whose modules hold it
-        mods = unit_modules(model, self.cfg.shard_units)
+        mods = unit_modules(model, self.cfg.shard_units, getattr(self.cfg, "unit_mb", 100.0))
+        announce(model, mods, self.cfg, self.env.is_main)
         for i, m in enumerate(mods):
             for p in m.parameters():
                 owners.setdefault(p, set()).add(i)
-        alone = {i: [p for p in params if owners.get(p) == {i}] for i in range(len(mods))}
-        root = [p for p in params if len(owners.get(p, ())) != 1]  # the model's own, and tied ones
-        self.modules = [m for i, m in enumerate(mods) if alone[i]] + ([model] if root else [])
-        # the units in the model's order, the root last
+        alone = {i: [p for p in every if owners.get(p) == {i}] for i in range(len(mods))}
+        root = [p for p in every if len(owners.get(p, ())) != 1]  # the model's own, and tied ones
         device = self.env.device
-        self.forward = [Unit(ps, n, device) for ps in [a for a in alone.values() if a] + ([root] if root else [])]
-        self.root = self.forward[-1] if root else None
-        meta = params[0].is_meta
-        if meta:  # a meta-device build: the units' new parameters in the model, the rest made real whole
-            swap_parameters(model, {k: v for u in self.forward for k, v in u.made.items()})
+        # the parts: each module gathered one at a time, with its Units; the root (the model's own) last
+        self.modules = [m for i, m in enumerate(mods) if alone[i]] + ([model] if root else [])
+        self.parts = [units_of(ps, n, device, self.group_of) for ps in [a for a in alone.values() if a] + [root] if ps]
+        self.root_part = self.parts[-1] if root else []
+        for u in self.root_part:
+            u.in_root = True
+        self.root = next((u for u in self.root_part if not u.frozen), None)  # the root's trainable unit
+        every_unit = [u for part in self.parts for u in part]
+        self.forward = [u for u in every_unit if not u.frozen]  # the trainable ones, in the model's order
+        self.frozen_units = [u for u in every_unit if u.frozen]
+        meta = every[0].is_meta
+        if meta:  # a meta-device build: the units' new parameters in the model, the buffers made real
+            swap_parameters(model, {k: v for u in every_unit for k, v in u.made.items()})
             make_the_rest_real(model, device)
         self.shard_size = sum(u.chunk for u in self.forward)
         self.mine = torch.zeros(self.shard_size, dtype=params[0].dtype, device=device)  # this rank's pieces
+        self.frozen_mine = [torch.zeros(u.chunk, dtype=u.flat.dtype, device=device) for u in self.frozen_units]
         offset = 0
         for u in self.forward:
             u.piece = nn.Parameter(self.mine[offset:offset + u.chunk])  # a view: one buffer for all pieces
+            offset += u.chunk
+        for u, piece in zip(self.frozen_units, self.frozen_mine):
+            u.piece = piece
+        for u in every_unit:
             if not meta:
                 u.piece.detach().copy_(u.flat[r * u.chunk:(r + 1) * u.chunk])
-            offset += u.chunk
-            if u is not self.root or not meta:
+            if not u.in_root or not meta:
                 u.free()
         if meta:
             self._initialise(model)
         # sent in the reverse of the forward's order, the root last: its gradients (a tied embedding's)
         # end last, and a unit waiting for it would keep every unit after it whole until the end
-        self.units = [u for u in self.forward[::-1] if u is not self.root] + ([self.root] if root else [])
+        self.units = [u for u in self.forward[::-1] if not u.in_root] + [u for u in self.forward if u.in_root]
         self.buckets, self.pieces = [u.params for u in self.units], [u.piece for u in self.units]
+        self.groups = [u.group for u in self.units]
         self.chunks = [u.chunk for u in self.units]
         self.bucket_of = {id(p): i for i, u in enumerate(self.units) for p in u.params}
         self.whole = False
@@ -146,29 +178,34 @@ class Zero3Sync(Zero2Sync):
         self.prefetched = 0  # gathers found already started when needed (their count, for the tests)
         self.gathering = {}  # (stage 1's all-gathers after the step: none here)
         ahead = self.cfg.prefetch and self.cfg.algo in ("builtin", "direct")
-        order = self.forward[:len(self.forward) - (self.root is not None)]  # the hooks' units (root aside)
-        for i, (m, u) in enumerate(zip(self.modules, self.forward)):
-            after = order[i + 1] if ahead and i + 1 < len(order) else None  # the forward's next
-            before = order[i - 1] if ahead and 0 < i < len(order) else None  # the backward's next
-            m.register_forward_pre_hook(lambda _m, _a, u=u, nxt=after: self._gather(u, nxt))
-            m.register_forward_hook(lambda _m, _a, out, u=u, nxt=before: self._after_forward(u, out, nxt))
+        order = self.parts[:len(self.parts) - bool(root)]  # the hooks' parts (root aside)
+        for i, (m, part) in enumerate(zip(self.modules, self.parts)):
+            after = order[i + 1] if ahead and i + 1 < len(order) else []  # the forward's next
+            before = order[i - 1] if ahead and 0 < i < len(order) else []  # the backward's next
+            m.register_forward_pre_hook(lambda _m, args, part=part, nxt=after: self._before_forward(part, args, nxt))
+            m.register_forward_hook(lambda _m, _a, out, part=part, nxt=before: self._after_forward(part, out, nxt))
+        check_first_forward(model, self.modules[:len(order)])
 
     def _initialise(self, model: nn.Module) -> None:
-        """A meta-device build's weights, made a unit at a time (models/meta_init.py): each unit allocated,
-        initialised as the whole build would, cut to this rank's piece and freed; the root whole meanwhile."""
+        """A meta-device build's weights, made a unit at a time (models/meta_init.py): each module's units
+        allocated, initialised as the whole build would, cut to this rank's pieces and freed; the root whole
+        meanwhile."""
         r = self.env.rank
 
-        def keep(u: Unit) -> None:
+        def keep(part: list[Unit]) -> None:
             with torch.no_grad():
-                u.piece.copy_(u.flat[r * u.chunk:(r + 1) * u.chunk])
-            u.free()
+                for u in part:
+                    u.piece.copy_(u.flat[r * u.chunk:(r + 1) * u.chunk])
+                    u.free()
 
-        units = self.forward[:len(self.forward) - (self.root is not None)]
-        frozen = [p for p in model.parameters() if not p.requires_grad]
-        self.init.materialise(self.modules[:len(units)], (self.root.params if self.root else []) + frozen,
-                              lambda i: units[i].allocate(), lambda i: keep(units[i]))
-        if self.root is not None:
-            keep(self.root)
+        def allocate(part: list[Unit]) -> None:
+            for u in part:
+                u.allocate()
+
+        parts = self.parts[:len(self.parts) - bool(self.root_part)]
+        self.init.materialise(self.modules[:len(parts)], [p for u in self.root_part for p in u.params],
+                              lambda i: allocate(parts[i]), lambda i: keep(parts[i]))
+        keep(self.root_part)
 
     def _attach_grads(self) -> None:
         """Stage 2's: this rank's pieces' gradients in one buffer, laid out as the pieces are."""
@@ -180,21 +217,23 @@ class Zero3Sync(Zero2Sync):
         self.accumulating = False
 
     # ------------------------------------------------------------ gathering and freeing
-    def _gather(self, u: Unit, ahead: Unit | None = None) -> None:
-        """Unit u's weights whole (waiting for its gather if one was started ahead); then, with
-        sync.prefetch, the gather of `ahead` (the unit needed next) started in the background."""
-        if not u.gathered:
-            with position.collective("weight gather"), self._timed(), torch.no_grad():
-                started = self.pending.pop(id(u), None)
-                if started is not None:
-                    started[0].wait()
-                    self.prefetched += 1
-                else:
-                    self._start_gather(u, async_op=False)
-            u.gathered = True
-        if ahead is not None and not ahead.gathered and id(ahead) not in self.pending:
-            with position.collective("weight gather"), self._timed(), torch.no_grad():
-                self.pending[id(ahead)] = self._start_gather(ahead, async_op=True)
+    def _gather(self, part: list[Unit], ahead: list[Unit] = ()) -> None:
+        """A module's units whole (waiting for their gathers if started ahead); then, with sync.prefetch,
+        the gathers of `ahead` (the module's needed next) started in the background."""
+        for u in part:
+            if not u.gathered:
+                with position.collective("weight gather"), self._timed(), torch.no_grad():
+                    started = self.pending.pop(id(u), None)
+                    if started is not None:
+                        started[0].wait()
+                        self.prefetched += 1
+                    else:
+                        self._start_gather(u, async_op=False)
+                u.gathered = True
+        for u in ahead:
+            if not u.gathered and id(u) not in self.pending:
+                with position.collective("weight gather"), self._timed(), torch.no_grad():
+                    self.pending[id(u)] = self._start_gather(u, async_op=True)
 
     def _start_gather(self, u: Unit, async_op: bool):
         """All-gather unit u's pieces into its flat weights: (work, its input), work None when done."""
@@ -217,18 +256,32 @@ class Zero3Sync(Zero2Sync):
     def _settle(self) -> None:
         """Wait for the gathers started ahead and not needed (a forward that skipped a unit): their
         buffers must not be freed while a collective writes them."""
-        for u in self.units:
-            if id(u) in self.pending:
-                self._gather(u)
+        for part in self.parts:
+            if any(id(u) in self.pending for u in part):
+                self._gather([u for u in part if id(u) in self.pending])
 
-    def _after_forward(self, u: Unit, out, ahead: Unit | None = None) -> None:
-        if self.whole or u is self.root:
+    def _before_forward(self, part: list[Unit], args, ahead: list[Unit]) -> None:
+        self._gather(part, ahead)
+        frozen = [u for u in part if u.frozen and not u.in_root]
+        if frozen and torch.is_grad_enabled():  # frozen weights: freed once the backward is past the module
+            for t in tree_leaves(args):
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    t.register_hook(lambda g, frozen=frozen: self._free(frozen))
+
+    def _after_forward(self, part: list[Unit], out, ahead: list[Unit] = ()) -> None:
+        if self.whole or part is self.root_part:
             return
         if torch.is_grad_enabled():  # the backward gathers the unit again before it needs it
             for t in tree_leaves(out):
                 if isinstance(t, torch.Tensor) and t.requires_grad:
-                    t.register_hook(lambda g, u=u, nxt=ahead: self._gather(u, nxt))
-        u.free()
+                    t.register_hook(lambda g, part=part, nxt=ahead: self._gather(part, nxt))
+        self._free(part)
+
+    def _free(self, units: list[Unit]) -> None:
+        if not self.whole:
+            for u in units:
+                if u.gathered and id(u) not in self.pending:
+                    u.free()
 
     @contextlib.contextmanager
     def whole_weights(self):
@@ -238,8 +291,8 @@ class Zero3Sync(Zero2Sync):
             yield
             return
         with self.uncounted():
-            for u in self.forward:
-                self._gather(u)
+            for part in self.parts:
+                self._gather(part)
         self.whole = True
         try:
             yield
@@ -247,9 +300,10 @@ class Zero3Sync(Zero2Sync):
             self.whole = False
             r = self.env.rank
             with torch.no_grad():
-                for u in self.units:
-                    u.piece.copy_(u.flat[r * u.chunk:(r + 1) * u.chunk])
-                    u.free()
+                for part in self.parts:
+                    for u in part:
+                        u.piece.copy_(u.flat[r * u.chunk:(r + 1) * u.chunk])
+                        u.free()
 
     @contextlib.contextmanager
     def consensus(self):
@@ -262,42 +316,47 @@ class Zero3Sync(Zero2Sync):
                 self._settle()
 
     def each_weight(self, model: nn.Module):
-        """The state_dict an entry at a time, for model.pt: each unit gathered (every rank), its entries
-        handed out, then freed; so no process holds the whole model."""
+        """The state_dict an entry at a time, for model.pt: each module's units gathered (every rank), their
+        entries handed out, then freed; so no process holds the whole model."""
         names = state_names(model)
         handed = set()
         with self.uncounted():
-            for u in self.forward:
-                was = u.gathered
-                self._gather(u)
-                for p in u.params:
-                    handed.add(id(p))
-                    for name in names.get(id(p), ()):
-                        yield name, p.detach()
-                if not was:
-                    u.free()
-        for name, t in model.state_dict(keep_vars=True).items():  # buffers, frozen parameters
+            for part in self.parts:
+                was = [u.gathered for u in part]
+                self._gather(part)
+                for u in part:
+                    for p in u.params:
+                        handed.add(id(p))
+                        for name in names.get(id(p), ()):
+                            yield name, p.detach()
+                self._free([u for u, w in zip(part, was) if not w])
+        for name, t in model.state_dict(keep_vars=True).items():  # buffers
             if id(t) not in handed:
                 yield name, t.detach()
 
     def sharded_state(self, model: nn.Module) -> tuple[dict, dict]:
-        """(the state every rank holds whole: buffers, frozen parameters; this rank's pieces of the units)."""
-        sharded = {id(p) for u in self.forward for p in u.params}
+        """(the state every rank holds whole: buffers; this rank's pieces of the units, the frozen apart)."""
+        sharded = {id(p) for part in self.parts for u in part for p in u.params}
         whole = {k: t.detach() for k, t in model.state_dict(keep_vars=True).items() if id(t) not in sharded}
-        return whole, {"pieces": self.mine.detach(), "units": [u.numel for u in self.forward]}
+        return whole, {"pieces": self.mine.detach(), "units": [u.numel for u in self.forward],
+                       "frozen": [u.piece for u in self.frozen_units],
+                       "frozen_units": [u.numel for u in self.frozen_units]}
 
     def load_sharded_state(self, model: nn.Module, whole: dict, mine: dict | None, everyone: list | None) -> None:
         """Back from sharded_state(): this rank's own pieces, or at another world size its rows of each
         unit from the old ranks that held them (`everyone`'s, mapped: only those rows are read).
         ValueError where the units differ."""
         load_whole_part(model, whole)
-        units = [u.numel for u in self.forward]
+        units, frozen = [u.numel for u in self.forward], [u.numel for u in self.frozen_units]
         for saved in [mine] if mine is not None else everyone:
-            if list(saved["units"]) != units:
-                raise ValueError(f"its units hold {list(saved['units'])} weights, this run's {units}")
+            if list(saved["units"]) != units or list(saved.get("frozen_units", [])) != frozen:
+                raise ValueError(f"its units hold {list(saved['units'])} weights and {saved.get('frozen_units', [])} "
+                                 f"frozen, this run's {units} and {frozen}")
         with torch.no_grad():
             if mine is not None:
                 self.mine.copy_(mine["pieces"])
+                for u, piece in zip(self.frozen_units, mine.get("frozen", [])):
+                    u.piece.copy_(piece)
                 return
             n_old, new, old = len(everyone), 0, 0
             for u in self.forward:
@@ -306,6 +365,10 @@ class Zero3Sync(Zero2Sync):
                                self.env.rank, self.env.world_size)
                 self.mine[new:new + u.chunk].copy_(padded(rows, u.chunk))
                 new, old = new + u.chunk, old + c_old
+            for i, u in enumerate(self.frozen_units):
+                rows = my_rows(lambda q, i=i: everyone[q]["frozen"][i], u.numel, n_old, self.env.rank,
+                               self.env.world_size)
+                u.piece.copy_(padded(rows, u.chunk))
 
     def load_model_state_dict(self, model: nn.Module, state: dict) -> None:
         with self.whole_weights():  # each rank keeps its chunk of what is loaded
@@ -316,16 +379,14 @@ class Zero3Sync(Zero2Sync):
         """Stage 2's reduce-scatter of unit i's gradients (into a copy), then its weights freed."""
         super()._send(i)
         u = self.units[i]
-        if not self.whole and u is not self.root:
-            u.free()
+        if not u.in_root:
+            self._free([u])
 
     def _end_backward(self) -> None:
         super()._end_backward()
         self._settle()
-        if not self.whole:
-            for u in self.units:
-                if u.gathered:
-                    u.free()
+        for part in self.parts:
+            self._free(part)
 
     def after_step(self, step: int) -> None:
         """Nothing to send: the next forward gathers each unit from its updated pieces."""

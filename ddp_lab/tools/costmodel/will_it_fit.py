@@ -107,7 +107,8 @@ def describe(cfg, ranks: int, batch: int | None):
     task = choose_task(cfg.data.task, y, build_loss(cfg.trainer.get("loss")))
     check_fits_data(cfg.model, cfg.data, x, y, task, num_classes(train) if task.correct_name else 0)
     per_rank = batch or max(1, cfg.data.batch_size // ranks)
-    e = estimate(cfg.model, cfg.optim, x, y, task, per_rank)  # (activations it cannot count: 0, logged)
+    e = estimate(cfg.model, cfg.optim, x, y, task, per_rank, sync=cfg.sync,  # (activations it cannot count: 0)
+                 checkpointing=cfg.trainer.activation_checkpointing)
     with torch.device("meta"):
         net = build_model(cfg.model)
     transient = {s: transient_bytes(net, e.weight_bytes, stage, cfg.sync if ranks > 1 else None)
