@@ -65,6 +65,13 @@ class SyncConfig:
     unit_mb: float = key(100.0, "zero stage 3, fsdp with sync.shard_units=auto and no repeated block: a module "
                                 "of at most this many MB is a unit, a larger one is split into its children",
                          ok=positive_finite, rule="a positive number of MB")
+    param_dtype: str = key("amp", "zero stage 3, fsdp: the dtype the weights are gathered in: amp (bf16 under "
+                                  "trainer.amp=bf16, the optimizer stepping fp32 shards; else as they are) | fp32 "
+                                  "(as they are, autocast casting them op by op)", ok=one_of(("amp", "fp32")),
+                           rule="amp or fp32")
+    reduce_dtype: str = key("fp32", "zero stage 3, fsdp under trainer.amp=bf16 (the weights gathered in bf16, the "
+                                    "optimizer stepping fp32 shards): the dtype gradients are reduce-scattered in: "
+                                    "fp32 | bf16", ok=one_of(("fp32", "bf16")), rule="fp32 or bf16")
     prefetch: bool = key(True, "zero stage 3 with sync.algo=builtin or direct: start the next unit's gather while this "
                                "one computes (false: each unit gathered when it is needed)")
     every: int = key(8, "local_sgd, diloco: steps between synchronisations of the weights (H)",

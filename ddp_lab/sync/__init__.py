@@ -92,10 +92,13 @@ def eager_only(cfg, device: torch.device | None = None) -> str:
     return strategy(cfg, device or torch.device("cpu")).caps.eager
 
 
-def build_sync(cfg, model: nn.Module, env: DistEnv, init=None, no_decay: frozenset = frozenset()) -> ReplicaSync:
+def build_sync(cfg, model: nn.Module, env: DistEnv, init=None, no_decay: frozenset = frozenset(),
+               param_dtype: torch.dtype | None = None) -> ReplicaSync:
     """The strategy, built around `model`; `init` (models/meta_init.py's MetaInit): the model is on the
     meta device, and a strategy that shards the weights makes them a unit at a time; `no_decay`: the
-    names of the parameters optim.no_decay steps without weight decay (zero lays their chunks apart)."""
+    names of the parameters optim.no_decay steps without weight decay (zero lays their chunks apart);
+    `param_dtype` (bf16 under trainer.amp=bf16): where the sync gathers the weights (stage 3, fsdp), it
+    gathers them in it, the optimizer stepping the shards in their own."""
     validate(cfg)
     if not env.distributed:
         sync = ReplicaSync(model, env)
@@ -106,8 +109,11 @@ def build_sync(cfg, model: nn.Module, env: DistEnv, init=None, no_decay: frozens
             cfg = SimpleNamespace(**{**items, "mode": mode})
         cls = strategy(cfg, env.device)
         extra = {"init": init} if init is not None else {}
-        if no_decay and "no_decay" in inspect.signature(cls).parameters:
+        takes = inspect.signature(cls).parameters
+        if no_decay and "no_decay" in takes:
             extra["no_decay"] = no_decay
+        if param_dtype is not None and "param_dtype" in takes:
+            extra["param_dtype"] = param_dtype
         sync = cls(model, env, cfg, **extra)
     sync.no_decay = no_decay
     return sync

@@ -205,6 +205,11 @@ class ReplicaSync:
         rank runs it to the end (sharded weights: each is gathered, a collective, and dropped after)."""
         yield from model.state_dict().items()
 
+    def state_layout(self, model: nn.Module) -> dict:
+        """The state_dict each_weight() hands out, its tensors needing only their shapes and dtypes (model.pt's
+        layout: training/model_file.py)."""
+        return model.state_dict(keep_vars=True)
+
     def load_model_state_dict(self, model: nn.Module, state: dict) -> None:
         """Load a whole state_dict (every rank calls it with the same one; sharded: each keeps its piece)."""
         model.load_state_dict(state)

@@ -215,7 +215,8 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
         log.info("activation checkpointing: %d module(s) recompute their forward in the backward (%s, ...)",
                  len(checkpointed), type(checkpointed[0]).__name__)
     no_decay = no_decay_names(model, cfg.optim.get("no_decay", "none"))
-    sync = build_sync(cfg.sync, torch.compile(model) if compiled else model, env, init, no_decay)
+    sync = build_sync(cfg.sync, torch.compile(model) if compiled else model, env, init, no_decay,
+                      torch.bfloat16 if amp == "bf16" and cfg.sync.param_dtype == "amp" else None)  # (stage 3, fsdp)
     refuse_whole_tensor_optimizers(cfg.optim, sync)
     optimizer = build_optimizer(cfg.optim, sync.param_groups())  # (zero: this rank's shard)
     scheduler = build_schedule(optimizer, cfg.optim, plan.steps_per_epoch, plan.total_steps)

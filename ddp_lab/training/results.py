@@ -87,9 +87,10 @@ def memory_scalars(summary: dict) -> dict[str, float]:
     return {**model, **{f"mem/peak_mb/rank{r}": mb for r, mb in enumerate(summary["peak_mem_mb_by_rank"])}}
 
 
-def write_results(run_dir: Path, model, weights, summary: dict, main: bool) -> None:
-    """model.pt (written a tensor at a time as `weights`, the sync's each_weight(), hands them out:
-    training/model_file.py) and summary.json, by rank 0; every rank runs `weights` to its end."""
+def write_results(run_dir: Path, layout: dict, weights, summary: dict, main: bool) -> None:
+    """model.pt (laid out as `layout`, the sync's state_layout(); written a tensor at a time as `weights`, its
+    each_weight(), hands them out: training/model_file.py) and summary.json, by rank 0; every rank runs
+    `weights` to its end."""
     if not main:
         for _ in weights:  # (a sharded model: every rank takes part in each gather)
             pass
@@ -98,7 +99,7 @@ def write_results(run_dir: Path, model, weights, summary: dict, main: bool) -> N
     tmp = run_dir / ".model.pt.tmp"
     bad, size = [], 0
     try:
-        out = ModelFile(tmp, model.state_dict(keep_vars=True))
+        out = ModelFile(tmp, layout)
         try:
             for name, t in weights:
                 if t.is_floating_point() and not torch.isfinite(t).all():

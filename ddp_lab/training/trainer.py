@@ -228,7 +228,8 @@ class Trainer:
         self.log.hparams(self.cfg, self.env.world_size, summary["backend"],
                          {k: summary[k] for k in (headline, "train_loss", "samples_per_sec")})
         self.log.scalars(memory_scalars(summary), self.step)  # every rank's model state and peak memory
-        write_results(self.run_dir, self.model, self.sync.each_weight(self.model), summary, self.env.is_main)
+        write_results(self.run_dir, self.sync.state_layout(self.model), self.sync.each_weight(self.model), summary,
+                      self.env.is_main)
         self.log.print(final_line(summary, headline))
         return summary
 

@@ -60,8 +60,10 @@ def test_sharded_weights_written_by_2_ranks_load_exactly_on_3_and_4(mode, tmp_pa
             assert loaded[k] == saved[k], (n, k)
 
 
-SHARDED = {"zero3": ["sync=zero", "sync.zero_stage=3"], "fsdp": ["sync=fsdp"]}
-CKPT = ["trainer.amp=off", "trainer.ckpt_every=3", "trainer.keep_ckpts=10", "dist.timeout_s=60"]
+SHARDED = {"zero3": ["sync=zero", "sync.zero_stage=3", "trainer.amp=off"], "fsdp": ["sync=fsdp", "trainer.amp=off"],
+           # bf16 weights gathered, fp32 master pieces stepped and saved
+           "zero3 bf16": ["sync=zero", "sync.zero_stage=3", "trainer.amp=bf16"]}
+CKPT = ["trainer.ckpt_every=3", "trainer.keep_ckpts=10", "dist.timeout_s=60"]
 
 
 @pytest.mark.system
@@ -80,4 +82,5 @@ def test_a_sigkilled_sharded_run_resumes_from_its_shards_bit_identical(mode, tin
     assert shared["weights_sharded"] and shared["model"] == {}  # LeNet: no buffers, no frozen weights
     halves = [torch.load(step / f"rank{r}.pt", weights_only=True)["weights"] for r in (0, 1)]
     held = [sum(t.numel() for t in (h.values() if mode == "fsdp" else [h["pieces"]])) for h in halves]
+    assert all(t.dtype == torch.float32 for h in halves for t in (h.values() if mode == "fsdp" else [h["pieces"]]))
     assert sum(held) >= 129_068 and max(held) <= 129_068 // 2 + 64  # each rank its half of LeNet's weights

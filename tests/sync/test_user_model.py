@@ -10,6 +10,7 @@ AdamW amplifies the other order of the float sums (test_zero.py): 1e-4.
 from __future__ import annotations
 
 import hashlib
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -53,11 +54,13 @@ def _loss(kind, out, y):
     return F.cross_entropy(out, y) if kind == "bn" else F.cross_entropy(out.flatten(0, 1), y.flatten())
 
 
-def _train(sync, kind: str, batches) -> None:
+def _train(sync, kind: str, batches, bf16: bool = False) -> None:
     # (eps 1e-4: a key bias's gradient is 0 but for rounding, which a smaller eps would blow up to the lr)
     opt = torch.optim.AdamW(sync.param_groups(), lr=1e-2, weight_decay=0.1, eps=1e-4)
     for step, (x, y) in enumerate(batches, 1):
-        _loss(kind, sync.module(x if kind == "bn" else {"tokens": x}), y).backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = _loss(kind, sync.module(x if kind == "bn" else {"tokens": x}), y)
+        loss.backward()
         sync.after_backward()
         opt.step()
         opt.zero_grad(set_to_none=sync.caps.grads_set_to_none)
@@ -109,12 +112,38 @@ def _run(rank: int, world_size: int) -> dict:
                                   "frozen_pieces": [u.piece.numel() for u in getattr(sync, "frozen_units", [])],
                                   "frozen_local": {n: (p.to_local().shape[0] if hasattr(p, "to_local") else None)
                                                    for n, p in model.named_parameters() if not p.requires_grad}}
+    # trainer.amp=bf16: one process with fp32 weights under autocast, against stage 3 and fsdp gathering bf16
+    # weights (their gradients reduce-scattered in fp32, or bf16), the optimizer stepping fp32 shards
+    x, y = _batches("user")
+    mine = [(x[s, rank * per:(rank + 1) * per], y[s, rank * per:(rank + 1) * per]) for s in range(STEPS)]
+    model, _ = _build("user", "positions", False)
+    initial = {k: v.clone().numpy() for k, v in model.state_dict().items()}
+    sync = ReplicaSync(model, DistEnv(0, 1, 0, CPU, "none"))
+    _train(sync, "user", [(x[s], y[s]) for s in range(STEPS)], bf16=True)
+    out["bf16", "one"] = {**_state(sync, model), "initial": initial}
+    for mode in ("zero3", "fsdp"):
+        for reduce in ("fp32", "bf16"):
+            for weights in (None, torch.bfloat16):
+                model, _ = _build("user", "positions", False)
+                cfg = SimpleNamespace(**{**vars(MODES[mode]), "reduce_dtype": reduce})
+                sync = build_sync(cfg, model, env, None, no_decay_names(model, "1d"), weights)
+                _train(sync, "user", mine, bf16=True)
+                dtypes = sorted({str(p.dtype) for p in model.parameters()})
+                out["bf16", mode, reduce, str(weights)] = {**_state(sync, model), "wire_bytes": sync.wire_bytes,
+                                                            "dtypes": dtypes}
     return out
 
 
 @pytest.fixture(scope="module")
 def ranks():
     return run_in_processes(_run, 2, timeout=300)
+
+
+def _off(a: dict, ref: dict) -> float:
+    """How far a's weights are from ref's, over how far ref's moved from the initial weights (L2, all tensors)."""
+    off = sum(float(((a[k].astype("float64") - ref["state"][k]) ** 2).sum()) for k in a)
+    moved = sum(float(((ref["state"][k].astype("float64") - ref["initial"][k]) ** 2).sum()) for k in a)
+    return (off / moved) ** 0.5
 
 
 def _diff(a: dict, b: dict) -> float:
@@ -169,3 +198,25 @@ def test_batchnorm_buffers_follow_rank_zeros_as_under_ddp(ranks):
             assert not (got["state"]["1.running_mean"] == got["initial"]["1.running_mean"]).all(), mode
             assert all((got["state"][k] == ranks[0]["batchnorm", mode]["state"][k]).all()
                        for k in got["state"] if "running" not in k and "batches" not in k), mode
+
+
+def test_bf16_weights_with_fp32_master_train_as_one_process_and_halve_the_gathers(ranks):
+    """Off from one process under autocast by 2% of its update with fp32 weights gathered (autocast's own
+    rounding, the per-rank batches summed in another order), 4% with bf16 ones (measured at 2 ranks)."""
+    r = ranks[0]
+    for mode in ("zero3", "fsdp"):
+        fp32 = r["bf16", mode, "fp32", "None"]  # fp32 weights gathered, under autocast: the control
+        half = r["bf16", mode, "fp32", "torch.bfloat16"]
+        both = r["bf16", mode, "bf16", "torch.bfloat16"]
+        assert _off(fp32["state"], r["bf16", "one"]) < 0.05, mode
+        for got in (half, both):
+            assert _off(got["state"], r["bf16", "one"]) < 0.1, (mode, _off(got["state"], r["bf16", "one"]))
+            # model.pt's weights: the fp32 master, not rounded to bf16 (the weights the forward saw)
+            master = torch.cat([torch.from_numpy(v).flatten() for v in got["state"].values()])
+            assert master.dtype == torch.float32 and (master.bfloat16().float() != master).any(), mode
+            assert [x for x in ranks if x["bf16", mode, "fp32", "torch.bfloat16"]["sha1"] != half["sha1"]] == []
+        # stage 3's parameters are views of the bf16 gathers; fsdp's, between steps, its fp32 shards
+        assert half["dtypes"] == ["torch.bfloat16" if mode == "zero3" else "torch.float32"], mode
+        # the weights gathered in bf16 (half the bytes); with bf16 gradients too, half of everything
+        assert both["wire_bytes"] * 2 == fp32["wire_bytes"], (mode, both["wire_bytes"], fp32["wire_bytes"])
+        assert both["wire_bytes"] < half["wire_bytes"] < fp32["wire_bytes"], mode

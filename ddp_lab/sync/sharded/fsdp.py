@@ -35,6 +35,7 @@ from ddp_lab.sync.base import Capabilities, ReplicaSync, broadcast_buffers_each_
 from ddp_lab.sync.sharded.common import clip_sharded, load_whole_part, return_freed_blocks
 from ddp_lab.sync.sharded.outside_use import check_first_forward
 from ddp_lab.sync.sharded.units import announce, unit_modules
+from ddp_lab.sync.sharded.zero3 import REDUCE_DTYPES
 
 
 def fully_shard_or_refuse():
@@ -59,11 +60,12 @@ class FSDPSync(ReplicaSync):
                         eager="sync.mode=fsdp applies fully_shard to the eager model's blocks")
 
     def __init__(self, model: nn.Module, env: DistEnv, cfg, init: MetaInit | None = None,
-                 no_decay: frozenset = frozenset()):
+                 no_decay: frozenset = frozenset(), param_dtype: torch.dtype | None = None):
         super().__init__(model, env)
         self.cfg = cfg
         fully_shard = fully_shard_or_refuse()
         from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy
         if init is None:  # (a meta-device build: every rank replays the same initialisation)
             broadcast_from_rank0(model)  # fully_shard keeps each rank's rows of its own tensors
         return_freed_blocks(env.device)
@@ -71,6 +73,11 @@ class FSDPSync(ReplicaSync):
             for p in model.parameters():  # FSDP2 shards contiguous rows only (trainer.channels_last is not)
                 p.data = p.data.contiguous()
         mesh = init_device_mesh(env.device.type, (env.world_size,))
+        # trainer.amp=bf16: the weights gathered in bf16, the gradients reduce-scattered in sync.reduce_dtype, the
+        # sharded fp32 ones stepped (FSDP2's MixedPrecisionPolicy, as zero stage 3 does it)
+        reduce_dtype = REDUCE_DTYPES[getattr(cfg, "reduce_dtype", "fp32")]
+        policy = {"mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)} \
+            if param_dtype is not None else {}
         mods = unit_modules(model, cfg.shard_units, getattr(cfg, "unit_mb", 100.0))
         owners = {}  # parameter -> how many units hold it; a tied one (the GPT's embedding) stays in the root
         for m in mods:
@@ -79,11 +86,11 @@ class FSDPSync(ReplicaSync):
         self.units = [m for m in mods if all(owners[p] == 1 for p in m.parameters())]
         announce(model, self.units, cfg, env.is_main)
         if init is not None:  # each unit made whole, initialised and sharded before the next is made
-            self._initialise(model, init, lambda m: fully_shard(m, mesh=mesh))
+            self._initialise(model, init, lambda m: fully_shard(m, mesh=mesh, **policy))
         else:
             for m in self.units:
-                fully_shard(m, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+                fully_shard(m, mesh=mesh, **policy)
+        fully_shard(model, mesh=mesh, **policy)
         check_first_forward(model, self.units)
         broadcast_buffers_each_step(model)  # (as DDP: a BatchNorm's running statistics are rank 0's)
         if dist.get_backend() == "gloo" and hasattr(model, "set_force_sum_reduction_for_comms"):
@@ -97,7 +104,10 @@ class FSDPSync(ReplicaSync):
         size = {id(p): p.numel() * p.element_size() for p in model.parameters()}
         whole, root = sum(size.values()), sum(n for i, n in size.items() if i not in in_units)
         trained = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-        self.gather_bytes, self.scatter_bytes = whole - root + root // 2, trained // 2
+        gathered, reduced = ((param_dtype.itemsize / 4, reduce_dtype.itemsize / 4) if param_dtype is not None
+                             else (1, 1))  # (of fp32 weights: bf16 halves them)
+        self.gather_bytes = int(gathered * (whole - root + root // 2))
+        self.scatter_bytes = int(reduced * trained // 2)
         has_root = root > 0  # (each unit: one all-gather in the forward, one in the backward, one reduce-scatter)
         trains = [any(p.requires_grad for p in m.parameters()) for m in self.units]
         root_trains = any(p.requires_grad and id(p) not in in_units for p in model.parameters())

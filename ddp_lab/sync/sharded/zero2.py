@@ -39,8 +39,9 @@ class Zero2Sync(Zero1Sync):
 
     def _bucket_grads(self, i: int) -> torch.Tensor:
         """Bucket i's gradients in one buffer of N chunks, copied out of the parameters, which drop them."""
-        like = self.pieces[i]
-        flat = torch.zeros(self.chunks[i] * self.env.world_size, dtype=like.dtype, device=like.device)
+        like = self.pieces[i]  # (stage 3 with bf16 weights: in sync.reduce_dtype)
+        dtype = getattr(self, "reduce_dtype", None) or like.dtype
+        flat = torch.zeros(self.chunks[i] * self.env.world_size, dtype=dtype, device=like.device)
         for p, g in zip(self.buckets[i], views_into(flat, self.buckets[i])):
             if p.grad is not None:  # (none: unused this backward, its zeros stand for it)
                 g.copy_(p.grad)

@@ -57,6 +57,8 @@ from ddp_lab.sync.sharded.units import announce, unit_modules
 from ddp_lab.sync.sharded.zero2 import Zero2Sync
 from ddp_lab.telemetry import position
 
+REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # sync.reduce_dtype
+
 
 class Unit:
     """A flat buffer of a module's weights of one kind (whole while gathered, empty otherwise) and this
@@ -70,6 +72,7 @@ class Unit:
         self.numel = sum(p.numel() for p in params)
         self.chunk = -(-self.numel // world_size)  # ceil: the last chunk padded
         self.flat = torch.empty(self.chunk * world_size, dtype=params[0].dtype, device=device)
+        self.own_dtype = self.flat.dtype  # (its pieces' dtype; recast() may gather in another)
         self.flat[self.numel:].zero_()  # the padding (only its pages are touched)
         self.nbytes = self.flat.untyped_storage().nbytes()
         self.gathered = True
@@ -92,6 +95,17 @@ class Unit:
     @property
     def frozen(self) -> bool:
         return self.group is None
+
+    def recast(self, dtype: torch.dtype) -> None:
+        """Gather into a flat buffer of `dtype` from now on (its parameters views of it, freed): bf16 weights
+        for the forward and backward while the pieces stay the fp32 master weights."""
+        if self.flat.dtype == dtype:
+            return
+        self.flat = torch.empty(self.flat.numel(), dtype=dtype, device=self.flat.device)
+        self.nbytes = self.flat.untyped_storage().nbytes()
+        for p, w in zip(self.params, views_into(self.flat, self.params)):
+            p.data = w
+        self.free()
 
     def allocate(self) -> None:
         """The flat weights' memory back, their values undefined (but the padding's): to be filled."""
@@ -118,6 +132,14 @@ class Zero3Sync(Zero2Sync):
                         flat_shards=True,
                         eager="sync.zero_stage=3 gathers and frees the weights in module hooks that resize "
                               "their storage")
+
+    def __init__(self, model: nn.Module, env, cfg, init=None, no_decay: frozenset = frozenset(),
+                 param_dtype: torch.dtype | None = None):
+        # param_dtype (trainer.amp=bf16): the units gathered in it, the pieces (what the optimizer steps) kept
+        # in the parameters' own dtype; the gradients reduce-scattered in sync.reduce_dtype
+        self.param_dtype = param_dtype
+        self.reduce_dtype = REDUCE_DTYPES[getattr(cfg, "reduce_dtype", "fp32")] if param_dtype else None
+        super().__init__(model, env, cfg, init, no_decay)
 
     def _prepare(self) -> None:
         return_freed_blocks(self.env.device)
@@ -166,6 +188,7 @@ class Zero3Sync(Zero2Sync):
                 u.free()
         if meta:
             self._initialise(model)
+        self._recast(master=False)
         # sent in the reverse of the forward's order, the root last: its gradients (a tied embedding's)
         # end last, and a unit waiting for it would keep every unit after it whole until the end
         self.units = [u for u in self.forward[::-1] if not u.in_root] + [u for u in self.forward if u.in_root]
@@ -216,6 +239,30 @@ class Zero3Sync(Zero2Sync):
             offset += u.chunk
         self.accumulating = False
 
+    def _recast(self, master: bool) -> None:
+        """Every unit gathered in sync's param_dtype from now on (master: in its pieces' own); each must be free."""
+        if self.param_dtype is not None:
+            for part in self.parts:
+                for u in part:
+                    u.recast(u.own_dtype if master or not u.own_dtype.is_floating_point else self.param_dtype)
+
+    @contextlib.contextmanager
+    def _in_master_dtype(self):
+        """Gathers of the pieces' own dtype inside (a checkpoint's, model.pt's, a whole state_dict's load),
+        the compute dtype again after; every unit freed at both ends."""
+        if self.param_dtype is None:
+            yield
+            return
+        for part in self.parts:
+            self._free(part)
+        self._recast(master=True)
+        try:
+            yield
+        finally:
+            for part in self.parts:
+                self._free(part)
+            self._recast(master=False)
+
     # ------------------------------------------------------------ gathering and freeing
     def _gather(self, part: list[Unit], ahead: list[Unit] = ()) -> None:
         """A module's units whole (waiting for their gathers if started ahead); then, with sync.prefetch,
@@ -241,7 +288,7 @@ class Zero3Sync(Zero2Sync):
         self.count(u.nbytes // 2)  # half an all-reduce's bytes (as counted)
         piece = u.piece.detach()
         if self.cfg.algo == "builtin":  # (the input rides along: gloo reads it until the wait)
-            piece = piece.clone()
+            piece = piece.to(u.flat.dtype, copy=True)  # (bf16 weights: cast before the wire)
             return TORCH_ALL_GATHER(u.flat, piece, async_op=async_op), piece
         r = self.env.rank
         u.flat[r * u.chunk:(r + 1) * u.chunk].copy_(piece)
@@ -290,20 +337,21 @@ class Zero3Sync(Zero2Sync):
         if self.whole:
             yield
             return
-        with self.uncounted():
-            for part in self.parts:
-                self._gather(part)
-        self.whole = True
-        try:
-            yield
-        finally:
-            self.whole = False
-            r = self.env.rank
-            with torch.no_grad():
+        with self._in_master_dtype():
+            with self.uncounted():
                 for part in self.parts:
-                    for u in part:
-                        u.piece.copy_(u.flat[r * u.chunk:(r + 1) * u.chunk])
-                        u.free()
+                    self._gather(part)
+            self.whole = True
+            try:
+                yield
+            finally:
+                self.whole = False
+                r = self.env.rank
+                with torch.no_grad():
+                    for part in self.parts:
+                        for u in part:
+                            u.piece.copy_(u.flat[r * u.chunk:(r + 1) * u.chunk])
+                            u.free()
 
     @contextlib.contextmanager
     def consensus(self):
@@ -320,7 +368,7 @@ class Zero3Sync(Zero2Sync):
         entries handed out, then freed; so no process holds the whole model."""
         names = state_names(model)
         handed = set()
-        with self.uncounted():
+        with self.uncounted(), self._in_master_dtype():  # (model.pt: the fp32 master weights, not bf16's)
             for part in self.parts:
                 was = [u.gathered for u in part]
                 self._gather(part)
@@ -333,6 +381,18 @@ class Zero3Sync(Zero2Sync):
         for name, t in model.state_dict(keep_vars=True).items():  # buffers
             if id(t) not in handed:
                 yield name, t.detach()
+
+    def state_layout(self, model: nn.Module) -> dict:
+        """model.pt's layout: the state_dict with each weight in its pieces' dtype (bf16 gathers: the fp32
+        master each_weight hands out), a tied one still one tensor."""
+        own = {id(p): u.own_dtype for part in self.parts for u in part for p in u.params}
+        made: dict[int, torch.Tensor] = {}
+        out = {}
+        for name, t in model.state_dict(keep_vars=True).items():
+            if id(t) in own and t.dtype != own[id(t)]:
+                t = made.setdefault(id(t), torch.empty(t.shape, dtype=own[id(t)], device="meta"))
+            out[name] = t
+        return out
 
     def sharded_state(self, model: nn.Module) -> tuple[dict, dict]:
         """(the state every rank holds whole: buffers; this rank's pieces of the units, the frozen apart)."""
