@@ -219,3 +219,31 @@ def test_the_scaling_benchmark_takes_the_example_project(tmp_path):
     assert [int(r["world_size"]) for r in rows] == [1, 2]
     assert all(json.loads((run / "summary.json").read_text())["model"] == "mlp"
                for run in (tmp_path / "runs").iterdir())
+
+
+@pytest.mark.system
+def test_a_users_transformer_with_a_frozen_part_trains_sharded_by_target(tmp_path):
+    """tests/sync/user_model.py's transformer by `_target_` under stage 3: units found (its Layer, two deep),
+    its frozen position embedding sharded and untouched, no_decay groups, bf16 weights over an fp32 master,
+    every unit checkpointed; model.pt loads into a plain model."""
+    from tests.sync.user_model import UserTransformer
+    (tmp_path / "corpus.txt").write_text("the quick brown fox jumps over the lazy dog. " * 400)
+    run = tmp_path / "run"
+    model = ["model=custom", "model._target_=tests.sync.user_model.user_transformer", "+model.vocab=256",
+             "+model.d=32", "+model.block=16"]
+    proc = _train([*model, "data=text", "data.block_size=16", f"data.path={tmp_path / 'corpus.txt'}", "optim=adamw",
+                   "optim.no_decay=1d", "sync=zero", "sync.zero_stage=3", "trainer.amp=bf16",
+                   "trainer.activation_checkpointing=units", "data.batch_size=8", "trainer.max_steps=6", *QUICK,
+                   f"hydra.run.dir={run}"])
+    log = proc.stdout + proc.stderr
+    assert "units (auto: the repeated Layer): 3 (3 x Layer;" in log and "recompute their forward" in log
+    s = read_summary(run)
+    assert (s["steps"], s["sync"].split()[0]) == (6, "zero3/direct")
+    weights = torch.load(run / "model.pt", weights_only=True)
+    torch.manual_seed(0)  # the run's seed: the same initial weights
+    fresh = UserTransformer(vocab=256, d=32, block=16)
+    plain = UserTransformer(vocab=256, d=32, block=16)
+    plain.load_state_dict(weights)
+    assert all(t.dtype == torch.float32 for t in weights.values())  # the fp32 master, not the bf16 gathers
+    assert torch.equal(weights["transformer.wpe.weight"], fresh.transformer.wpe.weight)  # frozen
+    assert not torch.equal(weights["transformer.h.0.mlp.0.weight"], fresh.transformer.h[0].mlp[0].weight)

@@ -40,6 +40,7 @@ from ddp_lab.models import build_model, check_sync_bn
 from ddp_lab.models.meta_init import MetaInit, advice, build_on_meta, refuse_unbuildable
 from ddp_lab.sync import ReplicaSync, build_sync
 from ddp_lab.sync.sharded.common import return_freed_blocks
+from ddp_lab.sync.sharded.grad_scaler import ShardedGradScaler
 from ddp_lab.sync.sharded.units import unit_modules
 from ddp_lab.telemetry import position
 from ddp_lab.telemetry.meter import Meter, flops_and_peak
@@ -209,8 +210,9 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
     meter = Meter(env, t.warmup_steps, *flops_and_peak(model, work.input_example, amp, env),
                   full_step_images=plan.step_samples, task=work.task, targets_per_sample=work.targets_per_sample)
     # DDP wraps the compiled model: compiling DDP breaks its forward's graph (and slowed CPU LeNet)
-    checkpointed = activation_checkpointing.apply(unit_modules(model, cfg.sync.shard_units, cfg.sync.unit_mb),
-                                                  t.activation_checkpointing)
+    checkpointed = activation_checkpointing.apply(
+        unit_modules(model, cfg.sync.shard_units, cfg.sync.unit_mb), t.activation_checkpointing) \
+        if activation_checkpointing.parse(t.activation_checkpointing) else []
     if checkpointed:
         log.info("activation checkpointing: %d module(s) recompute their forward in the backward (%s, ...)",
                  len(checkpointed), type(checkpointed[0]).__name__)
@@ -234,6 +236,8 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
                               cb.StopWhenAsked(preemption)])
     return Parts(cfg, env, run_dir, amp, partial(autocast, amp, env.device), work, plan,
                  Progress(plan.total_steps, env.world_size), model, compiled, meter, sync, optimizer, scheduler,
-                 torch.amp.GradScaler("cuda", enabled=amp == "fp16"), loss_watch,
+                 # (zero, fsdp: an overflow in any rank's shard skips the step on every rank)
+                 (ShardedGradScaler if sync.caps.shards else torch.amp.GradScaler)("cuda", enabled=amp == "fp16"),
+                 loss_watch,
                  TimeToTarget(t, work.task.name), profiler, measure, Checkpointer(cfg, env, run_dir), preemption,
                  callbacks, memory)

@@ -42,8 +42,8 @@ class UserTransformer(nn.Module):
         if frozen_part is not None:
             frozen_part.requires_grad_(False)
 
-    def forward(self, batch: dict) -> torch.Tensor:
-        idx = batch["tokens"]
+    def forward(self, batch: dict | torch.Tensor) -> torch.Tensor:
+        idx = batch["tokens"] if isinstance(batch, dict) else batch
         pos = torch.arange(idx.shape[1], device=idx.device)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
         for layer in self.transformer.h:

@@ -7,7 +7,10 @@ after).
 * zero2.py: stage 2, zero1's with the gradients reduce-scattered and dropped;
 * zero3.py: stage 3, zero2's with the weights in units gathered one at a time;
 * fsdp.py: torch's FSDP2 (fully_shard) on the same units;
-* common.py: what they share (flat views, clipping over shards, the units, freed memory).
+* units.py: which modules stage 3 and fsdp gather one at a time, for any module tree;
+* outside_use.py: a parameter read outside its unit's forward, refused in one line;
+* grad_scaler.py: trainer.amp=fp16's loss scaler, skipping a step on every rank or none;
+* common.py: what they share (flat views, clipping over shards, freed memory).
 """
 from __future__ import annotations
 

@@ -2,13 +2,15 @@
 
 Stages 1 and 2 (zero1.py, zero2.py) keep the whole weights on every rank. Stage 3 keeps 1/N
 of everything between steps: with AdamW in fp32, 16/N bytes a parameter. The model is cut
-into units: its top-level children that hold parameters (for a ModuleList, each of its
-children: a GPT's blocks), or the modules of the classes sync.shard_units names. Parameters
-no unit holds alone (the model's own, or the GPT's embedding tied to its output layer) form
-the root unit. Each unit's weights are one flat
-buffer padded to N chunks; a rank keeps chunk r (its piece, what its optimizer steps) and
-frees the buffer's memory when the unit is not in use (its storage resized to 0, so the
-tensors autograd saved still point at it and see the weights again once gathered).
+into units (units.py: sync.shard_units=auto, the repeated block class at any depth, else by
+size; or the classes it names). Parameters no unit holds alone (the model's own, or the GPT's
+embedding tied to its output layer) form the root unit. A unit's parameters are laid out by kind
+(units_of): trainable in optimizer group 0 or 1 (optim.no_decay's), and frozen, each kind one
+flat buffer padded to N chunks; a rank keeps chunk r (its piece: what its optimizer steps, the
+frozen ones only kept) and frees the buffer's memory when the unit is not in use (its storage
+resized to 0, so the tensors autograd saved still point at it and see the weights again once
+gathered). Under trainer.amp=bf16 the buffers are bf16 (sync.param_dtype=amp): the pieces stay
+fp32, the master weights, and each is cast on its way to the gather.
 
 - forward: a pre-hook all-gathers the unit's weights; a post-hook frees them and hooks the
   unit's outputs, whose gradient, in the backward, gathers them again before the unit's
@@ -19,9 +21,10 @@ tensors autograd saved still point at it and see the weights again once gathered
   computes, at the price of one more unit's weights held.
 - backward: stage 2's (Zero2Sync: a unit is its bucket), when a unit's gradients are all
   there they are reduce-scattered (units in the reverse of their order, the same on every
-  rank, two of torch's in flight) into this rank's piece's gradient, and the unit's weights
-  freed. At the end of the backward, units a gradient missed are sent as zeros and
-  everything is freed.
+  rank, two of torch's in flight; in sync.reduce_dtype under bf16 weights) into this rank's
+  piece's gradient, and the unit's weights freed; a frozen kind is freed once the gradient of
+  the module's input is there. At the end of the backward, units a gradient missed are sent
+  as zeros and everything is freed.
 - built from a meta-device model (models/meta_init.py), each unit is made whole, initialised
   as the whole build would, cut to this rank's piece and freed before the next is made.
 - an evaluation gathers and frees unit by unit as a training forward does; model.pt is written
@@ -32,8 +35,9 @@ tensors autograd saved still point at it and see the weights again once gathered
   back after, so it sticks).
 
 Per step the weights cross the wire twice (forward and backward) and the gradients once:
-1.5 times DDP's bytes, as the ZeRO paper says. A unit's parameters must be used inside its own
-forward; the model runs eagerly (trainer.compile: its hooks resize storages).
+1.5 times DDP's bytes, as the ZeRO paper says (bf16 weights: 1, with bf16 gradients 0.75). A unit's
+parameters must be used inside its own forward (outside_use.py refuses the first step that does
+not); the model runs eagerly (trainer.compile: its hooks resize storages).
 """
 from __future__ import annotations
 
