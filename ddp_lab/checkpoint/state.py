@@ -78,7 +78,7 @@ def restore(parts, shared: dict, own: dict) -> None:
         try:
             if "optimizer" not in own:
                 own = {**own, "optimizer": reshard(own["optimizers"], parts.optimizer)}
-            saved, steps = stepped(own["optimizer"]), len(parts.sync.parameters())
+            saved, steps = stepped(own["optimizer"]), stepped(parts.optimizer.state_dict())
             if saved != steps:  # (other buckets: another sync.bucket_cap_mb, or stage 1 before its buckets)
                 raise ValueError(f"it steps {saved} shard(s) a rank, this run {steps}")
         except ValueError as e:

@@ -28,7 +28,7 @@ def test_a_rank_reads_only_the_old_ranks_that_hold_its_rows(rows, old_n, n):
 GPT = dict(vocab_size=64, block_size=8, n_layer=3, n_head=2, n_embd=16)
 
 
-def _save_then_load(rank, world_size, mode, folder, write):
+def _save_then_load(rank, world_size, mode, folder, write, model_kind="gpt"):
     """Writing (`write`): this rank's sharded state to folder; else read back every old rank's file, mapped,
     as a resume at another world size does. Either way: the whole weights, gathered."""
     from ddp_lab.distributed import DistEnv
@@ -38,7 +38,11 @@ def _save_then_load(rank, world_size, mode, folder, write):
 
     env = DistEnv(rank, world_size, 0, torch.device("cpu"), "gloo")
     torch.manual_seed(1 if write else 2)  # (read: other initial weights, all overwritten by the load)
-    model, _ = build_on_meta(lambda: gpt(**GPT))
+    if model_kind == "gpt":
+        model, _ = build_on_meta(lambda: gpt(**GPT))
+    else:  # a user's model with a frozen block: its pieces sharded and resharded too
+        from tests.sync.user_model import UserTransformer
+        model, _ = build_on_meta(lambda: UserTransformer(n_layer=3, frozen="block"))
     sync = build_sync(sync_cfg("zero" if mode == "zero3" else "fsdp", zero_stage=3), model, env, MetaInit(model))
     if write:
         whole, mine = sync.sharded_state(model)
@@ -50,11 +54,12 @@ def _save_then_load(rank, world_size, mode, folder, write):
     return {k: t.tolist() for k, t in sync.each_weight(model)}  # (exact: float32 in Python floats)
 
 
-@pytest.mark.parametrize("mode", ["zero3", "fsdp"])
-def test_sharded_weights_written_by_2_ranks_load_exactly_on_3_and_4(mode, tmp_path):
-    saved = run_in_processes(_save_then_load, 2, mode, tmp_path, True)[0]
+# (fsdp's frozen tensors are DTensors resharded as its others are; stage 3's frozen pieces have their own path)
+@pytest.mark.parametrize("mode,model_kind", [("zero3", "gpt"), ("fsdp", "gpt"), ("zero3", "frozen block")])
+def test_sharded_weights_written_by_2_ranks_load_exactly_on_3_and_4(mode, model_kind, tmp_path):
+    saved = run_in_processes(_save_then_load, 2, mode, tmp_path, True, model_kind)[0]
     for n in (3, 4):
-        loaded = run_in_processes(_save_then_load, n, mode, tmp_path, False)[0]
+        loaded = run_in_processes(_save_then_load, n, mode, tmp_path, False, model_kind)[0]
         assert list(loaded) == list(saved)
         for k in saved:
             assert loaded[k] == saved[k], (n, k)

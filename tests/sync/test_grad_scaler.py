@@ -38,3 +38,28 @@ def test_torchs_own_scaler_lets_the_ranks_part():
     ranks = run_in_processes(_step, 2, False)
     assert ranks[0][1][1] == 1024.0 and ranks[1][1][1] == 512.0
     assert ranks[0][1][0] != ranks[1][1][0]
+
+
+def _fsdp_step(rank: int, world_size: int) -> dict:
+    """fsdp's gradients are DTensors: the scaler finds an inf in rank 1's rows and every rank skips."""
+    from ddp_lab.distributed import DistEnv
+    from ddp_lab.sync import build_sync
+    from ddp_lab.sync.sharded.grad_scaler import ShardedGradScaler
+    from tests.sync import sync_cfg
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    sync = build_sync(sync_cfg("fsdp"), model, DistEnv(rank, world_size, 0, torch.device("cpu"), "gloo"))
+    opt = torch.optim.SGD(sync.param_groups(), lr=0.1)
+    scaler = ShardedGradScaler("cpu", init_scale=1024.0)
+    before = [p.to_local().clone() for p in model.parameters()]
+    scaler.scale(sync.module(torch.ones(2, 4)).sum()).backward()
+    if rank == 1:
+        next(model.parameters()).grad.to_local()[0, 0] = float("inf")
+    scaler.step(opt)
+    scaler.update()
+    return {"unchanged": all(torch.equal(a, p.to_local()) for a, p in zip(before, model.parameters())),
+            "scale": scaler.get_scale()}
+
+
+def test_an_overflow_in_one_ranks_rows_of_fsdps_dtensors_skips_every_rank():
+    assert run_in_processes(_fsdp_step, 2) == [{"unchanged": True, "scale": 512.0}] * 2

@@ -3,9 +3,10 @@
 FSDP2 shards every parameter over the ranks as a DTensor (dim 0, rank r holds rows r/N of it)
 and, like stage 3, gathers a unit's weights before its forward and its backward and frees them
 after, reduce-scattering its gradients in the backward. It is applied as torchtitan applies it:
-`fully_shard` on each unit (common.unit_modules: the top-level children and a ModuleList's
-children, or the classes sync.shard_units names), then on the whole model, whose own and tied
-parameters form the root unit. Like ours (sync.prefetch) it gathers the next unit ahead.
+`fully_shard` on each unit (units.py: the repeated block class at any depth, else by size, or the
+classes sync.shard_units names), then on the whole model, whose own and tied parameters form the
+root unit. Like ours (sync.prefetch) it gathers the next unit ahead. Under trainer.amp=bf16 the
+units are gathered in bf16 and the fp32 shards stepped (FSDP2's MixedPrecisionPolicy).
 
 On gloo it is made to sum and divide (`set_force_sum_reduction_for_comms`): gloo's
 reduce-scatter with ReduceOp.AVG summed (pytorch#162338, open when this was written; torch
