@@ -192,11 +192,15 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
                           channels_last=t.channels_last)
     plan = Plan.of(t, work.train_loader)
     strategy = sync_strategies.strategy(cfg.sync, env.device)
+    # stage 3 and fsdp gather bf16 weights under trainer.amp=bf16 (sync.param_dtype=amp)
+    gathered = torch.bfloat16 if amp == "bf16" and cfg.sync.param_dtype == "amp" and env.distributed \
+        and strategy.caps.sharding == 3 else None
     memory = check_fits_memory(cfg.model, cfg.optim, env, work.input_example, work.target_example, work.task,
                                work.train_loader.batch_size, stage=strategy.caps.sharding,
                                refuse=t.get("memory_check", True),  # a CPU run: refused if it cannot fit
                                sync=cfg.sync if env.distributed else None,
-                               checkpointing=t.activation_checkpointing)
+                               checkpointing=t.activation_checkpointing,
+                               autocast=torch.bfloat16 if amp == "bf16" else None, gathered=gathered)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     position.phase("building the model")
     memory_format = torch.channels_last if work.channels_last else torch.contiguous_format
@@ -217,8 +221,7 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
         log.info("activation checkpointing: %d module(s) recompute their forward in the backward (%s, ...)",
                  len(checkpointed), type(checkpointed[0]).__name__)
     no_decay = no_decay_names(model, cfg.optim.get("no_decay", "none"))
-    sync = build_sync(cfg.sync, torch.compile(model) if compiled else model, env, init, no_decay,
-                      torch.bfloat16 if amp == "bf16" and cfg.sync.param_dtype == "amp" else None)  # (stage 3, fsdp)
+    sync = build_sync(cfg.sync, torch.compile(model) if compiled else model, env, init, no_decay, gathered)
     refuse_whole_tensor_optimizers(cfg.optim, sync)
     optimizer = build_optimizer(cfg.optim, sync.param_groups())  # (zero: this rank's shard)
     scheduler = build_schedule(optimizer, cfg.optim, plan.steps_per_epoch, plan.total_steps)

@@ -26,8 +26,8 @@ Per rank, in the parameters' dtype (float32):
                   flat's flattened gradients; zero's buckets in flight, 3 of bucket_cap_mb)
 
 The predicted peak of a rank is the sum (peak_bytes, summary.json's predicted_peak_mb, beside
-the measured peak_mem_mb). Not counted: bf16 autocast's halving of activations (so it is an
-upper bound under amp). The available memory is /proc/meminfo's
+the measured peak_mem_mb). Under trainer.amp=bf16 the activations are counted as autocast makes them
+(the forward on fake CPU tensors: the meta device has no autocast). The available memory is /proc/meminfo's
 MemAvailable, or what this process's memory cgroup's limit leaves if less, shared by the
 ranks on this machine. CPU runs only: a GPU's memory is
 its own, and its kernels keep other things. Under sync.mode=zero each rank keeps the
@@ -36,6 +36,7 @@ their weights (stage 3; a block's whole weights while it computes are not counte
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
@@ -166,12 +168,39 @@ def _fused_on_cpu(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale
         return False
 
 
+def _to_fake_cpu(net: torch.nn.Module, weights: torch.dtype | None = None) -> None:
+    """net's meta parameters and buffers swapped, in place, for CPU tensors of the FakeTensorMode entered
+    (shapes only, no memory): autocast, which the meta device lacks, then casts as on a CPU; the floating
+    parameters in `weights` where given (stage 3 and fsdp's bf16 gathers)."""
+    made: dict[int, torch.Tensor] = {}  # (a tied parameter stays one)
+    for m in net.modules():
+        for name, p in list(m._parameters.items()):
+            if p is not None:
+                dtype = weights if weights is not None and p.is_floating_point() else p.dtype
+                m._parameters[name] = made.setdefault(id(p), torch.nn.Parameter(
+                    torch.empty(p.shape, dtype=dtype, device="cpu"), requires_grad=p.requires_grad))
+        for name, b in list(m._buffers.items()):
+            if b is not None:
+                m._buffers[name] = torch.empty(b.shape, dtype=b.dtype, device="cpu")
+
+
 def activation_bytes(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, task,
-                     checkpointed: list[torch.nn.Module] = ()) -> int:
+                     checkpointed: list[torch.nn.Module] = (), autocast: torch.dtype | None = None,
+                     weights: torch.dtype | None = None) -> int:
     """Bytes autograd saves for the backward of one sample like (x, y): the forward and
     loss of two on the meta device, halved; each saved tensor counted once, the parameters not at all.
     `checkpointed` (trainer.activation_checkpointing's modules): of those, their inputs only, and the
-    largest one's own saved tensors once (what its recompute holds in the backward)."""
+    largest one's own saved tensors once (what its recompute holds in the backward). `autocast` (bf16
+    under trainer.amp=bf16): the forward under CPU autocast, on fake CPU tensors (net is changed to them), the
+    weights in `weights` where the sync gathers them so."""
+    fake = FakeTensorMode() if autocast is not None else contextlib.nullcontext()
+    with fake:
+        if autocast is not None:
+            _to_fake_cpu(net, weights)
+        return _saved_bytes(net, x, y, task, checkpointed, autocast)
+
+
+def _saved_bytes(net, x, y, task, checkpointed, autocast) -> int:
     params = {id(p) for p in net.parameters()}
     saved: dict[int, int] = {}
     inside: dict[int, dict[int, int]] = {id(m): {} for m in checkpointed}
@@ -199,10 +228,12 @@ def activation_bytes(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, tas
 
     hooks = [h for m in checkpointed for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
     # two samples, not one: BatchNorm refuses to train on a batch of one value per channel
-    xm = torch.empty(2, *x.shape, dtype=x.dtype, device="meta")
-    ym = torch.empty(2, *y.shape, dtype=y.dtype, device="meta")
+    device = "meta" if autocast is None else "cpu"
+    xm = torch.empty(2, *x.shape, dtype=x.dtype, device=device)
+    ym = torch.empty(2, *y.shape, dtype=y.dtype, device=device)
     try:
-        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _FusedAttention():
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _FusedAttention(), \
+                torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
             task.loss(net.train()(xm), ym)
     finally:
         for h in hooks:
@@ -212,7 +243,8 @@ def activation_bytes(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, tas
 
 
 def estimate(model, optim, x: torch.Tensor, y: torch.Tensor, task, batch: int, shards: int = 1,
-             stage: int = 1, sync=None, runtime: int = 0, checkpointing: str = "none") -> Estimate:
+             stage: int = 1, sync=None, runtime: int = 0, checkpointing: str = "none",
+             autocast: torch.dtype | None = None, gathered: torch.dtype | None = None) -> Estimate:
     """The estimate for `batch` samples per rank like (x, y), of the model and optimizer groups,
     with the optimizer state in `shards` parts (sync.mode=zero: the world size), and from stage 2
     the gradients too; `sync` (its config group) for the transient, `runtime`: the process's bytes."""
@@ -221,11 +253,23 @@ def estimate(model, optim, x: torch.Tensor, y: torch.Tensor, task, batch: int, s
     n = sum(p.numel() for p in net.parameters())
     weights = sum(p.numel() * p.element_size() for p in net.parameters())
     kept, name = optimizer_state(optim)
-    try:
-        per_sample = activation_bytes(net, x, y, task, checkpointed_units(net, sync, checkpointing))
-    except (RuntimeError, ValueError, TypeError, NotImplementedError, AssertionError, IndexError) as e:  # on meta
-        log.info("memory estimate: activations not counted (%s)", str(e).strip().splitlines()[0] if str(e) else e)
-        per_sample = 0
+    fails = (RuntimeError, ValueError, TypeError, NotImplementedError, AssertionError, IndexError)
+    per_sample = None
+    if autocast is not None:  # (a twin: activation_bytes makes its model fake CPU tensors)
+        try:
+            with torch.device("meta"):
+                twin = build_model(model)
+            per_sample = activation_bytes(twin, x, y, task, checkpointed_units(twin, sync, checkpointing), autocast,
+                                          gathered)
+        except fails as e:  # a model that keeps meta tensors of its own: counted as in fp32 below
+            log.info("memory estimate: activations counted in fp32 (%s)",
+                     str(e).strip().splitlines()[0] if str(e) else e)
+    if per_sample is None:
+        try:
+            per_sample = activation_bytes(net, x, y, task, checkpointed_units(net, sync, checkpointing))
+        except fails as e:  # on meta
+            log.info("memory estimate: activations not counted (%s)", str(e).strip().splitlines()[0] if str(e) else e)
+            per_sample = 0
     optimizer = kept * -(-weights // shards)  # zero: this rank's shard's (the last one padded)
     return Estimate(n, weights, optimizer, per_sample * batch, batch, name, shards if stage >= 2 else 1,
                     shards if stage == 3 else 1, transient_bytes(net, weights, stage, sync), runtime)
@@ -305,7 +349,8 @@ def describe(e: Estimate, model, stage: int, available: int, ranks: int, machine
 
 def check_fits_memory(model, optim, env: DistEnv, x: torch.Tensor, y: torch.Tensor, task, batch: int, *,
                       stage: int = 0, refuse: bool = True, available: int | None = None,
-                      sync=None, checkpointing: str = "none") -> Estimate | None:
+                      sync=None, checkpointing: str = "none", autocast: torch.dtype | None = None,
+                      gathered: torch.dtype | None = None) -> Estimate | None:
     """Refuse (`refuse`: trainer.memory_check) or warn about a CPU run whose estimate is more than the
     memory available to each rank; warn where it takes most of it. None where not checked.
     model, optim: their config groups; stage: sync.zero_stage under sync.mode=zero (0: nothing sharded)."""
@@ -317,7 +362,7 @@ def check_fits_memory(model, optim, env: DistEnv, x: torch.Tensor, y: torch.Tens
         return None
     try:
         e = estimate(model, optim, x, y, task, batch, env.world_size if stage else 1, stage, sync, runtime_bytes(),
-                     checkpointing)
+                     checkpointing, autocast, gathered)
     except Exception as err:  # a user's model that cannot be built on meta (it reads values, loads weights)
         log.info("memory estimate: not made (the model cannot be built on the meta device: %s)", err)
         return None

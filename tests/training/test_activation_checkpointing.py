@@ -60,3 +60,15 @@ def test_the_estimate_counts_inputs_and_one_recompute():
     # 4 blocks checkpointed keep their inputs and one block's activations: 0.34 of the whole here; one block
     # alone saves nothing on this count (its recompute holds what it saved, the others' all held meanwhile)
     assert each < 0.4 * whole and whole <= one < whole * 1.05, (each, one, whole)
+
+
+def test_under_bf16_autocast_the_estimate_counts_what_autocast_saves():
+    """The meta device has no autocast: the bf16 count runs on fake CPU tensors (no memory)."""
+    def net():
+        with torch.device("meta"):
+            return gpt(vocab_size=256, block_size=256, n_layer=2, n_head=4, n_embd=256)
+    ids = torch.zeros(256, dtype=torch.long)
+    fp32 = activation_bytes(net(), ids, ids, LANGUAGE_MODEL)
+    bf16 = activation_bytes(net(), ids, ids, LANGUAGE_MODEL, autocast=torch.bfloat16)
+    # the matmuls' inputs and outputs in bf16, the norms', softmax's and the loss's in fp32
+    assert 0.5 * fp32 < bf16 < 0.8 * fp32, (bf16, fp32)
