@@ -151,7 +151,7 @@ class ReplicaSync:
         groups: list[list] = [[], []]
         for name, p in self.model.named_parameters():
             if p.requires_grad:
-                groups[name.replace("_orig_mod.", "") in self.no_decay].append(p)  # (a compiled model's prefix)
+                groups[plain_name(name) in self.no_decay].append(p)
         return [{"params": ps, **({"weight_decay": 0.0} if g else {})} for g, ps in enumerate(groups) if ps]
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
@@ -229,6 +229,11 @@ class ReplicaSync:
         return "none"
 
 
+def plain_name(name: str) -> str:
+    """A parameter's name in the model as built (torch.compile's wrapper prefixes `_orig_mod.`)."""
+    return name.replace("_orig_mod.", "")
+
+
 def polls(cfg, env: DistEnv) -> bool:
     """Whether this rank waits for the builtin allreduce by polling (sync.poll, see ddp_lab.tuning)."""
     return env.poll and cfg.algo == "builtin"
@@ -247,16 +252,16 @@ def broadcast_buffers_each_step(model: nn.Module) -> None:
     broadcast per dtype. Only the state_dict's buffers (a non-persistent one, a causal mask, is rebuilt
     alike by every rank); nothing is hooked where the model has none."""
     persistent = set(model.state_dict(keep_vars=True))
-    if not any(name in persistent for name, _ in model.named_buffers()):
+    buffers = [b for name, b in model.named_buffers() if name in persistent]  # (real by now: the sync has built)
+    if not buffers:
         return
+    by_dtype = [[b for b in buffers if b.dtype == d] for d in sorted({b.dtype for b in buffers}, key=str)]
 
     def broadcast(module: nn.Module, _args) -> None:
         if not (module.training and torch.is_grad_enabled()):
             return
-        live = [b for name, b in model.named_buffers() if name in persistent]  # (as they are now: moved, made)
         with torch.no_grad(), position.collective("buffer broadcast"):
-            for dtype in sorted({b.dtype for b in live}, key=str):
-                same = [b for b in live if b.dtype == dtype]
+            for same in by_dtype:
                 flat = torch.cat([b.reshape(-1) for b in same])
                 dist.broadcast(flat, src=0)
                 for b, part in zip(same, flat.split([b.numel() for b in same])):

@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ddp_lab.config import ConfigError
+from ddp_lab.sync.sharded.units import unit_modules
 
 EVERY = re.compile(r"^every_([1-9][0-9]*)$")
 
@@ -38,10 +39,15 @@ def _checkpointed_forward(self, *args, **kwargs):
     return checkpoint(type(self).forward, self, *args, use_reentrant=False, **kwargs)
 
 
-def apply(units: list[nn.Module], how: str) -> list[nn.Module]:
-    """Checkpoint every k-th of `units` (trainer.activation_checkpointing); the modules it did."""
+def chosen(model: nn.Module, how: str, shard_units: str = "auto", unit_mb: float = 100.0) -> list[nn.Module]:
+    """The modules trainer.activation_checkpointing=`how` checkpoints: every k-th unit (none: [])."""
     k = parse(how)
-    chosen = units[::k] if k else []
-    for m in chosen:
+    return unit_modules(model, shard_units, unit_mb)[::k] if k else []
+
+
+def apply(model: nn.Module, how: str, shard_units: str = "auto", unit_mb: float = 100.0) -> list[nn.Module]:
+    """Checkpoint the chosen modules (their forward recomputed in the backward); the modules it did."""
+    modules = chosen(model, how, shard_units, unit_mb)
+    for m in modules:
         m.forward = types.MethodType(_checkpointed_forward, m)  # (a deepcopy binds it to the copy)
-    return chosen
+    return modules

@@ -41,7 +41,6 @@ from ddp_lab.models.meta_init import MetaInit, advice, build_on_meta, refuse_unb
 from ddp_lab.sync import ReplicaSync, build_sync
 from ddp_lab.sync.sharded.common import return_freed_blocks
 from ddp_lab.sync.sharded.grad_scaler import ShardedGradScaler
-from ddp_lab.sync.sharded.units import unit_modules
 from ddp_lab.telemetry import position
 from ddp_lab.telemetry.meter import Meter, flops_and_peak
 from ddp_lab.telemetry.profiling import StepProfiler
@@ -214,9 +213,8 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
     meter = Meter(env, t.warmup_steps, *flops_and_peak(model, work.input_example, amp, env),
                   full_step_images=plan.step_samples, task=work.task, targets_per_sample=work.targets_per_sample)
     # DDP wraps the compiled model: compiling DDP breaks its forward's graph (and slowed CPU LeNet)
-    checkpointed = activation_checkpointing.apply(
-        unit_modules(model, cfg.sync.shard_units, cfg.sync.unit_mb), t.activation_checkpointing) \
-        if activation_checkpointing.parse(t.activation_checkpointing) else []
+    checkpointed = activation_checkpointing.apply(model, t.activation_checkpointing, cfg.sync.shard_units,
+                                                  cfg.sync.unit_mb)
     if checkpointed:
         log.info("activation checkpointing: %d module(s) recompute their forward in the backward (%s, ...)",
                  len(checkpointed), type(checkpointed[0]).__name__)

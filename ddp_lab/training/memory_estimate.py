@@ -96,13 +96,8 @@ BUCKETS_IN_FLIGHT = 3  # stages 1 and 2: IN_FLIGHT reduce-scatters and the bucke
 
 def checkpointed_units(net: torch.nn.Module, sync, checkpointing: str) -> list[torch.nn.Module]:
     """The modules trainer.activation_checkpointing checkpoints (training/activation_checkpointing.py)."""
-    from ddp_lab.sync.sharded.units import unit_modules
-    from ddp_lab.training.activation_checkpointing import parse
-    k = parse(checkpointing)
-    if not k:
-        return []
-    units = unit_modules(net, (sync or {}).get("shard_units", "auto"), (sync or {}).get("unit_mb", 100.0))
-    return units[::k]
+    from ddp_lab.training.activation_checkpointing import chosen
+    return chosen(net, checkpointing, (sync or {}).get("shard_units", "auto"), (sync or {}).get("unit_mb", 100.0))
 
 
 def transient_bytes(net: torch.nn.Module, weights: int, stage: int, sync) -> int:

@@ -20,7 +20,6 @@ from torch import nn
 from ddp_lab.distributed import DistEnv
 from ddp_lab.models.meta_init import MetaInit, build_on_meta
 from ddp_lab.sync import ReplicaSync, build_sync
-from ddp_lab.sync.sharded.units import unit_modules
 from ddp_lab.training import activation_checkpointing
 from ddp_lab.training.optim import no_decay_names
 from tests.multiproc import run_in_processes
@@ -103,7 +102,7 @@ def _run(rank: int, world_size: int) -> dict:
                 continue
             model, init = _build(kind, frozen, meta)
             no_decay = no_decay_names(model, "1d")
-            activation_checkpointing.apply(unit_modules(model), ac)
+            activation_checkpointing.apply(model, ac)
             sync = build_sync(cfg, model, env, init, no_decay)
             _train(sync, kind, mine)
             out[variant, mode] = {**_state(sync, model), "initial": initial,

@@ -16,6 +16,7 @@ from ddp_lab.sync.every_step.flat import dense_strides
 from ddp_lab.telemetry import position
 
 ALGOS = ("builtin", "ring_textbook", "direct")  # those with a reduce-scatter and an all-gather of their own
+REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # sync.reduce_dtype (stage 3, fsdp under bf16)
 
 
 def views_into(buffer: torch.Tensor, params: list[nn.Parameter]) -> list[torch.Tensor]:

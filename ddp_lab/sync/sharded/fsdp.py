@@ -33,10 +33,9 @@ from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
 from ddp_lab.models.meta_init import MetaInit, real_buffers, real_copy, swap_parameters
 from ddp_lab.sync.base import Capabilities, ReplicaSync, broadcast_buffers_each_step, broadcast_from_rank0
-from ddp_lab.sync.sharded.common import clip_sharded, load_whole_part, return_freed_blocks
+from ddp_lab.sync.sharded.common import REDUCE_DTYPES, clip_sharded, load_whole_part, return_freed_blocks
 from ddp_lab.sync.sharded.outside_use import check_first_forward
 from ddp_lab.sync.sharded.units import announce, unit_modules
-from ddp_lab.sync.sharded.zero3 import REDUCE_DTYPES
 
 
 def fully_shard_or_refuse():

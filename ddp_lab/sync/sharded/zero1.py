@@ -59,7 +59,7 @@ from ddp_lab.collectives import (
 from ddp_lab.collectives.basics import Pending
 from ddp_lab.distributed import DistEnv
 from ddp_lab.models.meta_init import MetaInit
-from ddp_lab.sync.base import Capabilities, ReplicaSync, broadcast_buffers_each_step, broadcast_from_rank0
+from ddp_lab.sync.base import Capabilities, ReplicaSync, broadcast_buffers_each_step, broadcast_from_rank0, plain_name
 from ddp_lab.sync.sharded.common import clip_sharded, trainable_parameters, views_into
 from ddp_lab.telemetry import position
 
@@ -103,7 +103,7 @@ class Zero1Sync(ReplicaSync):
         self.cfg, self.init = cfg, init  # init: a meta-device model's (stage 3 only), replayed by every rank
         params = trainable_parameters(model, "sync.mode=zero")
         self.no_decay = no_decay  # (optim.no_decay's parameter names: a group of their own, never in one chunk)
-        self.group_of = {id(p): int(n.replace("_orig_mod.", "") in no_decay) for n, p in model.named_parameters()}
+        self.group_of = {id(p): int(plain_name(n) in no_decay) for n, p in model.named_parameters()}
         self._prepare()
         if init is None:
             broadcast_from_rank0(model)

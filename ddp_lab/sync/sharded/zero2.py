@@ -24,6 +24,7 @@ from ddp_lab.telemetry import position
 
 class Zero2Sync(Zero1Sync):
     caps = replace(Zero1Sync.caps, sharding=2)
+    reduce_dtype: torch.dtype | None = None  # the gradients' dtype on the wire (None: the pieces'; stage 3 sets it)
 
     def _attach_grads(self) -> None:
         """This rank's chunks' gradients, one buffer (the parameters' own are dropped once sent)."""
@@ -40,8 +41,8 @@ class Zero2Sync(Zero1Sync):
     def _bucket_grads(self, i: int) -> torch.Tensor:
         """Bucket i's gradients in one buffer of N chunks, copied out of the parameters, which drop them."""
         like = self.pieces[i]  # (stage 3 with bf16 weights: in sync.reduce_dtype)
-        dtype = getattr(self, "reduce_dtype", None) or like.dtype
-        flat = torch.zeros(self.chunks[i] * self.env.world_size, dtype=dtype, device=like.device)
+        flat = torch.zeros(self.chunks[i] * self.env.world_size, dtype=self.reduce_dtype or like.dtype,
+                           device=like.device)
         for p, g in zip(self.buckets[i], views_into(flat, self.buckets[i])):
             if p.grad is not None:  # (none: unused this backward, its zeros stand for it)
                 g.copy_(p.grad)
