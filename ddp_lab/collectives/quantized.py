@@ -17,8 +17,18 @@ Every rank sends 2(n-1)/n of the quantized bytes, a ring all-reduce's pattern, w
 gathering every rank's whole quantized buffer would send n-1 times them. The mean is
 quantized twice (each rank's piece, then the sum), each time to within half a level of
 its block's scale, and every rank ends with the same numbers, bit for bit (they all
-dequantize the same bytes). Rounding is to nearest, without error feedback. The two
-collectives are torch's (gloo and NCCL both have them), not ours.
+dequantize the same bytes). The two collectives are torch's (gloo and NCCL both have them), not ours.
+
+How numbers round to their levels (sync.rounding, ROUNDINGS):
+* nearest: to the nearest level. In a block with an outlier the small numbers round to zero
+  every time: a bias that never averages out over rounds.
+* feedback: to the nearest, and what rounding left out is kept (a Residual, per rank) and added
+  to the next round's numbers before they round (error feedback, as PowerSGD and DeMo keep
+  theirs): over many rounds the sum of what arrives follows the sum of the true means, off by
+  one round's error at most.
+* stochastic: up or down at random, with the probabilities that make the expectation exact
+  (unbiased, no state; the noise drawn from a generator the caller seeds, so a resumed run
+  draws the same).
 """
 from __future__ import annotations
 
@@ -29,15 +39,33 @@ from ddp_lab.collectives.basics import TORCH_ALL_GATHER, Pending
 
 BLOCK = 64  # numbers sharing one scale
 BITS = {"int8": 8, "int4": 4}
+ROUNDINGS = ("feedback", "stochastic", "nearest")
 
 
-def quantize(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+class Residual:
+    """Error feedback's memory on one rank (sync.rounding=feedback): what rounding left out of the pieces
+    it sent (`sent`) and of the mean chunk it gathered out (`mean`), each added to the next round's."""
+
+    def __init__(self, sent: torch.Tensor | None = None, mean: torch.Tensor | None = None):
+        self.sent, self.mean = sent, mean
+
+    @staticmethod
+    def added(x: torch.Tensor, kept: torch.Tensor | None) -> torch.Tensor:
+        return x if kept is None or kept.numel() != x.numel() else x + kept
+
+
+def quantize(x: torch.Tensor, bits: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes, scales) of x (1-D float, a multiple of BLOCK long): codes as uint8, two a byte in
-    int4; scales in fp32, one a block, each its block's largest magnitude over the top level."""
+    int4; scales in fp32, one a block, each its block's largest magnitude over the top level.
+    Rounded to nearest, or stochastically with noise from `generator`."""
     top = 2 ** (bits - 1) - 1  # 127 or 7 levels each side of zero
     blocks = x.float().view(-1, BLOCK)
     scales = blocks.abs().amax(dim=1) / top
-    q = torch.round(blocks / torch.where(scales > 0, scales, 1.0)[:, None]).clamp_(-top, top)
+    scaled = blocks / torch.where(scales > 0, scales, 1.0)[:, None]
+    if generator is None:
+        q = torch.round(scaled).clamp_(-top, top)
+    else:  # floor(v + u), u uniform in [0, 1): up with probability v - floor(v), so E[q] = v
+        q = torch.floor(scaled + torch.rand(scaled.shape, generator=generator)).clamp_(-top, top)
     codes = (q + top + 1).to(torch.uint8).view(-1)  # 1 .. 2 top + 1: never negative
     if bits == 4:
         codes = codes[0::2] << 4 | codes[1::2]
@@ -52,9 +80,9 @@ def dequantize(codes: torch.Tensor, scales: torch.Tensor, bits: int) -> torch.Te
     return (q.view(-1, BLOCK) * scales[:, None]).view(-1)
 
 
-def _pack(x: torch.Tensor, bits: int) -> torch.Tensor:
+def _pack(x: torch.Tensor, bits: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """One message: x's codes, then its scales' bytes."""
-    codes, scales = quantize(x, bits)
+    codes, scales = quantize(x, bits, generator)
     return torch.cat([codes, scales.view(torch.uint8)])
 
 
@@ -94,23 +122,34 @@ class QuantizedMeanUnderWay:
         return self.second.wait()
 
 
-def start_quantized_mean(flat: torch.Tensor, compress: str, group: dist.ProcessGroup | None = None):
+def start_quantized_mean(flat: torch.Tensor, compress: str, group: dist.ProcessGroup | None = None,
+                         residual: Residual | None = None, generator: torch.Generator | None = None):
     """quantized_mean_ with its all-to-all under way when it returns: (a QuantizedMeanUnderWay whose
     wait() finishes it and leaves the mean in flat; the bytes). What DiLoCo's sync.overlap sends,
-    advancing it halfway; flat must not change until the wait."""
+    advancing it halfway; flat must not change until the wait. `residual`: error feedback (updated in
+    place); `generator`: stochastic rounding's noise (else to nearest)."""
     bits, n = BITS[compress], dist.get_world_size(group)
     chunk = -(-flat.numel() // (n * BLOCK)) * BLOCK  # each rank's chunk, whole blocks
     padded = torch.zeros(n * chunk, dtype=torch.float32, device=flat.device)
     padded[:flat.numel()] = flat
+    if residual is not None:
+        padded = Residual.added(padded, residual.sent)
     mine = padded.view(n, chunk)
-    send = torch.stack([_pack(mine[j], bits) for j in range(n)])  # row j: for rank j
+    send = torch.stack([_pack(mine[j], bits, generator) for j in range(n)])  # row j: for rank j
+    if residual is not None:  # what the others will read of my pieces, and what it leaves out
+        residual.sent = padded - torch.cat([_unpack(send[j], chunk, bits) for j in range(n)])
     recv = torch.empty_like(send)
     work = dist.all_to_all_single(recv, send, group=group, async_op=True)  # row j: rank j's piece of my chunk
 
     def gather() -> Pending:
         mean = sum(_unpack(recv[j], chunk, bits) for j in range(n)) / n  # summed in fp32
+        if residual is not None:
+            mean = Residual.added(mean, residual.mean)
+        packed = _pack(mean, bits, generator)
+        if residual is not None:
+            residual.mean = mean - _unpack(packed, chunk, bits)
         gathered = torch.empty_like(send)
-        done = TORCH_ALL_GATHER(gathered.view(-1), _pack(mean, bits), group=group, async_op=True)
+        done = TORCH_ALL_GATHER(gathered.view(-1), packed, group=group, async_op=True)
 
         def unpack() -> torch.Tensor:
             whole = torch.cat([_unpack(gathered[j], chunk, bits) for j in range(n)])

@@ -91,6 +91,21 @@ class SyncConfig:
     fragments: int = key(1, "diloco: the parameters cut into this many runs of about equal size, each synchronised "
                             "every sync.every steps at its own offset, so each sync sends 1/F of the outer "
                             "gradient (Streaming DiLoCo; 1: all at once)", at_least=1)
+    overlap_update: str = key("delayed", "diloco with overlap > 0: how a rank goes on while its outer gradient "
+                                         "travels: delayed (from its own weights, the landed anchor mixed in by "
+                                         "sync.overlap_mix) | eager (at once from the anchor a proxy outer step "
+                                         "gives, corrected when the mean lands: Kale et al. 2025)",
+                              ok=one_of(("delayed", "eager")), rule="delayed or eager")
+    rounding: str = key("nearest", "diloco with compress=int8|int4: how numbers round to their levels: nearest | "
+                                   "feedback (to nearest, each round's residual added to the next) | stochastic "
+                                   "(unbiased)", ok=one_of(("nearest", "feedback", "stochastic")),
+                        rule="nearest, feedback or stochastic")
+    islands: str = key("none", "ranks in islands that average every step inside (sync.inner) and run sync.mode "
+                               "(diloco, local_sgd) across: none | host (torchrun's node) | K (runs of K "
+                               "consecutive ranks)", ok=lambda v: str(v) in ("none", "host") or
+                       (str(v).isdigit() and int(v) >= 1), rule="none, host or a positive integer")
+    inner: str = key("ddp", "sync.islands: the every-step strategy inside each island: ddp | flat",
+                     ok=one_of(("ddp", "flat", "zero", "fsdp")), rule="ddp, flat, zero or fsdp")
     poll: str = key("false", "opt-in: CPU ranks wait for the builtin all-reduce by polling (auto: where the "
                              "ranks fill the cores exactly); paid on one CPU of three (docs/defaults.md)",
                     ok=one_of(TRI_STATE), rule="one of auto, true, false")

@@ -29,6 +29,9 @@ class DistEnv:
     # scheduling ("realtime" or "normal") and whether it polls for the builtin allreduce.
     comm_threads: str = "normal"
     poll: bool = False
+    # The ranks this env's collectives span: None, the whole world; a process group (sync.islands: the
+    # ranks of one island, or rank i of every island), rank and world_size then counted within it.
+    group: object = None
 
     @property
     def is_main(self) -> bool:

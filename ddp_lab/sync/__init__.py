@@ -8,7 +8,11 @@
         per_param.py   one all-reduce per parameter (d2l's chapter)
     periodic/        the weights (or their change) every sync.every steps, apart in between
         local_sgd.py   averaged weights (post-local SGD)
-        diloco.py      averaged change, applied by an outer Nesterov SGD; int8/int4, overlap, fragments
+        diloco.py      averaged change, applied by an outer Nesterov SGD; int8/int4, overlap (delayed or
+                       eager), fragments
+    islands/         every step inside an island of ranks (sync.inner), a periodic strategy across them
+        layout.py      the groups inside and across; the mean over islands, a chunk per rank
+        sync.py        IslandSync: the two, composed
     sharded/         the model state cut N ways, each rank stepping its own shard (docs/memory.md)
         zero1.py       ZeRO stage 1 (optimizer state), the base of
         zero2.py       stage 2 (and the gradients), the base of
@@ -39,11 +43,12 @@ from torch import nn
 from ddp_lab.collectives import ALGORITHMS
 from ddp_lab.collectives.quantized import BITS as QUANTIZED
 from ddp_lab.distributed import DistEnv
-from ddp_lab.sync import every_step, periodic, sharded
+from ddp_lab.sync import every_step, islands, periodic, sharded
 from ddp_lab.sync.base import Capabilities, ReplicaSync
 from ddp_lab.sync.every_step.averaging import COMPRESS_DTYPES
+from ddp_lab.sync.islands.sync import IslandSync
 
-FAMILIES = (every_step, periodic, sharded)
+FAMILIES = (every_step, periodic, sharded, islands)  # (islands: the rules of sync.islands and sync.inner)
 MODES = tuple(every_step.STRATEGIES)  # the modes that average every step's gradients
 PERIODIC = tuple(periodic.STRATEGIES)  # the modes that send weights every sync.every steps
 SHARDED = tuple(sharded.STRATEGIES)  # the modes that shard the model state over the ranks
@@ -108,6 +113,10 @@ def build_sync(cfg, model: nn.Module, env: DistEnv, init=None, no_decay: frozens
             items = vars(cfg) if isinstance(cfg, SimpleNamespace) else dict(cfg)
             cfg = SimpleNamespace(**{**items, "mode": mode})
         cls = strategy(cfg, env.device)
+        if str(cfg.islands) != "none":
+            sync = IslandSync(model, env, cfg, every_step.STRATEGIES[cfg.inner], cls)
+            sync.no_decay = no_decay
+            return sync
         extra = {"init": init} if init is not None else {}
         takes = inspect.signature(cls).parameters
         if no_decay and "no_decay" in takes:

@@ -82,6 +82,7 @@ class ReplicaSync:
         # and the collectives that carried them, each paying the link's latency once
         self.wire_bytes = 0
         self.collectives = 0
+        self.wire_bytes_across = 0  # sync.islands: those of wire_bytes that crossed between islands
         self._seconds = 0.0
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
@@ -103,24 +104,27 @@ class ReplicaSync:
         comm = self.comm_seconds
         return 1000 * comm / steps, (comm / seconds if seconds > 0 else math.nan)
 
-    def count(self, nbytes: int, collectives: int = 1) -> None:
+    def count(self, nbytes: int, collectives: int = 1, across: bool = False) -> None:
         """Note `nbytes` handed to the network in `collectives` calls (ddp_lab.tools.costmodel.strategies
-        prices both: the bytes by the link's bandwidth, each call by its latency)."""
+        prices both: the bytes by the link's bandwidth, each call by its latency); `across`: between
+        islands (sync.islands), over the slow link."""
         self.wire_bytes += nbytes
         self.collectives += collectives
+        self.wire_bytes_across += nbytes if across else 0
 
     def counts(self) -> dict[str, int]:
         """What this launch handed to the network so far (summary.json's *_to_target, checkpoints)."""
-        return {"wire_bytes": self.wire_bytes, "collectives": self.collectives}
+        return {"wire_bytes": self.wire_bytes, "collectives": self.collectives,
+                "wire_bytes_across": self.wire_bytes_across}
 
     @contextlib.contextmanager
     def uncounted(self):
         """Collectives that are not a training step's (an evaluation's, a checkpoint's): not counted."""
-        was = self.wire_bytes, self.collectives
+        was = self.wire_bytes, self.collectives, self.wire_bytes_across
         try:
             yield
         finally:
-            self.wire_bytes, self.collectives = was
+            self.wire_bytes, self.collectives, self.wire_bytes_across = was
 
     @contextlib.contextmanager
     def _timed(self):

@@ -37,7 +37,7 @@ class TimeToTarget:
             raise ConfigError(f"trainer.target_acc={self.acc} needs a classification task, and this data is "
                               f"{task_name}: set trainer.target_loss instead")
         self.carried_s = 0.0  # earlier launches' wall time
-        self.carried = {"wire_bytes": 0, "collectives": 0}  # and what they sent (sync.counts() is this launch's)
+        self.carried = {"wire_bytes": 0, "collectives": 0, "wire_bytes_across": 0}  # and what they sent (sync.counts() is this launch's)
         self.eval_s = 0.0
         self.reached: dict | None = None  # {"step", "seconds"} of the evaluation that reached it
         self._t0: float | None = None
@@ -90,6 +90,7 @@ class TimeToTarget:
                 "eval_s_to_target": r.get("eval_s") if r else None,  # (None: reached before it was kept)
                 "wire_bytes_to_target": r.get("wire_bytes") if r else None,
                 "collectives_to_target": r.get("collectives") if r else None,  # (None: reached before they were)
+                "wire_bytes_across_to_target": r.get("wire_bytes_across") if r else None,  # (sync.islands)
                 "train_s": self.elapsed_s(), "eval_s": self.eval_s}
 
     def _sent(self, sent: dict | None) -> dict[str, int]:

@@ -65,6 +65,8 @@ def run_summary(parts) -> dict:
         # bytes handed to all-reduces per optimizer step, as counted at each call (ddp_lab.sync)
         "wire_bytes_per_step": sync.wire_bytes / tp.seen if tp.seen else None,
         "collectives_per_step": sync.collectives / tp.seen if tp.seen else None,  # the calls carrying them
+        # sync.islands: those of them that crossed between islands (the slow link)
+        "wire_bytes_across_per_step": sync.wire_bytes_across / tp.seen if tp.seen else None,
         **parts.target.summary(),  # target, target_reached, steps_to_target, time_to_target_s, eval_s
         "peak_mem_mb": peaks[0], "peak_mem_mb_by_rank": peaks,  # rank 0's, every rank's (telemetry/memory.py)
         # what the memory estimate predicted before the first step (training/memory_estimate.py; CPU runs)

@@ -8,4 +8,5 @@ def sync_cfg(mode="ddp", algo="builtin", compress="none", bucket_cap_mb=0.1, **e
     return SimpleNamespace(mode=mode, algo=algo, compress=compress, bucket_cap_mb=bucket_cap_mb,
                            gradient_as_bucket_view=True, static_graph=False,
                            **{"shard_units": "auto", "unit_mb": 100.0, "prefetch": True, "reduce_dtype": "fp32",
-                              "overlap": 0, "overlap_mix": 0.5, "fragments": 1, **extra})
+                              "overlap": 0, "overlap_mix": 0.5, "fragments": 1, "overlap_update": "delayed",
+                              "rounding": "nearest", "islands": "none", "inner": "ddp", **extra})

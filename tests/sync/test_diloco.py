@@ -48,11 +48,13 @@ def _inner(params):
 FRAGMENTS = {1: [[0, 1, 2, 3, 4]], 2: [[0], [1, 2, 3, 4]]}
 
 
-def reference(overlap: int = 0, mix: float = 0.0, fragments: int = 1) -> list[list[list[torch.Tensor]]]:
+def reference(overlap: int = 0, mix: float = 0.0, fragments: int = 1, eager: bool = False) -> list[list[list[torch.Tensor]]]:
     """Each worker's parameters after every step (the anchor after the last step of a round). With
     overlap (Streaming DiLoCo), the outer gradients taken at a round's end are applied `overlap` steps
     later, and each worker keeps `mix` of the weights it reached in between. With fragments, fragment f's
-    round ends at step f*H//F of each H instead (its first round is shorter)."""
+    round ends at step f*H//F of each H instead (its first round is shorter). Eager (Kale et al. 2025): at
+    a round's end each worker steps from the anchor at once with its proxy of the mean, (own + N mean_last -
+    own_last) / N, and when the mean lands adds the true anchor's difference from its proxy one."""
     x, y = _data()
     workers = [_model() for _ in range(N)]
     opts = [_inner(w.parameters()) for w in workers]
@@ -61,16 +63,34 @@ def reference(overlap: int = 0, mix: float = 0.0, fragments: int = 1) -> list[li
     seen = [[] for _ in range(N)]
     groups = FRAGMENTS[fragments]
     sent = [None] * fragments  # per fragment: (the step, the mean outer gradient of each of its parameters)
+    proxies = [None] * fragments  # eager, per fragment: each worker's proxy anchor of each parameter
+    last = [None] * fragments  # eager, per fragment: (the last mean, each worker's own of that round)
+
+    def outer_step(i, delta, b):
+        b = MU * b + delta
+        return anchor[i] - LR * (delta + MU * b), b
 
     def land(f, mix):
-        _, delta = sent[f]
+        _, delta = sent[f][:2]
         for i in groups[f]:
-            buf[i] = MU * buf[i] + delta[i]
-            anchor[i] -= LR * (delta[i] + MU * buf[i])
-            for w in workers:
+            anchor[i], buf[i] = outer_step(i, delta[i], buf[i])
+            for r, w in enumerate(workers):
                 p = list(w.parameters())[i]
-                p.copy_(mix * p + (1 - mix) * anchor[i])
+                p.copy_(p + anchor[i] - proxies[f][r][i] if eager else mix * p + (1 - mix) * anchor[i])
+        if eager:
+            last[f] = (delta, sent[f][2])
         sent[f] = None
+
+    def take_proxy_step(f):
+        _, _, own = sent[f]
+        proxies[f] = []
+        for r, w in enumerate(workers):
+            mine = {}
+            for i in groups[f]:
+                g = own[r][i] / N if last[f] is None else last[f][0][i] + (own[r][i] - last[f][1][r][i]) / N
+                mine[i] = outer_step(i, g, buf[i])[0]
+                list(w.parameters())[i].copy_(mine[i])
+            proxies[f].append(mine)
 
     for step in range(1, H * ROUNDS + 1):
         for r, (w, opt) in enumerate(zip(workers, opts)):
@@ -83,20 +103,25 @@ def reference(overlap: int = 0, mix: float = 0.0, fragments: int = 1) -> list[li
                     land(f, mix)
             for f, group in enumerate(groups):
                 if step % H == f * H // fragments:
-                    sent[f] = (step, {i: sum(anchor[i] - list(w.parameters())[i] for w in workers) / N for i in group})
+                    own = [{i: anchor[i] - list(w.parameters())[i] for i in group} for w in workers]
+                    sent[f] = (step, {i: sum(o[i] for o in own) / N for i in group}, own)
                     if not overlap:
                         land(f, 0.0)
+                    elif eager:
+                        take_proxy_step(f)
         for r, w in enumerate(workers):
             seen[r].append([p.detach().clone() for p in w.parameters()])
     return seen
 
 
-def _run(rank: int, world_size: int, overlap: int = 0, mix: float = 0.5, fragments: int = 1) -> dict:
+def _run(rank: int, world_size: int, overlap: int = 0, mix: float = 0.5, fragments: int = 1,
+         update: str = "delayed") -> dict:
     x, y = _data()
     env = DistEnv(rank, world_size, 0, CPU, "gloo")
     model = _model()
     sync = build_sync(sync_cfg("diloco", every=H, outer_lr=LR, outer_momentum=MU, local_sgd_start_step=0,
-                               overlap=overlap, overlap_mix=mix, fragments=fragments), model, env)
+                               overlap=overlap, overlap_mix=mix, fragments=fragments, overlap_update=update),
+                      model, env)
     opt = _inner(model.parameters())
     steps, evaluated = [], {}
     for step in range(H * ROUNDS):
@@ -166,6 +191,23 @@ def test_overlapped_diloco_takes_the_steps_of_its_reference():
     assert max(abs(torch.from_numpy(a) - b).max().item() for a, b in zip(ranks[0]["steps"][-1], plain[0][-1])) > 1e-3
     assert any((a != b).any() for a, b in zip(ranks[0]["steps"][H], ranks[1]["steps"][H]))
     assert ranks[0]["describe"] == "diloco/builtin(every 3, outer lr 0.7, momentum 0.9, overlap 1 mix 0.5)"
+
+
+@pytest.mark.parametrize("fragments", [1, 2])
+def test_eager_outer_updates_take_the_steps_of_their_reference(fragments):
+    """sync.overlap_update=eager, overlap 2: each rank steps from its proxy anchor at once and corrects by the
+    true anchor when the mean lands two steps later; not the delayed update, and at the last step (a landing
+    is not due) the ranks' weights differ."""
+    ranks, ref = run_in_processes(_run, N, 2, 0.5, fragments, "eager", timeout=120), reference(2, 0, fragments, True)
+    for r, got in enumerate(ranks):
+        for step, (mine, want) in enumerate(zip(got["steps"], ref[r]), start=1):
+            diff = max(abs(torch.from_numpy(a) - b).max().item() for a, b in zip(mine, want))
+            assert diff < 1e-5, (r, step, diff)
+    delayed = reference(2, 0.5, fragments)
+    assert max(abs(torch.from_numpy(a) - b).max().item() for a, b in zip(ranks[0]["steps"][-1], delayed[0][-1])) > 1e-3
+    # right after a sync (step H) each rank holds its own proxy anchor: apart
+    assert any((a != b).any() for a, b in zip(ranks[0]["steps"][H - 1], ranks[1]["steps"][H - 1]))
+    assert "overlap 2 eager" in ranks[0]["describe"]
 
 
 @pytest.mark.parametrize("overlap", [0, 1])

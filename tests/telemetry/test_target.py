@@ -64,7 +64,7 @@ def test_the_evaluations_bytes_and_collectives_up_to_the_target_are_kept_across_
     t = SimpleNamespace(target_acc=0.0, target_loss=2.0, eval_every_steps=4, stop_at_target=True)
 
     def sent(nbytes, calls):
-        return {"wire_bytes": nbytes, "collectives": calls}
+        return {"wire_bytes": nbytes, "collectives": calls, "wire_bytes_across": 0}
     first = TimeToTarget(t, "language_model")
     first.start()
     assert not first.evaluated({"loss/val": 2.5}, "val", 1.5, 4, sent=sent(4000, 8))

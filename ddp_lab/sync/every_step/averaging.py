@@ -27,19 +27,19 @@ class AveragingSync(ReplicaSync):
         """flat (1-D, contiguous) <- the mean of every rank's flat."""
         n = self.env.world_size
         if self.cfg.compress in QUANTIZED:  # (DiLoCo's outer gradients: sync.validate)
-            self.count(quantized_mean_(flat, self.cfg.compress), 2)  # an all-to-all, an all-gather
+            self.count(quantized_mean_(flat, self.cfg.compress, self.env.group), 2)  # an all-to-all, an all-gather
         elif self.wire_dtype is None or flat.dtype == self.wire_dtype:
             self._average_exact(flat)
         else:
             # Divide first, as PyTorch's compress hooks do: the fp16 sum cannot overflow.
             wire = flat.to(self.wire_dtype).div_(n)
-            self.allreduce(wire)
+            self.allreduce(wire, self.env.group)
             flat.copy_(wire)
             self.count(wire.numel() * wire.element_size())
 
     def _average_exact(self, flat: torch.Tensor) -> None:
         """flat <- the mean of every rank's flat, in its own dtype whatever sync.compress says."""
-        self.allreduce(flat)
+        self.allreduce(flat, self.env.group)
         flat.div_(self.env.world_size)
         self.count(flat.numel() * flat.element_size())
 

@@ -41,6 +41,7 @@ class DDPSync(AveragingSync):
         self.module = DDP(
             model,
             device_ids=[env.device.index] if env.device.type == "cuda" else None,
+            process_group=env.group,  # (None: the world; sync.islands: this island's ranks)
             bucket_cap_mb=cfg.bucket_cap_mb,
             gradient_as_bucket_view=cfg.gradient_as_bucket_view,
             static_graph=cfg.static_graph,
@@ -62,7 +63,7 @@ class DDPSync(AveragingSync):
                                       "fp16": default_hooks.fp16_compress_hook}[cfg.compress], 2)
             if polls(cfg, env):
                 hook = polling_hook(hook)
-            self.module.register_comm_hook(None, hook)
+            self.module.register_comm_hook(env.group, hook)  # (torch's hooks take the group as their state)
         else:
             self.comm_timing = "hook"
             self.module.register_comm_hook(None, lambda state, bucket: me._hook(state, bucket))

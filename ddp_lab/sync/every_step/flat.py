@@ -22,11 +22,12 @@ class FlatSync(AveragingSync):
     comm_timing = "after_backward"
     caps = Capabilities(grads_set_to_none=False)
 
-    def __init__(self, model: nn.Module, env: DistEnv, cfg):
+    def __init__(self, model: nn.Module, env: DistEnv, cfg, gradients: bool = True):
         super().__init__(model, env, cfg)
         broadcast_from_rank0(model)
         params = [p for p in model.parameters() if p.requires_grad]
-        self.buckets = [Bucket(ps) for ps in bucketed(params, cfg.bucket_cap_mb * 2**20)]
+        # (gradients=False: another strategy averages them, sync.islands' inner one; no buffers then)
+        self.buckets = [Bucket(ps) for ps in bucketed(params, cfg.bucket_cap_mb * 2**20)] if gradients else []
         for b in self.buckets:
             b.attach()  # start with zero views, so the first backward accumulates into them
 

@@ -27,6 +27,11 @@ def validate(cfg) -> None:
                  "sends DiLoCo's outer gradients")
     _diloco_only(cfg, "overlap", cfg.overlap, "sends DiLoCo's outer gradient in the background")
     _diloco_only(cfg, "fragments", cfg.fragments if cfg.fragments > 1 else None, "staggers DiLoCo's outer syncs")
+    _diloco_only(cfg, "overlap_update", cfg.overlap_update if cfg.overlap_update != "delayed" else None,
+                 "takes DiLoCo's outer step before its mean lands")
+    if cfg.overlap_update == "eager" and not cfg.overlap:
+        raise ConfigError("sync.overlap_update=eager takes the outer step before the mean lands, and sync.overlap=0 "
+                          "waits for it: set sync.overlap to 1 or more (e.g. 2), or leave sync.overlap_update out")
     if cfg.fragments > 1 and cfg.fragments > cfg.every:
         raise ConfigError(f"sync.fragments={cfg.fragments} must be at most sync.every={cfg.every}: each fragment "
                           f"synchronises at its own step of the {cfg.every}")

@@ -35,6 +35,20 @@ sync.compress=int8|int4 the quantized mean's all-to-all travels in the backgroun
 for TAU//2 steps, then its all-gather (the other half of the bytes) for the rest
 (with TAU=1 the all-gather runs when the outer step lands).
 
+sync.overlap_update=eager (Kale, Douillard and Donchev 2025, "Eager updates for overlapped
+communication and computation in DiLoCo"): instead of going on from its own weights and mixing
+the anchor in when the mean lands (delayed, the default), a rank takes the outer step at once with
+a proxy of the mean, the paper's: its own fresh outer gradient for its share, the others' of the
+last round for theirs, (own + M mean_last - own_last) / M over M workers, and goes on from that
+anchor; when the mean lands, the anchor takes the true step and each rank's weights move by the
+difference between the true anchor and the proxy one (so with a perfect proxy it is blocking
+DiLoCo without the wait).
+
+What lands is what is scored: an evaluation while an outer gradient travels waits for it and scores
+the anchor as it will be once landed (the training goes on as if it had not waited), and `finish`
+lands what travels as training would, then sends the rest of each rank's progress and lands it, so
+that no step is dropped.
+
 sync.fragments=F (Streaming DiLoCo's fragments): the parameters, in the model's
 order, are cut into F runs of about equal size; fragment f synchronises every H
 steps as above, but at step f*H//F of each round, so each sync sends 1/F of the
@@ -51,10 +65,11 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.collectives.quantized import BITS as QUANTIZED
-from ddp_lab.collectives.quantized import start_quantized_mean
+from ddp_lab.collectives.quantized import Residual, start_quantized_mean
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
 from ddp_lab.sync.every_step.averaging import COMPRESS_DTYPES
+from ddp_lab.sync.islands.layout import Islands, start_island_mean
 from ddp_lab.sync.periodic.local_sgd import LocalSGDSync, average_into, kept
 from ddp_lab.telemetry import position
 
@@ -65,12 +80,13 @@ class InFlight(NamedTuple):
     wire: torch.Tensor | None  # reduced in place: the mean once the work is done
     outer_grad: torch.Tensor  # what this rank sent (checkpointed)
     step: int  # when it was sent
+    proxy: torch.Tensor | None = None  # sync.overlap_update=eager: the anchor the proxy step gave (checkpointed)
 
 
 class DiLoCoSync(LocalSGDSync):
 
-    def __init__(self, model: nn.Module, env: DistEnv, cfg):
-        super().__init__(model, env, cfg, start=0)  # no synchronous start: every step is local
+    def __init__(self, model: nn.Module, env: DistEnv, cfg, islands: Islands | None = None):
+        super().__init__(model, env, cfg, start=0, islands=islands)  # no synchronous start: every step is local
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.buffers = [b for b in model.buffers() if b.is_floating_point()]
         self.anchor = [p.detach().clone() for p in self.params]  # the last synchronised weights
@@ -78,9 +94,15 @@ class DiLoCoSync(LocalSGDSync):
         m = cfg.outer_momentum
         self.outer = torch.optim.SGD(self.anchor, lr=cfg.outer_lr, momentum=m, nesterov=m > 0)
         self.overlap, self.mix = cfg.overlap, cfg.overlap_mix
+        self.eager = bool(self.overlap) and cfg.overlap_update == "eager"
         self.fragments = fragment_bounds([p.numel() for p in self.params], cfg.fragments)
         self.streaming = bool(self.overlap) or len(self.fragments) > 1
         self.sent: list[InFlight | None] = [None] * len(self.fragments)  # each fragment's, on its way
+        # eager: each fragment's last landed mean and what this rank sent for it (the proxy's stale part)
+        self.last: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(self.fragments)
+        # int8, int4 with sync.rounding=feedback: what rounding left out, per fragment (each rank's own)
+        self.rounding = cfg.rounding if cfg.compress in QUANTIZED else "nearest"
+        self.residuals = [Residual() for _ in self.fragments] if self.rounding == "feedback" else None
 
     # ------------------------------------------------------------ sync.overlap > 0 or sync.fragments > 1
     def due(self, f: int, step: int) -> bool:
@@ -105,99 +127,190 @@ class DiLoCoSync(LocalSGDSync):
 
     @torch.no_grad()
     def _send_fragment(self, f: int, step: int) -> None:
-        lo, hi = self.fragments[f]
-        self._send(f, torch.cat([(a - p).reshape(-1) for a, p in zip(self.anchor[lo:hi], self.params[lo:hi])]), step)
+        self._send(f, self._outer_grad(f), step)
+        if self.eager:
+            self._take_proxy_step(f)
 
-    def _send(self, f: int, outer_grad: torch.Tensor, step: int) -> None:
+    def _send(self, f: int, outer_grad: torch.Tensor, step: int, proxy: torch.Tensor | None = None) -> None:
         """Start the all-reduce of this rank's outer gradient (flat), in sync.compress's dtype (divided
         first, as _average does: a 16-bit sum cannot overflow), or its quantized mean (int8, int4: the
-        all-to-all under way, the all-gather when it lands)."""
-        if self.cfg.compress in QUANTIZED:
+        all-to-all under way, the all-gather when it lands); across islands, this rank's chunk of it."""
+        if self.islands is not None or self.cfg.compress in QUANTIZED:
             wire = outer_grad.to(torch.float32, copy=True)  # (outer_grad kept as it was sent)
-            pending, sent = start_quantized_mean(wire, self.cfg.compress)
-            self.count(sent, 2)  # an all-to-all, then an all-gather when it lands
-            self.sent[f] = InFlight(pending, wire, outer_grad, step)
+            if self.islands is not None:
+                pending = self._start_island_mean(wire, f, step)
+            else:
+                pending, sent = start_quantized_mean(wire, self.cfg.compress, None, *self._rounding(f, step))
+                self.count(sent, 2)  # an all-to-all, then an all-gather when it lands
+            self.sent[f] = InFlight(pending, wire, outer_grad, step, proxy)
             return
         dtype = COMPRESS_DTYPES.get(self.cfg.compress) or outer_grad.dtype
-        wire = outer_grad.to(dtype, copy=True).div_(self.env.world_size)  # (outer_grad kept as it was sent)
+        wire = outer_grad.to(dtype, copy=True).div_(self.env.world_size)
         self.count(wire.numel() * wire.element_size())
-        self.sent[f] = InFlight(dist.all_reduce(wire, async_op=True), wire, outer_grad, step)
+        self.sent[f] = InFlight(dist.all_reduce(wire, async_op=True), wire, outer_grad, step, proxy)
+
+    def _rounding(self, f: int, step: int) -> tuple[Residual | None, torch.Generator | None]:
+        """int8, int4: fragment f's error feedback, or stochastic rounding's noise for the send at `step`
+        (seeded by the step, fragment and rank: a resumed run draws the same)."""
+        if self.rounding == "stochastic":
+            rank = dist.get_rank() if dist.is_initialized() else 0
+            return None, torch.Generator().manual_seed(((step * 1009 + f) * 65537 + rank) % 2**62)
+        return (self.residuals[f] if self.residuals else None), None
+
+    def _start_island_mean(self, flat: torch.Tensor, f: int = 0, step: int = 0):
+        pending, across, calls, inside = start_island_mean(flat, self.islands, self.cfg.compress, self.wire_dtype,
+                                                           *self._rounding(f, step))
+        self.count(across, calls, across=True)
+        if inside:
+            self.count(inside)  # (the all-gather inside the island)
+        return pending
+
+    def _mean(self, f: int) -> torch.Tensor:
+        """Fragment f's mean outer gradient, waited for (once; what a resumed run sends again is not counted:
+        its launch before counted it)."""
+        sent = self.sent[f]
+        if sent.work is None:
+            with self.uncounted():
+                self._send(f, sent.outer_grad, sent.step, sent.proxy)
+            sent = self.sent[f]
+        sent.work.wait()
+        self.sent[f] = sent._replace(work=_DONE)
+        return sent.wire.float()
+
+    def _nesterov(self, f: int, delta: torch.Tensor) -> list[torch.Tensor]:
+        """Fragment f's anchor after an outer step with `delta` (flat), computed apart: the outer optimizer,
+        its momentum and the anchor are left as they are (torch's SGD, written out: tests/sync/test_diloco.py)."""
+        lo, hi = self.fragments[f]
+        lr, mu, out, offset = self.cfg.outer_lr, self.cfg.outer_momentum, [], 0
+        for a in self.anchor[lo:hi]:
+            g = delta[offset:offset + a.numel()].view_as(a).to(a.dtype)
+            offset += a.numel()
+            if mu:
+                b = self.outer.state.get(a, {}).get("momentum_buffer")
+                b = g.clone() if b is None else b * mu + g
+                g = g + mu * b
+            out.append(a - lr * g)
+        return out
+
+    @torch.no_grad()
+    def _take_proxy_step(self, f: int) -> None:
+        """Eager: this fragment's weights <- the anchor after an outer step with the paper's proxy of the
+        mean, (own + M mean_last - own_last) / M; the proxy anchor kept to correct by when the mean lands."""
+        own, m = self.sent[f].outer_grad.float(), self.env.world_size
+        proxy_grad = own / m if self.last[f] is None else self.last[f][0] + (own - self.last[f][1]) / m
+        proxy = self._nesterov(f, proxy_grad)
+        lo, hi = self.fragments[f]
+        for p, a in zip(self.params[lo:hi], proxy):
+            p.copy_(a)
+        self.sent[f] = self.sent[f]._replace(proxy=torch.cat([a.reshape(-1) for a in proxy]))
 
     @torch.no_grad()
     def _land(self, f: int, mix: float) -> None:
-        """Wait for fragment f's outer gradient, step its anchor, mix it into its weights. (Resumed while
-        it travelled: every rank sends again what it sent, and the sum is the same to the bit.)"""
-        if self.sent[f].work is None:
-            self._send(f, self.sent[f].outer_grad, self.sent[f].step)
-        self.sent[f].work.wait()
-        mean, offset = self.sent[f].wire.float(), 0
+        """Wait for fragment f's outer gradient, step its anchor, and bring it into its weights: mixed
+        (delayed), or by the true anchor's difference from the proxy one (eager). (Resumed while it
+        travelled: every rank sends again what it sent, and the sum is the same to the bit.)"""
+        mean, sent = self._mean(f), self.sent[f]
         self.sent[f] = None
         lo, hi = self.fragments[f]
+        offset = 0
         for a in self.anchor[lo:hi]:
             a.grad = mean[offset:offset + a.numel()].view_as(a).to(a.dtype)
             offset += a.numel()
         self.outer.step()  # (the other fragments' anchors have no gradient: SGD leaves them, and their momentum)
+        offset = 0
         for p, a in zip(self.params[lo:hi], self.anchor[lo:hi]):
-            p.mul_(mix).add_(a, alpha=1 - mix)
+            if sent.proxy is not None:  # eager: keep every step taken since, from the true anchor
+                p.add_(a - sent.proxy[offset:offset + a.numel()].view_as(a))
+            else:
+                p.mul_(mix).add_(a, alpha=1 - mix)
+            offset += a.numel()
             a.grad = None
+        if self.eager:
+            self.last[f] = (mean, sent.outer_grad.float())
         if f == 0:  # once a round
-            self._average_buffers()
+            self._average_buffers(0.0 if sent.proxy is not None else mix)
 
     def finish(self, step: int) -> None:
+        """Every rank ends on the anchor: what travels lands as it would in training, then each fragment
+        sends the rest of this rank's progress and it lands at once (nothing a rank learnt is dropped)."""
         if not self.streaming:
             return super().finish(step)
         with position.collective("weight sync"):
-            if len(self.fragments) == 1 and self.sent[0] is None:
-                if step % self.every:
-                    self.synchronise()
-                return
-            for f, sent in enumerate(self.sent):  # every rank ends on the anchor
-                if sent is None and not (self.due(f, step) and not self.overlap):
-                    self._send_fragment(f, step)
-                if self.sent[f] is not None:
+            for f, sent in enumerate(self.sent):
+                if sent is not None:
+                    self._land(f, self.mix)
+            for f in range(len(self.fragments)):
+                if not (self.due(f, step) and not self.overlap):  # (else it landed at once: weights = anchor)
+                    self._send(f, self._outer_grad(f), step)
                     self._land(f, 0.0)
+
+    def _outer_grad(self, f: int) -> torch.Tensor:
+        """How far this rank's weights of fragment f moved from its anchor (flat)."""
+        lo, hi = self.fragments[f]
+        return torch.cat([(a - p).reshape(-1) for a, p in zip(self.anchor[lo:hi], self.params[lo:hi])])
 
     @torch.no_grad()
     def synchronise(self) -> None:
-        outer_grad = [a - p for a, p in zip(self.anchor, self.params)]  # how far this rank moved
-        average_into(outer_grad, self._average)  # (16, 8 or 4 bits on the wire with sync.compress)
-        for a, g in zip(self.anchor, outer_grad):
-            a.grad = g
-        self.outer.step()
-        for p, a in zip(self.params, self.anchor):
-            p.copy_(a)
-        self._average_buffers()
+        """Blocking: how far this rank moved (16, 8 or 4 bits on the wire with sync.compress) sent and landed."""
+        self._send(0, self._outer_grad(0), self.step)
+        self._land(0, 0.0)
 
-    def _average_buffers(self) -> None:
-        """BatchNorm's statistics averaged as they are (never rounded by sync.compress), kept with the anchor."""
+    @torch.no_grad()
+    def _average_buffers(self, mix: float = 0.0) -> None:
+        """BatchNorm's statistics averaged as they are (never rounded by sync.compress, over every rank of
+        every island), kept with the anchor; each rank keeps `mix` of its own, as its weights do."""
         if self.buffers:
-            average_into(self.buffers, self._average_exact)
-            for a, b in zip(self.anchor_buffers, self.buffers):
-                a.copy_(b)
+            mean = [b.detach().clone() for b in self.buffers]
+            average_into(mean, self._average_everywhere)
+            for a, b, m in zip(self.anchor_buffers, self.buffers, mean):
+                a.copy_(m)
+                b.mul_(mix).add_(m, alpha=1 - mix)
+
+    def _average_everywhere(self, flat: torch.Tensor) -> None:
+        if self.islands is None:
+            return self._average_exact(flat)
+        dist.all_reduce(flat)  # (the whole world: buffers are small, and sync.inner=flat leaves them apart)
+        flat.div_(self.islands.count * self.islands.size)
+        self.count(flat.numel() * flat.element_size(), across=True)
 
     @contextlib.contextmanager
     def consensus(self):
-        """The anchor and its buffers (the model every rank agrees on), for an evaluation; each
-        rank's own weights and buffers are back after it."""
+        """The anchor and its buffers (the model every rank agrees on), for an evaluation, as it is once what
+        travels has landed; each rank's own weights and buffers are back after it."""
         if self.synced_at(self.step) and not self.streaming:
             yield
             return
+        with torch.no_grad(), self.uncounted():
+            landed = list(self.anchor)
+            for f, sent in enumerate(self.sent):
+                if sent is not None:
+                    lo, hi = self.fragments[f]
+                    landed[lo:hi] = self._nesterov(f, self._mean(f))
         with kept(self.params + self.buffers):
             with torch.no_grad():
-                for t, a in zip(self.params + self.buffers, self.anchor + self.anchor_buffers):
+                for t, a in zip(self.params + self.buffers, landed + self.anchor_buffers):
                     t.copy_(a)
             yield
 
     def state_dict(self) -> dict:
         return {"step": self.step, "anchor": [a.detach().clone() for a in self.anchor],
                 "anchor_buffers": [a.detach().clone() for a in self.anchor_buffers],
-                "outer": self.outer.state_dict(), "sent_at": [s.step if s else None for s in self.sent]}
+                "outer": self.outer.state_dict(), "sent_at": [s.step if s else None for s in self.sent],
+                **({"last_mean": [x[0].clone() if x else None for x in self.last]} if self.eager else {})}
 
     def own_state_dict(self) -> dict:
-        """overlap: what this rank sent in the all-reduces still travelling, by fragment (sent again on resume)."""
-        if not any(self.sent):
-            return {}
-        return {"sent": [s.outer_grad.clone() if s else None for s in self.sent]}
+        """overlap: what this rank sent in the all-reduces still travelling, by fragment (sent again on resume),
+        and eager's proxy anchors and last sent; sync.rounding=feedback's residuals."""
+        own = {}
+        if any(self.sent):
+            own["sent"] = [s.outer_grad.clone() if s else None for s in self.sent]
+            if self.eager:
+                own["proxy"] = [s.proxy.clone() if s and s.proxy is not None else None for s in self.sent]
+        if self.eager and any(self.last):
+            own["last_sent"] = [x[1].clone() if x else None for x in self.last]
+        if self.residuals:
+            own["residuals"] = [(r.sent, r.mean) for r in self.residuals]
+        return own
 
     def load_state_dict(self, shared: dict, own: dict | None) -> None:
         super().load_state_dict(shared, own)
@@ -207,7 +320,12 @@ class DiLoCoSync(LocalSGDSync):
                                     shared["anchor"] + shared.get("anchor_buffers", [])):
                     a.copy_(saved)
             self.outer.load_state_dict(shared["outer"])
-        sent_at, mine = shared.get("sent_at"), (own or {}).get("sent")
+        own = own or {}
+        if self.residuals and "residuals" in own:
+            self.residuals = [Residual(*kept) for kept in own["residuals"]]
+        if self.eager and shared.get("last_mean") and own.get("last_sent"):
+            self.last = [(m, s) if m is not None else None for m, s in zip(shared["last_mean"], own["last_sent"])]
+        sent_at, mine = shared.get("sent_at"), own.get("sent")
         if isinstance(sent_at, int):  # saved before fragments: one, the whole model
             sent_at, mine = [sent_at], None if mine is None else [mine]
         if sent_at is None or not any(s is not None for s in sent_at):
@@ -216,14 +334,33 @@ class DiLoCoSync(LocalSGDSync):
             raise ConfigError(f"the checkpoint was saved with sync.fragments={len(sent_at)} while an outer gradient "
                               f"travelled: resume with sync.fragments={len(sent_at)}")
         if mine is not None:  # (another world size: no file of this rank's; dropped)
-            self.sent = [InFlight(None, None, g, at) if at is not None else None for at, g in zip(sent_at, mine)]
+            proxies = own.get("proxy") or [None] * len(mine)
+            self.sent = [InFlight(None, None, g, at, x) if at is not None else None
+                         for at, g, x in zip(sent_at, mine, proxies)]
 
     def describe(self) -> str:
         c = self.cfg.compress
-        late = f", overlap {self.overlap} mix {self.mix:g}" if self.overlap else ""
+        late = (f", overlap {self.overlap} eager" if self.eager else
+                f", overlap {self.overlap} mix {self.mix:g}" if self.overlap else "")
+        late += "" if c not in QUANTIZED or self.rounding == "nearest" else f", {self.rounding} rounding"
         late += f", fragments {len(self.fragments)}" if len(self.fragments) > 1 else ""
         return (f"diloco/{self.cfg.algo}(every {self.every}, outer lr {self.cfg.outer_lr:g}, "
                 f"momentum {self.cfg.outer_momentum:g}{late})" + ("" if c == "none" else f"+{c}"))
+
+
+class _Landed:
+    """An exchange already waited for (an evaluation waited for it before it landed)."""
+
+    @staticmethod
+    def wait() -> None:
+        pass
+
+    @staticmethod
+    def advance() -> None:
+        pass
+
+
+_DONE = _Landed()
 
 
 def fragment_bounds(sizes: list[int], fragments: int) -> list[tuple[int, int]]:

@@ -29,14 +29,18 @@ from torch import nn
 from ddp_lab.distributed import DistEnv
 from ddp_lab.sync.base import Capabilities
 from ddp_lab.sync.every_step.flat import FlatSync
+from ddp_lab.sync.islands.layout import Islands, start_island_mean
 from ddp_lab.telemetry import position
 
 
 class LocalSGDSync(FlatSync):
     caps = Capabilities(diverges=True, grads_set_to_none=False)  # (flat's buffer kept)
 
-    def __init__(self, model: nn.Module, env: DistEnv, cfg, start: int | None = None):
-        super().__init__(model, env, cfg)  # rank 0's weights everywhere; buffers for synchronous steps
+    def __init__(self, model: nn.Module, env: DistEnv, cfg, start: int | None = None, islands: Islands | None = None):
+        # rank 0's weights everywhere; gradient buffers for synchronous steps (none across islands: env is
+        # then rank i of every island, the islands' inner strategy averaging the gradients)
+        super().__init__(model, env, cfg, gradients=islands is None)
+        self.islands = islands
         self.every = cfg.every
         self.start = cfg.local_sgd_start_step if start is None else start
         self.step = 0  # optimizer steps taken, the run's count (checkpointed)
@@ -64,6 +68,20 @@ class LocalSGDSync(FlatSync):
     def synchronise(self) -> None:
         """Every rank's weights <- the mean of the ranks' weights."""
         average_into(self.weights, self._average)
+
+    def _average(self, flat: torch.Tensor) -> None:
+        """flat <- its mean over the ranks; across islands, over the islands (this rank's chunk of it, then
+        gathered inside the island: islands/layout.py)."""
+        if self.islands is None:
+            return super()._average(flat)
+        self._start_island_mean(flat).wait()
+
+    def _start_island_mean(self, flat: torch.Tensor):
+        pending, across, calls, inside = start_island_mean(flat, self.islands, self.cfg.compress, self.wire_dtype)
+        self.count(across, calls, across=True)
+        if inside:
+            self.count(inside)  # (the all-gather inside the island)
+        return pending
 
     def finish(self, step: int) -> None:
         if not self.synced_at(step):

@@ -1,0 +1,120 @@
+"""IslandSync: sync.inner's every-step strategy inside each island, sync.mode's periodic one across them.
+
+The inner strategy sees the island as its world (rank and world size counted within, its collectives on
+the island's group): DDP's buckets or flat's buffer average the gradients over the island's K ranks every
+step, so an island's ranks hold the same weights always. The periodic strategy sees rank `member` of every
+island as its world and sends this rank's 1/K chunk of the outer gradient across (islands/layout.py);
+every rank of an island then holds the same anchor and takes the same outer step. The Trainer's calls go
+to the one that acts at each point: the forward, backward and gradient sync to the inner, the weight
+syncs, evaluation's consensus, finish and the checkpointed state to the outer.
+"""
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+
+from torch import nn
+
+from ddp_lab.distributed import DistEnv
+from ddp_lab.sync.base import Capabilities, ReplicaSync, broadcast_from_rank0
+from ddp_lab.sync.islands.layout import build_islands
+
+
+class IslandSync(ReplicaSync):
+
+    def __init__(self, model: nn.Module, env: DistEnv, cfg, inner_cls: type, outer_cls: type):
+        self.model, self.env, self.cfg = model, env, cfg
+        self.islands = build_islands(cfg.islands, env)
+        broadcast_from_rank0(model)  # every island from rank 0's weights (DDP would start each from its own)
+        self.outer = outer_cls(model, self.islands.across, cfg, islands=self.islands)
+        items = vars(cfg) if isinstance(cfg, SimpleNamespace) else dict(cfg)
+        inner_cfg = SimpleNamespace(**{**items, "mode": cfg.inner, "compress": "none"})  # (compress: the outer's)
+        self.inner = inner_cls(model, self.islands.inside, inner_cfg)
+        self.module = self.inner.module
+        self.comm_timing = self.inner.comm_timing
+        self.caps = Capabilities(syncs_in_backward=self.inner.caps.syncs_in_backward, diverges=True,
+                                 grads_set_to_none=self.inner.caps.grads_set_to_none)
+
+    # what both count and time --------------------------------------------------------------------
+    @property
+    def measuring(self) -> bool:
+        return self.inner.measuring
+
+    @measuring.setter
+    def measuring(self, value: bool) -> None:
+        self.inner.measuring = self.outer.measuring = value
+
+    @property
+    def wire_bytes(self) -> int:
+        return self.inner.wire_bytes + self.outer.wire_bytes
+
+    @property
+    def collectives(self) -> int:
+        return self.inner.collectives + self.outer.collectives
+
+    @property
+    def wire_bytes_across(self) -> int:
+        return self.outer.wire_bytes_across
+
+    @property
+    def comm_seconds(self) -> float:
+        return self.inner.comm_seconds + self.outer.comm_seconds
+
+    def counts(self) -> dict[str, int]:
+        return {k: a + b for (k, a), b in zip(self.inner.counts().items(), self.outer.counts().values())}
+
+    @contextlib.contextmanager
+    def uncounted(self):
+        with self.inner.uncounted(), self.outer.uncounted():
+            yield
+
+    # a step: the inner strategy ------------------------------------------------------------------
+    def param_groups(self) -> list[dict]:
+        self.inner.no_decay = self.no_decay
+        return self.inner.param_groups()
+
+    def parameters(self) -> list:
+        return self.inner.parameters()
+
+    def clip_grad_norm(self, max_norm: float):
+        return self.inner.clip_grad_norm(max_norm)
+
+    def no_sync(self):
+        return self.inner.no_sync()
+
+    def during_backward(self, last: bool):
+        return self.inner.during_backward(last)
+
+    def after_backward(self) -> None:
+        self.inner.after_backward()
+
+    # the weights across islands: the outer strategy ----------------------------------------------
+    def after_step(self, step: int) -> None:
+        self.inner.after_step(step)
+        self.outer.after_step(step)
+
+    def synced_at(self, step: int) -> bool:
+        return self.outer.synced_at(step)
+
+    def finish(self, step: int) -> None:
+        self.outer.finish(step)
+
+    def consensus(self):
+        return self.outer.consensus()
+
+    def state_dict(self) -> dict:
+        return {**self.outer.state_dict(), "islands": [self.islands.count, self.islands.size],
+                **({"inner": inner} if (inner := self.inner.state_dict()) else {})}
+
+    def own_state_dict(self) -> dict:
+        return self.outer.own_state_dict()
+
+    def load_state_dict(self, shared: dict, own: dict | None) -> None:
+        if shared.get("islands", [self.islands.count, self.islands.size]) != [self.islands.count, self.islands.size]:
+            own = None  # (another layout: each rank's in-flight chunks and residuals are another rank's)
+        self.outer.load_state_dict(shared, own)
+        if "inner" in shared:
+            self.inner.load_state_dict(shared["inner"], None)
+
+    def describe(self) -> str:
+        return f"islands({self.islands.describe()}: {self.inner.describe()} inside, {self.outer.describe()} across)"

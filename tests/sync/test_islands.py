@@ -1,0 +1,180 @@
+"""sync.islands: the groups, and the proofs that islands are what they claim.
+
+* 1 island of N ranks, DiLoCo at outer lr 1 without momentum: DDP over the N ranks;
+* N islands of 1: today's per-rank DiLoCo;
+* 2 islands of 2 (DDP or flat inside, DiLoCo across): a reference written out here, 2 workers each stepping
+  AdamW on the mean gradient of its two ranks' batches, and DiLoCo's outer Nesterov step on the workers' mean
+  change (the update of tests/sync/test_diloco.py's reference);
+and what crosses between islands: each rank's half of the outer gradient, the island gathering the halves.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ddp_lab.config import ConfigError
+from ddp_lab.distributed import DistEnv
+from ddp_lab.sync import build_sync, validate
+from ddp_lab.sync.islands.layout import build_islands, island_size
+from tests.multiproc import run_in_processes
+from tests.sync import sync_cfg
+
+CPU = torch.device("cpu")
+H, ROUNDS, LR, MU, BATCH = 3, 3, 0.7, 0.9, 4
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+def _data(world_size: int):
+    g = torch.Generator().manual_seed(5)
+    return (torch.randn(H * ROUNDS, world_size, BATCH, 6, generator=g),
+            torch.randint(0, 3, (H * ROUNDS, world_size, BATCH), generator=g))
+
+
+def _layout(rank: int, world_size: int, spec: str) -> dict:
+    isl = build_islands(spec, DistEnv(rank, world_size, 0, CPU, "gloo"))
+    return {"inside": dist.get_process_group_ranks(isl.inside.group),
+            "across": dist.get_process_group_ranks(isl.across.group),
+            "at": (isl.index, isl.member, isl.inside.rank, isl.inside.world_size, isl.across.rank,
+                   isl.across.world_size)}
+
+
+@pytest.mark.parametrize("spec, inside, across", [
+    ("2", [[0, 1], [0, 1], [2, 3], [2, 3]], [[0, 2], [1, 3], [0, 2], [1, 3]]),
+    ("1", [[0], [1], [2], [3]], [[0, 1, 2, 3]] * 4),
+    ("4", [[0, 1, 2, 3]] * 4, [[0], [1], [2], [3]]),
+])
+def test_four_ranks_make_the_islands_and_the_groups_across_them(spec, inside, across):
+    got = run_in_processes(_layout, 4, spec, timeout=120)
+    assert [g["inside"] for g in got] == inside and [g["across"] for g in got] == across
+    k = len(inside[0])
+    assert [g["at"] for g in got] == [(r // k, r % k, r % k, k, r // k, 4 // k) for r in range(4)]
+
+
+def _train(rank: int, world_size: int, over: dict, inner_opt: str = "adamw") -> dict:
+    x, y = _data(world_size)
+    env = DistEnv(rank, world_size, 0, CPU, "gloo")
+    model = _model()
+    sync = build_sync(sync_cfg(**{"every": H, "outer_lr": LR, "outer_momentum": MU, "local_sgd_start_step": 0,
+                                  "bucket_cap_mb": 25.0, **over}), model, env)
+    opt = (torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1) if inner_opt == "adamw"
+           else torch.optim.SGD(model.parameters(), lr=0.1))
+    steps = []
+    for step in range(H * ROUNDS):
+        F.cross_entropy(sync.module(x[step, rank]), y[step, rank]).backward()
+        sync.after_backward()
+        opt.step()
+        opt.zero_grad(set_to_none=sync.caps.grads_set_to_none)
+        sync.after_step(step + 1)
+        steps.append([p.detach().numpy().copy() for p in model.parameters()])
+    return {"steps": steps, "describe": sync.describe(), **sync.counts()}
+
+
+def _apart(a: dict, b: dict) -> float:
+    return max(float(abs(torch.from_numpy(u) - torch.from_numpy(v)).max())
+               for s, t in zip(a["steps"], b["steps"]) for u, v in zip(s, t))
+
+
+def test_one_island_of_four_ranks_is_ddp():
+    """Inside: DDP every step; across: DiLoCo over one island, lr 1 and no momentum, which leaves the weights."""
+    islands = run_in_processes(_train, 4, {"mode": "diloco", "islands": "4", "outer_lr": 1.0, "outer_momentum": 0.0},
+                               "sgd", timeout=180)
+    ddp = run_in_processes(_train, 4, {"mode": "ddp"}, "sgd", timeout=180)
+    for r in range(4):
+        assert _apart(islands[r], ddp[r]) < 1e-6
+    assert islands[0]["describe"].startswith("islands(1 islands of 4: ddp/builtin inside, diloco/builtin(every 3")
+    assert islands[0]["wire_bytes_across"] > 0  # (a group of one: counted, never sent)
+
+
+def test_four_islands_of_one_rank_are_per_rank_diloco():
+    islands = run_in_processes(_train, 4, {"mode": "diloco", "islands": "1"}, timeout=180)
+    per_rank = run_in_processes(_train, 4, {"mode": "diloco"}, timeout=180)
+    for r in range(4):
+        assert _apart(islands[r], per_rank[r]) < 1e-6
+    assert _apart(islands[0], islands[1]) > 1e-3  # every rank its own island
+
+
+def reference() -> list[list[list[torch.Tensor]]]:
+    """Each island's parameters after every step: 2 workers, worker w stepping on ranks 2w and 2w+1's batches."""
+    x, y = _data(4)
+    workers = [_model() for _ in range(2)]
+    opts = [torch.optim.AdamW(w.parameters(), lr=1e-2, weight_decay=0.1) for w in workers]
+    anchor = [p.detach().clone() for p in workers[0].parameters()]
+    buf = [torch.zeros_like(a) for a in anchor]
+    seen = [[], []]
+    for step in range(H * ROUNDS):
+        for w, (model, opt) in enumerate(zip(workers, opts)):
+            loss = sum(F.cross_entropy(model(x[step, r]), y[step, r]) for r in (2 * w, 2 * w + 1)) / 2
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        if (step + 1) % H == 0:
+            with torch.no_grad():
+                for i, a in enumerate(anchor):
+                    delta = sum(a - list(m.parameters())[i] for m in workers) / 2
+                    buf[i] = MU * buf[i] + delta
+                    a -= LR * (delta + MU * buf[i])
+                    for m in workers:
+                        list(m.parameters())[i].copy_(a)
+        for w, m in enumerate(workers):
+            seen[w].append([p.detach().clone() for p in m.parameters()])
+    return seen
+
+
+@pytest.mark.parametrize("inner", ["ddp", "flat"])
+def test_two_islands_of_two_take_the_steps_of_their_reference(inner):
+    ranks = run_in_processes(_train, 4, {"mode": "diloco", "islands": "2", "inner": inner}, timeout=180)
+    ref = reference()
+    for r, got in enumerate(ranks):
+        for step, (mine, want) in enumerate(zip(got["steps"], ref[r // 2]), start=1):
+            diff = max(abs(torch.from_numpy(a) - b).max().item() for a, b in zip(mine, want))
+            assert diff < 1e-5, (r, step, diff)
+    assert _apart(ranks[0], ranks[1]) == 0 and _apart(ranks[0], ranks[2]) > 1e-3  # one island agrees, two apart
+    # across: each rank's half of the 163 numbers (82, padded), 3 syncs; inside: the 2 x 82 gathered, and
+    # every step's gradients (DDP's or flat's all-reduce of 163 numbers)
+    assert ranks[0]["wire_bytes_across"] == 3 * 82 * 4
+    assert ranks[0]["wire_bytes"] == 3 * 82 * 4 + 3 * 164 * 4 + H * ROUNDS * 163 * 4
+
+
+def _eager_int4(rank: int, world_size: int) -> dict:
+    return _train(rank, world_size, {"mode": "diloco", "islands": "2", "overlap": 1, "overlap_update": "eager",
+                                     "compress": "int4", "rounding": "feedback"})
+
+
+def test_islands_with_eager_int4_feedback_agree_inside_and_send_a_quarter_across():
+    ranks = run_in_processes(_eager_int4, 4, timeout=180)
+    assert _apart(ranks[0], ranks[1]) == 0 and _apart(ranks[2], ranks[3]) == 0
+    assert _apart(ranks[0], ranks[2]) > 1e-4
+    # a half (82 numbers) in 4 bits: 2 blocks of 64 over 2 islands, 1 block a rank: 32 bytes of codes + 4 of scale
+    # each way, 2 x 36 bytes a sync
+    assert ranks[0]["wire_bytes_across"] == 3 * 2 * 36
+    assert "overlap 1 eager" in ranks[0]["describe"] and "+int4" in ranks[0]["describe"]
+
+
+@pytest.mark.parametrize("over, says", [
+    ({"islands": "2", "mode": "flat"}, "sync.mode=flat is not one: use sync.mode=diloco or local_sgd"),
+    ({"islands": "2", "mode": "diloco", "inner": "zero"}, "sync.inner=zero inside islands is not built yet"),
+    ({"islands": "none", "mode": "diloco", "inner": "flat"}, "sync.islands=none makes none"),
+    ({"islands": "2", "mode": "diloco", "algo": "ring"}, "use sync.algo=builtin"),
+    ({"islands": "host", "mode": "local_sgd", "local_sgd_start_step": 4}, "use sync.local_sgd_start_step=0"),
+    ({"mode": "diloco", "overlap_update": "eager"}, "set sync.overlap to 1 or more"),
+    ({"mode": "local_sgd", "overlap_update": "eager", "overlap": 1}, "takes sync.mode=diloco"),
+])
+def test_bad_island_settings_are_refused_in_one_line(over, says):
+    with pytest.raises(ConfigError, match=says.replace("(", r"\(").replace(")", r"\)")) as e:
+        validate(sync_cfg(**{"every": 4, "local_sgd_start_step": 0, **over}))
+    assert "\n" not in str(e.value)
+
+
+def test_islands_that_do_not_divide_the_world_are_refused():
+    with pytest.raises(ConfigError, match="does not divide the 6 ranks"):
+        island_size("4", 6)
+    with pytest.raises(ConfigError, match=r"sync.islands=host \(LOCAL_WORLD_SIZE=4"):
+        island_size("host", 6, 4)
+    assert island_size("host", 8, 4) == 4 and island_size("3", 6) == 3
