@@ -8,6 +8,7 @@ import torch
 from ddp_lab.collectives.basics import Pending
 from ddp_lab.collectives.quantized import (
     BLOCK,
+    Residual,
     dequantize,
     message_bytes,
     quantize,
@@ -96,3 +97,39 @@ def test_a_mean_advanced_halfway_ends_as_the_blocking_one_bit_for_bit(n):
     """DiLoCo's overlap advances the quantized mean halfway: the all-gather then travels in the background."""
     for r in run_in_processes(_in_two_phases, n, timeout=120):
         assert r == {"started": True, "halfway": True, "untouched": True, "equal": True}
+
+
+ROUNDS = 40
+
+
+def _rounds(rank: int, world_size: int, rounding: str) -> dict:
+    """ROUNDS means of outer gradients whose blocks each hold an outlier (100) among small numbers near 1, which
+    round to zero in 4 bits (a level is 100/7): the sum of what arrived against the sum of the true means."""
+    residual = Residual() if rounding == "feedback" else None
+    true = got = torch.zeros(4 * BLOCK)
+    for t in range(ROUNDS):
+        g = torch.Generator().manual_seed(100 * t + rank)
+        x = 1.0 + 0.3 * torch.randn(4 * BLOCK, generator=g)
+        x[::BLOCK] = 100.0
+        noise = torch.Generator().manual_seed(7 * t + rank) if rounding == "stochastic" else None
+        mean = x.clone()
+        pending, _ = start_quantized_mean(mean, "int4", None, residual, noise)
+        pending.wait()
+        every = [torch.zeros_like(x) for _ in range(world_size)]
+        torch.distributed.all_gather(every, x)
+        true, got = true + sum(every) / world_size, got + mean
+    return {"error": (got - true).abs().max().item(), "bias": (got - true).mean().item()}
+
+
+@pytest.mark.parametrize("rounding", ["feedback", "nearest", "stochastic"])
+def test_error_feedback_keeps_the_sum_of_what_arrives_on_the_sum_of_the_true_means(rounding):
+    """Over 40 rounds: to nearest, the small numbers never arrive (the sum falls behind by about 40); with
+    error feedback it stays within a round's rounding (a level is 100/7) of the truth; stochastic rounding is
+    unbiased on average but wanders."""
+    r = run_in_processes(_rounds, 2, rounding, timeout=120)[0]
+    if rounding == "feedback":
+        assert r["error"] < 100 / 7 and abs(r["bias"]) < 100 / 7 / 2  # (measured: 10.1 and 2.4)
+    elif rounding == "nearest":
+        assert r["error"] > 30 and r["bias"] < -30
+    else:
+        assert abs(r["bias"]) < 5 and r["error"] > 100 / 7

@@ -209,6 +209,12 @@ RESUMED = {
     "diloco_overlap_int4": ["sync=diloco", "sync.every=4", "sync.overlap=2", "sync.compress=int4"],
     # in 2 fragments: the first's (sent at step 8) on the wire at step 9, the second's (sent at 6) landed at 8
     "diloco_fragments": ["sync=diloco", "sync.every=4", "sync.overlap=2", "sync.fragments=2"],
+    # eager: the proxy anchor and the last round's mean kept too; int4's error feedback, each rank's residuals
+    "diloco_eager_int4_feedback": ["sync=diloco", "sync.every=4", "sync.overlap=2", "sync.overlap_update=eager",
+                                   "sync.compress=int4", "sync.rounding=feedback"],
+    # 4 ranks in 2 islands of 2 (DDP inside, the same DiLoCo across): rank 2's island apart from rank 0's
+    "islands_eager_int4_feedback": ["sync=diloco", "sync.islands=2", "sync.every=4", "sync.overlap=2",
+                                    "sync.overlap_update=eager", "sync.compress=int4", "sync.rounding=feedback"],
     "powersgd": ["sync=powersgd", "sync.powersgd_start_step=4"],
     "zero": ["sync=zero", "sync.algo=ring_textbook", "optim=adamw"],  # each rank its shard of AdamW's state
     "zero2": ["sync=zero", "sync.zero_stage=2", "optim=adamw"],  # and of the gradients, sent in the backward
@@ -225,8 +231,10 @@ def test_a_killed_rank_resumes_bit_identical(strategy, tiny_fmnist, tmp_path):
     common = ["trainer.amp=off", "trainer.keep_ckpts=10", "trainer.ckpt_every=3", "dist.timeout_s=60",
               *RESUMED[strategy]]
 
+    nproc = 4 if strategy.startswith("islands") else 2
+
     def launch(name, **kw):
-        return run_module("ddp_lab.train", tiny_overrides(tiny_fmnist, tmp_path / name) + common, nproc=2, **kw)
+        return run_module("ddp_lab.train", tiny_overrides(tiny_fmnist, tmp_path / name) + common, nproc=nproc, **kw)
 
     with ThreadPoolExecutor(2) as pool:  # most of a launch is waiting: both at once
         ref = pool.submit(launch, "reference")
@@ -241,7 +249,8 @@ def test_a_killed_rank_resumes_bit_identical(strategy, tiny_fmnist, tmp_path):
     wa = torch.load(tmp_path / "reference" / "model.pt", weights_only=True)
     wb = torch.load(tmp_path / "killed" / "model.pt", weights_only=True)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
-    own = torch.load(tmp_path / "killed" / "checkpoints" / "step-9" / "rank1.pt", weights_only=True)
+    apart = 2 if nproc == 4 else 1  # (islands: rank 1 holds rank 0's weights, rank 2 its own island's)
+    own = torch.load(tmp_path / "killed" / "checkpoints" / "step-9" / f"rank{apart}.pt", weights_only=True)
     if strategy == "powersgd":
         assert own["sync"]["powersgd"]["error"]  # this rank's error feedback, per parameter
     elif strategy.startswith(("zero", "fsdp")):  # this rank's shard of AdamW's moments: rank 0's size, not its values
@@ -251,10 +260,14 @@ def test_a_killed_rank_resumes_bit_identical(strategy, tiny_fmnist, tmp_path):
     else:  # the rank's own weights, which differ from rank 0's at step 9
         if strategy == "diloco_overlap":
             assert own["sync"]["sent"][0].numel() == sum(w.numel() for w in own["model"].values())
+        if strategy.endswith("eager_int4_feedback"):  # what travels, its proxy anchor, the residuals
+            assert own["sync"]["sent"][0] is not None and own["sync"]["proxy"][0] is not None
+            assert own["sync"]["residuals"][0][0].abs().sum() > 0
         if strategy == "diloco_fragments":
             first, second = own["sync"]["sent"]
             assert second is None and 0 < first.numel() < sum(w.numel() for w in own["model"].values())
         rank0 = torch.load(tmp_path / "killed" / "checkpoints" / "step-9" / "state.pt", weights_only=True)
         assert any(not torch.equal(own["model"][k], rank0["model"][k]) for k in own["model"])
     assert a["wire_bytes_per_step"] > 0
-    assert a["sync"].startswith(("local_sgd", "diloco", "ddp/builtin+powersgd", "zero1", "zero2", "zero3", "fsdp"))
+    assert a["sync"].startswith(("local_sgd", "diloco", "ddp/builtin+powersgd", "zero1", "zero2", "zero3", "fsdp",
+                                 "islands(2 islands of 2"))

@@ -81,6 +81,7 @@ class InFlight(NamedTuple):
     outer_grad: torch.Tensor  # what this rank sent (checkpointed)
     step: int  # when it was sent
     proxy: torch.Tensor | None = None  # sync.overlap_update=eager: the anchor the proxy step gave (checkpointed)
+    before: Residual | None = None  # sync.rounding=feedback: the residuals before this send (checkpointed, resent)
 
 
 class DiLoCoSync(LocalSGDSync):
@@ -137,12 +138,14 @@ class DiLoCoSync(LocalSGDSync):
         all-to-all under way, the all-gather when it lands); across islands, this rank's chunk of it."""
         if self.islands is not None or self.cfg.compress in QUANTIZED:
             wire = outer_grad.to(torch.float32, copy=True)  # (outer_grad kept as it was sent)
+            r = self.residuals[f] if self.residuals else None
+            before = Residual(r.sent, r.mean) if r else None  # (the send replaces r's tensors, never writes them)
             if self.islands is not None:
                 pending = self._start_island_mean(wire, f, step)
             else:
                 pending, sent = start_quantized_mean(wire, self.cfg.compress, None, *self._rounding(f, step))
                 self.count(sent, 2)  # an all-to-all, then an all-gather when it lands
-            self.sent[f] = InFlight(pending, wire, outer_grad, step, proxy)
+            self.sent[f] = InFlight(pending, wire, outer_grad, step, proxy, before)
             return
         dtype = COMPRESS_DTYPES.get(self.cfg.compress) or outer_grad.dtype
         wire = outer_grad.to(dtype, copy=True).div_(self.env.world_size)
@@ -308,8 +311,9 @@ class DiLoCoSync(LocalSGDSync):
                 own["proxy"] = [s.proxy.clone() if s and s.proxy is not None else None for s in self.sent]
         if self.eager and any(self.last):
             own["last_sent"] = [x[1].clone() if x else None for x in self.last]
-        if self.residuals:
-            own["residuals"] = [(r.sent, r.mean) for r in self.residuals]
+        if self.residuals:  # (a fragment in flight: as before its send, which a resumed run makes again)
+            own["residuals"] = [((s.before if s and s.before else r).sent, (s.before if s and s.before else r).mean)
+                                for r, s in zip(self.residuals, self.sent)]
         return own
 
     def load_state_dict(self, shared: dict, own: dict | None) -> None:
