@@ -37,7 +37,8 @@ class TimeToTarget:
             raise ConfigError(f"trainer.target_acc={self.acc} needs a classification task, and this data is "
                               f"{task_name}: set trainer.target_loss instead")
         self.carried_s = 0.0  # earlier launches' wall time
-        self.carried = {"wire_bytes": 0, "collectives": 0, "wire_bytes_across": 0}  # and what they sent (sync.counts() is this launch's)
+        # and what they sent (sync.counts() is this launch's)
+        self.carried = {"wire_bytes": 0, "collectives": 0, "wire_bytes_across": 0}
         self.eval_s = 0.0
         self.reached: dict | None = None  # {"step", "seconds"} of the evaluation that reached it
         self._t0: float | None = None

@@ -48,7 +48,8 @@ def _inner(params):
 FRAGMENTS = {1: [[0, 1, 2, 3, 4]], 2: [[0], [1, 2, 3, 4]]}
 
 
-def reference(overlap: int = 0, mix: float = 0.0, fragments: int = 1, eager: bool = False) -> list[list[list[torch.Tensor]]]:
+def reference(overlap: int = 0, mix: float = 0.0, fragments: int = 1,
+              eager: bool = False) -> list[list[list[torch.Tensor]]]:
     """Each worker's parameters after every step (the anchor after the last step of a round). With
     overlap (Streaming DiLoCo), the outer gradients taken at a round's end are applied `overlap` steps
     later, and each worker keeps `mix` of the weights it reached in between. With fragments, fragment f's
