@@ -315,6 +315,8 @@ def _load_checkpoints(rank: int, world_size: int) -> dict:
     one = built(1)  # a checkpoint from before fragments: one step, one tensor
     one.load_state_dict({**saved, "sent_at": 8}, {"sent": sent})
     out["old"] = [(s.step, s.outer_grad.tolist()) if s else None for s in one.sent]
+    one.after_step(10)  # it lands: sent again, its bytes not counted twice (the launch that sent it counted them)
+    out["bytes at the landing"] = one.wire_bytes
     gone = built(1)  # the same at another world size: no file of this rank's
     gone.load_state_dict({**saved, "sent_at": 8}, None)
     out["other world"] = gone.sent
@@ -331,6 +333,7 @@ def _load_checkpoints(rank: int, world_size: int) -> dict:
 def test_a_checkpoint_keeps_each_fragments_outer_gradient_in_flight_and_old_ones_still_load():
     got = run_in_processes(_load_checkpoints, 1, timeout=60)[0]
     assert got["old"] == [(8, list(range(91)))]
+    assert got["bytes at the landing"] == 16 * 4  # BatchNorm's 16 statistics averaged, the 91 numbers not counted
     assert got["other world"] == [None]
     assert got["fragments"] == [None, (6, 43)]
     assert got["refused"] == ("the checkpoint was saved with sync.fragments=1 while an outer gradient travelled: "

@@ -172,6 +172,24 @@ def test_bad_island_settings_are_refused_in_one_line(over, says):
     assert "\n" not in str(e.value)
 
 
+def _uneven_hosts(rank: int, world_size: int) -> str:
+    """Hosts of 3 and 1 ranks (torchrun's variables as an elastic change of membership could leave them)."""
+    import os
+    os.environ["LOCAL_WORLD_SIZE"], os.environ["LOCAL_RANK"] = ("3", str(rank)) if rank < 3 else ("1", "0")
+    try:
+        build_islands("host", DistEnv(rank, world_size, 0, CPU, "gloo"))
+    except ConfigError as e:
+        return str(e)
+    return ""
+
+
+def test_hosts_of_unequal_rank_counts_are_refused_on_every_rank():
+    said = run_in_processes(_uneven_hosts, 4, timeout=120)
+    assert all("sync.islands=host needs every host to run the same number of consecutive ranks" in s for s in said[:3])
+    # (the host of one rank: 1 divides 4, and it hears the others' counts too)
+    assert "these hosts run [1, 3]" in said[3]
+
+
 def test_islands_that_do_not_divide_the_world_are_refused():
     with pytest.raises(ConfigError, match="does not divide the 6 ranks"):
         island_size("4", 6)

@@ -55,9 +55,9 @@ class Islands:
 
 def build_islands(spec: str, env: DistEnv) -> Islands:
     """Every rank makes every group, in the same order (torch's rule for new_group), and gets its two."""
+    if spec == "host":  # (every rank hears every host's count before any refuses: none is left waiting)
+        _same_host_layout(env, int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size)))
     k = island_size(spec, env.world_size)
-    if spec == "host":
-        _same_host_layout(env, k)
     n = env.world_size // k
     insides = [dist.new_group(list(range(i * k, (i + 1) * k))) for i in range(n)]
     acrosses = [dist.new_group(list(range(j, env.world_size, k))) for j in range(k)]

@@ -14,6 +14,7 @@ import statistics
 COLUMNS = ["strategy", "seed", "sync", "world_size", "target", "target_reached", "steps_to_target",
            "time_to_target_s", "eval_s_to_target", "train_to_target_s", "vs_ddp", "wire_bytes_per_step",
            "wire_bytes_to_target", "bytes_vs_ddp", "collectives_per_step", "collectives_to_target",
+           "wire_bytes_across_per_step", "wire_bytes_across_to_target",
            "final", "step_ms", "eval_s", "steps", "every",
            "predicted_time_to_target_s", "prediction_error", "diverged_at_step"]
 
@@ -28,6 +29,9 @@ def row(strategy: str, seed, s: dict, every: int, headline: str) -> dict:
             "wire_bytes_per_step": s["wire_bytes_per_step"], "wire_bytes_to_target": s.get("wire_bytes_to_target"),
             "collectives_per_step": s.get("collectives_per_step"),  # (None: a run from before they were counted)
             "collectives_to_target": s.get("collectives_to_target"),
+            # sync.islands: the bytes that crossed between islands (the rest stayed inside)
+            "wire_bytes_across_per_step": s.get("wire_bytes_across_per_step"),
+            "wire_bytes_across_to_target": s.get("wire_bytes_across_to_target"),
             "final": s[headline], "step_ms": s["step_ms"], "eval_s": s["eval_s"], "steps": s["steps"],
             "every": every}
 
@@ -79,6 +83,7 @@ def spread(values: list) -> tuple[float, float, float] | None:
 
 
 MEDIANS = ("steps_to_target", "time_to_target_s", "train_to_target_s", "vs_ddp", "wire_bytes_to_target",
+           "wire_bytes_across_to_target",
            "final", "step_ms", "predicted_time_to_target_s", "prediction_error")
 
 
@@ -103,14 +108,16 @@ def _cell(s, spec: str, scale: float = 1.0) -> str:
 def summary_markdown(groups: list[dict]) -> str:
     """The median (lowest-highest) over the seeds of each strategy."""
     lines = ["| strategy | sync | seeds reached | steps to target | s to target | s without evaluations | "
-             "x DDP's time | MB to target | predicted s | prediction error | final | step ms |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "x DDP's time | MB to target | of which across islands | predicted s | prediction error | final | "
+             "step ms |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for g in groups:
         reached = f"{g['reached']}/{g['runs']}" + (f" ({g['diverged']} diverged)" if g.get("diverged") else "")
         lines.append(f"| {g['strategy']} | {fmt(g['sync'])} | {reached} | "
                      f"{_cell(g['steps_to_target'], '.0f')} | {_cell(g['time_to_target_s'], '.1f')} | "
                      f"{_cell(g['train_to_target_s'], '.1f')} | {_cell(g['vs_ddp'], '.2f')} | "
                      f"{_cell(g['wire_bytes_to_target'], '.1f', 1e-6)} | "
+                     f"{_cell(g['wire_bytes_across_to_target'], '.1f', 1e-6)} | "
                      f"{_cell(g['predicted_time_to_target_s'], '.1f')} | {_cell(g['prediction_error'], '+.0%')} | "
                      f"{_cell(g['final'], '.4f')} | {_cell(g['step_ms'], '.0f')} |")
     return "\n".join(lines) + "\n"

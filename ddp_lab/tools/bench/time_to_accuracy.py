@@ -13,8 +13,8 @@ diloco:sync.outer_momentum=0.5) trains the same model from the same seed for the
 trains on, so the final figures after the same budget are compared too.
 Arguments after `--` are Hydra overrides for every run (sync.every=16 applies
 to local_sgd and diloco). With --hosts the runs go over emulated hosts of one
-rank each, every link shaped to --rate (ddp_lab.tools.cluster, needs root); with
---ranks, over loopback.
+rank each (--nproc-per-host: more, on each host's loopback), every link shaped
+to --rate (ddp_lab.tools.cluster, needs root); with --ranks, over loopback.
 
 Time to target (MLPerf Training's measure) = steps to target (what the method
 does to learning) x time per step (what it does to the network), evaluation
@@ -62,6 +62,8 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hosts", type=int, default=None, help="emulated hosts of one rank each (needs --rate, root)")
     p.add_argument("--rate", default=None, help="with --hosts: every link's rate, e.g. 100mbit, 1gbit")
+    p.add_argument("--nproc-per-host", type=int, default=1,
+                   help="with --hosts: ranks on each host, talking over its loopback (sync.islands=host: an island each)")
     p.add_argument("--ranks", type=int, default=None, help="instead of --hosts: ranks on loopback")
     p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated sync presets")
     p.add_argument("--target-acc", type=float, default=None, help="held-out accuracy to reach")
@@ -78,6 +80,9 @@ def parse_args(argv=None):
     p.add_argument("--fit", type=Path, default=None, help="a cost model fit.csv of the link: predictions")
     p.add_argument("--steps-from", type=Path, default=None,
                    help="with --fit: a loopback race's race.csv (steps to target, step time)")
+    p.add_argument("--fit-across", type=Path, default=None,
+                   help="with --fit: a fit of the link between hosts at one rank each, what prices sync.islands' "
+                        "outer gradients across (default: --fit)")
     p.add_argument("--loopback-fit", type=Path, default=None,
                    help="with --fit: a fit.csv of loopback, to price the compute without its collectives")
     p.add_argument("--timeout", type=float, default=3600, help="seconds one run may take")
@@ -111,8 +116,12 @@ def parse_args(argv=None):
             parse_rate(args.rate)
         except ClusterError as e:
             p.error(str(e))
-    if min(args.hosts or args.ranks, args.epochs, args.eval_every) < 1:
-        p.error("--hosts/--ranks, --epochs and --eval-every must be >= 1")
+    if min(args.hosts or args.ranks, args.epochs, args.eval_every, args.nproc_per_host) < 1:
+        p.error("--hosts/--ranks, --nproc-per-host, --epochs and --eval-every must be >= 1")
+    if args.nproc_per_host > 1 and args.hosts is None:
+        p.error("--nproc-per-host goes with --hosts (on loopback, --ranks counts every rank)")
+    if args.fit_across is not None and args.fit is None:
+        p.error("--fit-across goes with --fit and --steps-from: it prices the islands' outer gradients")
     return args
 
 
@@ -175,7 +184,7 @@ def main(argv=None) -> list[dict]:
     args = parse_args(argv)
     preflight(args)
     out = fresh_out_dir(args.out, "outputs/bench/time_to_accuracy")
-    world = args.hosts or args.ranks
+    world = args.hosts * args.nproc_per_host if args.hosts else args.ranks
     figure = "acc_test" if args.target_acc is not None else "loss_val"
     headline = "test_acc" if args.target_acc is not None else "val_loss"
     rows, curves = [], {}
@@ -183,13 +192,14 @@ def main(argv=None) -> list[dict]:
         cluster = None
         if args.hosts is not None:
             from ddp_lab.tools.cluster import emulated
-            cluster = stack.enter_context(emulated(world, args.rate, f"race{os.getpid()}"))
+            cluster = stack.enter_context(emulated(args.hosts, args.rate, f"race{os.getpid()}"))
         for seed in args.seeds:  # interleaved: a slow spell of the machine hits every strategy alike
             for strategy in args.strategies:
                 name = re.sub(r"[^\w.-]", "_", strategy)  # (Hydra parses the dir's "=")
                 run_dir = out / "runs" / (name if seed is None else f"{name}/seed{seed}")
                 try:
-                    s = run_trainer(world, run_overrides(strategy, seed, args), run_dir, args.timeout, cluster)
+                    s = run_trainer(args.hosts or world, run_overrides(strategy, seed, args), run_dir, args.timeout,
+                                    cluster, args.nproc_per_host)
                 except RuntimeError as e:  # the divergence guard stopped it: a target missed, the race goes on
                     if "training diverged" not in str(e):
                         raise
@@ -208,7 +218,7 @@ def main(argv=None) -> list[dict]:
     compare(rows)
     if args.fit is not None:
         from ddp_lab.tools.costmodel.strategies import predict_rows
-        predict_rows(rows, args.fit, args.steps_from, args.loopback_fit)
+        predict_rows(rows, args.fit, args.steps_from, args.loopback_fit, args.fit_across)
         if args.rate is not None:
             (out / "by_rate.md").write_text(rates_table(args, world))
     with open(out / "race.csv", "w", newline="") as f:
@@ -221,6 +231,7 @@ def main(argv=None) -> list[dict]:
     plot(curves, figure, rows[0]["target"], out / "race.png")
     write_record(out, command_line("ddp_lab.tools.bench.time_to_accuracy", sys.argv[1:] if argv is None else argv),
                  {"world_size": world, "emulated_hosts": args.hosts is not None, "link_rate": args.rate,
+                  "nproc_per_host": args.nproc_per_host, "fit_across": str(args.fit_across) if args.fit_across else None,
                   "strategies": args.strategies, "seeds": args.seeds, "epochs": args.epochs,
                   "eval_every": args.eval_every, "stop_at_target": args.stop_at_target,
                   "fit": str(args.fit) if args.fit else None,

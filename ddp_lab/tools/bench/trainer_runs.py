@@ -35,14 +35,16 @@ def flags_first(args: list[str]) -> list[str]:
     return flags + rest
 
 
-def run_trainer(world: int, overrides: list[str], run_dir: Path, timeout: float, cluster=None) -> dict:
-    """One torchrun launch of the trainer (on `world` hosts of `cluster`, if given); its summary.json."""
+def run_trainer(world: int, overrides: list[str], run_dir: Path, timeout: float, cluster=None,
+                nproc_per_host: int = 1) -> dict:
+    """One torchrun launch of the trainer (on `world` hosts of `cluster`, if given, `nproc_per_host` ranks
+    each); its summary.json."""
     overrides = flags_first(overrides)
     if cluster is not None:
         from ddp_lab.tools.cluster import running  # torch: only for runs across emulated hosts
 
         command = ["-m", "ddp_lab.train", *overrides, f"hydra.run.dir={run_dir}", "trainer.progress=false"]
-        with running(cluster, command, hosts=world, out=None, err=None) as job:
+        with running(cluster, command, hosts=world, nproc_per_host=nproc_per_host, out=None, err=None) as job:
             rc = job.wait(timeout=timeout)
         if rc != 0:
             raise RuntimeError(f"run on {world} host(s) failed (exit {rc}):\n{job.output()[-3000:]}")

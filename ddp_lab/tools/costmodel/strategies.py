@@ -28,6 +28,11 @@ are priced on it and taken out first: what is left is compute (DDP's loopback
 all-reduce partly overlapped its backward, so this takes out a little too
 much there; an overlapped DiLoCo's is hidden and left in).
 
+Islands (sync.islands, "N islands of K" in the sync description) talk inside over the same loopback the
+loopback run had, so only what crossed between islands is added (`wire_bytes_across_to_target`): each
+island's K ranks send their chunks over the host's one link at once, priced as one all-reduce of K chunks
+among the N islands, on `across` (a fit of the link at one rank a host) where given.
+
 At another rate the link's seconds per byte scale as 1/rate: `by_rate` prices
 each strategy across rates, so a user reads at which bandwidth each starts
 to pay against DDP.
@@ -44,15 +49,22 @@ from ddp_lab.tools.costmodel.formulas import MODELS, Params
 from ddp_lab.tools.costmodel.step_time import load_fit
 
 
-def time_to_target_s(loopback: dict, link: Params, world: int, local: Params | None = None) -> float | None:
+def time_to_target_s(loopback: dict, link: Params, world: int, local: Params | None = None,
+                     across: Params | None = None) -> float | None:
     """A loopback race's row (race.csv) priced on `link` (and net of its collectives on `local`, a fit
-    of loopback); None where it missed the target."""
+    of loopback; islands' outer gradients on `across`); None where it missed the target."""
     if not loopback.get("time_to_target_s"):
         return None
     steps, every = int(loopback["steps_to_target"]), int(loopback["every"])
     sent = float(loopback.get("wire_bytes_to_target") or steps * float(loopback["wire_bytes_per_step"]))
     syncs = steps / every * fragments_of(loopback)
     calls = float(loopback.get("collectives_to_target") or syncs)
+    islands = islands_of(loopback)
+    if islands:  # only the outer gradients cross, K chunks at once over each island's link
+        count, size = islands
+        sent = float(loopback["wire_bytes_across_to_target"]) * size
+        calls = 2 * syncs if "+int" in (loopback.get("sync") or "") else syncs
+        world, link, local = count, across or link, None  # (the inside stays on loopback, as measured)
 
     def per_sync(on: Params) -> float:  # the bytes at its bandwidth, every collective at its latency
         latency = on.time(MODELS["builtin"], world, 0)
@@ -67,6 +79,12 @@ def overlap_of(row: dict) -> int:
     """DiLoCo's sync.overlap (TAU) of a race's row, read from its sync description; 0 if none."""
     m = re.search(r"overlap (\d+)", row.get("sync") or "")
     return int(m.group(1)) if m else 0
+
+
+def islands_of(row: dict) -> tuple[int, int] | None:
+    """(islands, ranks each) of a race's row under sync.islands, from its sync description; None if none."""
+    m = re.search(r"islands\((\d+) islands of (\d+)", row.get("sync") or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def fragments_of(row: dict) -> int:
@@ -85,11 +103,14 @@ def loopback_rows(path: Path) -> dict[tuple[str, str], dict]:
                           "--ranks N on loopback first and give its race.csv") from None
 
 
-def predict_rows(rows: list[dict], fit_path: Path, steps_from: Path, local_fit: Path | None = None) -> None:
+def predict_rows(rows: list[dict], fit_path: Path, steps_from: Path, local_fit: Path | None = None,
+                 across_fit: Path | None = None) -> None:
     """Add the predicted time to target (and its error) to each measured row of a race, from the
-    loopback run of the same strategy and seed (net of its collectives, priced by local_fit)."""
+    loopback run of the same strategy and seed (net of its collectives, priced by local_fit; islands'
+    outer gradients priced by across_fit)."""
     link, loopback = load_fit(fit_path)["builtin"], loopback_rows(steps_from)
     local = load_fit(local_fit)["builtin"] if local_fit else None
+    across = load_fit(across_fit)["builtin"] if across_fit else None
     for r in rows:
         seed = "" if r.get("seed") is None else str(r["seed"])
         base = loopback.get((r["strategy"], seed))
@@ -97,7 +118,7 @@ def predict_rows(rows: list[dict], fit_path: Path, steps_from: Path, local_fit: 
             raise ConfigError(f"--steps-from {steps_from} has no {r['strategy']} run of {r['world_size']} ranks"
                               f"{' and seed ' + seed if seed else ''}: race the same strategies and seeds at the "
                               "same world size on loopback first")
-        r["predicted_time_to_target_s"] = time_to_target_s(base, link, r["world_size"], local)
+        r["predicted_time_to_target_s"] = time_to_target_s(base, link, r["world_size"], local, across)
         if r["predicted_time_to_target_s"] and r["time_to_target_s"]:
             r["prediction_error"] = r["predicted_time_to_target_s"] / r["time_to_target_s"] - 1
 

@@ -97,6 +97,20 @@ def test_diloco_overlapped_pays_only_what_its_all_reduce_takes_beyond_tau_steps(
     assert time_to_target_s(blocking, LINK, 4) == pytest.approx(40.0 + 60 * quarter)
 
 
+def test_islands_pay_only_what_crosses_between_them_on_the_link_across():
+    """2 islands of 2, int4 across: each rank's chunk crossed (60 kB to the target), the island's 2 chunks at once
+    over its host's link, priced as one all-reduce among 2 islands on the across fit; the inside (every step's
+    DDP all-reduce, 3 MB a step) stayed on loopback, as the loopback run measured it."""
+    across = Params(alpha=2e-4, beta=4e-7, gamma=0.0)
+    row = {"steps_to_target": "120", "time_to_target_s": "40.0", "wire_bytes_per_step": "3400000", "every": "8",
+           "wire_bytes_to_target": "408000000", "wire_bytes_across_to_target": "60000", "step_ms": "0",
+           "sync": "islands(2 islands of 2: ddp/builtin inside, diloco/builtin(every 8, outer lr 0.7, momentum 0.5, "
+                   "overlap 2 eager)+int4 across)"}
+    per_sync = 2 * 1 * 2e-4 + 2 * 1 / 2 * (2 * 60000 / 15) * 4e-7 + 2e-4 * 2  # (+ the second call's latency)
+    assert time_to_target_s(row, LINK, 4, None, across) == pytest.approx(40.0 + 15 * per_sync)
+    assert time_to_target_s(row, LINK, 4) == pytest.approx(40.0 + 15 * (2 * 1e-4 + 8000 * 8e-8 + 2e-4))
+
+
 @pytest.mark.parametrize("argv,says", [
     (["--target-acc", "0.9"], "give --hosts N --rate R"),
     (["--ranks", "2"], "give one target"),

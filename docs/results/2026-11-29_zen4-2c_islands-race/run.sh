@@ -1,0 +1,48 @@
+#!/bin/bash
+# Islands raced: the small GPT to validation loss 2.7 (past AdamW's 100-step warm-up), seeds 1-3.
+# 1. loopback-4/: every strategy on 4 ranks of this machine's loopback, a fixed budget of 168 steps (trained on
+#    past the target: steps to target, and the loss at equal steps): DDP; DDP with its lr scaled by 1.4 (the
+#    control: DiLoCo's outer Nesterov step, lr 0.7 and momentum 0.5, moves the weights lr/(1-momentum) = 1.4
+#    times the mean change in steady state); per-rank DiLoCo as it was (every 8, overlap 2, fp32) and with the
+#    islands' settings (eager, int4, error feedback); 2 islands of 2 (DDP inside) eager, delayed and blocking.
+# 2. The link fitted as training uses it (gapped.py): 2 hosts of 2 ranks (an all-reduce over all 4: DDP's and
+#    per-rank DiLoCo's) and 2 hosts of 1 (what crosses between islands), and loopback itself at 4 ranks.
+# 3. 2x2-20mbit/: 2 emulated hosts of 2 ranks, 20 Mbit/s between them, each run stopped at its target, seeds
+#    interleaved: flat DDP over the 4 ranks, per-rank DiLoCo (both), islands; predictions from loopback-4.
+# 4. 1x2/: DDP on one emulated host of 2 ranks (no slow link), seeds 1-3.
+# A step already in its folder is skipped, so the script resumes where it stopped.
+# Usage (from the repository root, as root): [VENV=path/to/venv] bash docs/results/2026-11-29_zen4-2c_islands-race/run.sh
+set -euo pipefail
+R=docs/results/2026-11-29_zen4-2c_islands-race
+GAPPED=docs/results/2026-11-28_xeon-2c_idle-all-reduce/gapped.py
+FIT=docs/results/2026-11-28_xeon-2c_race-gpt-network-bound/fit_link.py
+py=${VENV:-.venv}/bin/python
+B="$py -m ddp_lab.tools.bench.time_to_accuracy --target-loss 2.7 --epochs 1 --eval-every 24 --seeds 1,2,3"
+G="model=gpt data=text optim=adamw"
+SAME="sync.overlap=2:sync.overlap_update=eager:sync.compress=int4:sync.rounding=feedback"
+ISL="diloco:sync.islands=2:$SAME"
+RACE="ddp,diloco:sync.overlap=2,diloco:$SAME,$ISL"
+LOOP="$RACE,ddp:optim.lr=0.0014,diloco:sync.islands=2:sync.overlap=2:sync.compress=int4:sync.rounding=feedback,diloco:sync.islands=2:sync.compress=int4:sync.rounding=feedback"
+[ -f $R/loopback-4/race.csv ] || $B --ranks 4 --max-steps 168 --strategies "$LOOP" --out $R/loopback-4 -- $G
+if [ ! -f $R/fit-loopback-4.csv ]; then
+  "$py" -m torch.distributed.run --standalone --nproc_per_node=4 "$GAPPED" 516272,1668608,3337216 0.05 10 2>&1 \
+    | grep 'bytes' | tee $R/link-loopback-4.txt
+  "$py" $FIT $R/link-loopback-4.txt 4 $R/fit-loopback-4.csv
+fi
+for SHAPE in 2x2 2x1; do
+  if [ ! -f $R/fit-$SHAPE-20mbit.csv ]; then
+    N=${SHAPE%x*}; P=${SHAPE#*x}; SIZES=516272,1668608,3337216
+    [ $P = 1 ] && SIZES=104448,516272,1668608   # what crosses between islands: a fraction of the gradient
+    "$py" -m ddp_lab.cluster up --name fit --hosts $N --rate 20mbit > /dev/null
+    "$py" -m ddp_lab.cluster run --name fit --nproc-per-host $P -- "$GAPPED" $SIZES 0.3 10 2>&1 | grep 'bytes' \
+      | tee $R/link-$SHAPE-20mbit.txt
+    "$py" -m ddp_lab.cluster down --name fit > /dev/null
+    "$py" $FIT $R/link-$SHAPE-20mbit.txt $((N * P)) $R/fit-$SHAPE-20mbit.csv
+  fi
+done
+[ -f $R/2x2-20mbit/race.csv ] || $B --hosts 2 --nproc-per-host 2 --rate 20mbit --max-steps 480 --stop-at-target \
+  --strategies "$RACE" --fit $R/fit-2x2-20mbit.csv --fit-across $R/fit-2x1-20mbit.csv \
+  --loopback-fit $R/fit-loopback-4.csv --steps-from $R/loopback-4/race.csv --out $R/2x2-20mbit -- $G
+[ -f $R/1x2/race.csv ] || $B --hosts 1 --nproc-per-host 2 --rate 20mbit --max-steps 480 --stop-at-target \
+  --strategies ddp --out $R/1x2 -- $G
+find $R -name model.pt -delete   # the weights are not the record
