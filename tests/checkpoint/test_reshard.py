@@ -88,22 +88,25 @@ def test_a_run_stopped_on_n_ranks_finishes_on_m(tiny_fmnist, tmp_path, before, a
 
 
 @pytest.mark.system
-@pytest.mark.parametrize("sync", [["sync=diloco", "sync.every=3"], ["sync=powersgd", "sync.powersgd_start_step=2"]],
-                         ids=["diloco", "powersgd"])
-def test_per_rank_sync_state_is_reconciled_by_the_rule(tiny_fmnist, tmp_path, sync):
+@pytest.mark.parametrize("sync,before,after", [
+    (["sync=diloco", "sync.every=3"], 2, 3), (["sync=powersgd", "sync.powersgd_start_step=2"], 2, 3),
+    # 2 islands of 2 (eager int4 across), finished as 1 island of 2: another island count
+    (["sync=diloco", "sync.every=3", "sync.islands=2", "sync.overlap=1", "sync.overlap_update=eager",
+      "sync.compress=int4"], 4, 2)], ids=["diloco", "powersgd", "islands"])
+def test_per_rank_sync_state_is_reconciled_by_the_rule(tiny_fmnist, tmp_path, sync, before, after):
     """Stopped at step 8 on 2 ranks (DiLoCo between synchronisations, PowerSGD with error
     feedback under way), finished on 3: rank 0's weights for all, no error feedback."""
     args = tiny_overrides(tiny_fmnist, tmp_path / "run") + [
         "data.batch_size=96", "trainer.amp=off", "optim.schedule=constant", *sync]
-    part = run_module("ddp_lab.train", args + ["trainer.max_steps=8"], nproc=2)
+    part = run_module("ddp_lab.train", args + ["trainer.max_steps=8"], nproc=before)
     assert part.returncode == 0, part.stderr[-3000:]
-    rest = run_module("ddp_lab.train", args + ["trainer.resume=auto"], nproc=3)
+    rest = run_module("ddp_lab.train", args + ["trainer.resume=auto"], nproc=after)
     assert rest.returncode == 0, rest.stderr[-3000:]
-    assert "on 3 ranks, written by 2" in rest.stdout
-    logs = "".join((tmp_path / "run" / f"rank{r}.log").read_text() for r in range(3))
-    assert logs.count("resumed at another world size: every rank continues from rank 0's weights") == 3
+    assert f"on {after} ranks, written by {before}" in rest.stdout
+    logs = "".join((tmp_path / "run" / f"rank{r}.log").read_text() for r in range(after))
+    assert logs.count("resumed at another world size: every rank continues from rank 0's weights") == after
     s = read_summary(tmp_path / "run")
-    assert s["world_sizes"] == [[0, 2], [8, 3]] and s["steps"] == 12
+    assert s["world_sizes"] == [[0, before], [8, after]] and s["steps"] == 12
     assert s["test_acc"] > 0.3  # learned: three times chance (DiLoCo every 3 learns slowest in 12 steps)
 
 

@@ -49,7 +49,7 @@ FRAGMENTS = {1: [[0, 1, 2, 3, 4]], 2: [[0], [1, 2, 3, 4]]}
 
 
 def reference(overlap: int = 0, mix: float = 0.0, fragments: int = 1,
-              eager: bool = False) -> list[list[list[torch.Tensor]]]:
+              eager: bool = False, end: bool = False) -> list[list[list[torch.Tensor]]]:
     """Each worker's parameters after every step (the anchor after the last step of a round). With
     overlap (Streaming DiLoCo), the outer gradients taken at a round's end are applied `overlap` steps
     later, and each worker keeps `mix` of the weights it reached in between. With fragments, fragment f's
@@ -112,6 +112,12 @@ def reference(overlap: int = 0, mix: float = 0.0, fragments: int = 1,
                         take_proxy_step(f)
         for r, w in enumerate(workers):
             seen[r].append([p.detach().clone() for p in w.parameters()])
+    if end:  # the run ends on a sync step: what was sent at it lands at once, and every worker holds the anchor
+        with torch.no_grad():
+            for f in range(fragments):
+                if sent[f] is not None:
+                    land(f, 0.0)
+        return [a.clone() for a in anchor]
     return seen
 
 
@@ -146,8 +152,10 @@ def _run(rank: int, world_size: int, overlap: int = 0, mix: float = 0.5, fragmen
             evaluated["own"] = own
             # (numpy arrays: tensors would go back through shared memory the ending rank takes along)
             evaluated["anchor_model"] = {k: v.numpy().copy() for k, v in anchor.state_dict().items()}
-    return {"steps": steps, "describe": sync.describe(), "fragments": sync.fragments,
-            "bytes": sync.wire_bytes, "collectives": sync.collectives, **evaluated}
+    counted = {"bytes": sync.wire_bytes, "collectives": sync.collectives}
+    sync.finish(H * ROUNDS)
+    return {"steps": steps, "describe": sync.describe(), "fragments": sync.fragments, **counted,
+            "finished": [p.detach().numpy().copy() for p in model.parameters()], **evaluated}
 
 
 class _Loader:
@@ -204,6 +212,10 @@ def test_eager_outer_updates_take_the_steps_of_their_reference(fragments):
         for step, (mine, want) in enumerate(zip(got["steps"], ref[r]), start=1):
             diff = max(abs(torch.from_numpy(a) - b).max().item() for a, b in zip(mine, want))
             assert diff < 1e-5, (r, step, diff)
+    if fragments == 1:  # sent at the last step: it lands at once at the end, as blocking DiLoCo's would
+        end = reference(2, 0, 1, True, end=True)
+        for got in ranks:
+            assert max(abs(torch.from_numpy(a) - b).max().item() for a, b in zip(got["finished"], end)) < 1e-5
     delayed = reference(2, 0.5, fragments)
     assert max(abs(torch.from_numpy(a) - b).max().item() for a, b in zip(ranks[0]["steps"][-1], delayed[0][-1])) > 1e-3
     # right after a sync (step H) each rank holds its own proxy anchor: apart

@@ -6,8 +6,6 @@ import torch
 from torch import nn
 
 from ddp_lab import tuning
-from ddp_lab.collectives.quantized import BITS as QUANTIZED
-from ddp_lab.collectives.quantized import quantized_mean_
 from ddp_lab.distributed import DistEnv
 from ddp_lab.sync.base import ReplicaSync
 
@@ -26,9 +24,7 @@ class AveragingSync(ReplicaSync):
     def _average(self, flat: torch.Tensor) -> None:
         """flat (1-D, contiguous) <- the mean of every rank's flat."""
         n = self.env.world_size
-        if self.cfg.compress in QUANTIZED:  # (DiLoCo's outer gradients: sync.validate)
-            self.count(quantized_mean_(flat, self.cfg.compress, self.env.group), 2)  # an all-to-all, an all-gather
-        elif self.wire_dtype is None or flat.dtype == self.wire_dtype:
+        if self.wire_dtype is None or flat.dtype == self.wire_dtype:  # (int8, int4: DiLoCo's own _send)
             self._average_exact(flat)
         else:
             # Divide first, as PyTorch's compress hooks do: the fp16 sum cannot overflow.

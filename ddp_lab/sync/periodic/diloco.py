@@ -45,9 +45,10 @@ difference between the true anchor and the proxy one (so with a perfect proxy it
 DiLoCo without the wait).
 
 What lands is what is scored: an evaluation while an outer gradient travels waits for it and scores
-the anchor as it will be once landed (the training goes on as if it had not waited), and `finish`
-lands what travels as training would, then sends the rest of each rank's progress and lands it, so
-that no step is dropped.
+the anchor as it will be once landed (the training goes on as if it had not waited). `finish` lands
+what was sent at the last step at once, as blocking DiLoCo would, and what was sent before as training
+would; then each fragment with steps taken since its send sends the rest of each rank's progress and
+lands it, so that no step is dropped.
 
 sync.fragments=F (Streaming DiLoCo's fragments): the parameters, in the model's
 order, are cut into F runs of about equal size; fragment f synchronises every H
@@ -234,16 +235,20 @@ class DiLoCoSync(LocalSGDSync):
             self._average_buffers(0.0 if sent.proxy is not None else mix)
 
     def finish(self, step: int) -> None:
-        """Every rank ends on the anchor: what travels lands as it would in training, then each fragment
-        sends the rest of this rank's progress and it lands at once (nothing a rank learnt is dropped)."""
+        """Every rank ends on the anchor: what was sent at this step lands at once (as blocking DiLoCo's), what
+        was sent before lands as it would in training, and then each fragment with steps since its send sends
+        the rest of this rank's progress, landed at once (nothing a rank learnt is dropped)."""
         if not self.streaming:
             return super().finish(step)
         with position.collective("weight sync"):
             for f, sent in enumerate(self.sent):
-                if sent is not None:
+                if sent is not None and sent.step == step:  # sent at this very step: it lands as blocking DiLoCo's
+                    self.sent[f] = sent._replace(proxy=None)
+                    self._land(f, 0.0)
+                elif sent is not None:
                     self._land(f, self.mix)
             for f in range(len(self.fragments)):
-                if not (self.due(f, step) and not self.overlap):  # (else it landed at once: weights = anchor)
+                if not self.due(f, step):  # (else its weights are its anchor: it was sent at this step, and landed)
                     self._send(f, self._outer_grad(f), step)
                     self._land(f, 0.0)
 

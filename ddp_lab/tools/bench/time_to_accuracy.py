@@ -256,9 +256,11 @@ def rates_table(args, world: int) -> str:
         if name in args.strategies:
             loopback.setdefault(name, []).append(r)
     local = load_fit(args.loopback_fit)["builtin"] if args.loopback_fit else None
+    across = load_fit(args.fit_across)["builtin"] if args.fit_across else None
     seconds = by_rate(loopback, load_fit(args.fit)["builtin"], parse_rate(args.rate), world,
-                      [parse_rate(r) for r in RATES], local)
-    lines = [f"Predicted seconds to the target on {world} hosts (x DDP's in brackets), from the loopback "
+                      [parse_rate(r) for r in RATES], local, across)
+    where = f"{args.hosts} hosts" + (f" of {args.nproc_per_host} ranks" if args.nproc_per_host > 1 else "")
+    lines = [f"Predicted seconds to the target on {where} (x DDP's in brackets), from the loopback "
              f"race {args.steps_from} (the median over its seeds) and the {args.rate} link's fit {args.fit}, "
              "its seconds per byte scaled by rate:", "",
              "| strategy | " + " | ".join(RATES) + " |", "|---|" + "---:|" * len(RATES)]

@@ -124,15 +124,18 @@ def predict_rows(rows: list[dict], fit_path: Path, steps_from: Path, local_fit: 
 
 
 def by_rate(loopback: dict[str, list[dict]], link: Params, link_bits: int, world: int,
-            rates_bits: list[int], local: Params | None = None) -> dict[str, list[float | None]]:
-    """Predicted seconds to target of each strategy at each rate (the link's constants with
-    its seconds per byte scaled by link_bits / rate): the median over the strategy's loopback
-    runs (one per seed) that reached the target."""
+            rates_bits: list[int], local: Params | None = None,
+            across: Params | None = None) -> dict[str, list[float | None]]:
+    """Predicted seconds to target of each strategy at each rate (the link's constants, and the link
+    across islands', with their seconds per byte scaled by link_bits / rate): the median over the
+    strategy's loopback runs (one per seed) that reached the target."""
+    def scale(p: Params | None, bits: int) -> Params | None:
+        return None if p is None else Params(p.alpha, p.beta * link_bits / bits, p.gamma)
     out = {}
     for name, runs in loopback.items():
         out[name] = []
         for bits in rates_bits:
-            scaled = Params(link.alpha, link.beta * link_bits / bits, link.gamma)
-            times = [t for t in (time_to_target_s(r, scaled, world, local) for r in runs) if t is not None]
+            times = [t for t in (time_to_target_s(r, scale(link, bits), world, local, scale(across, bits))
+                                 for r in runs) if t is not None]
             out[name].append(statistics.median(times) if times else None)
     return out

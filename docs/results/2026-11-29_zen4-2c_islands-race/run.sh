@@ -33,10 +33,10 @@ for SHAPE in 2x2 2x1; do
   if [ ! -f $R/fit-$SHAPE-20mbit.csv ]; then
     N=${SHAPE%x*}; P=${SHAPE#*x}; SIZES=516272,1668608,3337216
     [ $P = 1 ] && SIZES=104448,516272,1668608   # what crosses between islands: a fraction of the gradient
-    "$py" -m ddp_lab.cluster up --name fit --hosts $N --rate 20mbit > /dev/null
-    "$py" -m ddp_lab.cluster run --name fit --nproc-per-host $P -- "$GAPPED" $SIZES 0.3 10 2>&1 | grep 'bytes' \
+    "$py" -m ddp_lab.tools.cluster up --name fit --hosts $N --rate 20mbit > /dev/null
+    "$py" -m ddp_lab.tools.cluster run --name fit --nproc-per-host $P -- "$GAPPED" $SIZES 0.3 10 2>&1 | grep 'bytes' \
       | tee $R/link-$SHAPE-20mbit.txt
-    "$py" -m ddp_lab.cluster down --name fit > /dev/null
+    "$py" -m ddp_lab.tools.cluster down --name fit > /dev/null
     "$py" $FIT $R/link-$SHAPE-20mbit.txt $((N * P)) $R/fit-$SHAPE-20mbit.csv
   fi
 done
