@@ -99,8 +99,8 @@ class SyncConfig:
     rounding: str = key("feedback", "diloco with compress=int8|int4: how numbers round to their levels: feedback "
                                     "(to nearest, each round's residual added to the next: no bias over rounds) | "
                                     "stochastic (unbiased, no state) | nearest (neither; tied with the others on the "
-                                    "GPT and LeNet: docs/bandwidth.md)", ok=one_of(("nearest", "feedback", "stochastic")),
-                        rule="nearest, feedback or stochastic")
+                                    "GPT and LeNet: docs/bandwidth.md)",
+                        ok=one_of(("nearest", "feedback", "stochastic")), rule="nearest, feedback or stochastic")
     islands: str = key("none", "ranks in islands that average every step inside (sync.inner) and run sync.mode "
                                "(diloco, local_sgd) across: none | host (torchrun's node) | K (runs of K "
                                "consecutive ranks)", ok=lambda v: str(v) in ("none", "host") or

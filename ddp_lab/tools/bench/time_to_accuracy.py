@@ -63,7 +63,8 @@ def parse_args(argv=None):
     p.add_argument("--hosts", type=int, default=None, help="emulated hosts of one rank each (needs --rate, root)")
     p.add_argument("--rate", default=None, help="with --hosts: every link's rate, e.g. 100mbit, 1gbit")
     p.add_argument("--nproc-per-host", type=int, default=1,
-                   help="with --hosts: ranks on each host, talking over its loopback (sync.islands=host: an island each)")
+                   help="with --hosts: ranks on each host, talking over its loopback (sync.islands=host: an "
+                        "island each)")
     p.add_argument("--ranks", type=int, default=None, help="instead of --hosts: ranks on loopback")
     p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated sync presets")
     p.add_argument("--target-acc", type=float, default=None, help="held-out accuracy to reach")
@@ -231,7 +232,8 @@ def main(argv=None) -> list[dict]:
     plot(curves, figure, rows[0]["target"], out / "race.png")
     write_record(out, command_line("ddp_lab.tools.bench.time_to_accuracy", sys.argv[1:] if argv is None else argv),
                  {"world_size": world, "emulated_hosts": args.hosts is not None, "link_rate": args.rate,
-                  "nproc_per_host": args.nproc_per_host, "fit_across": str(args.fit_across) if args.fit_across else None,
+                  "nproc_per_host": args.nproc_per_host,
+                  "fit_across": str(args.fit_across) if args.fit_across else None,
                   "strategies": args.strategies, "seeds": args.seeds, "epochs": args.epochs,
                   "eval_every": args.eval_every, "stop_at_target": args.stop_at_target,
                   "fit": str(args.fit) if args.fit else None,
