@@ -19,7 +19,7 @@ quantized twice (each rank's piece, then the sum), each time to within half a le
 its block's scale, and every rank ends with the same numbers, bit for bit (they all
 dequantize the same bytes). The two collectives are torch's (gloo and NCCL both have them), not ours.
 
-How numbers round to their levels (sync.rounding, ROUNDINGS):
+How numbers round to their levels (sync.rounding):
 * nearest: to the nearest level. In a block with an outlier the small numbers round to zero
   every time: a bias that never averages out over rounds.
 * feedback: to the nearest, and what rounding left out is kept (a Residual, per rank) and added
@@ -39,7 +39,6 @@ from ddp_lab.collectives.basics import TORCH_ALL_GATHER, Pending
 
 BLOCK = 64  # numbers sharing one scale
 BITS = {"int8": 8, "int4": 4}
-ROUNDINGS = ("feedback", "stochastic", "nearest")
 
 
 class Residual:

@@ -192,7 +192,7 @@ def test_hosts_of_unequal_rank_counts_are_refused_on_every_rank():
 
 def test_islands_that_do_not_divide_the_world_are_refused():
     with pytest.raises(ConfigError, match="does not divide the 6 ranks"):
-        island_size("4", 6)
+        island_size("4", 6, 6)
     with pytest.raises(ConfigError, match=r"sync.islands=host \(LOCAL_WORLD_SIZE=4"):
         island_size("host", 6, 4)
-    assert island_size("host", 8, 4) == 4 and island_size("3", 6) == 3
+    assert island_size("host", 8, 4) == 4 and island_size("3", 6, 6) == 3

@@ -27,10 +27,11 @@ from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
 
 
-def island_size(spec: str, world_size: int, local_world_size: int | None = None) -> int:
-    """K, the ranks an island holds, from sync.islands (host | K), refused unless it divides the world."""
+def island_size(spec: str, world_size: int, local_world_size: int) -> int:
+    """K, the ranks an island holds, from sync.islands (host: this host's `local_world_size` | K), refused unless
+    it divides the world."""
     if spec == "host":
-        k = local_world_size if local_world_size is not None else int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        k = local_world_size
         where = f"sync.islands=host (LOCAL_WORLD_SIZE={k}, a host's ranks)"
     else:
         k, where = int(spec), f"sync.islands={spec}"
@@ -55,9 +56,10 @@ class Islands:
 
 def build_islands(spec: str, env: DistEnv) -> Islands:
     """Every rank makes every group, in the same order (torch's rule for new_group), and gets its two."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))  # (torchrun's: this host's ranks)
     if spec == "host":  # (every rank hears every host's count before any refuses: none is left waiting)
-        _same_host_layout(env, int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size)))
-    k = island_size(spec, env.world_size)
+        _same_host_layout(env, local)
+    k = island_size(spec, env.world_size, local)
     n = env.world_size // k
     insides = [dist.new_group(list(range(i * k, (i + 1) * k))) for i in range(n)]
     acrosses = [dist.new_group(list(range(j, env.world_size, k))) for j in range(k)]

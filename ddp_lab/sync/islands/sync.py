@@ -69,8 +69,15 @@ class IslandSync(ReplicaSync):
             yield
 
     # a step: the inner strategy ------------------------------------------------------------------
+    @property
+    def no_decay(self) -> frozenset:  # (build_sync sets it: the inner strategy's groups use it)
+        return self.inner.no_decay
+
+    @no_decay.setter
+    def no_decay(self, names: frozenset) -> None:
+        self.inner.no_decay = names
+
     def param_groups(self) -> list[dict]:
-        self.inner.no_decay = self.no_decay
         return self.inner.param_groups()
 
     def parameters(self) -> list:

@@ -70,7 +70,7 @@ from ddp_lab.collectives.quantized import Residual, start_quantized_mean
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
 from ddp_lab.sync.every_step.averaging import COMPRESS_DTYPES
-from ddp_lab.sync.islands.layout import Islands, start_island_mean
+from ddp_lab.sync.islands.layout import Islands
 from ddp_lab.sync.periodic.local_sgd import LocalSGDSync, average_into, kept
 from ddp_lab.telemetry import position
 
@@ -142,7 +142,7 @@ class DiLoCoSync(LocalSGDSync):
             r = self.residuals[f] if self.residuals else None
             before = Residual(r.sent, r.mean) if r else None  # (the send replaces r's tensors, never writes them)
             if self.islands is not None:
-                pending = self._start_island_mean(wire, f, step)
+                pending = self._start_island_mean(wire, *self._rounding(f, step))
             else:
                 pending, sent = start_quantized_mean(wire, self.cfg.compress, None, *self._rounding(f, step))
                 self.count(sent, 2)  # an all-to-all, then an all-gather when it lands
@@ -160,14 +160,6 @@ class DiLoCoSync(LocalSGDSync):
             rank = dist.get_rank() if dist.is_initialized() else 0
             return None, torch.Generator().manual_seed(((step * 1009 + f) * 65537 + rank) % 2**62)
         return (self.residuals[f] if self.residuals else None), None
-
-    def _start_island_mean(self, flat: torch.Tensor, f: int = 0, step: int = 0):
-        pending, across, calls, inside = start_island_mean(flat, self.islands, self.cfg.compress, self.wire_dtype,
-                                                           *self._rounding(f, step))
-        self.count(across, calls, across=True)
-        if inside:
-            self.count(inside)  # (the all-gather inside the island)
-        return pending
 
     def _mean(self, f: int) -> torch.Tensor:
         """Fragment f's mean outer gradient, waited for (once; what a resumed run sends again is not counted:

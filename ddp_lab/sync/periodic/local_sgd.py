@@ -76,8 +76,10 @@ class LocalSGDSync(FlatSync):
             return super()._average(flat)
         self._start_island_mean(flat).wait()
 
-    def _start_island_mean(self, flat: torch.Tensor):
-        pending, across, calls, inside = start_island_mean(flat, self.islands, self.cfg.compress, self.wire_dtype)
+    def _start_island_mean(self, flat: torch.Tensor, residual=None, generator: torch.Generator | None = None):
+        """The mean over islands under way (int8, int4: rounded with `residual` or `generator`), its bytes counted."""
+        pending, across, calls, inside = start_island_mean(flat, self.islands, self.cfg.compress, self.wire_dtype,
+                                                           residual, generator)
         self.count(across, calls, across=True)
         if inside:
             self.count(inside)  # (the all-gather inside the island)
