@@ -45,4 +45,17 @@ done
   --loopback-fit $R/fit-loopback-4.csv --steps-from $R/loopback-4/race.csv --out $R/2x2-20mbit -- $G
 [ -f $R/1x2/race.csv ] || $B --hosts 1 --nproc-per-host 2 --rate 20mbit --max-steps 480 --stop-at-target \
   --strategies ddp --out $R/1x2 -- $G
+# 5. loopback-4-oracle/: eager with its proxy replaced by the true mean (oracle.patch, in a worktree of the code):
+#    the control that isolates the proxy's error from eager's mechanism.
+if [ ! -f $R/loopback-4-oracle/race.csv ]; then
+  ROOT=$PWD PYABS=$(realpath -s "$py") WT=$(mktemp -d)
+  git worktree add -f "$WT" fa495fc > /dev/null && git -C "$WT" apply "$ROOT/$R/loopback-4-oracle/oracle.patch"
+  ln -sfn ../conf "$WT/ddp_lab/conf"   # (the package's configs, as the editable install maps them)
+  (cd "$WT" && ORACLE=1 PYTHONPATH="$WT" "$PYABS" -m ddp_lab.tools.bench.time_to_accuracy --target-loss 2.7 \
+    --epochs 1 --eval-every 24 --seeds 1,2,3 --ranks 4 --max-steps 168 --strategies "$ISL" \
+    --out "$ROOT/$R/loopback-4-oracle" -- $G)
+  "$PYABS" $R/loopback-4-oracle/at_step.py $R/loopback-4-oracle/runs/diloco* > $R/loopback-4-oracle/val_loss.txt
+  rm -rf $R/loopback-4-oracle/runs   # (the runs themselves are not the record)
+  git worktree remove --force "$WT"
+fi
 find $R -name model.pt -delete   # the weights are not the record
