@@ -92,22 +92,18 @@ def test_the_core_imports_no_tool():
     assert offending == []
 
 
-def test_the_training_entry_point_loads_no_tool_module():
-    code = "import sys, ddp_lab.train; print(' '.join(m for m in sys.modules if m.startswith('ddp_lab.tools')))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == []
-
-
-def test_importing_ddp_lab_installs_no_import_hook():
-    """The tools run by their own module names (ddp_lab.tools.bench.scaling): no finder of ddp_lab's
-    on sys.meta_path or sys.path_hooks, and no old short name (ddp_lab.bench) to import."""
+def test_the_training_entry_point_loads_no_tool_module_and_installs_no_import_hook():
+    """ddp_lab.train imports no ddp_lab.tools module. The tools run by their own module names
+    (ddp_lab.tools.bench.scaling): no finder of ddp_lab's on sys.meta_path or sys.path_hooks, and no old
+    short name (ddp_lab.bench) to import. (One fresh interpreter for both: importing torch takes seconds.)"""
     code = ("import importlib.util, sys; import ddp_lab; "
             "hooks = [type(f).__module__ for f in sys.meta_path]; "
             "hooks += [getattr(h, '__module__', '') for h in sys.path_hooks]; "
             "print(' '.join(m for m in hooks if m.startswith('ddp_lab'))); "
-            "print(importlib.util.find_spec('ddp_lab.bench'))")
+            "print(importlib.util.find_spec('ddp_lab.bench')); import ddp_lab.train; "
+            "print(' '.join(m for m in sys.modules if m.startswith('ddp_lab.tools')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.splitlines() == ["", "None"]
+    assert out.stdout.splitlines() == ["", "None", ""]
 
 
 def test_python_m_runs_a_tool_by_its_module_name():

@@ -32,7 +32,9 @@ What carries over, and what is guaranteed:
   padding off and takes its chunk of the group padded to M
   (reshard_zero_state). fsdp's (DTensors: rank r's rows of each parameter)
   are joined and cut again the same way, by the parameter's rows
-  (FSDPSync.reshard_optimizer_state).
+  (FSDPSync.reshard_optimizer_state). Where one copy is cut over an island's K
+  ranks (sync.inner=zero, HSDP: every island holds the same, or its own, shards)
+  the new ranks of each island cut island 0's again (old ranks 0..K-1).
 
 * Sharded weights (zero stage 3, fsdp) are each rank's own file too
   (state.pt holds none of them): zero's a flat piece per unit as above,
@@ -69,7 +71,10 @@ def load_own(step_dir: Path, rank: int, world_size: int, saved_world_size: int,
     if world_size == saved_world_size:
         return read(rank)
     first = read(0, mmap=True)
-    sharded = "optimizer" in first and "model" not in first  # (zero, fsdp) every rank's shards are asked
+    # (zero, fsdp; islands' sync.inner=zero, whose weights are each rank's too) every rank's shards are asked,
+    # those of the first `over` ranks: one copy (islands, HSDP: island 0's)
+    sharded = "optimizer" in first and ("model" not in first or "shards_over" in first)
+    over = first.get("shards_over", saved_world_size)
     everyone = rank == 0 or sharded  # (rank 0 adds every rank's sums)
     saved = {r: first if r == 0 else read(r, mmap=True) for r in range(saved_world_size) if everyone or r == rank}
     sums = torch.zeros(3, dtype=torch.float64)
@@ -79,9 +84,9 @@ def load_own(step_dir: Path, rank: int, world_size: int, saved_world_size: int,
     rng = saved[rank]["rng"] if rank < saved_world_size else fresh_rng_state(seed, step, rank)
     out = {"rng": rng, "sums": sums}
     if sharded:
-        out["optimizers"] = [saved[r]["optimizer"] for r in range(saved_world_size)]
+        out["optimizers"] = [saved[r]["optimizer"] for r in range(over)]
     if "weights" in first:  # (zero stage 3, fsdp) every old rank's shards of the weights, mapped
-        out["all_weights"] = [saved[r]["weights"] for r in range(saved_world_size)]
+        out["all_weights"] = [saved[r]["weights"] for r in range(over)]
     return out
 
 

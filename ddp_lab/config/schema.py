@@ -102,10 +102,12 @@ class SyncConfig:
                                     "GPT and LeNet: docs/bandwidth.md)",
                         ok=one_of(("nearest", "feedback", "stochastic")), rule="nearest, feedback or stochastic")
     islands: str = key("none", "ranks in islands that average every step inside (sync.inner) and run sync.mode "
-                               "(diloco, local_sgd) across: none | host (torchrun's node) | K (runs of K "
+                               "(diloco, local_sgd) across, or with sync.mode=fsdp shard inside and all-reduce "
+                               "across every step (HSDP): none | host (torchrun's node) | K (runs of K "
                                "consecutive ranks)", ok=lambda v: str(v) in ("none", "host") or
                        (str(v).isdigit() and int(v) >= 1), rule="none, host or a positive integer")
-    inner: str = key("ddp", "sync.islands: the every-step strategy inside each island: ddp | flat",
+    inner: str = key("ddp", "sync.islands: the every-step strategy inside each island: ddp | flat | zero "
+                            "(sync.zero_stage 1 or 2)",
                      ok=one_of(("ddp", "flat", "zero", "fsdp")), rule="ddp, flat, zero or fsdp")
     poll: str = key("false", "opt-in: CPU ranks wait for the builtin all-reduce by polling (auto: where the "
                              "ranks fill the cores exactly); paid on one CPU of three (docs/defaults.md)",

@@ -10,7 +10,8 @@
         local_sgd.py   averaged weights (post-local SGD)
         diloco.py      averaged change, applied by an outer Nesterov SGD; int8/int4, overlap (delayed or
                        eager), fragments
-    islands/         every step inside an island of ranks (sync.inner), a periodic strategy across them
+    islands/         every step inside an island of ranks (sync.inner: ddp, flat, zero 1-2), a periodic strategy
+                     across them; sync.mode=fsdp with islands is HSDP (sharded/fsdp.py)
         layout.py      the groups inside and across; the mean over islands, a chunk per rank
         sync.py        IslandSync: the two, composed
     sharded/         the model state cut N ways, each rank stepping its own shard (docs/memory.md)
@@ -46,7 +47,7 @@ from ddp_lab.distributed import DistEnv
 from ddp_lab.sync import every_step, islands, periodic, sharded
 from ddp_lab.sync.base import Capabilities, ReplicaSync
 from ddp_lab.sync.every_step.averaging import COMPRESS_DTYPES
-from ddp_lab.sync.islands.sync import IslandSync
+from ddp_lab.sync.islands.sync import IslandSync, island_caps
 
 FAMILIES = (every_step, periodic, sharded, islands)  # (islands: the rules of sync.islands and sync.inner)
 MODES = tuple(every_step.STRATEGIES)  # the modes that average every step's gradients
@@ -57,7 +58,8 @@ ALGOS = tuple(ALGORITHMS)  # builtin, naive, ring, halving_doubling, ring_textbo
 COMPRESS = (*COMPRESS_DTYPES, "powersgd", *QUANTIZED)  # none, bf16, fp16, powersgd, int8, int4
 
 __all__ = ["ALGOS", "COMPRESS", "Capabilities", "MODES", "PERIODIC", "REGISTRY", "ReplicaSync", "SHARDED",
-           "build_sync", "eager_only", "resolve_mode", "resolved_mode", "strategy", "validate"]
+           "build_sync", "capabilities", "eager_only", "inner_strategy", "resolve_mode", "resolved_mode", "strategy",
+           "validate"]
 
 
 def resolve_mode(mode: str, device: torch.device) -> str:
@@ -92,9 +94,22 @@ def strategy(cfg, device: torch.device) -> type[ReplicaSync]:
     return found if isinstance(found, type) else found(cfg)
 
 
+def inner_strategy(cfg) -> type[ReplicaSync]:
+    """The class sync.inner names (islands: the every-step strategy inside each)."""
+    found = REGISTRY[cfg.inner]
+    return found if isinstance(found, type) else found(cfg)
+
+
+def capabilities(cfg, device: torch.device) -> Capabilities:
+    """What the strategy the config names can do, known before it is built (islands: the inner one's)."""
+    if islands.across_islands(cfg):
+        return island_caps(inner_strategy(cfg).caps)
+    return strategy(cfg, device).caps
+
+
 def eager_only(cfg, device: torch.device | None = None) -> str:
     """Why the model must run eagerly under this sync ("" where it need not)."""
-    return strategy(cfg, device or torch.device("cpu")).caps.eager
+    return capabilities(cfg, device or torch.device("cpu")).eager
 
 
 def build_sync(cfg, model: nn.Module, env: DistEnv, init=None, no_decay: frozenset = frozenset(),
@@ -113,8 +128,8 @@ def build_sync(cfg, model: nn.Module, env: DistEnv, init=None, no_decay: frozens
             items = vars(cfg) if isinstance(cfg, SimpleNamespace) else dict(cfg)
             cfg = SimpleNamespace(**{**items, "mode": mode})
         cls = strategy(cfg, env.device)
-        if str(cfg.islands) != "none":
-            sync = IslandSync(model, env, cfg, every_step.STRATEGIES[cfg.inner], cls)
+        if islands.across_islands(cfg):
+            sync = IslandSync(model, env, cfg, inner_strategy(cfg), cls, no_decay)
             sync.no_decay = no_decay
             return sync
         extra = {"init": init} if init is not None else {}

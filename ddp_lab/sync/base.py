@@ -243,23 +243,30 @@ def polls(cfg, env: DistEnv) -> bool:
     return env.poll and cfg.algo == "builtin"
 
 
-def broadcast_from_rank0(model: nn.Module) -> None:
-    """Every rank starts from rank 0's parameters and buffers (DDP does this itself)."""
+def first_rank(group=None) -> int:
+    """The global rank of `group`'s rank 0 (None: the whole world's), the source of its broadcasts."""
+    return 0 if group is None else dist.get_global_rank(group, 0)
+
+
+def broadcast_from_rank0(model: nn.Module, group=None) -> None:
+    """Every rank starts from rank 0's parameters and buffers (DDP does this itself); `group`: the
+    ranks of an island (sync.islands) from their first."""
     with torch.no_grad():
         for t in [*model.parameters(), *model.buffers()]:
-            dist.broadcast(t.data, src=0)
+            dist.broadcast(t.data, src=first_rank(group), group=group)
 
 
-def broadcast_buffers_each_step(model: nn.Module) -> None:
-    """Before each training forward, rank 0's buffers to every rank, as DDP does (broadcast_buffers): a
-    BatchNorm's running statistics, which each rank's own batches would otherwise move apart. One
-    broadcast per dtype. Only the state_dict's buffers (a non-persistent one, a causal mask, is rebuilt
-    alike by every rank); nothing is hooked where the model has none."""
+def broadcast_buffers_each_step(model: nn.Module, group=None) -> None:
+    """Before each training forward, rank 0's buffers to every rank (of `group`), as DDP does
+    (broadcast_buffers): a BatchNorm's running statistics, which each rank's own batches would otherwise
+    move apart. One broadcast per dtype. Only the state_dict's buffers (a non-persistent one, a causal
+    mask, is rebuilt alike by every rank); nothing is hooked where the model has none."""
     persistent = set(model.state_dict(keep_vars=True))
     buffers = [b for name, b in model.named_buffers() if name in persistent]  # (real by now: the sync has built)
     if not buffers:
         return
     by_dtype = [[b for b in buffers if b.dtype == d] for d in sorted({b.dtype for b in buffers}, key=str)]
+    src = first_rank(group)
 
     def broadcast(module: nn.Module, _args) -> None:
         if not (module.training and torch.is_grad_enabled()):
@@ -267,7 +274,7 @@ def broadcast_buffers_each_step(model: nn.Module) -> None:
         with torch.no_grad(), position.collective("buffer broadcast"):
             for same in by_dtype:
                 flat = torch.cat([b.reshape(-1) for b in same])
-                dist.broadcast(flat, src=0)
+                dist.broadcast(flat, src=src, group=group)
                 for b, part in zip(same, flat.split([b.numel() for b in same])):
                     b.copy_(part.view_as(b))
 

@@ -159,12 +159,12 @@ class Parts:
     memory: Estimate | None = None  # the memory estimate (CPU runs), its predicted peak beside the measured one
 
 
-def build_model_for(cfg, strategy, env: DistEnv) -> tuple[torch.nn.Module, MetaInit | None]:
+def build_model_for(cfg, caps, env: DistEnv) -> tuple[torch.nn.Module, MetaInit | None]:
     """(the model, None), or, where the sync shards the weights (zero stage 3, fsdp), the model on the
     meta device and its MetaInit: the sync makes it a unit at a time, no rank holding it whole
     (models/meta_init.py). A model whose initialisation cannot be replayed so is built whole, and says why."""
     # (on a GPU the replay would draw from the device's generator, not the CPU's: built whole, as before)
-    if strategy.caps.sharding < 3 or not env.distributed or env.device.type != "cpu":
+    if caps.sharding < 3 or not env.distributed or env.device.type != "cpu":
         return build_model(cfg.model), None
     model, why = build_on_meta(lambda: build_model(cfg.model))
     refuse_unbuildable(model, why)
@@ -190,12 +190,12 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
     work = build_workload(cfg.data, env, cfg.seed, model=cfg.model, loss=t.get("loss"), grad_accum=t.grad_accum,
                           channels_last=t.channels_last)
     plan = Plan.of(t, work.train_loader)
-    strategy = sync_strategies.strategy(cfg.sync, env.device)
+    caps = sync_strategies.capabilities(cfg.sync, env.device)  # (the strategy's, before it is built)
     # stage 3 and fsdp gather bf16 weights under trainer.amp=bf16 (sync.param_dtype=amp)
     gathered = torch.bfloat16 if amp == "bf16" and cfg.sync.param_dtype == "amp" and env.distributed \
-        and strategy.caps.sharding == 3 else None
+        and caps.sharding == 3 else None
     memory = check_fits_memory(cfg.model, cfg.optim, env, work.input_example, work.target_example, work.task,
-                               work.train_loader.batch_size, stage=strategy.caps.sharding,
+                               work.train_loader.batch_size, stage=caps.sharding,
                                refuse=t.get("memory_check", True),  # a CPU run: refused if it cannot fit
                                sync=cfg.sync if env.distributed else None,
                                checkpointing=t.activation_checkpointing,
@@ -203,11 +203,11 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     position.phase("building the model")
     memory_format = torch.channels_last if work.channels_last else torch.contiguous_format
-    model, init = build_model_for(cfg, strategy, env)
+    model, init = build_model_for(cfg, caps, env)
     model = model.to(memory_format=memory_format) if init else model.to(env.device, memory_format=memory_format)
     check_sync_bn(model, env.distributed, env.device)
     compiled, why = resolve_compile(t.compile, env.device, plan.total_steps * plan.step_samples,
-                                    strategy.caps.eager)
+                                    caps.eager)
     log.info(why)
     # the FLOP count runs the model once: before the sync's hooks (zero stage 3 would gather for it)
     meter = Meter(env, t.warmup_steps, *flops_and_peak(model, work.input_example, amp, env),

@@ -51,6 +51,7 @@ from torch.utils._pytree import tree_leaves
 from ddp_lab.config import ConfigError, targets
 from ddp_lab.distributed import DistEnv, ranks_on_machine
 from ddp_lab.models import build_model, model_name
+from ddp_lab.sync.islands.layout import island_size
 
 log = logging.getLogger("ddp_lab")
 
@@ -342,6 +343,17 @@ def describe(e: Estimate, model, stage: int, available: int, ranks: int, machine
     return f"{what}; {fix}, or run fewer ranks per machine"
 
 
+def shards_over(sync, env: DistEnv) -> int:
+    """The ranks the model state is cut over: the world, or an island's (sync.islands: zero inside, HSDP)."""
+    spec = str(sync.get("islands", "none")) if sync is not None else "none"
+    if spec == "none":
+        return env.world_size
+    try:
+        return island_size(spec, env.world_size, int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size)))
+    except ConfigError:  # (refused, on every rank alike, where the sync is built)
+        return env.world_size
+
+
 def check_fits_memory(model, optim, env: DistEnv, x: torch.Tensor, y: torch.Tensor, task, batch: int, *,
                       stage: int = 0, refuse: bool = True, available: int | None = None,
                       sync=None, checkpointing: str = "none", autocast: torch.dtype | None = None,
@@ -356,8 +368,8 @@ def check_fits_memory(model, optim, env: DistEnv, x: torch.Tensor, y: torch.Tens
     if found is None:
         return None
     try:
-        e = estimate(model, optim, x, y, task, batch, env.world_size if stage else 1, stage, sync, runtime_bytes(),
-                     checkpointing, autocast, gathered)
+        e = estimate(model, optim, x, y, task, batch, shards_over(sync, env) if stage else 1, stage, sync,
+                     runtime_bytes(), checkpointing, autocast, gathered)
     except Exception as err:  # a user's model that cannot be built on meta (it reads values, loads weights)
         log.info("memory estimate: not made (the model cannot be built on the meta device: %s)", err)
         return None

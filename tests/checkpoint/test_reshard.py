@@ -163,6 +163,34 @@ def test_zero_stage_three_and_fsdp_runs_stopped_on_4_ranks_finish_on_3_as_an_uns
         assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6, sharded
 
 
+@pytest.mark.system
+def test_shards_cut_over_an_island_are_cut_again_from_island_0s(tiny_fmnist, tmp_path):
+    """HSDP (2 islands of 2, each sharding the weights and SGD's momentum over its 2 ranks) stopped on 4 ranks
+    and finished on 2 ends where flat does; 2 islands of 2 with ZeRO stage 2 inside, where DDP inside does:
+    island 0's shards joined and cut again are island 0's whole state (within the sums' order)."""
+    from concurrent.futures import ThreadPoolExecutor
+    common = ["data.batch_size=96", "trainer.amp=off", "optim.schedule=constant", "optim.clip_grad_norm=0",
+              "dist.timeout_s=120"]
+    islands = ["sync=diloco", "sync.every=3", "sync.islands=2"]
+    syncs = {"hsdp": ["sync=fsdp", "sync.islands=2"], "flat": ["sync=flat"],
+             "zero": [*islands, "sync.inner=zero", "sync.zero_stage=2"], "ddp": [*islands, "sync.inner=ddp"]}
+
+    def launch(name, nproc, *extra):
+        return run_module("ddp_lab.train", tiny_overrides(tiny_fmnist, tmp_path / name) + common + syncs[name] +
+                          list(extra), nproc=nproc)
+
+    with ThreadPoolExecutor(2) as pool:
+        for done in pool.map(lambda n: launch(n, 4, "trainer.max_steps=8"), syncs):
+            assert done.returncode == 0, done.stderr[-3000:]
+        for rest in pool.map(lambda n: launch(n, 2, "trainer.resume=auto"), syncs):
+            assert rest.returncode == 0, rest.stderr[-3000:]
+            assert "(step 8, epoch 2, batch 2) on 2 ranks, written by 4" in rest.stdout
+    for mine, like in (("hsdp", "flat"), ("zero", "ddp")):
+        assert read_summary(tmp_path / mine)["world_sizes"] == [[0, 4], [8, 2]]
+        a, b = (torch.load(tmp_path / n / "model.pt", weights_only=True) for n in (mine, like))
+        assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6, mine
+
+
 def test_shards_that_do_not_fit_this_run_are_refused_in_one_line():
     """At the same world size a rank loads its own optimizer shards: a checkpoint written with other
     buckets (another sync.bucket_cap_mb, or stage 1's single shard of earlier versions) is refused."""

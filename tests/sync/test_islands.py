@@ -2,10 +2,11 @@
 
 * 1 island of N ranks, DiLoCo at outer lr 1 without momentum: DDP over the N ranks;
 * N islands of 1: today's per-rank DiLoCo;
-* 2 islands of 2 (DDP or flat inside, DiLoCo across): a reference written out here, 2 workers each stepping
-  AdamW on the mean gradient of its two ranks' batches, and DiLoCo's outer Nesterov step on the workers' mean
-  change (the update of tests/sync/test_diloco.py's reference);
+* 2 islands of 2 (DDP, flat or ZeRO stage 2 inside, DiLoCo across): a reference written out here, 2 workers
+  each stepping AdamW on the mean gradient of its two ranks' batches, and DiLoCo's outer Nesterov step on the
+  workers' mean change (the update of tests/sync/test_diloco.py's reference);
 and what crosses between islands: each rank's half of the outer gradient, the island gathering the halves.
+HSDP (sync.mode=fsdp with islands): DDP's steps, each rank's half of the gradients crossing.
 """
 from __future__ import annotations
 
@@ -63,8 +64,8 @@ def _train(rank: int, world_size: int, over: dict, inner_opt: str = "adamw") -> 
     model = _model()
     sync = build_sync(sync_cfg(**{"every": H, "outer_lr": LR, "outer_momentum": MU, "local_sgd_start_step": 0,
                                   "bucket_cap_mb": 25.0, **over}), model, env)
-    opt = (torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1) if inner_opt == "adamw"
-           else torch.optim.SGD(model.parameters(), lr=0.1))
+    opt = (torch.optim.AdamW(sync.param_groups(), lr=1e-2, weight_decay=0.1) if inner_opt == "adamw"
+           else torch.optim.SGD(sync.param_groups(), lr=0.1))  # (sync.inner=zero: this rank's chunks)
     steps = []
     for step in range(H * ROUNDS):
         F.cross_entropy(sync.module(x[step, rank]), y[step, rank]).backward()
@@ -72,8 +73,13 @@ def _train(rank: int, world_size: int, over: dict, inner_opt: str = "adamw") -> 
         opt.step()
         opt.zero_grad(set_to_none=sync.caps.grads_set_to_none)
         sync.after_step(step + 1)
-        steps.append([p.detach().numpy().copy() for p in model.parameters()])
+        steps.append([_whole(p).numpy().copy() for p in model.parameters()])
     return {"steps": steps, "describe": sync.describe(), **sync.counts()}
+
+
+def _whole(p: torch.Tensor) -> torch.Tensor:
+    """A parameter whole (HSDP's DTensors gathered)."""
+    return (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
 
 
 def _apart(a: dict, b: dict) -> float:
@@ -81,11 +87,16 @@ def _apart(a: dict, b: dict) -> float:
                for s, t in zip(a["steps"], b["steps"]) for u, v in zip(s, t))
 
 
-def test_one_island_of_four_ranks_is_ddp():
+@pytest.fixture(scope="module")
+def ddp():
+    """DDP over the 4 ranks, SGD: what one island of 4 and HSDP must equal."""
+    return run_in_processes(_train, 4, {"mode": "ddp"}, "sgd", timeout=180)
+
+
+def test_one_island_of_four_ranks_is_ddp(ddp):
     """Inside: DDP every step; across: DiLoCo over one island, lr 1 and no momentum, which leaves the weights."""
     islands = run_in_processes(_train, 4, {"mode": "diloco", "islands": "4", "outer_lr": 1.0, "outer_momentum": 0.0},
                                "sgd", timeout=180)
-    ddp = run_in_processes(_train, 4, {"mode": "ddp"}, "sgd", timeout=180)
     for r in range(4):
         assert _apart(islands[r], ddp[r]) < 1e-6
     assert islands[0]["describe"].startswith("islands(1 islands of 4: ddp/builtin inside, diloco/builtin(every 3")
@@ -127,9 +138,13 @@ def reference() -> list[list[list[torch.Tensor]]]:
     return seen
 
 
-@pytest.mark.parametrize("inner", ["ddp", "flat"])
+INNER = {"ddp": {"inner": "ddp"}, "flat": {"inner": "flat"}, "zero2": {"inner": "zero", "zero_stage": 2}}
+
+
+@pytest.mark.parametrize("inner", list(INNER))
 def test_two_islands_of_two_take_the_steps_of_their_reference(inner):
-    ranks = run_in_processes(_train, 4, {"mode": "diloco", "islands": "2", "inner": inner}, timeout=180)
+    """(zero inside: each island's optimizer state and gradients sharded over its 2 ranks, the same steps.)"""
+    ranks = run_in_processes(_train, 4, {"mode": "diloco", "islands": "2", **INNER[inner]}, timeout=180)
     ref = reference()
     for r, got in enumerate(ranks):
         for step, (mine, want) in enumerate(zip(got["steps"], ref[r // 2]), start=1):
@@ -139,7 +154,22 @@ def test_two_islands_of_two_take_the_steps_of_their_reference(inner):
     # across: each rank's half of the 163 numbers (82, padded), 3 syncs; inside: the 2 x 82 gathered, and
     # every step's gradients (DDP's or flat's all-reduce of 163 numbers)
     assert ranks[0]["wire_bytes_across"] == 3 * 82 * 4
-    assert ranks[0]["wire_bytes"] == 3 * 82 * 4 + 3 * 164 * 4 + H * ROUNDS * 163 * 4
+    if inner != "zero2":  # (zero: a reduce-scatter and an all-gather of 2 padded buckets, as zero counts them)
+        assert ranks[0]["wire_bytes"] == 3 * 82 * 4 + 3 * 164 * 4 + H * ROUNDS * 163 * 4
+    else:
+        assert "zero2/builtin inside" in ranks[0]["describe"]
+
+
+def test_hsdp_two_islands_of_two_take_ddps_steps(ddp):
+    """sync.mode=fsdp with islands (HSDP): sharded over 2 ranks inside, each shard's gradient all-reduced across;
+    the steps of DDP over the 4 ranks, and half the gradients a rank across the islands."""
+    hsdp = run_in_processes(_train, 4, {"mode": "fsdp", "islands": "2"}, "sgd", timeout=180)
+    assert _apart(hsdp[0], hsdp[2]) == 0  # (the islands agree: every step averaged across them)
+    for r in range(4):
+        assert _apart(hsdp[r], ddp[r]) < 1e-5
+    assert hsdp[0]["describe"] == "fsdp/builtin (HSDP: 2 islands of 2)"
+    # across: each rank's half of the 163 gradients (the root unit's Linear(6,16) and Linear(16,3), as counted)
+    assert hsdp[0]["wire_bytes_across"] == H * ROUNDS * (163 * 4 // 2)
 
 
 def _eager_int4(rank: int, world_size: int) -> dict:
@@ -159,7 +189,10 @@ def test_islands_with_eager_int4_feedback_agree_inside_and_send_a_quarter_across
 
 @pytest.mark.parametrize("over, says", [
     ({"islands": "2", "mode": "flat"}, "sync.mode=flat is not one: use sync.mode=diloco or local_sgd"),
-    ({"islands": "2", "mode": "diloco", "inner": "zero"}, "sync.inner=zero inside islands is not built yet"),
+    ({"islands": "2", "mode": "diloco", "inner": "zero", "zero_stage": 3}, "sync.inner=zero with sync.zero_stage=3 "
+                                                                             "is not built yet"),
+    ({"islands": "2", "mode": "diloco", "inner": "fsdp"}, "sync.inner=fsdp under sync.mode=diloco is not built yet"),
+    ({"islands": "host", "mode": "fsdp", "inner": "flat"}, "is HSDP (FSDP2 shards inside each island"),
     ({"islands": "none", "mode": "diloco", "inner": "flat"}, "sync.islands=none makes none"),
     ({"islands": "2", "mode": "diloco", "algo": "ring"}, "use sync.algo=builtin"),
     ({"islands": "host", "mode": "local_sgd", "local_sgd_start_step": 4}, "use sync.local_sgd_start_step=0"),

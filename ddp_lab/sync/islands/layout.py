@@ -54,13 +54,18 @@ class Islands:
         return f"{self.count} islands of {self.size}"
 
 
-def build_islands(spec: str, env: DistEnv) -> Islands:
-    """Every rank makes every group, in the same order (torch's rule for new_group), and gets its two."""
+def island_shape(spec: str, env: DistEnv) -> tuple[int, int]:
+    """(islands, K ranks each) from sync.islands, checked on every rank alike."""
     local = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))  # (torchrun's: this host's ranks)
     if spec == "host":  # (every rank hears every host's count before any refuses: none is left waiting)
         _same_host_layout(env, local)
     k = island_size(spec, env.world_size, local)
-    n = env.world_size // k
+    return env.world_size // k, k
+
+
+def build_islands(spec: str, env: DistEnv) -> Islands:
+    """Every rank makes every group, in the same order (torch's rule for new_group), and gets its two."""
+    n, k = island_shape(spec, env)
     insides = [dist.new_group(list(range(i * k, (i + 1) * k))) for i in range(n)]
     acrosses = [dist.new_group(list(range(j, env.world_size, k))) for j in range(k)]
     index, member = divmod(env.rank, k)

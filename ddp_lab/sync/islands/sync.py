@@ -11,6 +11,8 @@ syncs, evaluation's consensus, finish and the checkpointed state to the outer.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import inspect
 from types import SimpleNamespace
 
 from torch import nn
@@ -20,20 +22,29 @@ from ddp_lab.sync.base import Capabilities, ReplicaSync, broadcast_from_rank0
 from ddp_lab.sync.islands.layout import build_islands
 
 
+def island_caps(inner: Capabilities) -> Capabilities:
+    """What islands can do: the inner strategy's (its shards, its gradients' life), the islands apart between
+    the outer syncs."""
+    return dataclasses.replace(inner, diverges=True)
+
+
 class IslandSync(ReplicaSync):
 
-    def __init__(self, model: nn.Module, env: DistEnv, cfg, inner_cls: type, outer_cls: type):
+    def __init__(self, model: nn.Module, env: DistEnv, cfg, inner_cls: type, outer_cls: type,
+                 no_decay: frozenset = frozenset()):
         self.model, self.env, self.cfg = model, env, cfg
         self.islands = build_islands(cfg.islands, env)
         broadcast_from_rank0(model)  # every island from rank 0's weights (DDP would start each from its own)
         self.outer = outer_cls(model, self.islands.across, cfg, islands=self.islands)
         items = vars(cfg) if isinstance(cfg, SimpleNamespace) else dict(cfg)
         inner_cfg = SimpleNamespace(**{**items, "mode": cfg.inner, "compress": "none"})  # (compress: the outer's)
-        self.inner = inner_cls(model, self.islands.inside, inner_cfg)
+        # (zero lays optim.no_decay's parameters out in chunks of their own as it builds)
+        extra = {"no_decay": no_decay} if no_decay and "no_decay" in inspect.signature(inner_cls).parameters else {}
+        self.inner = inner_cls(model, self.islands.inside, inner_cfg, **extra)
         self.module = self.inner.module
         self.comm_timing = self.inner.comm_timing
-        self.caps = Capabilities(syncs_in_backward=self.inner.caps.syncs_in_backward, diverges=True,
-                                 grads_set_to_none=self.inner.caps.grads_set_to_none)
+        self.caps = island_caps(self.inner.caps)
+        self.shards_over = self.islands.size  # (sync.inner=zero: a copy of the optimizer state is cut K ways)
 
     # what both count and time --------------------------------------------------------------------
     @property
@@ -105,6 +116,20 @@ class IslandSync(ReplicaSync):
 
     def finish(self, step: int) -> None:
         self.outer.finish(step)
+
+    # the weights and the optimizer state as the inner strategy holds them ---------------------------
+    def whole_weights(self):
+        return self.inner.whole_weights()
+
+    def model_state_dict(self, model: nn.Module) -> dict:
+        return self.inner.model_state_dict(model)
+
+    def load_model_state_dict(self, model: nn.Module, state: dict) -> None:
+        self.inner.load_model_state_dict(model, state)
+
+    def reshard_optimizer_state(self, states: list[dict], optimizer) -> dict:
+        """sync.inner=zero at another world size: this rank's chunks, cut from island 0's (`states`)."""
+        return self.inner.reshard_optimizer_state(states, optimizer)
 
     def consensus(self):
         return self.outer.consensus()

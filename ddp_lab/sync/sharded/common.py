@@ -43,13 +43,13 @@ def trainable_parameters(model: nn.Module, what: str) -> list[nn.Parameter]:
 NORM_BLOCK = 2**20  # elements of a gradient squared at a time by clip_sharded
 
 
-def clip_sharded(grads: list[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """The norm over every rank's shard of the gradients (one all-reduce of a number), then each rank
-    scales its own `grads` in place; returns the norm before."""
+def clip_sharded(grads: list[torch.Tensor], max_norm: float, group=None) -> torch.Tensor:
+    """The norm over every rank's shard of the gradients (one all-reduce of a number over the ranks that
+    hold the shards, `group`), then each rank scales its own `grads` in place; returns the norm before."""
     # in float64, a block at a time: a whole shard cast to float64 and squared would hold 4x its bytes
     squares = sum(b.double().pow(2).sum() for g in grads for b in g.reshape(-1).split(NORM_BLOCK)).reshape(1)
     with position.collective("gradient norm"):
-        dist.all_reduce(squares)
+        dist.all_reduce(squares, group=group)
     norm = squares.sqrt().squeeze().to(grads[0].dtype)
     for g in grads:
         g.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))  # as torch's clip_grad_norm_

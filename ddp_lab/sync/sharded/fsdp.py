@@ -8,6 +8,9 @@ classes sync.shard_units names), then on the whole model, whose own and tied par
 root unit. Like ours (sync.prefetch) it gathers the next unit ahead. Under trainer.amp=bf16 the
 units are gathered in bf16 and the fp32 shards stepped (FSDP2's MixedPrecisionPolicy).
 
+sync.islands=host|K makes it HSDP: a 2-D mesh, FSDP2 sharding over an island's K ranks (its fast link)
+and all-reducing each reduce-scattered shard across the islands every step (1/K of the gradients a rank).
+
 On gloo it is made to sum and divide (`set_force_sum_reduction_for_comms`): gloo's
 reduce-scatter with ReduceOp.AVG summed (pytorch#162338, open when this was written; torch
 2.14.1 averages); tests/sync/test_fsdp.py checks that collective and fails if the bug returns.
@@ -33,6 +36,7 @@ from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
 from ddp_lab.models.meta_init import MetaInit, real_buffers, real_copy, swap_parameters
 from ddp_lab.sync.base import Capabilities, ReplicaSync, broadcast_buffers_each_step, broadcast_from_rank0
+from ddp_lab.sync.islands.layout import island_shape
 from ddp_lab.sync.sharded.common import REDUCE_DTYPES, clip_sharded, load_whole_part, return_freed_blocks
 from ddp_lab.sync.sharded.outside_use import check_first_forward
 from ddp_lab.sync.sharded.units import announce, unit_modules
@@ -72,7 +76,17 @@ class FSDPSync(ReplicaSync):
         with torch.no_grad():
             for p in model.parameters():  # FSDP2 shards contiguous rows only (trainer.channels_last is not)
                 p.data = p.data.contiguous()
-        mesh = init_device_mesh(env.device.type, (env.world_size,))
+        # sync.islands (HSDP): a copy of the model in each island, sharded over its K ranks, the gradients'
+        # shards all-reduced across the islands (the mesh's rows: an island's consecutive ranks)
+        replicas, self.shards_over = (island_shape(str(cfg.islands), env) if str(getattr(cfg, "islands", "none"))
+                                      != "none" else (1, env.world_size))
+        self.shard_rank = env.rank % self.shards_over
+        if replicas > 1:
+            mesh = init_device_mesh(env.device.type, (replicas, self.shards_over), mesh_dim_names=("across", "inside"))
+            self.shard_group = mesh["inside"].get_group()
+        else:
+            mesh, self.shard_group = init_device_mesh(env.device.type, (env.world_size,)), None
+        self.replicas = replicas
         # trainer.amp=bf16: the weights gathered in bf16, the gradients reduce-scattered in sync.reduce_dtype, the
         # sharded fp32 ones stepped (FSDP2's MixedPrecisionPolicy, as zero stage 3 does it)
         reduce_dtype = REDUCE_DTYPES[getattr(cfg, "reduce_dtype", "fp32")]
@@ -112,6 +126,8 @@ class FSDPSync(ReplicaSync):
         trains = [any(p.requires_grad for p in m.parameters()) for m in self.units]
         root_trains = any(p.requires_grad and id(p) not in in_units for p in model.parameters())
         self.gathers, self.scatters = 2 * len(self.units) + has_root, sum(trains) + root_trains
+        # HSDP: each reduce-scattered shard then all-reduced across the islands (1/K of the gradients)
+        self.across_bytes = int(reduced * trained) // self.shards_over if replicas > 1 else 0
         self.forwards = 0  # training forwards since the last after_backward
         model.register_forward_pre_hook(lambda *_: setattr(self, "forwards", self.forwards + torch.is_grad_enabled()))
 
@@ -141,11 +157,13 @@ class FSDPSync(ReplicaSync):
 
     def after_backward(self) -> None:
         self.count(self.forwards * self.gather_bytes + self.scatter_bytes, self.forwards * self.gathers + self.scatters)
+        if self.across_bytes:
+            self.count(self.across_bytes, self.scatters, across=True)
         self.forwards = 0
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         grads = [local(p.grad) for p in self.model.parameters() if p.grad is not None]
-        return clip_sharded(grads, max_norm)
+        return clip_sharded(grads, max_norm, self.shard_group)  # (HSDP: every island holds the same shards)
 
     def load_model_state_dict(self, model: nn.Module, state: dict) -> None:
         """A whole state_dict (a checkpoint written before the weights were saved in shards): each rank
@@ -213,8 +231,8 @@ class FSDPSync(ReplicaSync):
         if rows != p.shape[0] or any(t.shape[1:] != p.shape[1:] for t in pieces):
             raise ValueError(f"{what} of parameter {i} joins to {[rows, *pieces[0].shape[1:]]}, the parameter is "
                              f"{list(p.shape)}")
-        mine = my_rows(lambda q: pieces[q], rows, len(pieces), self.env.rank, self.env.world_size)
+        mine = my_rows(lambda q: pieces[q], rows, len(pieces), self.shard_rank, self.shards_over)
         return mine.clone().to(local(p).device)
 
     def describe(self) -> str:
-        return "fsdp/builtin"
+        return "fsdp/builtin" + (f" (HSDP: {self.replicas} islands of {self.shards_over})" if self.replicas > 1 else "")

@@ -106,11 +106,11 @@ class Zero1Sync(ReplicaSync):
         self.group_of = {id(p): int(plain_name(n) in no_decay) for n, p in model.named_parameters()}
         self._prepare()
         if init is None:
-            broadcast_from_rank0(model)
+            broadcast_from_rank0(model, env.group)
         self._lay_out(model, params)
         params = [p for p in model.parameters() if p.requires_grad]  # (made anew from a meta-device model)
         self._attach_grads()
-        broadcast_buffers_each_step(model)  # (as DDP: a BatchNorm's running statistics are rank 0's)
+        broadcast_buffers_each_step(model, env.group)  # (as DDP: a BatchNorm's running statistics are rank 0's)
         self.hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
         self._start_backward()
 
@@ -224,7 +224,7 @@ class Zero1Sync(ReplicaSync):
             self.count(flat.numel() * flat.element_size() // 2)  # half an all-reduce's (as counted)
             if self.cfg.algo == "builtin":
                 out = torch.empty(c, dtype=flat.dtype, device=flat.device)
-                work = TORCH_REDUCE_SCATTER(out, flat, op=dist.ReduceOp.SUM, async_op=True)
+                work = TORCH_REDUCE_SCATTER(out, flat, op=dist.ReduceOp.SUM, group=self.env.group, async_op=True)
                 pending = Pending([work], lambda: out)
             elif self.cfg.algo == "direct":  # ours, in place: chunk r of `flat` ends with the sum
                 pending = direct_reduce_scatter(flat, async_op=True)
@@ -268,7 +268,7 @@ class Zero1Sync(ReplicaSync):
             for i in reversed(range(len(self.buckets))):  # the forward's order: its first bucket first
                 span = self.spans[i]
                 if self.cfg.algo == "builtin":
-                    TORCH_ALL_GATHER(self.weights[span], self.pieces[i].detach().clone())
+                    TORCH_ALL_GATHER(self.weights[span], self.pieces[i].detach().clone(), group=self.env.group)
                 elif self.cfg.algo == "direct":  # waited for by the forward (or whatever reads the weights)
                     self.gathering[i] = direct_all_gather(self.weights[span], async_op=True)
                 else:
@@ -305,7 +305,7 @@ class Zero1Sync(ReplicaSync):
         model.load_state_dict(state)
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
-        return clip_sharded([p.grad for p in self.pieces], max_norm)
+        return clip_sharded([p.grad for p in self.pieces], max_norm, self.env.group)
 
     def describe(self) -> str:
         return f"zero1/{self.cfg.algo}"

@@ -54,7 +54,7 @@ class Zero2Sync(Zero1Sync):
         self.pieces[i].grad.add_(pending.wait().div_(self.env.world_size))
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
-        return clip_sharded([self.grads], max_norm)  # this rank's chunks, one buffer
+        return clip_sharded([self.grads], max_norm, self.env.group)  # this rank's chunks, one buffer
 
     def describe(self) -> str:
         return f"zero2/{self.cfg.algo}"

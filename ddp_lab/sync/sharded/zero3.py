@@ -225,7 +225,7 @@ class Zero3Sync(Zero2Sync):
         piece = u.piece.detach()
         if self.cfg.algo == "builtin":  # (the input rides along: gloo reads it until the wait)
             piece = piece.to(u.flat.dtype, copy=True)  # (bf16 weights: cast before the wire)
-            return TORCH_ALL_GATHER(u.flat, piece, async_op=async_op), piece
+            return TORCH_ALL_GATHER(u.flat, piece, group=self.env.group, async_op=async_op), piece
         r = self.env.rank
         u.flat[r * u.chunk:(r + 1) * u.chunk].copy_(piece)
         if self.cfg.algo == "direct":
