@@ -58,4 +58,12 @@ if [ ! -f $R/loopback-4-oracle/race.csv ]; then
   rm -rf $R/loopback-4-oracle/runs   # (the runs themselves are not the record)
   git worktree remove --force "$WT"
 fi
+# 6. loopback-4-480/: blocking against eager islands over 480 steps (the gap's course past warm-up).
+if [ ! -f $R/loopback-4-480/race.csv ]; then
+  $py -m ddp_lab.tools.bench.time_to_accuracy --target-loss 2.7 --epochs 10 --eval-every 48 --seeds 1,2,3 --ranks 4 \
+    --max-steps 480 --strategies "diloco:sync.islands=2:sync.compress=int4:sync.rounding=feedback,$ISL" \
+    --out $R/loopback-4-480 -- $G
+  "$py" $R/loopback-4-480/curves.py $R/loopback-4-480 > $R/loopback-4-480/val_loss.txt
+  rm -rf $R/loopback-4-480/runs
+fi
 find $R -name model.pt -delete   # the weights are not the record
