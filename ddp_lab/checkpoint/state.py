@@ -61,8 +61,9 @@ def own_state(parts) -> dict:
     own = {"rng": rng_state(parts.env.device), "step": p.step, "batches_done": p.batches_done,
            **parts.meter.own_state_dict(),  # sums
            "sync": parts.sync.own_state_dict()}
-    if parts.sync.caps.diverges:
-        own.update(model=parts.model.state_dict(), optimizer=parts.optimizer.state_dict())
+    if parts.sync.caps.diverges:  # (sharded weights inside islands: this rank's are its "weights" already)
+        own.update(optimizer=parts.optimizer.state_dict(),
+                   **({} if parts.sync.caps.sharding == 3 else {"model": parts.model.state_dict()}))
     elif parts.sync.caps.shards:  # (zero, fsdp) this rank's shard of the optimizer state
         own.update(optimizer=parts.optimizer.state_dict())
     if parts.sync.caps.shards:  # over how many ranks one copy is cut (islands, HSDP: an island's, ranks 0..K-1)
@@ -118,7 +119,9 @@ def restore(parts, shared: dict, own: dict) -> None:
     parts.sync.load_state_dict(shared.get("sync", {}), own.get("sync"))
     if "sync" not in own and (parts.sync.caps.diverges or parts.sync.own_state_dict()):  # another world size
         log.warning("resumed at another world size: every rank continues from rank 0's weights and optimizer "
-                    "state, and PowerSGD's error feedback starts at zero (docs/bandwidth.md)")
+                    "state, and PowerSGD's error feedback starts at zero (docs/bandwidth.md)%s",
+                    "; islands sharded inside: from island 0's shards, DiLoCo's anchor from those weights and its "
+                    "outer momentum at zero" if parts.sync.caps.diverges and parts.sync.caps.sharding == 3 else "")
     if "target" in shared:
         parts.target.load_state_dict(shared["target"])
     if shared["total_steps"] != parts.plan.total_steps and parts.cfg.optim.schedule == "cosine":

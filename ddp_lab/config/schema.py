@@ -107,7 +107,7 @@ class SyncConfig:
                                "consecutive ranks)", ok=lambda v: str(v) in ("none", "host") or
                        (str(v).isdigit() and int(v) >= 1), rule="none, host or a positive integer")
     inner: str = key("ddp", "sync.islands: the every-step strategy inside each island: ddp | flat | zero "
-                            "(sync.zero_stage 1 or 2)",
+                            "(sync.zero_stage's shards over the island) | fsdp",
                      ok=one_of(("ddp", "flat", "zero", "fsdp")), rule="ddp, flat, zero or fsdp")
     poll: str = key("false", "opt-in: CPU ranks wait for the builtin all-reduce by polling (auto: where the "
                              "ranks fill the cores exactly); paid on one CPU of three (docs/defaults.md)",

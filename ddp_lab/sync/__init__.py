@@ -129,7 +129,7 @@ def build_sync(cfg, model: nn.Module, env: DistEnv, init=None, no_decay: frozens
             cfg = SimpleNamespace(**{**items, "mode": mode})
         cls = strategy(cfg, env.device)
         if islands.across_islands(cfg):
-            sync = IslandSync(model, env, cfg, inner_strategy(cfg), cls, no_decay)
+            sync = IslandSync(model, env, cfg, inner_strategy(cfg), cls, no_decay, init, param_dtype)
             sync.no_decay = no_decay
             return sync
         extra = {"init": init} if init is not None else {}

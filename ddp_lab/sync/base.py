@@ -149,6 +149,12 @@ class ReplicaSync:
         """What this rank's optimizer steps: the model's parameters (zero: this rank's shard)."""
         return list(self.model.parameters())
 
+    def trained_shards(self) -> list[torch.Tensor]:
+        """The trained weights as this rank holds them, tensors a periodic strategy may change in place (sync.islands
+        across a sharding inner strategy): the trainable parameters (zero stage 3: this rank's pieces; fsdp: its
+        rows). Asked anew each time: fsdp may replace its local tensors."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
     def param_groups(self) -> list[dict]:
         """parameters() in the optimizer's groups: the trainable ones decayed, then optim.no_decay's with
         weight_decay 0 (a group left out where empty)."""

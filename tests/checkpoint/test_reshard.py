@@ -92,7 +92,10 @@ def test_a_run_stopped_on_n_ranks_finishes_on_m(tiny_fmnist, tmp_path, before, a
     (["sync=diloco", "sync.every=3"], 2, 3), (["sync=powersgd", "sync.powersgd_start_step=2"], 2, 3),
     # 2 islands of 2 (eager int4 across), finished as 1 island of 2: another island count
     (["sync=diloco", "sync.every=3", "sync.islands=2", "sync.overlap=1", "sync.overlap_update=eager",
-      "sync.compress=int4"], 4, 2)], ids=["diloco", "powersgd", "islands"])
+      "sync.compress=int4"], 4, 2),
+    # stage 3 inside: island 0's shards of the weights cut again, the anchor starting from them
+    (["sync=diloco", "sync.every=3", "sync.islands=2", "sync.inner=zero", "sync.zero_stage=3"], 4, 2)],
+    ids=["diloco", "powersgd", "islands", "islands_zero3"])
 def test_per_rank_sync_state_is_reconciled_by_the_rule(tiny_fmnist, tmp_path, sync, before, after):
     """Stopped at step 8 on 2 ranks (DiLoCo between synchronisations, PowerSGD with error
     feedback under way), finished on 3: rank 0's weights for all, no error feedback."""
@@ -139,28 +142,34 @@ def test_zero_stage_three_and_fsdp_runs_stopped_on_4_ranks_finish_on_3_as_an_uns
     and resumed the same way ends: within the sums' order, where a lost momentum would move the weights by
     about 1e-3. (All end 1.6e-4 from a run on 4 ranks throughout: 3 ranks sum the same gradients in another
     order.)"""
-    from concurrent.futures import ThreadPoolExecutor
     # no clipping: each strategy sums the norm in its own order and precision, and the factor it gives
     # would move the weights by more than the momentum's own rounding (7e-6 at SGD's default of 2)
+    syncs = {"zero3": ["sync=zero", "sync.zero_stage=3"], "fsdp": ["sync=fsdp"], "flat": ["sync=flat"]}
+    weights = _stopped_then_finished(tiny_fmnist, tmp_path, syncs, 4, 3)
+    for sharded in ("zero3", "fsdp"):
+        assert max((weights[sharded][k] - weights["flat"][k]).abs().max().item() for k in weights["flat"]) < 1e-6
+
+
+def _stopped_then_finished(tiny_fmnist, tmp_path, syncs: dict, before: int, after: int) -> dict:
+    """Each sync's LeNet (SGD with momentum, no clipping) stopped at step 8 on `before` ranks and finished on
+    `after`, two launches at a time: each one's model.pt."""
+    from concurrent.futures import ThreadPoolExecutor
     common = ["data.batch_size=96", "trainer.amp=off", "optim.schedule=constant", "optim.clip_grad_norm=0",
               "dist.timeout_s=120"]
-    syncs = {"zero3": ["sync=zero", "sync.zero_stage=3"], "fsdp": ["sync=fsdp"], "flat": ["sync=flat"]}
 
     def launch(name, nproc, *extra):
         return run_module("ddp_lab.train", tiny_overrides(tiny_fmnist, tmp_path / name) + common + syncs[name] +
                           list(extra), nproc=nproc)
 
     with ThreadPoolExecutor(2) as pool:
-        for done in pool.map(lambda n: launch(n, 4, "trainer.max_steps=8"), syncs):
+        for done in pool.map(lambda n: launch(n, before, "trainer.max_steps=8"), syncs):
             assert done.returncode == 0, done.stderr[-3000:]
-        for rest in pool.map(lambda n: launch(n, 3, "trainer.resume=auto"), syncs):
+        for rest in pool.map(lambda n: launch(n, after, "trainer.resume=auto"), syncs):
             assert rest.returncode == 0, rest.stderr[-3000:]
-            assert "(step 8, epoch 2, batch 2) on 3 ranks, written by 4" in rest.stdout
-    b = torch.load(tmp_path / "flat" / "model.pt", weights_only=True)
-    for sharded in ("zero3", "fsdp"):
-        assert read_summary(tmp_path / sharded)["world_sizes"] == [[0, 4], [8, 3]]
-        a = torch.load(tmp_path / sharded / "model.pt", weights_only=True)
-        assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6, sharded
+            assert f"(step 8, epoch 2, batch 2) on {after} ranks, written by {before}" in rest.stdout
+    for name in syncs:
+        assert read_summary(tmp_path / name)["world_sizes"] == [[0, before], [8, after]]
+    return {name: torch.load(tmp_path / name / "model.pt", weights_only=True) for name in syncs}
 
 
 @pytest.mark.system
@@ -168,27 +177,12 @@ def test_shards_cut_over_an_island_are_cut_again_from_island_0s(tiny_fmnist, tmp
     """HSDP (2 islands of 2, each sharding the weights and SGD's momentum over its 2 ranks) stopped on 4 ranks
     and finished on 2 ends where flat does; 2 islands of 2 with ZeRO stage 2 inside, where DDP inside does:
     island 0's shards joined and cut again are island 0's whole state (within the sums' order)."""
-    from concurrent.futures import ThreadPoolExecutor
-    common = ["data.batch_size=96", "trainer.amp=off", "optim.schedule=constant", "optim.clip_grad_norm=0",
-              "dist.timeout_s=120"]
     islands = ["sync=diloco", "sync.every=3", "sync.islands=2"]
     syncs = {"hsdp": ["sync=fsdp", "sync.islands=2"], "flat": ["sync=flat"],
              "zero": [*islands, "sync.inner=zero", "sync.zero_stage=2"], "ddp": [*islands, "sync.inner=ddp"]}
-
-    def launch(name, nproc, *extra):
-        return run_module("ddp_lab.train", tiny_overrides(tiny_fmnist, tmp_path / name) + common + syncs[name] +
-                          list(extra), nproc=nproc)
-
-    with ThreadPoolExecutor(2) as pool:
-        for done in pool.map(lambda n: launch(n, 4, "trainer.max_steps=8"), syncs):
-            assert done.returncode == 0, done.stderr[-3000:]
-        for rest in pool.map(lambda n: launch(n, 2, "trainer.resume=auto"), syncs):
-            assert rest.returncode == 0, rest.stderr[-3000:]
-            assert "(step 8, epoch 2, batch 2) on 2 ranks, written by 4" in rest.stdout
+    weights = _stopped_then_finished(tiny_fmnist, tmp_path, syncs, 4, 2)
     for mine, like in (("hsdp", "flat"), ("zero", "ddp")):
-        assert read_summary(tmp_path / mine)["world_sizes"] == [[0, 4], [8, 2]]
-        a, b = (torch.load(tmp_path / n / "model.pt", weights_only=True) for n in (mine, like))
-        assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6, mine
+        assert max((weights[mine][k] - weights[like][k]).abs().max().item() for k in weights[like]) < 1e-6, mine
 
 
 def test_shards_that_do_not_fit_this_run_are_refused_in_one_line():

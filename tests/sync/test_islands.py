@@ -2,7 +2,7 @@
 
 * 1 island of N ranks, DiLoCo at outer lr 1 without momentum: DDP over the N ranks;
 * N islands of 1: today's per-rank DiLoCo;
-* 2 islands of 2 (DDP, flat or ZeRO stage 2 inside, DiLoCo across): a reference written out here, 2 workers
+* 2 islands of 2 (DDP, flat, ZeRO stage 2 or 3 or FSDP2 inside, DiLoCo across): a reference written out here, 2 workers
   each stepping AdamW on the mean gradient of its two ranks' batches, and DiLoCo's outer Nesterov step on the
   workers' mean change (the update of tests/sync/test_diloco.py's reference);
 and what crosses between islands: each rank's half of the outer gradient, the island gathering the halves.
@@ -73,7 +73,8 @@ def _train(rank: int, world_size: int, over: dict, inner_opt: str = "adamw") -> 
         opt.step()
         opt.zero_grad(set_to_none=sync.caps.grads_set_to_none)
         sync.after_step(step + 1)
-        steps.append([_whole(p).numpy().copy() for p in model.parameters()])
+        with sync.whole_weights():  # (zero stage 3 inside: gathered)
+            steps.append([_whole(p).clone().numpy() for p in model.parameters()])  # (numpy pins storage)
     return {"steps": steps, "describe": sync.describe(), **sync.counts()}
 
 
@@ -138,12 +139,14 @@ def reference() -> list[list[list[torch.Tensor]]]:
     return seen
 
 
-INNER = {"ddp": {"inner": "ddp"}, "flat": {"inner": "flat"}, "zero2": {"inner": "zero", "zero_stage": 2}}
+INNER = {"ddp": {"inner": "ddp"}, "flat": {"inner": "flat"}, "zero2": {"inner": "zero", "zero_stage": 2},
+         "zero3": {"inner": "zero", "zero_stage": 3}, "fsdp": {"inner": "fsdp"}}
 
 
 @pytest.mark.parametrize("inner", list(INNER))
 def test_two_islands_of_two_take_the_steps_of_their_reference(inner):
-    """(zero inside: each island's optimizer state and gradients sharded over its 2 ranks, the same steps.)"""
+    """(zero inside: each island's optimizer state and gradients sharded over its 2 ranks, stage 3 and fsdp its
+    weights too, each rank's outer gradient then of its own shard: the same steps.)"""
     ranks = run_in_processes(_train, 4, {"mode": "diloco", "islands": "2", **INNER[inner]}, timeout=180)
     ref = reference()
     for r, got in enumerate(ranks):
@@ -153,11 +156,13 @@ def test_two_islands_of_two_take_the_steps_of_their_reference(inner):
     assert _apart(ranks[0], ranks[1]) == 0 and _apart(ranks[0], ranks[2]) > 1e-3  # one island agrees, two apart
     # across: each rank's half of the 163 numbers (82, padded), 3 syncs; inside: the 2 x 82 gathered, and
     # every step's gradients (DDP's or flat's all-reduce of 163 numbers)
-    assert ranks[0]["wire_bytes_across"] == 3 * 82 * 4
-    if inner != "zero2":  # (zero: a reduce-scatter and an all-gather of 2 padded buckets, as zero counts them)
+    # (sharded inside, rank 0's own shard crosses: stage 3's half of each Linear's flat unit, 56 + 26 numbers;
+    # fsdp's rows, 8 of 16 and 2 of 3 of each weight and bias: 48 + 8 + 32 + 2)
+    assert ranks[0]["wire_bytes_across"] == 3 * 4 * {"fsdp": 90}.get(inner, 82)
+    if inner in ("ddp", "flat"):  # (zero, fsdp: reduce-scatters and all-gathers, as they count them)
         assert ranks[0]["wire_bytes"] == 3 * 82 * 4 + 3 * 164 * 4 + H * ROUNDS * 163 * 4
     else:
-        assert "zero2/builtin inside" in ranks[0]["describe"]
+        assert f"{inner}/builtin inside" in ranks[0]["describe"]
 
 
 def test_hsdp_two_islands_of_two_take_ddps_steps(ddp):
@@ -189,9 +194,6 @@ def test_islands_with_eager_int4_feedback_agree_inside_and_send_a_quarter_across
 
 @pytest.mark.parametrize("over, says", [
     ({"islands": "2", "mode": "flat"}, "sync.mode=flat is not one: use sync.mode=diloco or local_sgd"),
-    ({"islands": "2", "mode": "diloco", "inner": "zero", "zero_stage": 3}, "sync.inner=zero with sync.zero_stage=3 "
-                                                                             "is not built yet"),
-    ({"islands": "2", "mode": "diloco", "inner": "fsdp"}, "sync.inner=fsdp under sync.mode=diloco is not built yet"),
     ({"islands": "host", "mode": "fsdp", "inner": "flat"}, "is HSDP (FSDP2 shards inside each island"),
     ({"islands": "none", "mode": "diloco", "inner": "flat"}, "sync.islands=none makes none"),
     ({"islands": "2", "mode": "diloco", "algo": "ring"}, "use sync.algo=builtin"),

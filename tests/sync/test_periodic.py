@@ -215,6 +215,10 @@ RESUMED = {
     # 4 ranks in 2 islands of 2 (DDP inside, the same DiLoCo across): rank 2's island apart from rank 0's
     "islands_eager_int4_feedback": ["sync=diloco", "sync.islands=2", "sync.every=4", "sync.overlap=2",
                                     "sync.overlap_update=eager", "sync.compress=int4", "sync.rounding=feedback"],
+    # the same with ZeRO stage 3 inside: each rank's shard of the weights, its anchor and outer momentum its own
+    "islands_zero3_eager_int4": ["sync=diloco", "sync.islands=2", "sync.inner=zero", "sync.zero_stage=3",
+                                 "sync.every=4", "sync.overlap=2", "sync.overlap_update=eager", "sync.compress=int4",
+                                 "sync.rounding=feedback", "optim=adamw"],
     "powersgd": ["sync=powersgd", "sync.powersgd_start_step=4"],
     "zero": ["sync=zero", "sync.algo=ring_textbook", "optim=adamw"],  # each rank its shard of AdamW's state
     "zero2": ["sync=zero", "sync.zero_stage=2", "optim=adamw"],  # and of the gradients, sent in the backward
@@ -222,6 +226,7 @@ RESUMED = {
     "zero2_direct": ["sync=zero", "sync.zero_stage=2", "sync.algo=direct", "optim=adamw"],
     "zero3": ["sync=zero", "sync.zero_stage=3", "sync.algo=ring_textbook", "optim=adamw"],  # and of the weights
     "fsdp": ["sync=fsdp", "optim=adamw"],  # torch's FSDP2: its DTensors saved by each rank
+    "hsdp": ["sync=fsdp", "sync.islands=2", "optim=adamw"],  # 4 ranks: 2 islands, each its copy sharded over 2
 }
 
 
@@ -231,7 +236,7 @@ def test_a_killed_rank_resumes_bit_identical(strategy, tiny_fmnist, tmp_path):
     common = ["trainer.amp=off", "trainer.keep_ckpts=10", "trainer.ckpt_every=3", "dist.timeout_s=60",
               *RESUMED[strategy]]
 
-    nproc = 4 if strategy.startswith("islands") else 2
+    nproc = 4 if strategy.startswith(("islands", "hsdp")) else 2
 
     def launch(name, **kw):
         return run_module("ddp_lab.train", tiny_overrides(tiny_fmnist, tmp_path / name) + common, nproc=nproc, **kw)
@@ -253,10 +258,15 @@ def test_a_killed_rank_resumes_bit_identical(strategy, tiny_fmnist, tmp_path):
     own = torch.load(tmp_path / "killed" / "checkpoints" / "step-9" / f"rank{apart}.pt", weights_only=True)
     if strategy == "powersgd":
         assert own["sync"]["powersgd"]["error"]  # this rank's error feedback, per parameter
-    elif strategy.startswith(("zero", "fsdp")):  # this rank's shard of AdamW's moments: rank 0's size, not its values
+    elif strategy.startswith(("zero", "fsdp", "hsdp")):  # this rank's shard of AdamW's moments: rank 0's size,
         rank0 = torch.load(tmp_path / "killed" / "checkpoints" / "step-9" / "rank0.pt", weights_only=True)
         mine, first = (local(s["optimizer"]["state"][0]["exp_avg"]) for s in (own, rank0))
-        assert mine.shape == first.shape and not torch.equal(mine, first)
+        assert mine.shape == first.shape and torch.equal(mine, first) == (strategy == "hsdp")  # (HSDP: a replica)
+    elif strategy == "islands_zero3_eager_int4":  # its own shards: of the weights, the anchor, what travels
+        rank0 = torch.load(tmp_path / "killed" / "checkpoints" / "step-9" / "rank0.pt", weights_only=True)
+        assert "model" not in own and own["shards_over"] == 2 and own["sync"]["proxy"][0] is not None
+        assert own["sync"]["anchor"][0].shape == rank0["sync"]["anchor"][0].shape
+        assert not torch.equal(own["weights"]["pieces"], rank0["weights"]["pieces"])
     else:  # the rank's own weights, which differ from rank 0's at step 9
         if strategy == "diloco_overlap":
             assert own["sync"]["sent"][0].numel() == sum(w.numel() for w in own["model"].values())
@@ -271,3 +281,4 @@ def test_a_killed_rank_resumes_bit_identical(strategy, tiny_fmnist, tmp_path):
     assert a["wire_bytes_per_step"] > 0
     assert a["sync"].startswith(("local_sgd", "diloco", "ddp/builtin+powersgd", "zero1", "zero2", "zero3", "fsdp",
                                  "islands(2 islands of 2"))
+    assert ("HSDP: 2 islands of 2" in a["sync"]) == (strategy == "hsdp")

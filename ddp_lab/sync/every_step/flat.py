@@ -24,9 +24,11 @@ class FlatSync(AveragingSync):
 
     def __init__(self, model: nn.Module, env: DistEnv, cfg, gradients: bool = True):
         super().__init__(model, env, cfg)
-        broadcast_from_rank0(model)
+        # (gradients=False: another strategy averages them, sync.islands' inner one, which has broadcast the
+        # weights (their storage, sharded inside, may be freed by now); no buffers then)
+        if gradients:
+            broadcast_from_rank0(model)
         params = [p for p in model.parameters() if p.requires_grad]
-        # (gradients=False: another strategy averages them, sync.islands' inner one; no buffers then)
         self.buckets = [Bucket(ps) for ps in bucketed(params, cfg.bucket_cap_mb * 2**20)] if gradients else []
         for b in self.buckets:
             b.attach()  # start with zero views, so the first backward accumulates into them

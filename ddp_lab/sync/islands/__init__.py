@@ -8,9 +8,11 @@ one replica, and only the replicas exchange outer gradients.
                 periodic one across (DiLoCo, local SGD)
 
 sync.islands=host: torchrun's node (LOCAL_WORLD_SIZE ranks); K: consecutive runs of K ranks; none (the
-default): every rank on its own, as before. sync.inner=ddp, flat or zero (stages 1 and 2: each island shards
-its optimizer state, and gradients, over its K ranks). sync.mode=fsdp with islands is HSDP, FSDP2's own: it
-shards inside each island and all-reduces the gradients' shards across every step (sharded/fsdp.py).
+default): every rank on its own, as before. sync.inner=ddp, flat, zero (each island shards its model state
+over its K ranks, sync.zero_stage deciding what) or fsdp; where the weights are sharded inside (stage 3, fsdp)
+each rank's outer gradient is of its own shard, and it crosses whole (nothing is gathered inside).
+sync.mode=fsdp with islands is HSDP, FSDP2's own: it shards inside each island and all-reduces the gradients'
+shards across every step (sharded/fsdp.py).
 One island of N ranks with DiLoCo at outer lr 1 and no momentum is DDP; N islands of one are the per-rank
 strategy (tests/sync/test_islands.py).
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 from ddp_lab.config import ConfigError
 
 ACROSS = ("diloco", "local_sgd")  # what runs across islands (sync.mode)
-INSIDE = ("ddp", "flat", "zero")  # what runs inside them (sync.inner; zero at stage 1 or 2)
+INSIDE = ("ddp", "flat", "zero", "fsdp")  # what runs inside them (sync.inner)
 
 
 def across_islands(cfg) -> bool:
@@ -46,13 +48,6 @@ def validate(cfg) -> None:
                           f"sync.mode={cfg.mode} is not one: use sync.mode=diloco or local_sgd across (sync.inner="
                           f"{inner} averages every step inside each island), sync.mode=fsdp for HSDP, or "
                           f"sync.islands=none")
-    if inner == "fsdp":
-        raise ConfigError(f"sync.inner=fsdp under sync.mode={cfg.mode} is not built yet (the outer step works on "
-                          f"whole tensors, FSDP2's are sharded): use sync.inner=zero with sync.zero_stage=1 or 2, "
-                          f"or sync.mode=fsdp alone for HSDP")
-    if inner == "zero" and getattr(cfg, "zero_stage", 1) == 3:
-        raise ConfigError("sync.inner=zero with sync.zero_stage=3 is not built yet (the outer step reads whole "
-                          "weights, which stage 3 frees between uses): use sync.zero_stage=1 or 2")
     if inner not in INSIDE:
         raise ConfigError(f"sync.inner={inner} inside islands is not one of {', '.join(INSIDE)}")
     if cfg.algo != "builtin":

@@ -49,6 +49,9 @@ class Islands:
     member: int  # this rank's place in it, 0..K-1
     inside: DistEnv  # the K ranks of this island (rank, world_size counted within)
     across: DistEnv  # rank `member` of every island
+    # the inner strategy shards the weights (zero stage 3, fsdp): each rank's outer gradient is of its own
+    # shard, already 1/K of the island's, so it crosses whole and nothing is gathered inside
+    sharded_inside: bool = False
 
     def describe(self) -> str:
         return f"{self.count} islands of {self.size}"
@@ -92,8 +95,8 @@ class IslandMean:
     """start_island_mean's exchange under way: advance() (int8, int4: the quantized mean's second half) and
     wait(), after which `flat` holds the mean over islands."""
 
-    def __init__(self, flat, chunk, first, islands: Islands):
-        self.flat, self.chunk, self.first, self.islands = flat, chunk, first, islands
+    def __init__(self, flat, chunk, first, islands: Islands, k: int):
+        self.flat, self.chunk, self.first, self.islands, self.k = flat, chunk, first, islands, k
 
     def advance(self) -> None:
         if self.first is not None and hasattr(self.first, "advance"):
@@ -104,7 +107,7 @@ class IslandMean:
             return self.flat
         self.first.wait()
         self.first = None
-        k, c = self.islands.size, self.chunk.numel()
+        k, c = self.k, self.chunk.numel()
         whole = torch.empty(k * c, dtype=torch.float32, device=self.flat.device)
         if k > 1:
             TORCH_ALL_GATHER(whole, self.chunk.float(), group=self.islands.inside.group)
@@ -118,12 +121,13 @@ def start_island_mean(flat: torch.Tensor, islands: Islands, compress: str, dtype
     """flat (1-D fp32, the same on every rank of an island) <- its mean over the islands, in the background:
     this rank's chunk all-reduced across (in `dtype`, or int8/int4), the chunks then gathered inside.
     int8, int4 round with `residual` (error feedback) or `generator` (stochastic), as start_quantized_mean.
-    Returns (the IslandMean, bytes across, collectives across, bytes inside)."""
-    k = islands.size
+    Returns (the IslandMean, bytes across, collectives across, bytes inside). (islands.sharded_inside: `flat` is
+    this rank's own shard, all of it this rank's chunk.)"""
+    k, member = (1, 0) if islands.sharded_inside else (islands.size, islands.member)
     c = -(-flat.numel() // k)
     padded = torch.zeros(k * c, dtype=torch.float32, device=flat.device)
     padded[:flat.numel()] = flat
-    mine = padded[islands.member * c:(islands.member + 1) * c]
+    mine = padded[member * c:(member + 1) * c]
     if compress in QUANTIZED:
         chunk = mine.clone()
         first, across = start_quantized_mean(chunk, compress, islands.across.group, residual, generator)
@@ -133,4 +137,4 @@ def start_island_mean(flat: torch.Tensor, islands: Islands, compress: str, dtype
         first = dist.all_reduce(chunk, group=islands.across.group, async_op=True)
         across, calls = chunk.numel() * chunk.element_size(), 1
     inside = k * c * 4 if k > 1 else 0
-    return IslandMean(flat, chunk, first, islands), across, calls, inside
+    return IslandMean(flat, chunk, first, islands, k), across, calls, inside

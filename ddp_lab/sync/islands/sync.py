@@ -4,9 +4,13 @@ The inner strategy sees the island as its world (rank and world size counted wit
 the island's group): DDP's buckets or flat's buffer average the gradients over the island's K ranks every
 step, so an island's ranks hold the same weights always. The periodic strategy sees rank `member` of every
 island as its world and sends this rank's 1/K chunk of the outer gradient across (islands/layout.py);
-every rank of an island then holds the same anchor and takes the same outer step. The Trainer's calls go
-to the one that acts at each point: the forward, backward and gradient sync to the inner, the weight
-syncs, evaluation's consensus, finish and the checkpointed state to the outer.
+every rank of an island then holds the same anchor and takes the same outer step. Where the inner strategy
+shards the weights (zero stage 3, fsdp) it is built first, and the periodic one works on this rank's shards
+(trained_shards): its outer gradient, anchor and outer momentum are of its shard, which crosses whole.
+
+The Trainer's calls go to the one that acts at each point: the forward, backward and gradient sync to the
+inner, the weight syncs, evaluation's consensus, finish and the checkpointed state to the outer; the
+weights as saved and loaded (whole, or in shards) to the inner.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import dataclasses
 import inspect
 from types import SimpleNamespace
 
+import torch
 from torch import nn
 
 from ddp_lab.distributed import DistEnv
@@ -31,16 +36,27 @@ def island_caps(inner: Capabilities) -> Capabilities:
 class IslandSync(ReplicaSync):
 
     def __init__(self, model: nn.Module, env: DistEnv, cfg, inner_cls: type, outer_cls: type,
-                 no_decay: frozenset = frozenset()):
+                 no_decay: frozenset = frozenset(), init=None, param_dtype: torch.dtype | None = None):
         self.model, self.env, self.cfg = model, env, cfg
         self.islands = build_islands(cfg.islands, env)
-        broadcast_from_rank0(model)  # every island from rank 0's weights (DDP would start each from its own)
-        self.outer = outer_cls(model, self.islands.across, cfg, islands=self.islands)
+        if init is None:  # (a meta-device build: every rank replays the same initialisation)
+            broadcast_from_rank0(model)  # every island from rank 0's weights (DDP would start each from its own)
         items = vars(cfg) if isinstance(cfg, SimpleNamespace) else dict(cfg)
-        inner_cfg = SimpleNamespace(**{**items, "mode": cfg.inner, "compress": "none"})  # (compress: the outer's)
-        # (zero lays optim.no_decay's parameters out in chunks of their own as it builds)
-        extra = {"no_decay": no_decay} if no_decay and "no_decay" in inspect.signature(inner_cls).parameters else {}
-        self.inner = inner_cls(model, self.islands.inside, inner_cfg, **extra)
+        # (compress: the outer's; islands: the inner strategy's world is its island)
+        inner_cfg = SimpleNamespace(**{**items, "mode": cfg.inner, "compress": "none", "islands": "none"})
+        # (zero lays optim.no_decay's parameters out in chunks of their own as it builds; stage 3 and fsdp build
+        # from the meta device and gather in param_dtype)
+        takes = inspect.signature(inner_cls).parameters
+        extra = {k: v for k, v in (("no_decay", no_decay), ("init", init), ("param_dtype", param_dtype))
+                 if v and k in takes}
+        if inner_cls.caps.sharding == 3:  # the weights sharded inside: the outer strategy works on this rank's shards
+            self.inner = inner_cls(model, self.islands.inside, inner_cfg, **extra)
+            self.islands = dataclasses.replace(self.islands, sharded_inside=True)
+            self.outer = outer_cls(model, self.islands.across, cfg, islands=self.islands,
+                                   trained=self.inner.trained_shards)
+        else:
+            self.outer = outer_cls(model, self.islands.across, cfg, islands=self.islands)
+            self.inner = inner_cls(model, self.islands.inside, inner_cfg, **extra)
         self.module = self.inner.module
         self.comm_timing = self.inner.comm_timing
         self.caps = island_caps(self.inner.caps)
@@ -131,8 +147,23 @@ class IslandSync(ReplicaSync):
         """sync.inner=zero at another world size: this rank's chunks, cut from island 0's (`states`)."""
         return self.inner.reshard_optimizer_state(states, optimizer)
 
+    def each_weight(self, model: nn.Module):
+        return self.inner.each_weight(model)
+
+    def state_layout(self, model: nn.Module) -> dict:
+        return self.inner.state_layout(model)
+
+    def sharded_state(self, model: nn.Module) -> tuple[dict, dict]:
+        return self.inner.sharded_state(model)
+
+    def load_sharded_state(self, model: nn.Module, whole: dict, mine: dict | None, everyone: list | None) -> None:
+        """(at another world size `everyone` holds island 0's shards: checkpoint/reshard.py)"""
+        self.inner.load_sharded_state(model, whole, mine, everyone)
+
+    @contextlib.contextmanager
     def consensus(self):
-        return self.outer.consensus()
+        with self.outer.consensus(), self.inner.consensus():  # (stage 3: the evaluation's gathers uncounted)
+            yield
 
     def state_dict(self) -> dict:
         return {**self.outer.state_dict(), "islands": [self.islands.count, self.islands.size],

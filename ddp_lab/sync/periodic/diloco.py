@@ -87,10 +87,11 @@ class InFlight(NamedTuple):
 
 class DiLoCoSync(LocalSGDSync):
 
-    def __init__(self, model: nn.Module, env: DistEnv, cfg, islands: Islands | None = None):
-        super().__init__(model, env, cfg, start=0, islands=islands)  # no synchronous start: every step is local
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.buffers = [b for b in model.buffers() if b.is_floating_point()]
+    def __init__(self, model: nn.Module, env: DistEnv, cfg, islands: Islands | None = None, trained=None):
+        super().__init__(model, env, cfg, start=0, islands=islands, trained=trained)  # (no synchronous start)
+        self.buffers = self.floating_buffers
+        # sharded inside islands, each rank's anchor and outer momentum are of its own shard: checkpointed per rank
+        self.own_anchor = islands is not None and islands.sharded_inside
         self.anchor = [p.detach().clone() for p in self.params]  # the last synchronised weights
         self.anchor_buffers = [b.detach().clone() for b in self.buffers]  # and buffers (their mean)
         m = cfg.outer_momentum
@@ -292,16 +293,20 @@ class DiLoCoSync(LocalSGDSync):
                     t.copy_(a)
             yield
 
-    def state_dict(self) -> dict:
-        return {"step": self.step, "anchor": [a.detach().clone() for a in self.anchor],
-                "anchor_buffers": [a.detach().clone() for a in self.anchor_buffers],
-                "outer": self.outer.state_dict(), "sent_at": [s.step if s else None for s in self.sent],
+    def _anchor_state(self) -> dict:
+        return {"anchor": [a.detach().clone() for a in self.anchor],
+                "anchor_buffers": [a.detach().clone() for a in self.anchor_buffers], "outer": self.outer.state_dict(),
                 **({"last_mean": [x[0].clone() if x else None for x in self.last]} if self.eager else {})}
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "sent_at": [s.step if s else None for s in self.sent],
+                **({} if self.own_anchor else self._anchor_state())}
 
     def own_state_dict(self) -> dict:
         """overlap: what this rank sent in the all-reduces still travelling, by fragment (sent again on resume),
-        and eager's proxy anchors and last sent; sync.rounding=feedback's residuals."""
-        own = {}
+        and eager's proxy anchors and last sent; sync.rounding=feedback's residuals; sharded inside islands, the
+        anchor and outer momentum of this rank's shard."""
+        own = self._anchor_state() if self.own_anchor else {}
         if any(self.sent):
             own["sent"] = [s.outer_grad.clone() if s else None for s in self.sent]
             if self.eager:
@@ -315,17 +320,22 @@ class DiLoCoSync(LocalSGDSync):
 
     def load_state_dict(self, shared: dict, own: dict | None) -> None:
         super().load_state_dict(shared, own)
-        if "anchor" in shared:
+        holder = own if self.own_anchor else shared  # (where the anchor was saved)
+        if self.own_anchor and own is None:  # (another layout: this rank's shard of the anchor is another's)
+            with torch.no_grad():  # the resumed weights are the anchor, the outer momentum starts again
+                for a, p in zip(self.anchor, self.params):
+                    a.copy_(p)
+        elif "anchor" in holder:
             with torch.no_grad():
                 for a, saved in zip(self.anchor + self.anchor_buffers,
-                                    shared["anchor"] + shared.get("anchor_buffers", [])):
+                                    holder["anchor"] + holder.get("anchor_buffers", [])):
                     a.copy_(saved)
-            self.outer.load_state_dict(shared["outer"])
+            self.outer.load_state_dict(holder["outer"])
         own = own or {}
         if self.residuals and "residuals" in own:
             self.residuals = [Residual(*kept) for kept in own["residuals"]]
-        if self.eager and shared.get("last_mean") and own.get("last_sent"):
-            self.last = [(m, s) if m is not None else None for m, s in zip(shared["last_mean"], own["last_sent"])]
+        if self.eager and holder and holder.get("last_mean") and own.get("last_sent"):
+            self.last = [(m, s) if m is not None else None for m, s in zip(holder["last_mean"], own["last_sent"])]
         sent_at, mine = shared.get("sent_at"), own.get("sent")
         if isinstance(sent_at, int):  # saved before fragments: one, the whole model
             sent_at, mine = [sent_at], None if mine is None else [mine]

@@ -36,7 +36,8 @@ from ddp_lab.telemetry import position
 class LocalSGDSync(FlatSync):
     caps = Capabilities(diverges=True, grads_set_to_none=False)  # (flat's buffer kept)
 
-    def __init__(self, model: nn.Module, env: DistEnv, cfg, start: int | None = None, islands: Islands | None = None):
+    def __init__(self, model: nn.Module, env: DistEnv, cfg, start: int | None = None, islands: Islands | None = None,
+                 trained=None):
         # rank 0's weights everywhere; gradient buffers for synchronous steps (none across islands: env is
         # then rank i of every island, the islands' inner strategy averaging the gradients)
         super().__init__(model, env, cfg, gradients=islands is None)
@@ -44,10 +45,21 @@ class LocalSGDSync(FlatSync):
         self.every = cfg.every
         self.start = cfg.local_sgd_start_step if start is None else start
         self.step = 0  # optimizer steps taken, the run's count (checkpointed)
-        # the weights that travel: trained parameters (a frozen one never changes) and floating buffers
-        # (BatchNorm's statistics)
-        self.weights = [p for p in model.parameters() if p.requires_grad] + [b for b in model.buffers()
-                                                                             if b.is_floating_point()]
+        # the trained tensors (a frozen one never changes), asked anew each time: `trained()`, where the island's
+        # inner strategy shards them (sync.islands with zero stage 3 or fsdp: this rank's shards)
+        mine = [p for p in model.parameters() if p.requires_grad]
+        self._trained = trained or (lambda: mine)
+        self.floating_buffers = [b for b in model.buffers() if b.is_floating_point()]
+
+    @property
+    def params(self) -> list[torch.Tensor]:
+        """The trained tensors this rank synchronises: the model's parameters, or its shards of them."""
+        return self._trained()
+
+    @property
+    def weights(self) -> list[torch.Tensor]:
+        """What travels: the trained tensors and floating buffers (BatchNorm's statistics)."""
+        return self.params + self.floating_buffers
 
     def synced_at(self, step: int) -> bool:
         """Whether every rank holds the same weights after optimizer step `step`."""

@@ -71,7 +71,7 @@ class FSDPSync(ReplicaSync):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy
         if init is None:  # (a meta-device build: every rank replays the same initialisation)
-            broadcast_from_rank0(model)  # fully_shard keeps each rank's rows of its own tensors
+            broadcast_from_rank0(model, env.group)  # fully_shard keeps each rank's rows of its own tensors
         return_freed_blocks(env.device)
         with torch.no_grad():
             for p in model.parameters():  # FSDP2 shards contiguous rows only (trainer.channels_last is not)
@@ -84,6 +84,9 @@ class FSDPSync(ReplicaSync):
         if replicas > 1:
             mesh = init_device_mesh(env.device.type, (replicas, self.shards_over), mesh_dim_names=("across", "inside"))
             self.shard_group = mesh["inside"].get_group()
+        elif env.group is not None:  # (inside an island, DiLoCo across: sync.inner=fsdp) the island's ranks
+            from torch.distributed.device_mesh import DeviceMesh
+            mesh, self.shard_group = DeviceMesh.from_group(env.group, env.device.type), env.group
         else:
             mesh, self.shard_group = init_device_mesh(env.device.type, (env.world_size,)), None
         self.replicas = replicas
@@ -106,7 +109,7 @@ class FSDPSync(ReplicaSync):
                 fully_shard(m, mesh=mesh, **policy)
         fully_shard(model, mesh=mesh, **policy)
         check_first_forward(model, self.units)
-        broadcast_buffers_each_step(model)  # (as DDP: a BatchNorm's running statistics are rank 0's)
+        broadcast_buffers_each_step(model, env.group)  # (as DDP: a BatchNorm's running statistics are rank 0's)
         if dist.get_backend() == "gloo" and hasattr(model, "set_force_sum_reduction_for_comms"):
             for m in [*self.units, model]:  # each unit's setting is its own
                 m.set_force_sum_reduction_for_comms(True)
@@ -143,6 +146,11 @@ class FSDPSync(ReplicaSync):
                          lambda i: swap_parameters(model, {id(p): real_copy(p, device)
                                                            for p in self.units[i].parameters()}),
                          lambda i: shard(self.units[i]))
+
+    def trained_shards(self) -> list[torch.Tensor]:
+        """This rank's rows of each trainable parameter (the DTensors' local tensors, asked anew: FSDP2 may
+        replace them at its first forward)."""
+        return [local(p) for p in self.model.parameters() if p.requires_grad]
 
     def no_sync(self):
         """Micro-batches before the last keep their whole gradients (FSDP's own no_sync)."""

@@ -199,6 +199,10 @@ class Zero3Sync(Zero2Sync):
                 self._free(part)
             self._recast(master=False)
 
+    def trained_shards(self) -> list[torch.Tensor]:
+        """This rank's trainable pieces, in the model's order (views into one buffer, what the optimizer steps)."""
+        return [u.piece for u in self.forward]
+
     # ------------------------------------------------------------ gathering and freeing
     def _gather(self, part: list[Unit], ahead: list[Unit] = ()) -> None:
         """A module's units whole (waiting for their gathers if started ahead); then, with sync.prefetch,
