@@ -38,24 +38,31 @@ def _data(world_size: int):
             torch.randint(0, 3, (H * ROUNDS, world_size, BATCH), generator=g))
 
 
-def _layout(rank: int, world_size: int, spec: str) -> dict:
-    isl = build_islands(spec, DistEnv(rank, world_size, 0, CPU, "gloo"))
-    return {"inside": dist.get_process_group_ranks(isl.inside.group),
-            "across": dist.get_process_group_ranks(isl.across.group),
-            "at": (isl.index, isl.member, isl.inside.rank, isl.inside.world_size, isl.across.rank,
-                   isl.across.world_size)}
+def _layouts(rank: int, world_size: int, specs: list[str]) -> list[dict]:
+    """Each layout's groups as this rank sees them (every rank builds them all, in the same order)."""
+    out = []
+    for spec in specs:
+        isl = build_islands(spec, DistEnv(rank, world_size, 0, CPU, "gloo"))
+        out.append({"inside": dist.get_process_group_ranks(isl.inside.group),
+                    "across": dist.get_process_group_ranks(isl.across.group),
+                    "at": (isl.index, isl.member, isl.inside.rank, isl.inside.world_size, isl.across.rank,
+                           isl.across.world_size)})
+    return out
 
 
-@pytest.mark.parametrize("spec, inside, across", [
-    ("2", [[0, 1], [0, 1], [2, 3], [2, 3]], [[0, 2], [1, 3], [0, 2], [1, 3]]),
-    ("1", [[0], [1], [2], [3]], [[0, 1, 2, 3]] * 4),
-    ("4", [[0, 1, 2, 3]] * 4, [[0], [1], [2], [3]]),
-])
-def test_four_ranks_make_the_islands_and_the_groups_across_them(spec, inside, across):
-    got = run_in_processes(_layout, 4, spec, timeout=120)
-    assert [g["inside"] for g in got] == inside and [g["across"] for g in got] == across
-    k = len(inside[0])
-    assert [g["at"] for g in got] == [(r // k, r % k, r % k, k, r // k, 4 // k) for r in range(4)]
+LAYOUTS = {"2": ([[0, 1], [0, 1], [2, 3], [2, 3]], [[0, 2], [1, 3], [0, 2], [1, 3]]),
+           "1": ([[0], [1], [2], [3]], [[0, 1, 2, 3]] * 4),
+           "4": ([[0, 1, 2, 3]] * 4, [[0], [1], [2], [3]])}
+
+
+def test_four_ranks_make_the_islands_and_the_groups_across_them():
+    """2x2, 4x1 and 1x4: the ranks inside each island and across them, and each rank's place in both."""
+    ranks = run_in_processes(_layouts, 4, list(LAYOUTS), timeout=120)
+    for i, (spec, (inside, across)) in enumerate(LAYOUTS.items()):
+        got = [r[i] for r in ranks]
+        assert [g["inside"] for g in got] == inside and [g["across"] for g in got] == across, spec
+        k = len(inside[0])
+        assert [g["at"] for g in got] == [(r // k, r % k, r % k, k, r // k, 4 // k) for r in range(4)], spec
 
 
 def _train(rank: int, world_size: int, over: dict, inner_opt: str = "adamw") -> dict:
