@@ -96,6 +96,10 @@ class SyncConfig:
                                          "sync.overlap_mix) | eager (at once from the anchor a proxy outer step "
                                          "gives, corrected when the mean lands: Kale et al. 2025)",
                               ok=one_of(("delayed", "eager")), rule="delayed or eager")
+    eager_proxy: str = key("local", "overlap_update=eager: what stands for the mean outer gradient until it lands: "
+                                    "local (this rank's own: as blocking DiLoCo at equal steps) | paper ((own + M "
+                                    "mean_last - own_last) / M, Kale et al.'s formula: 0.03-0.09 nats behind here, "
+                                    "docs/bandwidth.md)", ok=one_of(("local", "paper")), rule="local or paper")
     rounding: str = key("feedback", "diloco with compress=int8|int4: how numbers round to their levels: feedback "
                                     "(to nearest, each round's residual added to the next: no bias over rounds) | "
                                     "stochastic (unbiased, no state) | nearest (neither; tied with the others on the "

@@ -48,14 +48,15 @@ def _inner(params):
 FRAGMENTS = {1: [[0, 1, 2, 3, 4]], 2: [[0], [1, 2, 3, 4]]}
 
 
-def reference(overlap: int = 0, mix: float = 0.0, fragments: int = 1,
-              eager: bool = False, end: bool = False) -> list[list[list[torch.Tensor]]]:
+def reference(overlap: int = 0, mix: float = 0.0, fragments: int = 1, eager: bool = False, end: bool = False,
+              proxy: str = "local") -> list[list[list[torch.Tensor]]]:
     """Each worker's parameters after every step (the anchor after the last step of a round). With
     overlap (Streaming DiLoCo), the outer gradients taken at a round's end are applied `overlap` steps
     later, and each worker keeps `mix` of the weights it reached in between. With fragments, fragment f's
     round ends at step f*H//F of each H instead (its first round is shorter). Eager (Kale et al. 2025): at
-    a round's end each worker steps from the anchor at once with its proxy of the mean, (own + N mean_last -
-    own_last) / N, and when the mean lands adds the true anchor's difference from its proxy one."""
+    a round's end each worker steps from the anchor at once with its proxy of the mean (local: its own outer
+    gradient; paper: (own + N mean_last - own_last) / N), and when the mean lands adds the true anchor's
+    difference from its proxy one."""
     x, y = _data()
     workers = [_model() for _ in range(N)]
     opts = [_inner(w.parameters()) for w in workers]
@@ -88,7 +89,8 @@ def reference(overlap: int = 0, mix: float = 0.0, fragments: int = 1,
         for r, w in enumerate(workers):
             mine = {}
             for i in groups[f]:
-                g = own[r][i] / N if last[f] is None else last[f][0][i] + (own[r][i] - last[f][1][r][i]) / N
+                g = own[r][i] if proxy == "local" else \
+                    own[r][i] / N if last[f] is None else last[f][0][i] + (own[r][i] - last[f][1][r][i]) / N
                 mine[i] = outer_step(i, g, buf[i])[0]
                 list(w.parameters())[i].copy_(mine[i])
             proxies[f].append(mine)
@@ -122,12 +124,13 @@ def reference(overlap: int = 0, mix: float = 0.0, fragments: int = 1,
 
 
 def _run(rank: int, world_size: int, overlap: int = 0, mix: float = 0.5, fragments: int = 1,
-         update: str = "delayed") -> dict:
+         update: str = "delayed", proxy: str = "local") -> dict:
     x, y = _data()
     env = DistEnv(rank, world_size, 0, CPU, "gloo")
     model = _model()
     sync = build_sync(sync_cfg("diloco", every=H, outer_lr=LR, outer_momentum=MU, local_sgd_start_step=0,
-                               overlap=overlap, overlap_mix=mix, fragments=fragments, overlap_update=update),
+                               overlap=overlap, overlap_mix=mix, fragments=fragments, overlap_update=update,
+                               eager_proxy=proxy),
                       model, env)
     opt = _inner(model.parameters())
     steps, evaluated = [], {}
@@ -202,25 +205,29 @@ def test_overlapped_diloco_takes_the_steps_of_its_reference():
     assert ranks[0]["describe"] == "diloco/builtin(every 3, outer lr 0.7, momentum 0.9, overlap 1 mix 0.5)"
 
 
-@pytest.mark.parametrize("fragments", [1, 2])
-def test_eager_outer_updates_take_the_steps_of_their_reference(fragments):
+@pytest.mark.parametrize("fragments, proxy", [(1, "local"), (2, "local"), (1, "paper")])
+def test_eager_outer_updates_take_the_steps_of_their_reference(fragments, proxy):
     """sync.overlap_update=eager, overlap 2: each rank steps from its proxy anchor at once and corrects by the
     true anchor when the mean lands two steps later; not the delayed update, and at the last step (a landing
     is not due) the ranks' weights differ."""
-    ranks, ref = run_in_processes(_run, N, 2, 0.5, fragments, "eager", timeout=120), reference(2, 0, fragments, True)
+    ranks = run_in_processes(_run, N, 2, 0.5, fragments, "eager", proxy, timeout=120)
+    ref = reference(2, 0, fragments, True, proxy=proxy)
     for r, got in enumerate(ranks):
         for step, (mine, want) in enumerate(zip(got["steps"], ref[r]), start=1):
             diff = max(abs(torch.from_numpy(a) - b).max().item() for a, b in zip(mine, want))
             assert diff < 1e-5, (r, step, diff)
     if fragments == 1:  # sent at the last step: it lands at once at the end, as blocking DiLoCo's would
-        end = reference(2, 0, 1, True, end=True)
+        end = reference(2, 0, 1, True, end=True, proxy=proxy)
         for got in ranks:
             assert max(abs(torch.from_numpy(a) - b).max().item() for a, b in zip(got["finished"], end)) < 1e-5
     delayed = reference(2, 0.5, fragments)
     assert max(abs(torch.from_numpy(a) - b).max().item() for a, b in zip(ranks[0]["steps"][-1], delayed[0][-1])) > 1e-3
     # right after a sync (step H) each rank holds its own proxy anchor: apart
     assert any((a != b).any() for a, b in zip(ranks[0]["steps"][H - 1], ranks[1]["steps"][H - 1]))
-    assert "overlap 2 eager" in ranks[0]["describe"]
+    assert ("overlap 2 eager (paper's proxy)" in ranks[0]["describe"]) == (proxy == "paper")
+    if proxy == "paper":  # (the two proxies part: the local one's steps are not the paper's)
+        local = reference(2, 0, fragments, True)[0][-1]
+        assert max(abs(torch.from_numpy(a) - b).max().item() for a, b in zip(ranks[0]["steps"][-1], local)) > 1e-4
 
 
 @pytest.mark.parametrize("overlap", [0, 1])

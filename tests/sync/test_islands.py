@@ -207,6 +207,7 @@ def test_islands_with_eager_int4_feedback_agree_inside_and_send_a_quarter_across
     ({"islands": "host", "mode": "local_sgd", "local_sgd_start_step": 4}, "use sync.local_sgd_start_step=0"),
     ({"mode": "diloco", "overlap_update": "eager"}, "set sync.overlap to 1 or more"),
     ({"mode": "local_sgd", "overlap_update": "eager", "overlap": 1}, "takes sync.mode=diloco"),
+    ({"mode": "diloco", "overlap": 1, "eager_proxy": "paper"}, "set sync.overlap_update=eager, or leave sync.eager"),
 ])
 def test_bad_island_settings_are_refused_in_one_line(over, says):
     with pytest.raises(ConfigError, match=says.replace("(", r"\(").replace(")", r"\)")) as e:

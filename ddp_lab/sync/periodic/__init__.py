@@ -29,6 +29,10 @@ def validate(cfg) -> None:
     _diloco_only(cfg, "fragments", cfg.fragments if cfg.fragments > 1 else None, "staggers DiLoCo's outer syncs")
     _diloco_only(cfg, "overlap_update", cfg.overlap_update if cfg.overlap_update != "delayed" else None,
                  "takes DiLoCo's outer step before its mean lands")
+    if getattr(cfg, "eager_proxy", "local") != "local" and cfg.overlap_update != "eager":
+        raise ConfigError(f"sync.eager_proxy={cfg.eager_proxy} is what eager's outer step stands on, and "
+                          f"sync.overlap_update={cfg.overlap_update}: set sync.overlap_update=eager, or leave "
+                          f"sync.eager_proxy out")
     if cfg.overlap_update == "eager" and not cfg.overlap:
         raise ConfigError("sync.overlap_update=eager takes the outer step before the mean lands, and sync.overlap=0 "
                           "waits for it: set sync.overlap to 1 or more (e.g. 2), or leave sync.overlap_update out")

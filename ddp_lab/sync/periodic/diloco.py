@@ -38,11 +38,14 @@ for TAU//2 steps, then its all-gather (the other half of the bytes) for the rest
 sync.overlap_update=eager (Kale, Douillard and Donchev 2025, "Eager updates for overlapped
 communication and computation in DiLoCo"): instead of going on from its own weights and mixing
 the anchor in when the mean lands (delayed, the default), a rank takes the outer step at once with
-a proxy of the mean, the paper's: its own fresh outer gradient for its share, the others' of the
-last round for theirs, (own + M mean_last - own_last) / M over M workers, and goes on from that
-anchor; when the mean lands, the anchor takes the true step and each rank's weights move by the
-difference between the true anchor and the proxy one (so with a perfect proxy it is blocking
-DiLoCo without the wait).
+a proxy of the mean and goes on from that anchor; when the mean lands, the anchor takes the true step
+and each rank's weights move by the difference between the true anchor and the proxy one (so with a
+perfect proxy it is blocking DiLoCo without the wait: measured so, docs/bandwidth.md). The proxy
+(sync.eager_proxy): local, this rank's own outer gradient, the default; or paper, the paper's formula,
+its own fresh outer gradient for its share and the others' of the last round for theirs, (own + M
+mean_last - own_last) / M over M workers. The paper overlaps a whole round, where the others' last
+round has not been applied yet; here it has landed TAU < H steps after it was sent, and the formula
+counts it again until the correction: 0.03-0.09 nats behind blocking on the GPT, local within 0.003.
 
 What lands is what is scored: an evaluation while an outer gradient travels waits for it and scores
 the anchor as it will be once landed (the training goes on as if it had not waited). `finish` lands
@@ -98,10 +101,11 @@ class DiLoCoSync(LocalSGDSync):
         self.outer = torch.optim.SGD(self.anchor, lr=cfg.outer_lr, momentum=m, nesterov=m > 0)
         self.overlap, self.mix = cfg.overlap, cfg.overlap_mix
         self.eager = bool(self.overlap) and cfg.overlap_update == "eager"
+        self.paper_proxy = self.eager and getattr(cfg, "eager_proxy", "local") == "paper"  # (else: local)
         self.fragments = fragment_bounds([p.numel() for p in self.params], cfg.fragments)
         self.streaming = bool(self.overlap) or len(self.fragments) > 1
         self.sent: list[InFlight | None] = [None] * len(self.fragments)  # each fragment's, on its way
-        # eager: each fragment's last landed mean and what this rank sent for it (the proxy's stale part)
+        # eager with the paper's proxy: each fragment's last landed mean and what this rank sent for it
         self.last: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(self.fragments)
         # int8, int4 with sync.rounding=feedback: what rounding left out, per fragment (each rank's own)
         self.rounding = cfg.rounding if cfg.compress in QUANTIZED else "nearest"
@@ -191,10 +195,13 @@ class DiLoCoSync(LocalSGDSync):
 
     @torch.no_grad()
     def _take_proxy_step(self, f: int) -> None:
-        """Eager: this fragment's weights <- the anchor after an outer step with the paper's proxy of the
-        mean, (own + M mean_last - own_last) / M; the proxy anchor kept to correct by when the mean lands."""
+        """Eager: this fragment's weights <- the anchor after an outer step with a proxy of the mean: this rank's
+        own outer gradient (local), or the paper's (own + M mean_last - own_last) / M; the proxy anchor kept to
+        correct by when the mean lands."""
         own, m = self.sent[f].outer_grad.float(), self.env.world_size
-        proxy_grad = own / m if self.last[f] is None else self.last[f][0] + (own - self.last[f][1]) / m
+        proxy_grad = own
+        if self.paper_proxy:
+            proxy_grad = own / m if self.last[f] is None else self.last[f][0] + (own - self.last[f][1]) / m
         proxy = self._nesterov(f, proxy_grad)
         lo, hi = self.fragments[f]
         for p, a in zip(self.params[lo:hi], proxy):
@@ -222,7 +229,7 @@ class DiLoCoSync(LocalSGDSync):
                 p.mul_(mix).add_(a, alpha=1 - mix)
             offset += a.numel()
             a.grad = None
-        if self.eager:
+        if self.paper_proxy:
             self.last[f] = (mean, sent.outer_grad.float())
         if f == 0:  # once a round
             self._average_buffers(0.0 if sent.proxy is not None else mix)
@@ -296,7 +303,7 @@ class DiLoCoSync(LocalSGDSync):
     def _anchor_state(self) -> dict:
         return {"anchor": [a.detach().clone() for a in self.anchor],
                 "anchor_buffers": [a.detach().clone() for a in self.anchor_buffers], "outer": self.outer.state_dict(),
-                **({"last_mean": [x[0].clone() if x else None for x in self.last]} if self.eager else {})}
+                **({"last_mean": [x[0].clone() if x else None for x in self.last]} if self.paper_proxy else {})}
 
     def state_dict(self) -> dict:
         return {"step": self.step, "sent_at": [s.step if s else None for s in self.sent],
@@ -311,7 +318,7 @@ class DiLoCoSync(LocalSGDSync):
             own["sent"] = [s.outer_grad.clone() if s else None for s in self.sent]
             if self.eager:
                 own["proxy"] = [s.proxy.clone() if s and s.proxy is not None else None for s in self.sent]
-        if self.eager and any(self.last):
+        if self.paper_proxy and any(self.last):
             own["last_sent"] = [x[1].clone() if x else None for x in self.last]
         if self.residuals:  # (a fragment in flight: as before its send, which a resumed run makes again)
             own["residuals"] = [((s.before if s and s.before else r).sent, (s.before if s and s.before else r).mean)
@@ -334,7 +341,7 @@ class DiLoCoSync(LocalSGDSync):
         own = own or {}
         if self.residuals and "residuals" in own:
             self.residuals = [Residual(*kept) for kept in own["residuals"]]
-        if self.eager and holder and holder.get("last_mean") and own.get("last_sent"):
+        if self.paper_proxy and holder and holder.get("last_mean") and own.get("last_sent"):
             self.last = [(m, s) if m is not None else None for m, s in zip(holder["last_mean"], own["last_sent"])]
         sent_at, mine = shared.get("sent_at"), own.get("sent")
         if isinstance(sent_at, int):  # saved before fragments: one, the whole model
@@ -351,7 +358,8 @@ class DiLoCoSync(LocalSGDSync):
 
     def describe(self) -> str:
         c = self.cfg.compress
-        late = (f", overlap {self.overlap} eager" if self.eager else
+        eager = f", overlap {self.overlap} eager" + (" (paper's proxy)" if self.paper_proxy else "")
+        late = (eager if self.eager else
                 f", overlap {self.overlap} mix {self.mix:g}" if self.overlap else "")
         late += "" if c not in QUANTIZED or self.rounding == "nearest" else f", {self.rounding} rounding"
         late += f", fragments {len(self.fragments)}" if len(self.fragments) > 1 else ""
