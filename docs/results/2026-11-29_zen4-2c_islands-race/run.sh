@@ -66,4 +66,25 @@ if [ ! -f $R/loopback-4-480/race.csv ]; then
   "$py" $R/loopback-4-480/curves.py $R/loopback-4-480 > $R/loopback-4-480/val_loss.txt
   rm -rf $R/loopback-4-480/runs
 fi
+# 7. loopback-4-proxy/: eager's proxies against blocking, islands 2x2 on loopback (seeds 1-3): blocking/ (at
+#    6bf7d19), own-share/ (each rank's own outer gradient / M, proxy.patch with PROXY=share, 168 steps) and
+#    local-480/ (its own outer gradient, PROXY=own, 480 steps); local/ and 2x2-20mbit-local/ at ca41d01, where
+#    the own outer gradient became eager's default proxy (sync.eager_proxy=local): no patch.
+P=$R/loopback-4-proxy
+AT="$py $R/loopback-4-oracle/at_step.py"
+if [ ! -f $P/local/race.csv ]; then
+  $B --ranks 4 --max-steps 168 --strategies "$ISL" --out $P/local -- $G
+  $AT $P/local/runs/diloco* > $P/local/val_loss.txt && rm -rf $P/local/runs
+fi
+[ -f $P/2x2-20mbit-local/race.csv ] || $B --hosts 2 --nproc-per-host 2 --rate 20mbit --max-steps 480 --stop-at-target \
+  --strategies "$ISL" --fit $R/fit-2x2-20mbit.csv --fit-across $R/fit-2x1-20mbit.csv \
+  --loopback-fit $R/fit-loopback-4.csv --steps-from $P/local/race.csv --out $P/2x2-20mbit-local -- $G
+# 8. loopback-4-proxy/interleaved/: DDP on one host of 2 ranks and islands (local proxy) on 2 hosts of 2 at
+#    20 Mbit/s, alternating seed by seed (1x2-seedN, then 2x2-seedN), at ca41d01.
+for s in 1 2 3; do
+  [ -f $P/interleaved/1x2-seed$s/race.csv ] || $B --hosts 1 --nproc-per-host 2 --rate 20mbit --max-steps 480 \
+    --stop-at-target --seeds $s --strategies ddp --out $P/interleaved/1x2-seed$s -- $G
+  [ -f $P/interleaved/2x2-seed$s/race.csv ] || $B --hosts 2 --nproc-per-host 2 --rate 20mbit --max-steps 480 \
+    --stop-at-target --seeds $s --strategies "$ISL" --out $P/interleaved/2x2-seed$s -- $G
+done
 find $R -name model.pt -delete   # the weights are not the record
