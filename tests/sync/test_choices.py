@@ -85,8 +85,8 @@ def test_the_schema_holds_every_sync_key_with_a_true_choice_list():
     assert list(fields) == ["mode", "algo", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph",
                             "compress", "powersgd_rank", "powersgd_start_step", "zero_stage", "shard_units", "unit_mb",
                             "param_dtype", "reduce_dtype", "prefetch", "every", "local_sgd_start_step", "outer_lr",
-                            "outer_momentum", "overlap", "overlap_mix", "fragments", "overlap_update", "rounding",
-                            "islands", "inner", "poll"]
+                            "outer_momentum", "overlap", "overlap_mix", "fragments", "overlap_update", "eager_proxy",
+                            "rounding", "islands", "inner", "poll"]
     assert all(m in fields["mode"] for m in ("auto", *MODES, *PERIODIC, *SHARDED))
     assert [a.value for a in Algo] == list(ALGOS)
     assert fields["compress"].startswith("none | bf16 | fp16") and "powersgd" in fields["compress"]

@@ -25,6 +25,8 @@ from tests.sync import sync_cfg
 
 CPU = torch.device("cpu")
 H, ROUNDS, LR, MU, BATCH = 3, 3, 0.7, 0.9, 4
+INNER = {"ddp": {"inner": "ddp"}, "flat": {"inner": "flat"}, "zero2": {"inner": "zero", "zero_stage": 2},
+         "zero3": {"inner": "zero", "zero_stage": 3}, "fsdp": {"inner": "fsdp"}}  # inside 2 islands of 2
 
 
 def _model():
@@ -85,6 +87,17 @@ def _train(rank: int, world_size: int, over: dict, inner_opt: str = "adamw") -> 
     return {"steps": steps, "describe": sync.describe(), **sync.counts()}
 
 
+def _train_each(rank: int, world_size: int, runs: dict) -> dict:
+    """_train of each of `runs` ({name: (over, inner_opt)}) in turn, in one launch of the ranks (a launch imports
+    torch in every rank: seconds)."""
+    return {name: _train(rank, world_size, over, opt) for name, (over, opt) in runs.items()}
+
+
+def _by_name(ranks: list[dict]) -> dict:
+    """{name: [rank 0's result, rank 1's, ...]} from _train_each's ranks."""
+    return {name: [r[name] for r in ranks] for name in ranks[0]}
+
+
 def _whole(p: torch.Tensor) -> torch.Tensor:
     """A parameter whole (HSDP's DTensors gathered)."""
     return (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
@@ -96,24 +109,29 @@ def _apart(a: dict, b: dict) -> float:
 
 
 @pytest.fixture(scope="module")
-def ddp():
-    """DDP over the 4 ranks, SGD: what one island of 4 and HSDP must equal."""
-    return run_in_processes(_train, 4, {"mode": "ddp"}, "sgd", timeout=180)
+def runs():
+    """The 4-rank runs the proofs compare, in one launch: DDP (SGD), one island of 4, HSDP; 4 islands of 1 and
+    per-rank DiLoCo; 2 islands of 2 with each inner strategy (INNER's names)."""
+    sgd = {"DDP": {"mode": "ddp"}, "one island": {"mode": "diloco", "islands": "4", "outer_lr": 1.0,
+                                                  "outer_momentum": 0.0},
+           "hsdp": {"mode": "fsdp", "islands": "2"}}
+    adamw = {"4 islands": {"mode": "diloco", "islands": "1"}, "per rank": {"mode": "diloco"},
+             **{inner: {"mode": "diloco", "islands": "2", **over} for inner, over in INNER.items()}}
+    return _by_name(run_in_processes(_train_each, 4, {**{k: (v, "sgd") for k, v in sgd.items()},
+                                                      **{k: (v, "adamw") for k, v in adamw.items()}}, timeout=300))
 
 
-def test_one_island_of_four_ranks_is_ddp(ddp):
+def test_one_island_of_four_ranks_is_ddp(runs):
     """Inside: DDP every step; across: DiLoCo over one island, lr 1 and no momentum, which leaves the weights."""
-    islands = run_in_processes(_train, 4, {"mode": "diloco", "islands": "4", "outer_lr": 1.0, "outer_momentum": 0.0},
-                               "sgd", timeout=180)
+    islands, ddp = runs["one island"], runs["DDP"]
     for r in range(4):
         assert _apart(islands[r], ddp[r]) < 1e-6
     assert islands[0]["describe"].startswith("islands(1 islands of 4: ddp/builtin inside, diloco/builtin(every 3")
     assert islands[0]["wire_bytes_across"] > 0  # (a group of one: counted, never sent)
 
 
-def test_four_islands_of_one_rank_are_per_rank_diloco():
-    islands = run_in_processes(_train, 4, {"mode": "diloco", "islands": "1"}, timeout=180)
-    per_rank = run_in_processes(_train, 4, {"mode": "diloco"}, timeout=180)
+def test_four_islands_of_one_rank_are_per_rank_diloco(runs):
+    islands, per_rank = runs["4 islands"], runs["per rank"]
     for r in range(4):
         assert _apart(islands[r], per_rank[r]) < 1e-6
     assert _apart(islands[0], islands[1]) > 1e-3  # every rank its own island
@@ -146,15 +164,11 @@ def reference() -> list[list[list[torch.Tensor]]]:
     return seen
 
 
-INNER = {"ddp": {"inner": "ddp"}, "flat": {"inner": "flat"}, "zero2": {"inner": "zero", "zero_stage": 2},
-         "zero3": {"inner": "zero", "zero_stage": 3}, "fsdp": {"inner": "fsdp"}}
-
-
 @pytest.mark.parametrize("inner", list(INNER))
-def test_two_islands_of_two_take_the_steps_of_their_reference(inner):
+def test_two_islands_of_two_take_the_steps_of_their_reference(runs, inner):
     """(zero inside: each island's optimizer state and gradients sharded over its 2 ranks, stage 3 and fsdp its
     weights too, each rank's outer gradient then of its own shard: the same steps.)"""
-    ranks = run_in_processes(_train, 4, {"mode": "diloco", "islands": "2", **INNER[inner]}, timeout=180)
+    ranks = runs[inner]
     ref = reference()
     for r, got in enumerate(ranks):
         for step, (mine, want) in enumerate(zip(got["steps"], ref[r // 2]), start=1):
@@ -172,10 +186,10 @@ def test_two_islands_of_two_take_the_steps_of_their_reference(inner):
         assert f"{inner}/builtin inside" in ranks[0]["describe"]
 
 
-def test_hsdp_two_islands_of_two_take_ddps_steps(ddp):
+def test_hsdp_two_islands_of_two_take_ddps_steps(runs):
     """sync.mode=fsdp with islands (HSDP): sharded over 2 ranks inside, each shard's gradient all-reduced across;
     the steps of DDP over the 4 ranks, and half the gradients a rank across the islands."""
-    hsdp = run_in_processes(_train, 4, {"mode": "fsdp", "islands": "2"}, "sgd", timeout=180)
+    hsdp, ddp = runs["hsdp"], runs["DDP"]
     assert _apart(hsdp[0], hsdp[2]) == 0  # (the islands agree: every step averaged across them)
     for r in range(4):
         assert _apart(hsdp[r], ddp[r]) < 1e-5
