@@ -67,13 +67,8 @@ def own_state(parts) -> dict:
     elif parts.sync.caps.shards:  # (zero, fsdp) this rank's shard of the optimizer state
         own.update(optimizer=parts.optimizer.state_dict())
     if parts.sync.caps.shards:  # over how many ranks one copy is cut (islands, HSDP: an island's, ranks 0..K-1)
-        own["shards_over"] = shards_over(parts)
+        own["shards_over"] = parts.sync.shards_over
     return own
-
-
-def shards_over(parts) -> int:
-    """The ranks one copy of the sharded state is cut over: the world, or an island's (sync.inner=zero, HSDP)."""
-    return getattr(parts.sync, "shards_over", parts.env.world_size)
 
 
 def restore(parts, shared: dict, own: dict) -> None:
@@ -83,8 +78,7 @@ def restore(parts, shared: dict, own: dict) -> None:
         if "optimizer" not in own and ("optimizers" not in own or reshard is None):
             raise ConfigError(f"this checkpoint holds the optimizer state in {shared['world_size']} shards, "
                               f"which this run cannot cut again: resume it at {shared['world_size']} ranks")
-        saved_over = own.get("shards_over", shared["world_size"])
-        over = getattr(parts.sync, "shards_over", shared["world_size"])  # (own: the same world size)
+        saved_over, over = own.get("shards_over", shared["world_size"]), parts.sync.shards_over
         if "optimizer" in own and saved_over != over:  # (the same world size, other islands)
             raise ConfigError(f"this checkpoint's shards are cut over {saved_over} ranks, this run's over {over}: "
                               f"resume it with the sync.islands that wrote it")

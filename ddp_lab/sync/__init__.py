@@ -10,8 +10,8 @@
         local_sgd.py   averaged weights (post-local SGD)
         diloco.py      averaged change, applied by an outer Nesterov SGD; int8/int4, overlap (delayed or
                        eager), fragments
-    islands/         every step inside an island of ranks (sync.inner: ddp, flat, zero 1-2), a periodic strategy
-                     across them; sync.mode=fsdp with islands is HSDP (sharded/fsdp.py)
+    islands/         every step inside an island of ranks (sync.inner: ddp, flat, zero, fsdp), a periodic
+                     strategy across them; sync.mode=fsdp with islands is HSDP (sharded/fsdp.py)
         layout.py      the groups inside and across; the mean over islands, a chunk per rank
         sync.py        IslandSync: the two, composed
     sharded/         the model state cut N ways, each rank stepping its own shard (docs/memory.md)

@@ -83,6 +83,9 @@ class ReplicaSync:
         self.wire_bytes = 0
         self.collectives = 0
         self.wire_bytes_across = 0  # sync.islands: those of wire_bytes that crossed between islands
+        # the ranks one copy of a sharded state is cut over (zero, fsdp): the world's, or an island's (islands,
+        # HSDP), noted in each rank's checkpoint (checkpoint/state.py)
+        self.shards_over = env.world_size
         self._seconds = 0.0
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 

@@ -343,7 +343,7 @@ def describe(e: Estimate, model, stage: int, available: int, ranks: int, machine
     return f"{what}; {fix}, or run fewer ranks per machine"
 
 
-def shards_over(sync, env: DistEnv) -> int:
+def state_shards(sync, env: DistEnv) -> int:
     """The ranks the model state is cut over: the world, or an island's (sync.islands: zero inside, HSDP)."""
     spec = str(sync.get("islands", "none")) if sync is not None else "none"
     if spec == "none":
@@ -368,7 +368,7 @@ def check_fits_memory(model, optim, env: DistEnv, x: torch.Tensor, y: torch.Tens
     if found is None:
         return None
     try:
-        e = estimate(model, optim, x, y, task, batch, shards_over(sync, env) if stage else 1, stage, sync,
+        e = estimate(model, optim, x, y, task, batch, state_shards(sync, env) if stage else 1, stage, sync,
                      runtime_bytes(), checkpointing, autocast, gathered)
     except Exception as err:  # a user's model that cannot be built on meta (it reads values, loads weights)
         log.info("memory estimate: not made (the model cannot be built on the meta device: %s)", err)

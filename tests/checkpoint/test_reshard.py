@@ -195,7 +195,7 @@ def test_shards_that_do_not_fit_this_run_are_refused_in_one_line():
     from ddp_lab.sync.base import Capabilities
 
     pieces = [torch.zeros(2, requires_grad=True) for _ in range(3)]
-    tr = SimpleNamespace(sync=SimpleNamespace(caps=Capabilities(shards=True), parameters=lambda: pieces),
+    tr = SimpleNamespace(sync=SimpleNamespace(caps=Capabilities(shards=True), parameters=lambda: pieces, shards_over=2),
                          optimizer=torch.optim.SGD(pieces, lr=0.1))
     own = {"optimizer": {"state": {}, "param_groups": [{"params": [0]}]}}
     with pytest.raises(ConfigError, match=r"^this checkpoint's optimizer state does not fit this run's shards \(it "

@@ -24,7 +24,7 @@ def _sharded_parts():
     """The parts (training/builder.py's Parts) that a checkpoint asks, at rank 2 of 4 under a sharded sync."""
     import torch
     meter = SimpleNamespace(own_state_dict=lambda: {"sums": torch.zeros(3)})
-    sync = SimpleNamespace(caps=Capabilities(shards=True), own_state_dict=lambda: {})
+    sync = SimpleNamespace(caps=Capabilities(shards=True), own_state_dict=lambda: {}, shards_over=4)
     env = SimpleNamespace(device=torch.device("cpu"), world_size=4)
     return SimpleNamespace(sync=sync, meter=meter, env=env, progress=Progress(100, 4, step=9, batches_done=1),
                            optimizer=_Optimizer({"state": {0: "rank 2's shard"}}))
