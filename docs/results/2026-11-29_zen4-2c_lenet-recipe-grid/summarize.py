@@ -1,13 +1,15 @@
 """The grid's table: per recipe, dtype and length, how many seeds ran, diverged, and test accuracy's median
-(min-max); from run.sh's log lines (cut.txt, whole.txt: the return code says a divergence) and summaries/.
+(min-max); from run.sh's log lines (cut.txt, whole.txt: the return code says a divergence) and summaries.csv
+(every run's summary.json, a row each).
 Usage (from this folder): python3 summarize.py"""
-import json
+import csv
 import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
 
 here = Path(__file__).parent
+summaries = {r["file"]: r for r in csv.DictReader((here / "summaries.csv").open())}
 runs = defaultdict(list)  # (epochs, recipe, amp) -> [(seed, rc, acc or None, sec/epoch or None)]
 for log in ("cut.txt", "whole.txt"):
     if not (here / log).exists():
@@ -17,9 +19,9 @@ for log in ("cut.txt", "whole.txt"):
         if not m:
             continue
         e, s, amp, recipe, rc = m.groups()
-        f = here / "summaries" / f"e{e}-s{s}-{amp}-{recipe}.summary.json"
-        summary = json.loads(f.read_text()) if f.exists() and rc == "0" else {}
-        runs[int(e), recipe, amp].append((int(s), int(rc), summary.get("test_acc"), summary.get("sec_per_epoch")))
+        summary = summaries.get(f"e{e}-s{s}-{amp}-{recipe}.summary.json", {}) if rc == "0" else {}
+        acc, sec = (float(summary[k]) if summary.get(k) else None for k in ("test_acc", "sec_per_epoch"))
+        runs[int(e), recipe, amp].append((int(s), int(rc), acc, sec))
 print("| epochs | recipe | amp | seeds | diverged | test acc median (min-max) | sec/epoch median |")
 print("|---:|---|---|---:|---:|---|---:|")
 for (e, recipe, amp), rows in sorted(runs.items()):
