@@ -1,31 +1,9 @@
-"""table.md from runs.txt: per place and configuration the median step time of the 3 repeats, its range,
-its ratio to loopback's median and, repeat by repeat, to the same repeat's loopback run; the bytes a step
-and the validation loss after 72 steps."""
-import statistics
+"""table.md from runs.txt, by the summarize.py of 2026-11-28_xeon-2c_diloco-overlap-int4 with this
+record's configurations: python summarize.py > table.md"""
+import runpy
 import sys
 from pathlib import Path
 
-here = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent)
-runs: dict = {}
-for line in (here / "runs.txt").read_text().splitlines():
-    f = line.split()
-    if "step_ms" in f:
-        runs.setdefault((f[0], f[1]), {})[f[2]] = (float(f[f.index("step_ms") + 1]),
-                                                   float(f[f.index("wire_bytes_per_step") + 1]),
-                                                   float(f[f.index("val_loss") + 1]))
-loop = runs["loopback", "wait"]
-print("| where | sync | step ms, median (range) of 3 | / loopback's | / loopback's, repeat by repeat | "
-      "bytes a step | val loss after 72 steps (range) |")
-print("|---|---|---|---:|---|---:|---|")
-for key in (("loopback", "wait"), ("hosts", "wait"), ("hosts", "landing"),
-            ("hosts", "halfway")):
-    got = runs[key]
-    ms = [v[0] for v in got.values()]
-    ratios = [got[k][0] / loop[k][0] for k in got]
-    loss = [v[2] for v in got.values()]
-    med = statistics.median(ms)
-    print(f"| {key[0]} | {key[1]} | {med:.1f} ({min(ms):.1f}-{max(ms):.1f}) | "
-          f"{med / statistics.median(v[0] for v in loop.values()):.2f} | "
-          f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) | "
-          f"{statistics.median(v[1] for v in got.values()):,.0f} | {statistics.median(loss):.4f} "
-          f"({min(loss):.4f}-{max(loss):.4f}) |")
+here = Path(__file__).parent
+sys.argv = [sys.argv[0], str(here), "wait", "wait", "landing", "halfway"]
+runpy.run_path(str(here.parent / "2026-11-28_xeon-2c_diloco-overlap-int4" / "summarize.py"), run_name="__main__")

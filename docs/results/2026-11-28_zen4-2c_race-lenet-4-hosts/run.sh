@@ -1,33 +1,6 @@
 #!/bin/bash
-# LeNet raced to 0.88 test accuracy where the network dominates DDP's step: 4 emulated hosts at RATE (the
-# rate where DDP's step is at least 3x its loopback step: probe.sh, probe.txt), seeds 1, 2, 3 interleaved,
-# each run stopped at its target. Before it: the same strategies and seeds on loopback (steps to target and
-# compute, for the predictions), loopback's own all-reduce fitted (--loopback-fit: the compute priced net
-# of it) and the link fitted as training uses it (gapped.py: one all-reduce after an idle gap, 3 sizes).
-# The defaults of each strategy (LeNet lenet_fast, global batch 512, SGD lr 0.2, cosine over 5 epochs;
-# PowerSGD rank 2 after 100 plain steps; local SGD and DiLoCo every 8), post-local SGD after 48 steps.
+# LeNet raced to 0.88 test accuracy where the network dominates DDP's step: 4 emulated hosts at the rate of
+# rate.txt (probe.sh), by the 2-host race's script with N=4.
 # Usage (from the repository root, as root): [VENV=path/to/venv] bash docs/results/2026-11-28_zen4-2c_race-lenet-4-hosts/run.sh
-set -euo pipefail
 R=docs/results/2026-11-28_zen4-2c_race-lenet-4-hosts
-GAPPED=docs/results/2026-11-28_xeon-2c_idle-all-reduce/gapped.py
-FIT=docs/results/2026-11-28_xeon-2c_race-gpt-network-bound/fit_link.py
-RATE=${RATE:-$(cat $R/rate.txt)}
-py=${VENV:-.venv}/bin/python
-B="$py -m ddp_lab.bench.time_to_accuracy --target-acc 0.88 --epochs 5 --eval-every 24 --seeds 1,2,3 --stop-at-target"
-S="ddp,powersgd,local_sgd,local_sgd:sync.local_sgd_start_step=48,diloco"
-SIZES=16384,131072,516272   # about PowerSGD's compressed step, ..., DDP's step and a sync of the weights (516,272)
-[ -f $R/loopback-4/race.csv ] || $B --strategies "$S" --ranks 4 --out $R/loopback-4
-if [ ! -f $R/fit-loopback-4.csv ]; then
-  "$py" -m torch.distributed.run --standalone --nproc_per_node=4 "$GAPPED" $SIZES 0.05 10 2>&1 | grep 'bytes' \
-    | tee $R/link-loopback-4.txt
-  "$py" $FIT $R/link-loopback-4.txt 4 $R/fit-loopback-4.csv
-fi
-if [ ! -f $R/fit-4h-$RATE.csv ]; then
-  "$py" -m ddp_lab.cluster up --name fit --hosts 4 --rate $RATE > /dev/null
-  "$py" -m ddp_lab.cluster run --name fit -- "$GAPPED" $SIZES 0.3 10 2>&1 | grep 'bytes' | tee $R/link-4h-$RATE.txt
-  "$py" -m ddp_lab.cluster down --name fit > /dev/null
-  "$py" $FIT $R/link-4h-$RATE.txt 4 $R/fit-4h-$RATE.csv
-fi
-[ -f $R/4h-$RATE/race.csv ] || $B --strategies "$S" --hosts 4 --rate $RATE --fit $R/fit-4h-$RATE.csv \
-  --loopback-fit $R/fit-loopback-4.csv --steps-from $R/loopback-4/race.csv --out $R/4h-$RATE
-find $R -name model.pt -delete   # the weights are not the record
+R=$R N=4 RATE=${RATE:-$(cat $R/rate.txt)} exec bash docs/results/2026-11-28_xeon-2c_race-lenet-network-bound/run.sh
