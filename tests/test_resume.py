@@ -29,7 +29,7 @@ def _fit(compose_train, data, run_dir, extra=()):
 
 def test_resume_mid_epoch_matches_the_uninterrupted_run(compose_train, tiny_fmnist, tmp_path):
     full = _fit(compose_train, tiny_fmnist, tmp_path / "full",
-                ["trainer.ckpt_every=3", "trainer.keep_ckpts=10"])
+                ["trainer.ckpt_every_steps=3", "trainer.keep_ckpts=10"])
     ckpts = tmp_path / "full" / "checkpoints"
     # every 3 steps, plus both epoch ends (8, 16); 15 is 3*5 inside epoch 2
     assert sorted(int(p.name[5:]) for p in ckpts.iterdir()) == [3, 6, 8, 9, 12, 15, 16]
@@ -58,7 +58,7 @@ def test_a_resumed_epoch_counts_its_time_before_the_restart(compose_train, tiny_
         run_batch(self, micro)
 
     monkeypatch.setattr(Trainer, "_run_batch", slow_step_9)
-    _fit(compose_train, tiny_fmnist, tmp_path / "full", ["trainer.ckpt_every=3", "trainer.keep_ckpts=10"])
+    _fit(compose_train, tiny_fmnist, tmp_path / "full", ["trainer.ckpt_every_steps=3", "trainer.keep_ckpts=10"])
     monkeypatch.undo()
     ckpts = tmp_path / "full" / "checkpoints"
     state = {n: torch.load(ckpts / f"step-{n}" / "state.pt", weights_only=True) for n in (8, 9)}
@@ -85,7 +85,7 @@ def test_stop_at_max_steps_then_resume_auto(compose_train, tiny_fmnist, tmp_path
 
 
 # ---------------------------------------------------------------- under torchrun
-CKPT = ["trainer.amp=off", "trainer.ckpt_every=3", "trainer.keep_ckpts=10", "dist.timeout_s=60"]
+CKPT = ["trainer.amp=off", "trainer.ckpt_every_steps=3", "trainer.keep_ckpts=10", "dist.timeout_s=60"]
 KILL = {"DDP_LAB_FAULT": "rank=1,step=11,kind=kill"}  # SIGKILL rank 1 after step 11
 
 

@@ -148,7 +148,7 @@ def test_sbatch_trains_on_two_nodes_in_one_run_dir(slurm, tmp_path, cancel_on_fa
 
 def test_requeue_resumes_from_the_newest_checkpoint(slurm, tmp_path, cancel_on_failure):
     job_id = slurm.submit(tmp_path, [*QUICK, "data.num_train=60000", "trainer.max_steps=40",
-                                     "trainer.ckpt_every=10"])
+                                     "trainer.ckpt_every_steps=10"])
     cancel_on_failure.append(job_id)
     log = tmp_path / f"slurm-{job_id}.out"
     first_ckpt = tmp_path / "outputs" / job_id / "checkpoints" / "step-10"
@@ -171,7 +171,7 @@ def test_requeue_resumes_from_the_newest_checkpoint(slurm, tmp_path, cancel_on_f
     assert len(resumed) == 1 and resumed[0][0] == str(run_dir), text[-3000:]
     step = int(resumed[0][1])
     assert resumed[0][1] == resumed[0][2] and 10 <= step < 40
-    # the newest checkpoint at the requeue: a periodic one (ckpt_every), or the ranks' own save
+    # the newest checkpoint at the requeue: a periodic one (ckpt_every_steps), or the ranks' own save
     # on SLURM's SIGTERM, made only where the rank read SLURM's and its agent's as one
     assert step % 10 == 0 or f"saved checkpoint step-{step}" in text, text[-3000:]
     assert read_summary(run_dir)["steps"] == 40  # trainer.max_steps, counted across both attempts

@@ -1,8 +1,8 @@
-"""The trainer's one contact with checkpoints: save when due, resume at start.
+"""The trainer's one contact with checkpoints: save, resume at start.
 
-When a checkpoint is due: every `trainer.ckpt_every` optimizer steps, where
-`trainer.max_steps` stops mid-epoch (so the epoch can be finished later),
-and at every epoch's end (the trainer asks for that one itself).
+When a checkpoint is due is the run's schedule's answer (training/schedule.py):
+every `trainer.ckpt_every_steps` optimizer steps, where the run ends mid-epoch
+(so the epoch can be finished later), and at every epoch's end.
 `trainer.keep_ckpts=0` writes none.
 """
 from __future__ import annotations
@@ -39,19 +39,12 @@ class Resumed(NamedTuple):
 class Checkpointer:
     def __init__(self, cfg, env: DistEnv, run_dir: Path):
         t = cfg.trainer
-        self.every, self.keep, self.resume_setting = t.ckpt_every, t.keep_ckpts, t.resume
+        self.keep, self.resume_setting = t.keep_ckpts, t.resume
         self.env, self.run_dir = env, Path(run_dir)
         self.root = self.run_dir / DIRNAME
         self.subset = config_subset(cfg)  # what must match to resume (see compat)
         self.seed = cfg.seed
         self.choice = None  # what resume() chose
-
-    def due(self, step: int, done: bool, epoch_exhausted: bool) -> bool:
-        """After optimizer step `step`: every ckpt_every steps, and where max_steps stops
-        mid-epoch; never at an epoch's last step (the epoch-end save follows it)."""
-        if epoch_exhausted:
-            return False
-        return done or (self.every > 0 and step % self.every == 0)
 
     def save(self, step: int, shared: dict | None, own: dict) -> Path | None:
         """Every rank calls this at the same step; `shared` is rank 0's (None elsewhere)."""

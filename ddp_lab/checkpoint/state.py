@@ -37,7 +37,7 @@ def shared_state(parts, model: dict) -> dict:
     return {"model": model, "optimizer": {} if sync.caps.shards else parts.optimizer.state_dict(),
             "scheduler": parts.scheduler.state_dict(), "scaler": parts.scaler.state_dict(),
             **parts.progress.state_dict(),  # step, epoch, batches_done, total_steps, last, world_sizes
-            "sampler_seed": parts.cfg.seed, "world_size": parts.env.world_size,
+            "sampler_seed": parts.info.seed, "world_size": parts.env.world_size,
             **parts.meter.state_dict(),  # epoch_seconds, epoch_elapsed_s
             "sync": sync.state_dict(), "target": parts.target.state_dict(sync.counts())}
 
@@ -118,7 +118,7 @@ def restore(parts, shared: dict, own: dict) -> None:
                     "outer momentum at zero" if parts.sync.caps.diverges and parts.sync.caps.sharding == 3 else "")
     if "target" in shared:
         parts.target.load_state_dict(shared["target"])
-    if shared["total_steps"] != parts.plan.total_steps and parts.cfg.optim.schedule == "cosine":
+    if shared["total_steps"] != parts.plan.total_steps and parts.info.lr_schedule == "cosine":
         log.warning("the cosine schedule was planned over %d steps, now over %d "
                     "(trainer.max_steps changed): the learning rate curve changes from here",
                     shared["total_steps"], parts.plan.total_steps)

@@ -125,7 +125,7 @@ class TrainerConfig:
     log_every: int = key(50, "write the step's loss, lr and straggler times to TensorBoard every N steps",
                          at_least=1)
     warmup_steps: int = key(5, "steps left out of the throughput figures", at_least=0)
-    eval_every: int = key(1, "evaluate every N epochs (the last always); 0: only at the end", at_least=0)
+    eval_every_epochs: int = key(1, "evaluate every N epochs (the last always); 0: only at the end", at_least=0)
     eval_every_steps: int = key(0, "also evaluate every N optimizer steps (0: at epoch ends only)", at_least=0)
     target_acc: float = key(0.0, "the first evaluation whose held-out accuracy reaches this ends the run "
                                  "(classification; 0: no target)", ok=lambda v: 0 <= v <= 1, rule="in [0, 1]")
@@ -150,7 +150,7 @@ class TrainerConfig:
     memory_check: bool = key(True, "refuse a CPU run whose estimated model state and activations per rank are "
                                    "more than the memory available to each rank (false: only warn)")
     progress: bool = key(True, "progress bar on rank 0 when attached to a terminal")
-    ckpt_every: int = key(0, "also checkpoint every N optimizer steps (0: only at epoch ends)", at_least=0)
+    ckpt_every_steps: int = key(0, "also checkpoint every N optimizer steps (0: only at epoch ends)", at_least=0)
     keep_ckpts: int = key(2, "keep the newest N checkpoints in <run dir>/checkpoints (0: write none)",
                           at_least=0)
     resume: str = key("none", "none | auto (this run dir's newest checkpoint) | a step-N directory "

@@ -24,12 +24,13 @@ data loading, evaluation, checkpoint, ...): `rank=1,step=1,kind=stop,phase=compi
 
 (slow, mismatch and nan act from step `step` itself; the others right after it.)
 
-This module only parses the fault and fires it. The builder asks once
-(training/callbacks.py `fault_injection`, which reads `Fault.from_env()`): with
-DDP_LAB_FAULT set, the chosen rank gets a FaultInjection step callback, listed
-after the checkpoint, whose hooks call `loss`, `skips_sync`, `slow_down` and
-`after_step` here (and `entering`, through position.on_phase); without it, there
-is no callback and the training step never asks about faults.
+This module parses the fault and fires it. The builder asks once (`Fault.on_rank`):
+on the chosen rank, a fault that changes the step itself is built into it, nan into
+the training loss (`nan_loss`) and mismatch into the sync (`skipping_sync`), and a
+FaultInjection step callback (training/callbacks.py), listed after the checkpoint,
+observes the steps: `slow_down` at a step's start, `after_step` at its end (and
+`entering`, through position.on_phase). Without DDP_LAB_FAULT nothing is wrapped,
+there is no callback, and the training step never asks about faults.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -76,6 +78,12 @@ class Fault:
             raise ConfigError(f"DDP_LAB_FAULT={spec!r}: kind must be one of {', '.join(KINDS)} "
                               "(F: a number above 1)")
         return fault
+
+    @staticmethod
+    def on_rank(rank: int) -> Fault | None:
+        """The fault DDP_LAB_FAULT asks for on this rank, or None (no fault, or another rank's)."""
+        fault = Fault.from_env()
+        return fault if fault is not None and fault.rank == rank else None
 
     def _here(self, rank: int, step: int) -> bool:
         return rank == self.rank and step >= self.step
@@ -138,6 +146,39 @@ class Fault:
         if self.kind == "nan" and self._here(rank, step):
             return loss * float("nan")
         return loss
+
+    def nan_loss(self, loss_fn: Callable, progress) -> Callable:
+        """kind=nan: `loss_fn` of (outputs, targets) made NaN from the fault's step on (`progress.step`: the
+        steps taken); any other kind: `loss_fn` itself."""
+        if self.kind != "nan":
+            return loss_fn
+
+        def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return self.loss(loss_fn(out, y), self.rank, progress.step + 1)
+        return loss
+
+    def skipping_sync(self, sync, progress):
+        """kind=mismatch: the sync with the fault's step's gradient sync left out (SkippedSync); any other
+        kind: `sync` itself."""
+        return SkippedSync(sync, self, progress) if self.kind == "mismatch" else sync
+
+
+class SkippedSync:
+    """A sync (ddp_lab.sync) whose gradient sync of one step, the fault's, this rank leaves out: its
+    micro-batches' backward as no_sync(), no after_backward(). Everything else is the sync's own."""
+
+    def __init__(self, sync, fault: Fault, progress):
+        self._sync, self._fault, self._progress = sync, fault, progress
+
+    def __getattr__(self, name: str):
+        return getattr(self._sync, name)
+
+    def during_backward(self, last: bool):
+        return self._sync.during_backward(last=last and not self._fault.skipping(self._progress.step + 1))
+
+    def after_backward(self) -> None:
+        if not self._fault.skips_sync(self._fault.rank, self._progress.step + 1):  # (says so)
+            self._sync.after_backward()
 
 
 def _factor(kind: str) -> float | None:

@@ -33,8 +33,9 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 def _flat_hparams(cfg, world_size: int, backend: str) -> dict:
-    """The knobs that tell runs of a sweep apart, as TensorBoard HParams wants them."""
-    c = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    """The knobs that tell runs of a sweep apart, as TensorBoard HParams wants them (`cfg`: a config, or one
+    as plain values)."""
+    c = cfg if isinstance(cfg, dict) else OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     out = {"world_size": world_size, "backend": backend, "seed": c["seed"]}
     for group in ("model", "data", "optim", "sync", "trainer"):
         for k, v in c.get(group, {}).items():

@@ -4,7 +4,7 @@
 `trainer.target_loss` (held-out loss, any task) stop the run at the first
 evaluation that reaches them (or, with `trainer.stop_at_target=false`, only
 note it: a race to a target that also compares the final figures); `trainer.eval_every_steps=N` evaluates every N
-optimizer steps besides the epoch ends. MLPerf Training's measure of a
+optimizer steps besides the epoch ends (training/schedule.py says when). MLPerf Training's measure of a
 method is the wall time to such a target: steps to the target (what the
 method does to learning) times the time a step takes (what it does to the
 network).
@@ -30,8 +30,8 @@ from ddp_lab.config import ConfigError
 
 class TimeToTarget:
     def __init__(self, t, task_name: str):
-        """t: the trainer group (target_acc, target_loss, eval_every_steps, stop_at_target)."""
-        self.acc, self.loss, self.every = t.target_acc, t.target_loss, t.eval_every_steps
+        """t: the trainer group (target_acc, target_loss, stop_at_target)."""
+        self.acc, self.loss = t.target_acc, t.target_loss
         self.stops = t.stop_at_target
         if self.acc > 0 and task_name != "classification":
             raise ConfigError(f"trainer.target_acc={self.acc} needs a classification task, and this data is "
@@ -59,10 +59,6 @@ class TimeToTarget:
 
     def elapsed_s(self) -> float:
         return self.carried_s + (time.perf_counter() - self._t0 if self._t0 is not None else 0.0)
-
-    def due(self, step: int) -> bool:
-        """Whether optimizer step `step` ends with an evaluation (besides the epoch ends)."""
-        return self.every > 0 and step % self.every == 0
 
     def evaluated(self, metrics: dict, split: str, seconds: float, step: int, judged: bool = True,
                   sent: dict | None = None) -> bool:

@@ -9,7 +9,8 @@ rules that tie two groups together, each with its one-line error. A rule that ne
 
     precision  trainer.amp                     -> the autocast dtype, on this device
     work       data (+ model, trainer.loss)    -> datasets, the task, each rank's loaders (training/workload.py)
-    plan       trainer (+ the loaders)         -> steps per epoch, total steps
+    plan       trainer (+ the loaders)         -> steps per epoch, total steps, the schedule (when to
+                                                  log, evaluate, save: training/schedule.py)
     model      model (+ seed)                  -> the same initial weights on every rank (models/build.py;
                                                   on the meta device where the sync shards them: meta_init.py)
     memory     model x optim x sync x batch    -> refused before any step if it cannot fit (memory_estimate.py)
@@ -18,8 +19,11 @@ rules that tie two groups together, each with its one-line error. A rule that ne
     sync       sync (+ the model)              -> how the replicas agree (sync/)
     optimizer  optim (+ the sync's parameters) -> the optimizer, its schedule, the grad scaler
     guards, telemetry, checkpointer, and the step callbacks (training/callbacks.py)
+    faults     DDP_LAB_FAULT on this rank      -> a NaN loss or a skipped gradient sync, built into the
+                                                  loss and the sync (guards/faults.py); the rest observes
 
-Nothing here runs a step: the Trainer (training/trainer.py) resumes and runs what this returns.
+Nothing here runs a step: the Trainer (training/trainer.py) resumes and runs what this returns, and never
+sees the config: what it reads is in the parts, as plain values (Plan, RunInfo).
 """
 from __future__ import annotations
 
@@ -27,16 +31,19 @@ import logging
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import torch
+from omegaconf import OmegaConf
 
 from ddp_lab import sync as sync_strategies
 from ddp_lab.checkpoint import Checkpointer
 from ddp_lab.config import ConfigError, schema
 from ddp_lab.distributed import DistEnv
 from ddp_lab.guards.divergence import LossWatch
+from ddp_lab.guards.faults import Fault
 from ddp_lab.guards.preemption import Preemption
-from ddp_lab.models import build_model, check_sync_bn
+from ddp_lab.models import build_model, check_sync_bn, model_name
 from ddp_lab.models.meta_init import MetaInit, advice, build_on_meta, refuse_unbuildable
 from ddp_lab.sync import ReplicaSync, build_sync
 from ddp_lab.sync.sharded.common import return_freed_blocks
@@ -52,6 +59,7 @@ from ddp_lab.training import callbacks as cb
 from ddp_lab.training.fast_path import amp_reason, autocast, resolve_amp, resolve_compile
 from ddp_lab.training.memory_estimate import Estimate, check_fits_memory
 from ddp_lab.training.optim import build_optimizer, build_schedule, no_decay_names, refuse_whole_tensor_optimizers
+from ddp_lab.training.schedule import Schedule
 from ddp_lab.training.workload import Workload, build_workload
 
 log = logging.getLogger("ddp_lab")
@@ -90,19 +98,45 @@ def validate(cfg) -> None:
 # ------------------------------------------------------------ the parts
 @dataclass
 class Plan:
-    """How many optimizer steps: per epoch (whole steps of trainer.grad_accum micro-batches), in all."""
+    """What the loop runs: how many optimizer steps (per epoch: whole steps of trainer.grad_accum
+    micro-batches; in all), what a step does besides the gradient, and when the run logs, evaluates
+    and saves (the schedule)."""
     steps_per_epoch: int
     total_steps: int
     cut: bool  # trainer.max_steps ends the run before its epochs do
     grad_accum: int
     step_samples: int  # a rank's samples in a whole step
+    schedule: Schedule  # trainer.epochs and the cadences (training/schedule.py)
+    clip_grad_norm: float = 0.0  # optim.clip_grad_norm (0: none)
+    progress_bar: bool = False  # trainer.progress: on rank 0, when attached to a terminal
+
+    @property
+    def epochs(self) -> int:
+        return self.schedule.epochs
 
     @staticmethod
-    def of(t, train_loader) -> Plan:
+    def of(t, optim, train_loader) -> Plan:
         per_epoch = len(train_loader) // t.grad_accum
         total = per_epoch * t.epochs
         steps = min(total, t.max_steps) if t.max_steps > 0 else total
-        return Plan(per_epoch, steps, steps < total, t.grad_accum, t.grad_accum * train_loader.batch_size)
+        return Plan(per_epoch, steps, steps < total, t.grad_accum, t.grad_accum * train_loader.batch_size,
+                    Schedule.of(t, len(train_loader)), optim.clip_grad_norm, t.progress)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What summary.json and a checkpoint record of the config, as plain values."""
+    model: str  # the model's label (models.model_name)
+    data: str  # the dataset's callable's name
+    global_batch: int  # data.batch_size
+    seed: int
+    straggler_threshold: float  # trainer.straggler_threshold
+    lr_schedule: str  # optim.schedule
+
+    @staticmethod
+    def of(cfg) -> RunInfo:
+        return RunInfo(model_name(cfg.model), str(cfg.data["_target_"]).rsplit(".", 1)[-1], cfg.data.batch_size,
+                       cfg.seed, cfg.trainer.straggler_threshold, str(cfg.optim.schedule))
 
 
 @dataclass
@@ -134,7 +168,8 @@ class Progress:
 @dataclass
 class Parts:
     """What a Trainer runs, each built from its own config group (see the module docstring)."""
-    cfg: object
+    info: RunInfo
+    config_record: dict  # the whole config as plain values, for TensorBoard's text and HParams
     env: DistEnv
     run_dir: Path
     amp: str
@@ -142,6 +177,7 @@ class Parts:
     work: Workload
     plan: Plan
     progress: Progress
+    loss: Callable  # the training loss of (outputs, targets): the task's (a fault's NaN, on its rank)
     model: torch.nn.Module
     compiled: bool
     meter: Meter
@@ -189,7 +225,8 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
     position.phase("loading data")  # every stretch of a rank's life is named (telemetry/position.py)
     work = build_workload(cfg.data, env, cfg.seed, model=cfg.model, loss=t.get("loss"), grad_accum=t.grad_accum,
                           channels_last=t.channels_last)
-    plan = Plan.of(t, work.train_loader)
+    plan = Plan.of(t, cfg.optim, work.train_loader)
+    progress = Progress(plan.total_steps, env.world_size)
     caps = sync_strategies.capabilities(cfg.sync, env.device)  # (the strategy's, before it is built)
     # stage 3 and fsdp gather bf16 weights under trainer.amp=bf16 (sync.param_dtype=amp)
     gathered = torch.bfloat16 if amp == "bf16" and cfg.sync.param_dtype == "amp" and env.distributed \
@@ -231,12 +268,15 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
                             env.device.type == "cuda")
     timer = StepTimer(model, env) if t.measure == "full" else None  # stragglers: a hook per parameter
     measure = StepMeasure(t.measure, meter, sync, profiler, timer, (model, optimizer))
-    fault = cb.fault_injection(env.rank)  # DDP_LAB_FAULT, on its rank only
-    callbacks = cb.Callbacks([cb.PositionMarks(), cb.Measure(measure), cb.LossCheck(), cb.LogEvery(t.log_every),
-                              cb.EvaluateWhenDue(), cb.CheckpointWhenDue(), *([fault] if fault else []),
-                              cb.StopWhenAsked(preemption)])
-    return Parts(cfg, env, run_dir, amp, partial(autocast, amp, env.device), work, plan,
-                 Progress(plan.total_steps, env.world_size), model, compiled, meter, sync, optimizer, scheduler,
+    loss, fault = work.task.loss, Fault.on_rank(env.rank)  # DDP_LAB_FAULT, on its rank only
+    if fault is not None:  # what changes the step is built into it here; the fault's callback only observes
+        loss, sync = fault.nan_loss(loss, progress), fault.skipping_sync(sync, progress)
+    callbacks = cb.Callbacks([cb.PositionMarks(), cb.Measure(measure), cb.LossCheck(), cb.LogWhenDue(),
+                              cb.EvaluateWhenDue(), cb.CheckpointWhenDue(),
+                              *([cb.FaultInjection(fault)] if fault else []), cb.StopWhenAsked(preemption)])
+    record = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    return Parts(RunInfo.of(cfg), record, env, run_dir, amp, partial(autocast, amp, env.device), work, plan,
+                 progress, loss, model, compiled, meter, sync, optimizer, scheduler,
                  # (zero, fsdp: an overflow in any rank's shard skips the step on every rank)
                  (ShardedGradScaler if sync.caps.shards else torch.amp.GradScaler)("cuda", enabled=amp == "fp16"),
                  loss_watch,

@@ -3,23 +3,23 @@
 The Trainer's loop calls, for every optimizer step, in this order:
 
     step_start(tr, micro)        before the first forward (micro: the step's micro-batches)
-    loss(tr, loss) -> loss       each micro-batch's loss, before its backward (a fault makes it NaN)
-    sync_wanted(tr) -> bool      whether this step syncs its gradients (a fault skips one: a desync)
     batch_done(tr, loss, out, y) after each micro-batch's forward and backward
     synced(tr)                   the gradients synced, before clipping and the optimizer step
     step_end(tr)                 after the optimizer step, tr.step counted: logging, evaluation,
                                  checkpoint, then faults and preemption, in the list's order
 
-A callback defines the hooks it needs (the others are the base's no-ops); the list calls each
-callback that defines a hook, in the order the builder listed them (training/builder.py). Nothing
-swaps a method at run time: a fault is one more callback.
+A callback observes: it defines the hooks it needs (the others are the base's no-ops), and no hook
+returns anything the step uses. The list calls each callback that defines a hook, in the order the
+builder listed them (training/builder.py). When to log, evaluate and save is the schedule's answer
+(training/schedule.py). A fault that changes the step (a NaN loss, a skipped gradient sync) is built
+into the loss and the sync by the builder; its callback only slows the step down or fires after it.
 """
 from __future__ import annotations
 
 from ddp_lab.guards.faults import Fault
 from ddp_lab.telemetry import position
 
-HOOKS = ("step_start", "loss", "sync_wanted", "batch_done", "synced", "step_end")
+HOOKS = ("step_start", "batch_done", "synced", "step_end")
 
 
 class StepCallback:
@@ -27,12 +27,6 @@ class StepCallback:
 
     def step_start(self, tr, micro: list) -> None:
         pass
-
-    def loss(self, tr, loss):
-        return loss
-
-    def sync_wanted(self, tr) -> bool:
-        return True
 
     def batch_done(self, tr, loss, out, y) -> None:
         pass
@@ -58,14 +52,6 @@ class Callbacks:
     def step_start(self, tr, micro: list) -> None:
         for c in self._at["step_start"]:
             c.step_start(tr, micro)
-
-    def loss(self, tr, loss):
-        for c in self._at["loss"]:
-            loss = c.loss(tr, loss)
-        return loss
-
-    def sync_wanted(self, tr) -> bool:
-        return all(c.sync_wanted(tr) for c in self._at["sync_wanted"])
 
     def batch_done(self, tr, loss, out, y) -> None:
         for c in self._at["batch_done"]:
@@ -122,31 +108,29 @@ class LossCheck(StepCallback):
         tr.loss_watch.observe(tr.last_loss, tr.step + 1)
 
 
-class LogEvery(StepCallback):
+class LogWhenDue(StepCallback):
     """The step's loss, learning rate and straggler window every trainer.log_every steps."""
 
-    def __init__(self, every: int):
-        self.every = every
-
     def step_end(self, tr) -> None:
-        if tr.step % self.every == 0:
+        if tr.schedule.log_after_step(tr.step):
             tr.log.scalars({"loss/train_step": tr.last_loss.item(), "lr": tr.scheduler.get_last_lr()[0],
                             **tr.measure.log_step()}, tr.step)
 
 
 class EvaluateWhenDue(StepCallback):
-    """trainer.eval_every_steps (and a run to a target): evaluate between steps."""
+    """trainer.eval_every_steps (and a run to a target, judged there): evaluate between steps."""
 
     def step_end(self, tr) -> None:
-        if tr.target.due(tr.step):
+        if tr.schedule.evaluate_after_step(tr.step):
             tr.log.scalars(tr.evaluate_now(), tr.step)
 
 
 class CheckpointWhenDue(StepCallback):
-    """trainer.ckpt_every_steps, the run's end and an epoch's end: save (checkpoint/checkpointer.py)."""
+    """trainer.ckpt_every_steps and where the run ends mid-epoch: save (checkpoint/checkpointer.py;
+    the epoch-end save is the Trainer's)."""
 
     def step_end(self, tr) -> None:
-        if tr.checkpointer.due(tr.step, tr.done, tr.epoch_exhausted()):
+        if tr.schedule.checkpoint_after_step(tr.step, tr.batches_done, tr.done):
             tr.save_checkpoint()
 
 
@@ -162,29 +146,18 @@ class StopWhenAsked(StepCallback):
 
 
 class FaultInjection(StepCallback):
-    """DDP_LAB_FAULT as a step callback on the chosen rank (guards/faults.py): the loss it
-    makes NaN, the sync it skips, the sleep it adds, the failure it fires after a step or on entering a
-    phase (position.on_phase). The builder lists it after the checkpoint, before preemption."""
+    """DDP_LAB_FAULT on its rank (guards/faults.py), as the steps see it: the sleep it adds, the failure
+    it fires after a step or on entering a phase (position.on_phase). (Its NaN loss and skipped
+    gradient sync are built into the loss and the sync: training/builder.py.) Listed after the
+    checkpoint, before preemption."""
 
-    def __init__(self, fault: Fault, rank: int):
-        self.fault, self.rank = fault, rank
+    def __init__(self, fault: Fault):
+        self.fault, self.rank = fault, fault.rank
         if fault.phase is not None:
-            position.on_phase(lambda name: fault.entering(rank, name, position.HERE.step))
+            position.on_phase(lambda name: fault.entering(fault.rank, name, position.HERE.step))
 
     def step_start(self, tr, micro: list) -> None:  # after the measure's: the sleep counts as compute
         self.fault.slow_down(self.rank, tr.step + 1, tr.measure.last_compute)
 
-    def loss(self, tr, loss):
-        return self.fault.loss(loss, self.rank, tr.step + 1)
-
-    def sync_wanted(self, tr) -> bool:
-        return not self.fault.skips_sync(self.rank, tr.step + 1)
-
     def step_end(self, tr) -> None:  # after the step's logging, evaluation and checkpoint
         self.fault.after_step(self.rank, tr.step)
-
-
-def fault_injection(rank: int) -> FaultInjection | None:
-    """The callback DDP_LAB_FAULT asks for on this rank, or None (no fault, or another rank's)."""
-    fault = Fault.from_env()
-    return FaultInjection(fault, rank) if fault is not None and rank == fault.rank else None

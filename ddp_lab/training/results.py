@@ -16,7 +16,6 @@ import torch
 
 from ddp_lab.checkpoint.files import write_error
 from ddp_lab.config import RunFailed
-from ddp_lab.models import model_name
 from ddp_lab.telemetry.memory import by_rank, model_state_bytes
 from ddp_lab.telemetry.metrics import peak_memory_mb, write_json_atomic
 from ddp_lab.training.model_file import ModelFile
@@ -34,7 +33,7 @@ def run_summary(parts) -> dict:
     of a resumed launch; the speed figures are this launch's own, null where it ran no
     step (one resumed at its last step).
     """
-    cfg, env, progress, task = parts.cfg, parts.env, parts.progress, parts.work.task
+    info, env, progress, task = parts.info, parts.env, parts.progress, parts.work.task
     last, tp, sync = progress.last, parts.meter.throughput, parts.sync
     rate = tp.per_sec
     comm_ms, comm_frac = sync.comm_figures(tp.steps, tp.seconds)
@@ -56,9 +55,9 @@ def run_summary(parts) -> dict:
         "world_sizes": progress.world_sizes,
         "backend": env.backend if env.distributed else "none",
         "comm_threads": env.comm_threads, "device": env.device.type,
-        "model": model_name(cfg.model), "data": str(cfg.data["_target_"]).rsplit(".", 1)[-1],
+        "model": info.model, "data": info.data,
         "sync": sync.describe(),
-        "global_batch": cfg.data.batch_size, "amp": parts.amp, "seed": cfg.seed,
+        "global_batch": info.global_batch, "amp": parts.amp, "seed": info.seed,
         "threads": torch.get_num_threads(), "compile": parts.compiled,
         "measured_steps": tp.steps, "comm_timing": sync.comm_timing,
         "comm_ms_per_step": comm_ms, "comm_frac": comm_frac,
@@ -75,7 +74,7 @@ def run_summary(parts) -> dict:
         # counted at the second step's sync (telemetry/step_measure.py), or now if it took fewer
         "model_state_bytes": [int(b) for b in by_rank(
             (parts.measure.model_state or model_state_bytes(parts.model, parts.optimizer))["total"], env)],
-        "straggler": parts.measure.straggler(cfg.trainer.straggler_threshold),
+        "straggler": parts.measure.straggler(info.straggler_threshold),
         "mfu": parts.meter.mfu(rate), "peak_flops": parts.meter.peak_flops,
         "flops_per_sample": parts.meter.flops_per_image,
         **({"tokens_per_sec": rate * parts.work.targets_per_sample}

@@ -1,9 +1,11 @@
 """The training loop: one Trainer per rank, running the parts the builder made (training/builder.py).
 
 Read top to bottom: fit() runs epochs, _run_epoch() optimizer steps, _run_batch() one of them (the step
-alone: forward, backward, sync, optimizer); what happens around a step (measuring, position marks, the
-loss check, logging, evaluation, checkpoints, faults, preemption) hangs on the step callbacks
-(training/callbacks.py). evaluate() scores the held-out set across all ranks, finish() writes the results.
+alone: forward, loss, backward, sync, optimizer); what happens around a step (measuring, position marks,
+the loss check, logging, evaluation, checkpoints, faults, preemption) hangs on the step callbacks
+(training/callbacks.py), which observe it, and when to evaluate and save is the schedule's answer
+(training/schedule.py). evaluate() scores the held-out set across all ranks, finish() writes the results.
+The Trainer never sees the config: what it reads is in the parts, as plain values (the plan).
 """
 from __future__ import annotations
 
@@ -32,9 +34,10 @@ log = logging.getLogger("ddp_lab")
 class Trainer:
     def __init__(self, parts: Parts):
         p = self.parts = parts
-        self.cfg, self.env, self.run_dir = p.cfg, p.env, p.run_dir
+        self.env, self.run_dir = p.env, p.run_dir
         self.amp, self.autocast, self.compiled = p.amp, p.autocast, p.compiled
-        self.work, self.task, self.plan, self.progress = p.work, p.work.task, p.plan, p.progress
+        self.work, self.task, self.loss = p.work, p.work.task, p.loss
+        self.plan, self.schedule, self.progress = p.plan, p.plan.schedule, p.progress
         self.train_loader, self.test_loader = p.work.train_loader, p.work.test_loader
         self.model, self.sync, self.forward = p.model, p.sync, p.sync.module
         self.optimizer, self.scheduler, self.scaler = p.optimizer, p.scheduler, p.scaler
@@ -76,10 +79,10 @@ class Trainer:
             self.log.print(f"{self.run_dir} holds a complete run (step {self.step} of "
                            f"{self.total_steps}): nothing left to do, nothing written")
             return json.loads((self.run_dir / "summary.json").read_text())
-        self.log.config(self.cfg)
+        self.log.config(self.parts.config_record)
         self.log.scalars({"dist/world_size": self.env.world_size}, self.step)
         # (batches_done > 0 when done: resumed from the save that max_steps made mid-epoch)
-        while self.epoch < self.cfg.trainer.epochs and (not self.done or self.batches_done > 0):
+        while self.epoch < self.plan.epochs and (not self.done or self.batches_done > 0):
             self._end_epoch(self._run_epoch(self.epoch))
         return self.finish()
 
@@ -91,8 +94,8 @@ class Trainer:
         """One pass over this rank's shard (from batch batches_done when resumed mid-epoch)."""
         self.model.train()
         self.meter.start_epoch()
-        show = self.env.is_main and self.cfg.trainer.progress and sys.stderr.isatty()
-        bar = tqdm(total=self.steps_per_epoch, initial=self.batches_done // self.cfg.trainer.grad_accum,
+        show = self.env.is_main and self.plan.progress_bar and sys.stderr.isatty()
+        bar = tqdm(total=self.steps_per_epoch, initial=self.batches_done // self.plan.grad_accum,
                    desc=f"epoch {epoch + 1}", leave=False, disable=not show)
         for micro in self._optimizer_steps(epoch):
             self.callbacks.step_start(self, micro)
@@ -107,7 +110,7 @@ class Trainer:
     def _optimizer_steps(self, epoch: int):
         """Lists of grad_accum micro-batches, one per optimizer step, until the epoch
         runs out of them or the run reaches total_steps."""
-        k = self.cfg.trainer.grad_accum
+        k = self.plan.grad_accum
         batches = self.train_loader.epoch(epoch, start=self.batches_done)
         while not self.done:
             position.phase("data loading")
@@ -120,22 +123,20 @@ class Trainer:
 
     def _run_batch(self, micro: list) -> None:
         """One optimizer step over k micro-batches; only the last one communicates (but under zero stages 2, 3)."""
-        self.stepped, sync_now = True, self.callbacks.sync_wanted(self)
-        self.last_loss = 0.0  # the step's: the mean over its micro-batches
+        self.stepped, self.last_loss = True, 0.0  # the step's loss: the mean over its micro-batches
         for i, (x, y) in enumerate(micro):
-            with self.sync.during_backward(last=sync_now and i == len(micro) - 1):
+            with self.sync.during_backward(last=i == len(micro) - 1):
                 with self.autocast():
                     out = self.forward(x)
-                loss = self.callbacks.loss(self, self.task.loss(out, y))
+                loss = self.loss(out, y)
                 self.scaler.scale(loss / len(micro)).backward()
             self.callbacks.batch_done(self, loss, out, y)
             self.last_loss = self.last_loss + loss.detach() / len(micro)
-        if sync_now:
-            self.sync.after_backward()
+        self.sync.after_backward()
         self.callbacks.synced(self)
-        if self.cfg.optim.clip_grad_norm > 0:  # on the unscaled gradients (fp16)
+        if self.plan.clip_grad_norm > 0:  # on the unscaled gradients (fp16)
             self.scaler.unscale_(self.optimizer)
-            self.sync.clip_grad_norm(self.cfg.optim.clip_grad_norm)
+            self.sync.clip_grad_norm(self.plan.clip_grad_norm)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=self.sync.caps.grads_set_to_none)
@@ -143,29 +144,24 @@ class Trainer:
         self.sync.after_step(self.step + 1)  # local_sgd, diloco: the weights travel here
 
     def _end_epoch(self, metrics: dict) -> None:
-        t = self.cfg.trainer
         if self.done:  # local_sgd, diloco: the same final weights on every rank
             self.sync.finish(self.step)
-        unevaluated = self.last_eval[0] != self.step  # (else evaluated after this step, and logged)
-        if not unevaluated or self.epoch + 1 == t.epochs or self.done or (
-                t.eval_every > 0 and (self.epoch + 1) % t.eval_every == 0):
-            if unevaluated:
+        evaluated = self.last_eval[0] == self.step  # after this step already (and logged)
+        if evaluated or self.schedule.evaluate_at_epoch_end(self.epoch, self.done):
+            if not evaluated:
                 metrics.update(self.evaluate_now())
             at = (self.step, self.total_steps) if self.cut and self.done else None  # cut: count steps
-            self.log.print(epoch_line(self.epoch, t.epochs, {**metrics, **self.last_eval[1]}, self.task, at))
+            shown = {**metrics, **self.last_eval[1]}
+            self.log.print(epoch_line(self.epoch, self.plan.epochs, shown, self.task, at))
         self.log.scalars(metrics, self.step)
         self.progress.last.update(metrics)
-        complete = self.epoch_exhausted()  # else max_steps cut it (saved in the loop)
+        save = self.schedule.checkpoint_at_epoch_end(self.batches_done)  # (one cut short: saved after its step)
         self.progress.epoch += 1
         self.progress.batches_done = 0
-        if complete:
+        if save:
             self.save_checkpoint()
 
     # ------------------------------------------------------------ checkpoints
-    def epoch_exhausted(self) -> bool:
-        """Too few batches left in this epoch for another optimizer step."""
-        return self.batches_done + self.cfg.trainer.grad_accum > len(self.train_loader)
-
     def load_state_dict(self, shared: dict, own: dict) -> None:
         restore(self.parts, shared, own)
 
@@ -225,7 +221,7 @@ class Trainer:
         position.phase("writing results")
         summary = run_summary(self.parts)
         headline = summary_name(self.task.headline)
-        self.log.hparams(self.cfg, self.env.world_size, summary["backend"],
+        self.log.hparams(self.parts.config_record, self.env.world_size, summary["backend"],
                          {k: summary[k] for k in (headline, "train_loss", "samples_per_sec")})
         self.log.scalars(memory_scalars(summary), self.step)  # every rank's model state and peak memory
         write_results(self.run_dir, self.sync.state_layout(self.model), self.sync.each_weight(self.model), summary,

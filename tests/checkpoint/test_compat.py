@@ -9,7 +9,7 @@ def test_config_hash_ignores_settings_that_do_not_change_training(compose_train)
     base = checkpoint.config_subset(compose_train())
     same = checkpoint.config_subset(compose_train([
         "trainer.max_steps=3", "trainer.log_every=7", "trainer.resume=auto",
-        "trainer.ckpt_every=5", "trainer.keep_ckpts=9", "data.root=/elsewhere",
+        "trainer.ckpt_every_steps=5", "trainer.keep_ckpts=9", "data.root=/elsewhere",
         "data.num_workers=3", "dist.timeout_s=5", "trainer.progress=false",
         "model.crop_unused_border=false", "model.pad_channels_to=0", "sync.poll=false"]))
     assert checkpoint.config_hash(base) == checkpoint.config_hash(same)

@@ -16,7 +16,7 @@ def test_a_full_disk_stops_every_rank_in_one_line_and_keeps_the_last_checkpoint(
         small_disk, tiny_fmnist, tmp_path):
     run = small_disk / "run"
     args = tiny_overrides(tiny_fmnist, run, cache=tmp_path / "cache") + [
-        "trainer.ckpt_every=2", "trainer.keep_ckpts=5", "dist.timeout_s=60"]
+        "trainer.ckpt_every_steps=2", "trainer.keep_ckpts=5", "dist.timeout_s=60"]
     proc = run_module("ddp_lab.train", args, nproc=2)
     assert proc.returncode != 0
     errors = sorted(ln for ln in proc.stderr.splitlines() if ln.startswith("ddp_lab: error:"))

@@ -68,7 +68,7 @@ def test_sharded_weights_written_by_2_ranks_load_exactly_on_3_and_4(mode, model_
 SHARDED = {"zero3": ["sync=zero", "sync.zero_stage=3", "trainer.amp=off"], "fsdp": ["sync=fsdp", "trainer.amp=off"],
            # bf16 weights gathered, fp32 master pieces stepped and saved
            "zero3 bf16": ["sync=zero", "sync.zero_stage=3", "trainer.amp=bf16"]}
-CKPT = ["trainer.ckpt_every=3", "trainer.keep_ckpts=10", "dist.timeout_s=60"]
+CKPT = ["trainer.ckpt_every_steps=3", "trainer.keep_ckpts=10", "dist.timeout_s=60"]
 
 
 @pytest.mark.system

@@ -76,7 +76,7 @@ def test_the_gradients_judge_a_step_and_a_finite_gradient_goes_on():
 def test_a_diverging_run_saves_no_nan_and_keeps_the_last_good_checkpoint(tiny_fmnist, tmp_path):
     run = tmp_path / "run"
     proc = run_module("ddp_lab.train", tiny_overrides(tiny_fmnist, run) + [
-        "optim.lr=1e6", "trainer.ckpt_every=1", "trainer.keep_ckpts=2", "trainer.amp=off"], nproc=0)
+        "optim.lr=1e6", "trainer.ckpt_every_steps=1", "trainer.keep_ckpts=2", "trainer.amp=off"], nproc=0)
     assert proc.returncode == 1, proc.stderr[-3000:]
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("ddp_lab: error:")]
     assert len(errors) == 1 and "Traceback" not in proc.stderr
@@ -97,7 +97,7 @@ def test_a_diverging_run_saves_no_nan_and_keeps_the_last_good_checkpoint(tiny_fm
 def test_a_nan_on_one_rank_stops_both_at_that_step(tiny_fmnist, tmp_path):
     run = tmp_path / "run"
     proc = run_module("ddp_lab.train", tiny_overrides(tiny_fmnist, run) + [
-        "trainer.ckpt_every=2", "dist.timeout_s=60"], nproc=2,
+        "trainer.ckpt_every_steps=2", "dist.timeout_s=60"], nproc=2,
         env={"DDP_LAB_FAULT": "rank=1,step=3,kind=nan"})
     assert proc.returncode != 0
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("ddp_lab: error:")]

@@ -32,7 +32,7 @@ def test_a_rank_that_raises_ends_the_job_within_the_timeout(tiny_fmnist, tmp_pat
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
            "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{free_port()}", "-m", "ddp_lab.train",
-           *tiny_overrides(tiny_fmnist, run_dir), "trainer.amp=off", "trainer.ckpt_every=2",
+           *tiny_overrides(tiny_fmnist, run_dir), "trainer.amp=off", "trainer.ckpt_every_steps=2",
            f"dist.timeout_s={timeout_s}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
            "DDP_LAB_FAULT": "rank=1,step=2,kind=raise"}

@@ -40,7 +40,7 @@ def probe_loss(trainer, batches) -> float:
 def trained_with(compose_train, tiny_fmnist, tmp_path, knobs, epochs=2):
     """A trainer after `epochs` epochs with `knobs`, open for inspection (close() drops its forward)."""
     overrides = tiny_overrides(tiny_fmnist, tmp_path / "run") + [
-        f"trainer.epochs={epochs}", "trainer.threads=1", "trainer.eval_every=0", *knobs]
+        f"trainer.epochs={epochs}", "trainer.threads=1", "trainer.eval_every_epochs=0", *knobs]
     trainer = Trainer.from_config(compose_train(overrides), ALONE, tmp_path / "run")
     batches = list(trainer.train_loader.epoch(0))[:3]
     try:

@@ -132,7 +132,7 @@ def run_overrides(strategy: str, seed: int | None, args) -> list[str]:
     preset, *own = strategy.split(":")
     return [f"sync={preset}", *args.overrides, *own, *([f"seed={seed}"] if seed is not None else []),
             f"trainer.epochs={args.epochs}", f"trainer.max_steps={args.max_steps}",
-            f"trainer.eval_every_steps={args.eval_every}", "trainer.eval_every=0", target,
+            f"trainer.eval_every_steps={args.eval_every}", "trainer.eval_every_epochs=0", target,
             f"trainer.stop_at_target={str(args.stop_at_target).lower()}", "trainer.keep_ckpts=0"]
 
 

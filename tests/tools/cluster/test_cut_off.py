@@ -20,7 +20,7 @@ def test_a_cut_off_host_ends_with_its_agent_and_the_other_goes_on(tiny_fmnist, t
     overrides = [o for o in tiny_overrides(tiny_fmnist, run_dir)
                  if not o.startswith(("data.batch_size=", "trainer.epochs="))]
     command = ["-m", "ddp_lab.train", *overrides, "data.batch_size=48", "trainer.epochs=8",
-               "trainer.ckpt_every=4", "trainer.compile=false", "trainer.amp=off",
+               "trainer.ckpt_every_steps=4", "trainer.compile=false", "trainer.amp=off",
                f"dist.timeout_s={TIMEOUT_S}", "optim.lr=0.05"]
     with emulated(2, "50mbit", unique_name()) as cluster:
         cut = cluster.hosts[1]

@@ -36,7 +36,7 @@ def test_a_lost_host_leaves_two_that_go_on_and_it_rejoins(three_hosts, tiny_fmni
     overrides = [o for o in tiny_overrides(tiny_fmnist, run_dir)
                  if not o.startswith(("data.batch_size=", "trainer.epochs="))]
     command = ["-m", "ddp_lab.train", *overrides, "data.batch_size=48", f"trainer.epochs={EPOCHS}",
-               "trainer.ckpt_every=4", "trainer.compile=false", "trainer.amp=off", "dist.timeout_s=60",
+               "trainer.ckpt_every_steps=4", "trainer.compile=false", "trainer.amp=off", "dist.timeout_s=60",
                # lr 0.2 at 48 images a step diverges on this data with or without a host lost; at
                # 0.05 an uninterrupted run (2 or 3 ranks) reaches test accuracy 1.0 in 2 epochs
                "optim.lr=0.05"]

@@ -16,7 +16,7 @@ from tests.conftest import read_summary, run_module, tiny_overrides
 
 pytestmark = pytest.mark.system
 SAME = ["trainer.amp=off"]
-CKPT = ["trainer.ckpt_every=3", "trainer.keep_ckpts=10", "dist.timeout_s=60"]
+CKPT = ["trainer.ckpt_every_steps=3", "trainer.keep_ckpts=10", "dist.timeout_s=60"]
 # Every worker says it is ready once its process group is up, then waits (or fails on rank 1).
 WAIT_OR_FAIL = textwrap.dedent("""
     import os, sys, time
