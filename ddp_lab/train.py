@@ -25,12 +25,13 @@ from hydra.types import RunMode
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ddp_lab import config, distributed, tuning
-from ddp_lab.config import ConfigError, RunFailed, error_file, say, schema
+from ddp_lab.config import ConfigError, RunFailed, error_file, renamed, say, schema
 from ddp_lab.distributed import rendezvous
 from ddp_lab.guards import stall
 from ddp_lab.guards.preemption import Preemption, Terminated
 from ddp_lab.guards.rundir import LaunchTrace, RunDirTaken
 from ddp_lab.guards.watchdog import Watchdog, first_failure, note_failure
+from ddp_lab.sync.registry import refuse_foreign_keys
 from ddp_lab.training import fast_path
 from ddp_lab.training.builder import validate
 from ddp_lab.training.trainer import Trainer
@@ -124,5 +125,18 @@ def main(cfg) -> dict:
         distributed.teardown(keep_for_next_job=HydraConfig.get().mode == RunMode.MULTIRUN)
 
 
+def refuse_old_and_foreign_keys(argv: list[str]) -> None:
+    """Before Hydra composes: a key renamed since an older guide, or a sync key the chosen strategy does not take,
+    is one line and exit 2 on every rank (Hydra's own refusal runs to several lines and names no fix)."""
+    overrides = [a for a in argv if "=" in a and not a.startswith("-") or a.startswith("~")]
+    try:
+        renamed.refuse_renamed(overrides)
+        refuse_foreign_keys(overrides)
+    except ConfigError as e:
+        say(f"ddp_lab: error: {e}")
+        sys.exit(2)
+
+
 if __name__ == "__main__":
+    refuse_old_and_foreign_keys(sys.argv[1:])
     main()

@@ -32,7 +32,7 @@ def test_summary_holds_the_run(two_rank_run):
     s = read_summary(run_dir)
     assert set(SUMMARY_KEYS) <= set(s)
     assert (s["world_size"], s["backend"], s["device"], s["model"], s["sync"]) == (
-        2, "gloo", "cpu", "lenet_fast", "flat/builtin")  # sync.mode=auto: flat on CPU
+        2, "gloo", "cpu", "lenet_fast", "flat/builtin")  # sync=auto: flat on CPU
     # machine tuning is opt-in: gloo's threads stay at normal priority unless asked for
     assert s["comm_threads"] == "normal"
     assert s["test_total"] == 203

@@ -35,6 +35,8 @@ SAME_FUNCTION = {"lenet_fast": "lenet"}
 def config_subset(cfg) -> dict:
     """The hashed part of `cfg` as plain values (it goes into meta.json as well)."""
     c = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    # the strategy, by its options' dataclass (sync=<name> picks it; auto and per_param share their keys)
+    c["sync"] = {"options": getattr(OmegaConf.get_type(cfg.sync), "__name__", "dict"), **c["sync"]}
     sub = _without_unhashed({g: c[g] for g in HASHED_GROUPS})
     sub["trainer"] = {k: c["trainer"][k] for k in TRAINER_HASHED}
     sub["seed"] = c["seed"]
@@ -102,7 +104,9 @@ def _upgraded(saved: dict) -> dict:
             for k in ("image_shape", "num_classes", "num_train", "num_test"):
                 data.pop(k, None)
         optim.setdefault("warmup_steps", 0)
-    sync = {**SYNC_ADDED, **saved.get("sync", {})}
+    sync = dict(saved.get("sync", {}))
+    if "options" not in sync:  # (written before each strategy owned its keys: then every run held every key)
+        sync = {**SYNC_ADDED, **sync}
     data = {**DATA_ADDED, **data}
     trainer = {**TRAINER_ADDED, **saved.get("trainer", {})}
     return {**saved, "data": data, "optim": optim, "sync": sync, "trainer": trainer}

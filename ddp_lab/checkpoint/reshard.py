@@ -25,7 +25,7 @@ What carries over, and what is guaranteed:
   by (seed, step, rank). At the same world size every rank loads its own
   file, and the resumed run stays bit-identical.
 
-* ZeRO's optimizer state (sync.mode=zero, every stage) is each rank's own
+* ZeRO's optimizer state (sync=zero, every stage) is each rank's own
   file: its parameter i is chunk r of a group (stages 1 and 2: a bucket; 3:
   a unit) padded to N chunks, and the groups are the same at any N. Each new
   rank reads every old rank's state, joins each tensor over them, cuts the

@@ -6,7 +6,7 @@ metrics so far, the gradient sync's shared state (PowerSGD's Q matrices,
 DiLoCo's anchor and outer momentum) and the clock of a run to a target.
 Every rank saves its own (rank<R>.pt): RNG states, the partial epoch's sums,
 the sync's per-rank state (PowerSGD's error feedback) and, where the ranks'
-weights differ between synchronisations (sync.mode=local_sgd, diloco), its
+weights differ between synchronisations (sync=local_sgd, diloco), its
 own weights and optimizer state; under zero and fsdp, its shard of the
 optimizer state; where the weights are sharded too (zero stage 3, fsdp), its
 shards of the weights, and state.pt holds only what every rank holds whole

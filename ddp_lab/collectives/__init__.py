@@ -14,7 +14,7 @@ function on dist.isend/dist.irecv with nothing kept between calls.
   that owns it, all messages of a phase at once (all-pairs):
   2*alpha + the ring's bandwidth term on a switch. Its two phases,
   ``direct_reduce_scatter`` and ``direct_all_gather``, can return before
-  the data has travelled (``async_op=True``), which is how sync.mode=zero
+  the data has travelled (``async_op=True``), which is how sync=zero
   overlaps them with computation.
 * ``halving_doubling_textbook_allreduce`` (halving_doubling_textbook.py):
   Rabenseifner's recursive halving then doubling, with a fold-in step when

@@ -45,7 +45,7 @@ def stages_through_host(tensor: torch.Tensor, group: dist.ProcessGroup | None) -
 
 
 # torch's own reduce-scatter and all-gather, by their newer names where this torch has them
-# (the older names warn there): what sync.mode=zero and the benchmark call `builtin`
+# (the older names warn there): what sync=zero and the benchmark call `builtin`
 TORCH_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 TORCH_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 

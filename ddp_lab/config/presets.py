@@ -121,10 +121,10 @@ class OptimConfig:
     warmup_steps: int = key(0, "linear warm-up in optimizer steps; when > 0 it replaces warmup_epochs",
                             at_least=0)
     clip_grad_norm: float = key(0.0, "clip the gradients' norm over the whole model to this before each step "
-                                     "(0: off; under sync.mode=zero the norm over every rank's shard)", at_least=0)
+                                     "(0: off; under sync=zero the norm over every rank's shard)", at_least=0)
     no_decay: Any = key("none", "parameters stepped with weight_decay 0: none | 1d (biases, norms, every 1-D "
                                 "tensor) | a list of name patterns, 1d among them if wanted (e.g. [1d,'*.wte.*'])")
-    elementwise: str = key("auto", "the optimizer treats each element alone (SGD, Adam, AdamW...), so sync.mode=zero "
+    elementwise: str = key("auto", "the optimizer treats each element alone (SGD, Adam, AdamW...), so sync=zero "
                                    "may hand it flat chunks of many tensors: auto (torch's known ones) | true | false",
                            ok=one_of(("auto", "true", "false")), rule="one of auto, true, false")
 

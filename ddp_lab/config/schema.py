@@ -3,8 +3,9 @@
 Hydra composes conf/train.yaml on top of TrainConfig below, so it rejects
 unknown keys, wrong types and values off a key's list itself (`trainer.amp=bf61`
 -> "Invalid value 'bf61', expected one of [auto, bf16, fp16, off]"). The YAML
-presets in conf/ (model=resnet18, data=synthetic, sync=ddp) state only what
-differs from these defaults. The model, data and optim groups are open
+presets in conf/ (model=resnet18, data=synthetic) state only what
+differs from these defaults. The sync group is typed by the chosen strategy's
+own dataclass (`sync=diloco`: ddp_lab/sync/registry.py), which lists its keys. The model, data and optim groups are open
 (ddp_lab.config.presets): each names a callable with `_target_`, the shipped presets
 are typed by their own dataclass, a user's own preset may hold any keys. `check(cfg)` then refuses a value out of its
 range, on every rank, before any rank joins the process group. A key with a
@@ -27,95 +28,11 @@ from ddp_lab.config import ConfigError, presets
 from ddp_lab.config.keys import TRI_STATE, choices, key, one_of, positive_finite
 
 EVERY_K = re.compile(r"^every_[1-9][0-9]*$")  # trainer.activation_checkpointing=every_2
-SyncMode = choices("SyncMode", "auto ddp flat per_param local_sgd diloco zero fsdp")
-Algo = choices("Algo", "builtin naive ring halving_doubling ring_textbook halving_doubling_textbook direct")
-Compress = choices("Compress", "none bf16 fp16 powersgd int8 int4")
 Amp = choices("Amp", "auto bf16 fp16 off")
 Measure = choices("Measure", "full light off")
 Backend = choices("Backend", "auto gloo nccl")
 Device = choices("Device", "auto cpu cuda")
 CommThreads = choices("CommThreads", "auto realtime normal")
-
-
-@dataclass
-class SyncConfig:
-    mode: SyncMode = key(SyncMode.auto, "when and in what pieces gradients travel: auto (flat on CPU, "
-                                        "ddp on GPU) | ddp | flat | per_param; or weights every sync.every "
-                                        "steps: local_sgd | diloco; or the model state sharded: zero (ours) | fsdp "
-                                        "(torch's FSDP2)")
-    algo: Algo = key(Algo.builtin, "how a buffer is all-reduced: builtin (gloo/NCCL) or a hand-written "
-                                   "one (ddp_lab.collectives)")
-    bucket_cap_mb: float = key(25.0, "ddp: DDP's bucket size; flat: buffers of at most this size (0: one)",
-                               at_least=0)
-    gradient_as_bucket_view: bool = key(True, "ddp: gradients alias DDP's buckets (saves a copy)")
-    static_graph: bool = key(False, "ddp: promise DDP the graph never changes")
-    compress: Compress = key(Compress.none, "none | bf16 | fp16: all-reduce 16-bit gradients (half the "
-                                            "bytes) | powersgd: low-rank gradients (torch's hook, mode=ddp) | "
-                                            "int8 | int4: diloco's outer gradients in 8 or 4 bits, summed in fp32")
-    powersgd_rank: int = key(2, "compress=powersgd: the rank of each gradient matrix's approximation "
-                                "(PowerSGD's paper matched full accuracy at 2)", at_least=1)
-    powersgd_start_step: int = key(100, "compress=powersgd: plain all-reduce for this many first steps, "
-                                        "where inaccurate gradients hurt most", at_least=2)
-    zero_stage: int = key(1, "zero: what is sharded over the ranks: 1 the optimizer state, 2 also the "
-                             "gradients, 3 also the weights (gathered a block at a time)", ok=lambda v: v in (1, 2, 3),
-                          rule="1, 2 or 3")
-    shard_units: str = key("auto", "zero stage 3, fsdp: the modules gathered one at a time: auto (the model's "
-                                   "repeated block class at any depth, else by size up to sync.unit_mb) or "
-                                   "comma-separated class names (e.g. Block)")
-    unit_mb: float = key(100.0, "zero stage 3, fsdp with sync.shard_units=auto and no repeated block: a module "
-                                "of at most this many MB is a unit, a larger one is split into its children",
-                         ok=positive_finite, rule="a positive number of MB")
-    param_dtype: str = key("amp", "zero stage 3, fsdp: the dtype the weights are gathered in: amp (bf16 under "
-                                  "trainer.amp=bf16, the optimizer stepping fp32 shards; else as they are) | fp32 "
-                                  "(as they are, autocast casting them op by op)", ok=one_of(("amp", "fp32")),
-                           rule="amp or fp32")
-    reduce_dtype: str = key("fp32", "zero stage 3, fsdp under trainer.amp=bf16 (the weights gathered in bf16, the "
-                                    "optimizer stepping fp32 shards): the dtype gradients are reduce-scattered in: "
-                                    "fp32 | bf16", ok=one_of(("fp32", "bf16")), rule="fp32 or bf16")
-    prefetch: bool = key(True, "zero stage 3 with sync.algo=builtin or direct: start the next unit's gather while this "
-                               "one computes (false: each unit gathered when it is needed)")
-    every: int = key(8, "local_sgd, diloco: steps between synchronisations of the weights (H)",
-                     at_least=1)
-    local_sgd_start_step: int = key(0, "local_sgd: average gradients every step for this many first "
-                                       "steps, then weights every sync.every (post-local SGD)", at_least=0)
-    outer_lr: float = key(0.7, "diloco: the outer optimizer's learning rate (DiLoCo's paper: 0.7)",
-                          ok=positive_finite, rule="a positive number")
-    outer_momentum: float = key(0.5, "diloco: the outer Nesterov momentum (0: none; 0.5 beat the paper's 0.9 "
-                                     "on LeNet and the GPT: docs/defaults.md)",
-                                ok=lambda v: 0 <= v < 1, rule="in [0, 1)")
-    overlap: int = key(0, "diloco: inner steps the outer gradient's all-reduce travels behind before its "
-                          "outer step lands (Streaming DiLoCo's tau; 0: every rank waits for it)", at_least=0)
-    overlap_mix: float = key(0.8, "diloco with overlap > 0: the share of its own weights a rank keeps when the "
-                                  "outer step lands (0: replaced by the anchor; 0.8 beat 0.5 and 0: docs/defaults.md)",
-                             ok=lambda v: 0 <= v <= 1, rule="in [0, 1]")
-    fragments: int = key(1, "diloco: the parameters cut into this many runs of about equal size, each synchronised "
-                            "every sync.every steps at its own offset, so each sync sends 1/F of the outer "
-                            "gradient (Streaming DiLoCo; 1: all at once)", at_least=1)
-    overlap_update: str = key("delayed", "diloco with overlap > 0: how a rank goes on while its outer gradient "
-                                         "travels: delayed (from its own weights, the landed anchor mixed in by "
-                                         "sync.overlap_mix) | eager (at once from the anchor a proxy outer step "
-                                         "gives, corrected when the mean lands: Kale et al. 2025)",
-                              ok=one_of(("delayed", "eager")), rule="delayed or eager")
-    eager_proxy: str = key("local", "overlap_update=eager: what stands for the mean outer gradient until it lands: "
-                                    "local (this rank's own: as blocking DiLoCo at equal steps) | paper ((own + M "
-                                    "mean_last - own_last) / M, Kale et al.'s formula: 0.03-0.09 nats behind here, "
-                                    "docs/bandwidth.md)", ok=one_of(("local", "paper")), rule="local or paper")
-    rounding: str = key("feedback", "diloco with compress=int8|int4: how numbers round to their levels: feedback "
-                                    "(to nearest, each round's residual added to the next: no bias over rounds) | "
-                                    "stochastic (unbiased, no state) | nearest (neither; tied with the others on the "
-                                    "GPT and LeNet: docs/bandwidth.md)",
-                        ok=one_of(("nearest", "feedback", "stochastic")), rule="nearest, feedback or stochastic")
-    islands: str = key("none", "ranks in islands that average every step inside (sync.inner) and run sync.mode "
-                               "(diloco, local_sgd) across, or with sync.mode=fsdp shard inside and all-reduce "
-                               "across every step (HSDP): none | host (torchrun's node) | K (runs of K "
-                               "consecutive ranks)", ok=lambda v: str(v) in ("none", "host") or
-                       (str(v).isdigit() and int(v) >= 1), rule="none, host or a positive integer")
-    inner: str = key("ddp", "sync.islands: the every-step strategy inside each island: ddp | flat | zero "
-                            "(sync.zero_stage's shards over the island) | fsdp",
-                     ok=one_of(("ddp", "flat", "zero", "fsdp")), rule="ddp, flat, zero or fsdp")
-    poll: str = key("false", "opt-in: CPU ranks wait for the builtin all-reduce by polling (auto: where the "
-                             "ranks fill the cores exactly); paid on one CPU of three (docs/defaults.md)",
-                    ok=one_of(TRI_STATE), rule="one of auto, true, false")
 
 
 @dataclass
@@ -188,15 +105,17 @@ class TrainConfig:
     model: Any = field(default_factory=lambda: presets.base_defaults("model"))
     data: Any = field(default_factory=lambda: presets.base_defaults("data"))
     optim: Any = field(default_factory=lambda: presets.base_defaults("optim"))
-    sync: SyncConfig = field(default_factory=SyncConfig)
+    # the chosen strategy's options (ddp_lab/sync/registry.py: sync=<name> picks the dataclass that types it)
+    sync: Any = None
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     seed: int = key(0, "model init (the same on every rank) and the sampler's shuffle seed")
 
 
 # every group's schema: the open ones (model, data, optim) by their base
+# (sync: each strategy's own, ddp_lab/sync/registry.py)
 GROUPS = {f.name: presets.BASES.get(f.name) or f.default_factory
-          for f in dataclasses.fields(TrainConfig) if f.name != "seed"}
+          for f in dataclasses.fields(TrainConfig) if f.name not in ("seed", "sync")}
 
 
 def register() -> None:
@@ -243,20 +162,30 @@ def check(cfg, node: type = TrainConfig) -> None:
         values = OmegaConf.select(cfg, prefix[:-1]) if prefix else cfg
         if values is None:
             continue
-        schema = _schema_of(values, declared, prefix[:-1]) if prefix else declared
-        for f in dataclasses.fields(schema):
-            ok = f.metadata.get("ok")
-            if f.name not in values or OmegaConf.is_missing(values, f.name):
-                continue  # (an unset _target_ is said by who builds it)
-            value = values.get(f.name)
-            if ok is not None and value is not None and not ok(value):
-                shown = list(value) if OmegaConf.is_list(value) else value
-                raise ConfigError(f"{prefix}{f.name}={shown} must be {f.metadata['rule']}")
+        check_node(values, _schema_of(values, declared, prefix[:-1]) if prefix else declared, prefix)
+
+
+def check_node(values, schema: type, prefix: str) -> None:
+    """check() on one node typed by `schema` (a dataclass), its keys named `prefix<key>`."""
+    for f in dataclasses.fields(schema):
+        ok = f.metadata.get("ok")
+        if f.name not in values or OmegaConf.is_missing(values, f.name):
+            continue  # (an unset _target_ is said by who builds it)
+        value = values.get(f.name)
+        if ok is not None and value is not None and not ok(value):
+            shown = list(value) if OmegaConf.is_list(value) else value
+            raise ConfigError(f"{prefix}{f.name}={shown} must be {f.metadata['rule']}")
 
 
 def _table(prefix: str, schema: type, level: int, title: str = "", only_new: bool = False) -> list[str]:
     base = {f.name for f in dataclasses.fields(schema.__mro__[1])} if only_new else set()
-    keys = [f for f in dataclasses.fields(schema) if _nested(f) is None and f.name not in base]
+    return keys_table(prefix, schema, level, title, base)
+
+
+def keys_table(prefix: str, schema: type, level: int, title: str = "", skip: set = frozenset()) -> list[str]:
+    """A markdown table of a dataclass's keys (those with help; not `skip`) under a heading of `level`."""
+    keys = [f for f in dataclasses.fields(schema)
+            if _nested(f) is None and f.name not in skip and "help" in f.metadata]
     if not keys:
         return []
     lines = [f"{'#' * level} {title or prefix[:-1] or 'top level'}", "",

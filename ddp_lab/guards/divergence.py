@@ -15,7 +15,7 @@ checks that gradient by itself (`grad_total`). On CPU the check is read
 every step; on CUDA reading it would stall the GPU queue, so the first bad
 step is kept on the device and read every `trainer.log_every` steps and
 before anything is saved. Under fp16 a non-finite gradient is the loss
-scaler's business (it skips the step), and under sync.mode=local_sgd or
+scaler's business (it skips the step), and under sync=local_sgd or
 diloco the gradients are not synchronised, so there the ranks compare their
 losses with one small all-reduce, at those same steps only (local_sgd,
 diloco: every sync.every steps).

@@ -29,6 +29,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -64,6 +65,20 @@ class Capabilities:
     eager: str = ""
     # the optimizer steps flat chunks of many tensors (zero), not the tensors: it must treat each element alone
     flat_shards: bool = False
+
+
+@dataclass(frozen=True)
+class SyncContext:
+    """What the builder hands every strategy besides its options; a strategy reads what it uses."""
+
+    init: object = None  # models/meta_init.py's MetaInit: the model is on the meta device, built a unit at a time
+    no_decay: frozenset = frozenset()  # optim.no_decay's parameter names (zero lays their chunks apart)
+    param_dtype: torch.dtype | None = None  # stage 3, fsdp under trainer.amp=bf16: the weights gathered in it
+    islands: object = None  # islands/layout.py's Islands: a periodic strategy running across them
+    trained: Callable[[], list] | None = None  # the tensors a periodic strategy averages (sharded inside: shards)
+
+
+NO_CONTEXT = SyncContext()
 
 
 class ReplicaSync:

@@ -2,7 +2,7 @@
 
 Counted from the tensors' storages, each storage once: a view (flat's and zero's gradients, zero's
 shard of the weights, a tied embedding) adds nothing of its own. With AdamW in fp32 one process
-holds 16 bytes a parameter (4 weights, 4 gradients, 8 moments); ZeRO stage 1 (sync.mode=zero) holds
+holds 16 bytes a parameter (4 weights, 4 gradients, 8 moments); ZeRO stage 1 (sync=zero) holds
 8 + 8/N, stage 2 4 + 12/N, stage 3 and fsdp 16/N (between its blocks' gathers). Ranks are not alike under
 sharding, so every rank's figure is reported (summary.json's model_state_bytes and
 peak_mem_mb_by_rank, lists by rank).

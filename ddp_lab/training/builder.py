@@ -45,7 +45,8 @@ from ddp_lab.guards.faults import Fault
 from ddp_lab.guards.preemption import Preemption
 from ddp_lab.models import build_model, check_sync_bn, model_name
 from ddp_lab.models.meta_init import MetaInit, advice, build_on_meta, refuse_unbuildable
-from ddp_lab.sync import ReplicaSync, build_sync
+from ddp_lab.sync import ReplicaSync, SyncContext, build_sync
+from ddp_lab.sync.periodic import PeriodicOptions
 from ddp_lab.sync.sharded.common import return_freed_blocks
 from ddp_lab.sync.sharded.grad_scaler import ShardedGradScaler
 from ddp_lab.telemetry import position
@@ -69,17 +70,17 @@ log = logging.getLogger("ddp_lab")
 def evaluations_fall_on_synchronisations(cfg) -> None:
     """trainer x sync: an evaluation scores weights every rank holds, which local_sgd and diloco
     have only at their synchronisations."""
-    every, s = cfg.trainer.eval_every_steps, cfg.sync
-    if s.mode in sync_strategies.PERIODIC and every % s.every:
+    every, s = cfg.trainer.eval_every_steps, sync_strategies.options_of(cfg.sync)
+    if isinstance(s, PeriodicOptions) and every % s.every:
         raise ConfigError(f"trainer.eval_every_steps={every} must be a multiple of sync.every={s.every} "
-                          f"with sync.mode={s.mode}: an evaluation scores weights every rank holds")
+                          f"with sync={sync_strategies.name_of(s)}: an evaluation scores weights every rank holds")
 
 
 def compiled_only_where_it_may(cfg) -> None:
     """trainer x sync: a strategy whose hooks need the eager model (Capabilities.eager) is not compiled."""
     if str(cfg.trainer.compile).lower() != "true":
         return
-    why = sync_strategies.eager_only(cfg.sync)
+    why = sync_strategies.eager_only(sync_strategies.options_of(cfg.sync))
     if why:
         raise ConfigError(f"trainer.compile=true cannot run where {why}: set trainer.compile=false (or auto)")
 
@@ -90,7 +91,7 @@ RULES = (evaluations_fall_on_synchronisations, compiled_only_where_it_may)
 def validate(cfg) -> None:
     """Raise ConfigError, naming the keys and the fix, at the first value or pair of values that cannot run."""
     schema.check(cfg)
-    sync_strategies.validate(cfg.sync)
+    sync_strategies.check(sync_strategies.options_of(cfg.sync))
     for rule in RULES:
         rule(cfg)
 
@@ -227,14 +228,16 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
                           channels_last=t.channels_last)
     plan = Plan.of(t, cfg.optim, work.train_loader)
     progress = Progress(plan.total_steps, env.world_size)
-    caps = sync_strategies.capabilities(cfg.sync, env.device)  # (the strategy's, before it is built)
+    opts = sync_strategies.options_of(cfg.sync)  # the chosen strategy's keys (sync/registry.py)
+    every_step = sync_strategies.every_step_options(opts)  # (islands: the strategy inside)
+    caps = sync_strategies.capabilities(opts, env.device)  # (the strategy's, before it is built)
     # stage 3 and fsdp gather bf16 weights under trainer.amp=bf16 (sync.param_dtype=amp)
-    gathered = torch.bfloat16 if amp == "bf16" and cfg.sync.param_dtype == "amp" and env.distributed \
-        and caps.sharding == 3 else None
+    gathered = torch.bfloat16 if (amp == "bf16" and env.distributed and caps.sharding == 3
+                                  and every_step.param_dtype == "amp") else None
     memory = check_fits_memory(cfg.model, cfg.optim, env, work.input_example, work.target_example, work.task,
                                work.train_loader.batch_size, stage=caps.sharding,
                                refuse=t.get("memory_check", True),  # a CPU run: refused if it cannot fit
-                               sync=cfg.sync if env.distributed else None,
+                               sync=opts if env.distributed else None,
                                checkpointing=t.activation_checkpointing,
                                autocast=torch.bfloat16 if amp == "bf16" else None, gathered=gathered)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
@@ -250,19 +253,19 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
     meter = Meter(env, t.warmup_steps, *flops_and_peak(model, work.input_example, amp, env),
                   full_step_images=plan.step_samples, task=work.task, targets_per_sample=work.targets_per_sample)
     # DDP wraps the compiled model: compiling DDP breaks its forward's graph (and slowed CPU LeNet)
-    checkpointed = activation_checkpointing.apply(model, t.activation_checkpointing, cfg.sync.shard_units,
-                                                  cfg.sync.unit_mb)
+    checkpointed = activation_checkpointing.apply(model, t.activation_checkpointing, every_step.shard_units,
+                                                  every_step.unit_mb)
     if checkpointed:
         log.info("activation checkpointing: %d module(s) recompute their forward in the backward (%s, ...)",
                  len(checkpointed), type(checkpointed[0]).__name__)
     no_decay = no_decay_names(model, cfg.optim.get("no_decay", "none"))
-    sync = build_sync(cfg.sync, torch.compile(model) if compiled else model, env, init, no_decay, gathered)
+    sync = build_sync(opts, torch.compile(model) if compiled else model, env, SyncContext(init, no_decay, gathered))
     refuse_whole_tensor_optimizers(cfg.optim, sync)
     optimizer = build_optimizer(cfg.optim, sync.param_groups())  # (zero: this rank's shard)
     scheduler = build_schedule(optimizer, cfg.optim, plan.steps_per_epoch, plan.total_steps)
     # ranks whose weights or gradients differ after the sync compare losses instead
     apart = sync.caps.diverges
-    loss_watch = LossWatch(env, cfg.sync.every if apart else t.log_every, optimizer.defaults.get("lr", 0.0), amp,
+    loss_watch = LossWatch(env, opts.every if apart else t.log_every, optimizer.defaults.get("lr", 0.0), amp,
                            None if apart or sync.caps.shards else model.parameters())
     profiler = StepProfiler(t.profile, t.profile_wait, t.profile_active, run_dir, env.rank,
                             env.device.type == "cuda")

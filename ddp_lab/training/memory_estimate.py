@@ -30,7 +30,7 @@ the measured peak_mem_mb). Under trainer.amp=bf16 the activations are counted as
 (the forward on fake CPU tensors: the meta device has no autocast). The available memory is /proc/meminfo's
 MemAvailable, or what this process's memory cgroup's limit leaves if less, shared by the
 ranks on this machine. CPU runs only: a GPU's memory is
-its own, and its kernels keep other things. Under sync.mode=zero each rank keeps the
+its own, and its kernels keep other things. Under sync=zero each rank keeps the
 optimizer state of its 1/N of the parameters only (stage 1), their gradients (stage 2) and
 their weights (stage 3; a block's whole weights while it computes are not counted).
 """
@@ -51,7 +51,10 @@ from torch.utils._pytree import tree_leaves
 from ddp_lab.config import ConfigError, targets
 from ddp_lab.distributed import DistEnv, ranks_on_machine
 from ddp_lab.models import build_model, model_name
+from ddp_lab.sync import SyncOptions, every_step_options
 from ddp_lab.sync.islands.layout import island_size
+from ddp_lab.sync.periodic import PeriodicOptions
+from ddp_lab.sync.sharded.fsdp import FSDPOptions
 
 log = logging.getLogger("ddp_lab")
 
@@ -98,23 +101,25 @@ BUCKETS_IN_FLIGHT = 3  # stages 1 and 2: IN_FLIGHT reduce-scatters and the bucke
 def checkpointed_units(net: torch.nn.Module, sync, checkpointing: str) -> list[torch.nn.Module]:
     """The modules trainer.activation_checkpointing checkpoints (training/activation_checkpointing.py)."""
     from ddp_lab.training.activation_checkpointing import chosen
-    return chosen(net, checkpointing, (sync or {}).get("shard_units", "auto"), (sync or {}).get("unit_mb", 100.0))
+    units = every_step_options(sync) if sync is not None else SyncOptions()  # (one process: the keys' defaults)
+    return chosen(net, checkpointing, units.shard_units, units.unit_mb)
 
 
 def transient_bytes(net: torch.nn.Module, weights: int, stage: int, sync) -> int:
-    """The transient of the module docstring for this model under this sync (its config group, or None)."""
+    """The transient of the module docstring for this model under this sync (its options, or None)."""
     if sync is None:  # (one process: no sync's buffers)
         return 0
+    opts = every_step_options(sync)  # (islands: the strategy inside, which holds the buffers)
     if stage < 3:
-        if stage in (1, 2) and sync.get("bucket_cap_mb", 0) > 0:
-            return min(weights, int(BUCKETS_IN_FLIGHT * sync.bucket_cap_mb * 2**20))
+        if stage in (1, 2) and opts.bucket_cap_mb > 0:  # (zero's buckets)
+            return min(weights, int(BUCKETS_IN_FLIGHT * opts.bucket_cap_mb * 2**20))
         return weights  # one gradient-sized buffer
     from ddp_lab.sync.sharded.units import unit_modules
-    units = unit_modules(net, sync.get("shard_units", "auto"), sync.get("unit_mb", 100.0))
+    units = unit_modules(net, opts.shard_units, opts.unit_mb)
     in_units = {id(p) for m in units for p in m.parameters()}
     largest = max((sum(p.numel() * p.element_size() for p in m.parameters()) for m in units), default=0)
     root = sum(p.numel() * p.element_size() for p in net.parameters() if id(p) not in in_units)
-    kind = "fsdp" if sync.get("mode") == "fsdp" else sync.get("algo", "builtin")
+    kind = "fsdp" if isinstance(opts, FSDPOptions) else opts.algo
     return TRANSIENT_UNITS.get(kind, 7) * largest + root
 
 
@@ -242,7 +247,7 @@ def estimate(model, optim, x: torch.Tensor, y: torch.Tensor, task, batch: int, s
              stage: int = 1, sync=None, runtime: int = 0, checkpointing: str = "none",
              autocast: torch.dtype | None = None, gathered: torch.dtype | None = None) -> Estimate:
     """The estimate for `batch` samples per rank like (x, y), of the model and optimizer groups,
-    with the optimizer state in `shards` parts (sync.mode=zero: the world size), and from stage 2
+    with the optimizer state in `shards` parts (sync=zero: the world size), and from stage 2
     the gradients too; `sync` (its config group) for the transient, `runtime`: the process's bytes."""
     with torch.device("meta"):
         net = build_model(model)
@@ -345,7 +350,7 @@ def describe(e: Estimate, model, stage: int, available: int, ranks: int, machine
 
 def state_shards(sync, env: DistEnv) -> int:
     """The ranks the model state is cut over: the world, or an island's (sync.islands: zero inside, HSDP)."""
-    spec = str(sync.get("islands", "none")) if sync is not None else "none"
+    spec = str(sync.islands) if isinstance(sync, (PeriodicOptions, FSDPOptions)) else "none"
     if spec == "none":
         return env.world_size
     try:
@@ -360,7 +365,7 @@ def check_fits_memory(model, optim, env: DistEnv, x: torch.Tensor, y: torch.Tens
                       gathered: torch.dtype | None = None) -> Estimate | None:
     """Refuse (`refuse`: trainer.memory_check) or warn about a CPU run whose estimate is more than the
     memory available to each rank; warn where it takes most of it. None where not checked.
-    model, optim: their config groups; stage: sync.zero_stage under sync.mode=zero (0: nothing sharded)."""
+    model, optim: their config groups; stage: sync.zero_stage under sync=zero (0: nothing sharded)."""
     if env.device.type != "cpu":
         return None
     found = mem_available(env.world_size) if available is None else \

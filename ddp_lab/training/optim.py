@@ -9,7 +9,7 @@ from hydra.errors import InstantiationException
 
 from ddp_lab.config import ConfigError, targets
 
-# torch's optimizers whose step treats each element alone: on a flat chunk of many tensors (sync.mode=zero)
+# torch's optimizers whose step treats each element alone: on a flat chunk of many tensors (sync=zero)
 # they do the math they do on the tensors (Adafactor's factored moments, LBFGS's line search do not)
 ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "Adadelta", "ASGD")
 
@@ -37,7 +37,7 @@ def no_decay_names(model, rule) -> frozenset[str]:
 
 
 def refuse_whole_tensor_optimizers(cfg, sync) -> None:
-    """sync.mode=zero hands the optimizer flat chunks of many tensors: an optimizer that is not known to
+    """sync=zero hands the optimizer flat chunks of many tensors: an optimizer that is not known to
     treat each element alone (optim.elementwise) is refused in one line."""
     if not sync.caps.flat_shards:
         return
@@ -46,8 +46,8 @@ def refuse_whole_tensor_optimizers(cfg, sync) -> None:
     if declared == "true" or (declared == "auto" and str(cfg.get("_target_", "")).startswith("torch.optim.")
                               and name in ELEMENTWISE):
         return
-    raise ConfigError(f"sync.mode=zero steps flat chunks of many tensors, and {cfg.get('_target_')} is not known to "
-                      f"treat each element alone (its math would differ): use sync.mode=fsdp (whole tensors' "
+    raise ConfigError(f"sync=zero steps flat chunks of many tensors, and {cfg.get('_target_')} is not known to "
+                      f"treat each element alone (its math would differ): use sync=fsdp (whole tensors' "
                       f"rows), or set optim.elementwise=true if it does")
 
 

@@ -18,7 +18,8 @@ def test_config_hash_ignores_settings_that_do_not_change_training(compose_train)
     fast = checkpoint.config_subset(compose_train(["model=lenet_fast"]))
     assert checkpoint.config_hash(plain) == checkpoint.config_hash(fast)
     for change in ("optim.lr=0.05", "seed=1", "trainer.epochs=3", "trainer.grad_accum=2",
-                   "data.batch_size=128", "model=resnet18", "sync.bucket_cap_mb=1"):
+                   "data.batch_size=128", "model=resnet18", "sync.compress=bf16",
+                   "sync=per_param"):  # (per_param: auto's keys, another strategy)
         other = checkpoint.config_subset(compose_train([change]))
         assert checkpoint.config_hash(other) != checkpoint.config_hash(base), change
 

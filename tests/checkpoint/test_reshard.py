@@ -94,7 +94,7 @@ def test_a_run_stopped_on_n_ranks_finishes_on_m(tiny_fmnist, tmp_path, before, a
     (["sync=diloco", "sync.every=3", "sync.islands=2", "sync.overlap=1", "sync.overlap_update=eager",
       "sync.compress=int4"], 4, 2),
     # stage 3 inside: island 0's shards of the weights cut again, the anchor starting from them
-    (["sync=diloco", "sync.every=3", "sync.islands=2", "sync.inner=zero", "sync.zero_stage=3"], 4, 2)],
+    (["sync=diloco", "sync.every=3", "sync.islands=2", "sync/inner=zero", "sync.inner.zero_stage=3"], 4, 2)],
     ids=["diloco", "powersgd", "islands", "islands_zero3"])
 def test_per_rank_sync_state_is_reconciled_by_the_rule(tiny_fmnist, tmp_path, sync, before, after):
     """Stopped at step 8 on 2 ranks (DiLoCo between synchronisations, PowerSGD with error
@@ -179,7 +179,7 @@ def test_shards_cut_over_an_island_are_cut_again_from_island_0s(tiny_fmnist, tmp
     island 0's shards joined and cut again are island 0's whole state (within the sums' order)."""
     islands = ["sync=diloco", "sync.every=3", "sync.islands=2"]
     syncs = {"hsdp": ["sync=fsdp", "sync.islands=2"], "flat": ["sync=flat"],
-             "zero": [*islands, "sync.inner=zero", "sync.zero_stage=2"], "ddp": [*islands, "sync.inner=ddp"]}
+             "zero": [*islands, "sync/inner=zero", "sync.inner.zero_stage=2"], "ddp": [*islands, "sync/inner=ddp"]}
     weights = _stopped_then_finished(tiny_fmnist, tmp_path, syncs, 4, 2)
     for mine, like in (("hsdp", "flat"), ("zero", "ddp")):
         assert max((weights[mine][k] - weights[like][k]).abs().max().item() for k in weights[like]) < 1e-6, mine

@@ -34,7 +34,7 @@ def _save_then_load(rank, world_size, mode, folder, write, model_kind="gpt"):
     from ddp_lab.distributed import DistEnv
     from ddp_lab.models.gpt import gpt
     from ddp_lab.models.meta_init import MetaInit, build_on_meta
-    from ddp_lab.sync import build_sync
+    from ddp_lab.sync import SyncContext, build_sync
 
     env = DistEnv(rank, world_size, 0, torch.device("cpu"), "gloo")
     torch.manual_seed(1 if write else 2)  # (read: other initial weights, all overwritten by the load)
@@ -43,7 +43,8 @@ def _save_then_load(rank, world_size, mode, folder, write, model_kind="gpt"):
     else:  # a user's model with a frozen block: its pieces sharded and resharded too
         from tests.sync.user_model import UserTransformer
         model, _ = build_on_meta(lambda: UserTransformer(n_layer=3, frozen="block"))
-    sync = build_sync(sync_cfg("zero" if mode == "zero3" else "fsdp", zero_stage=3), model, env, MetaInit(model))
+    cfg = sync_cfg("zero", "builtin", zero_stage=3, bucket_cap_mb=0.1) if mode == "zero3" else sync_cfg("fsdp")
+    sync = build_sync(cfg, model, env, SyncContext(init=MetaInit(model)))
     if write:
         whole, mine = sync.sharded_state(model)
         torch.save({"whole": whole, "weights": mine}, f"{folder}/rank{rank}.pt")

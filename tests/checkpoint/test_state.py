@@ -1,4 +1,4 @@
-"""What a Trainer's checkpoint holds and takes back: the sharded optimizer state of sync.mode=zero."""
+"""What a Trainer's checkpoint holds and takes back: the sharded optimizer state of sync=zero."""
 from types import SimpleNamespace
 
 import pytest

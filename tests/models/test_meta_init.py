@@ -115,10 +115,10 @@ def _allocated() -> int:
 
 def _sharded_build(rank, world_size, mode, big):
     from ddp_lab.distributed import DistEnv
-    from ddp_lab.sync import build_sync
+    from ddp_lab.sync import SyncContext, build_sync
 
     env = DistEnv(rank, world_size, 0, torch.device("cpu"), "gloo")
-    cfg = sync_cfg("zero" if mode == "zero3" else "fsdp", zero_stage=3)
+    cfg = sync_cfg("zero", "builtin", zero_stage=3, bucket_cap_mb=0.1) if mode == "zero3" else sync_cfg("fsdp")
     shape = dict(vocab_size=512, block_size=16, n_layer=6, n_head=4, n_embd=256) if big else SMALL_GPT
     torch.manual_seed(5)
     model, why = build_on_meta(lambda: gpt(**shape))
@@ -133,7 +133,7 @@ def _sharded_build(rank, world_size, mode, big):
         return materialise(units, root, allocated, done)
 
     init.materialise = watched
-    sync = build_sync(cfg, model, env, init)
+    sync = build_sync(cfg, model, env, SyncContext(init=init))
     after = torch.rand(2)
     with sync.whole_weights() if mode == "zero3" else torch.no_grad():
         state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).clone()

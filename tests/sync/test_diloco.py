@@ -128,9 +128,8 @@ def _run(rank: int, world_size: int, overlap: int = 0, mix: float = 0.5, fragmen
     x, y = _data()
     env = DistEnv(rank, world_size, 0, CPU, "gloo")
     model = _model()
-    sync = build_sync(sync_cfg("diloco", every=H, outer_lr=LR, outer_momentum=MU, local_sgd_start_step=0,
-                               overlap=overlap, overlap_mix=mix, fragments=fragments, overlap_update=update,
-                               eager_proxy=proxy),
+    sync = build_sync(sync_cfg("diloco", every=H, outer_lr=LR, outer_momentum=MU, overlap=overlap,
+                               overlap_mix=mix, fragments=fragments, overlap_update=update, eager_proxy=proxy),
                       model, env)
     opt = _inner(model.parameters())
     steps, evaluated = [], {}
@@ -276,7 +275,7 @@ def _compressed(rank: int, world_size: int) -> dict:
         model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
         start = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         sync = build_sync(sync_cfg("diloco", compress=compress, every=H, outer_lr=LR, outer_momentum=MU,
-                                   local_sgd_start_step=0, overlap=overlap), model, env)
+                                   overlap=overlap, overlap_mix=0.5, rounding="nearest"), model, env)
         opt = _inner(model.parameters())
         halfway = []  # overlap 2: whether the all-gather had started, after each step of the first round's sync
         for step in range(2 * H):
@@ -326,8 +325,8 @@ def test_overlapped_outer_gradients_in_4_bits_land_as_the_blocking_ones_would():
 
 def _load_checkpoints(rank: int, world_size: int) -> dict:
     def built(fragments):
-        return build_sync(sync_cfg("diloco", every=4, outer_lr=LR, outer_momentum=MU, local_sgd_start_step=0,
-                                   overlap=2, fragments=fragments), _model(), DistEnv(rank, world_size, 0, CPU, "gloo"))
+        return build_sync(sync_cfg("diloco", every=4, outer_lr=LR, outer_momentum=MU, overlap=2, overlap_mix=0.5,
+                                   fragments=fragments), _model(), DistEnv(rank, world_size, 0, CPU, "gloo"))
     saved = built(1).state_dict()
     sent = torch.arange(91.0)
     out = {}

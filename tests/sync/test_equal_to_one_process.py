@@ -1,6 +1,6 @@
 """Gradient-sync strategies: data parallelism changes nothing but speed.
 
-Every sync.mode x sync.algo, at 2, 3 and 4 ranks, takes the same steps as one
+Every every-step sync=<strategy> x sync.algo, at 2, 3 and 4 ranks, takes the same steps as one
 process training on the same global batches (the check PyTorch's own DDP
 tests make); at 3 ranks also with grad_accum=2 (= one step on the doubled
 batch), channels_last, zero_grad(set_to_none=True), and bf16/fp16 compression
@@ -12,20 +12,21 @@ The slow test trains under torchrun and compares test accuracy.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 from concurrent.futures import ThreadPoolExecutor
-from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from ddp_lab.collectives import ALGORITHMS
 from ddp_lab.distributed import DistEnv
 from ddp_lab.models import num_parameters
 from ddp_lab.models.gpt import gpt
 from ddp_lab.models.lenet import lenet
-from ddp_lab.sync import ALGOS, MODES, ReplicaSync, build_sync
+from ddp_lab.sync import ReplicaSync, build_sync, name_of
 from ddp_lab.training.tasks import LANGUAGE_MODEL
 from tests.conftest import failure, read_summary, run_module, tiny_overrides
 from tests.multiproc import run_in_processes
@@ -34,6 +35,14 @@ from tests.sync import sync_cfg
 STEPS, BATCH, LR = 3, 12, 0.1  # 12 images per global batch: divides over 2, 3 and 4 ranks
 CPU = torch.device("cpu")
 SINGLE = DistEnv(0, 1, 0, CPU, "none")
+MODES = ("ddp", "flat", "per_param")  # the strategies that average every step's gradients
+
+
+def _cfg(mode: str = "ddp", algo: str = "builtin", **keys):
+    """sync=<mode>'s options; 0.1 MB buckets (ddp) or buffers (flat) split LeNet's 0.5 MB of gradients into
+    several."""
+    split = {"ddp": {"bucket_cap_mb": 0.1}, "flat": {"buffer_mb": 0.1}}.get(mode, {})
+    return sync_cfg(mode, algo, **{**split, **keys})
 
 
 # Each case: (name, sync config, micro-batches per step, trainer-like options).
@@ -45,38 +54,38 @@ EXTRAS_AT = 3
 def _cases(world_size: int) -> list[tuple]:
     cases = []
     for mode in MODES:
-        for algo in ALGOS:
-            cases.append((f"{mode}/{algo}", sync_cfg(mode, algo), 1, {}))
+        for algo in ALGORITHMS:
+            cases.append((f"{mode}/{algo}", _cfg(mode, algo), 1, {}))
     if world_size == 2:
         # torch.compile under DDP with buckets below DDP's first (1 MiB): compiling
         # splits the graph per bucket and refuses such buckets unless told not to.
         # Last: the fix is process-wide. (The eager backend: the same graph
         # splitting as inductor, without generating C++.)
-        cases.append(("ddp/builtin compiled", sync_cfg(), 1, {"compile": True}))
+        cases.append(("ddp/builtin compiled", _cfg(), 1, {"compile": True}))
     if world_size != EXTRAS_AT:
         return cases
     cases += [
-        ("flat/ring one buffer", sync_cfg("flat", "ring", bucket_cap_mb=0), 1, {}),
-        ("flat/ring channels_last", sync_cfg("flat", "ring"), 1, {"channels_last": True}),
-        ("per_param/builtin channels_last", sync_cfg("per_param"), 1, {"channels_last": True}),
+        ("flat/ring one buffer", _cfg("flat", "ring", buffer_mb=0), 1, {}),
+        ("flat/ring channels_last", _cfg("flat", "ring"), 1, {"channels_last": True}),
+        ("per_param/builtin channels_last", _cfg("per_param"), 1, {"channels_last": True}),
         # The trainer's zero_grad(set_to_none=True) must not break flat's views.
-        ("flat/builtin set_to_none", sync_cfg("flat"), 1, {"set_to_none": True}),
-        ("flat/ring not measuring", sync_cfg("flat", "ring"), 1, {"measuring": False}),
+        ("flat/builtin set_to_none", _cfg("flat"), 1, {"set_to_none": True}),
+        ("flat/ring not measuring", _cfg("flat", "ring"), 1, {"measuring": False}),
         # Waiting by polling instead of sleeping (env.poll, from sync.poll): same results.
-        ("ddp/builtin polling", sync_cfg(), 1, {"poll": True}),
-        ("flat/builtin polling", sync_cfg("flat"), 1, {"poll": True}),
-        ("per_param/builtin polling", sync_cfg("per_param"), 1, {"poll": True}),
+        ("ddp/builtin polling", _cfg(), 1, {"poll": True}),
+        ("flat/builtin polling", _cfg("flat"), 1, {"poll": True}),
+        ("per_param/builtin polling", _cfg("per_param"), 1, {"poll": True}),
     ]
-    for name, cfg in (("ddp/builtin", sync_cfg()), ("ddp/ring", sync_cfg("ddp", "ring")),
-                      ("flat/builtin", sync_cfg("flat")),
-                      ("flat/halving_doubling", sync_cfg("flat", "halving_doubling")),
-                      ("per_param/naive", sync_cfg("per_param", "naive"))):
+    for name, cfg in (("ddp/builtin", _cfg()), ("ddp/ring", _cfg("ddp", "ring")),
+                      ("flat/builtin", _cfg("flat")),
+                      ("flat/halving_doubling", _cfg("flat", "halving_doubling")),
+                      ("per_param/naive", _cfg("per_param", "naive"))):
         cases.append((f"{name} accum2", cfg, 2, {}))
-    for name, cfg in (("ddp/builtin", sync_cfg()), ("ddp/ring", sync_cfg("ddp", "ring")),
-                      ("flat/halving_doubling", sync_cfg("flat", "halving_doubling")),
-                      ("per_param/naive", sync_cfg("per_param", "naive"))):
+    for name, cfg in (("ddp/builtin", _cfg()), ("ddp/ring", _cfg("ddp", "ring")),
+                      ("flat/halving_doubling", _cfg("flat", "halving_doubling")),
+                      ("per_param/naive", _cfg("per_param", "naive"))):
         for c in ("bf16", "fp16"):
-            cases.append((f"{name}+{c}", SimpleNamespace(**{**vars(cfg), "compress": c}), 1, {}))
+            cases.append((f"{name}+{c}", dataclasses.replace(cfg, compress=c), 1, {}))
     return cases
 
 
@@ -195,19 +204,19 @@ def test_comm_time_is_measured_where_it_means_something(results):
     world_size, ranks = results
     for name, cfg, _, opts in _cases(world_size):
         r = ranks[0][name]
-        if cfg.mode == "ddp" and cfg.algo == "builtin":
+        if name_of(cfg) == "ddp" and cfg.algo == "builtin":
             assert r["comm_timing"] == "unmeasured", name
         elif "measuring" in opts:
             assert r["comm_seconds"] == 0.0, name
         else:
-            assert r["comm_timing"] == ("hook" if cfg.mode == "ddp" else "after_backward"), name
+            assert r["comm_timing"] == ("hook" if name_of(cfg) == "ddp" else "after_backward"), name
             assert r["comm_seconds"] > 0, name
 
 
 def test_flat_grads_stay_views_of_the_buffer(results):
     world_size, ranks = results
     for name, cfg, _, opts in _cases(world_size):
-        if cfg.mode == "flat" and "set_to_none" not in opts:
+        if name_of(cfg) == "flat" and "set_to_none" not in opts:
             assert ranks[0][name]["grads_are_views"], name
     if world_size == EXTRAS_AT:
         # after zero_grad(set_to_none=True) the grads are fresh tensors, yet the steps were right
@@ -216,7 +225,7 @@ def test_flat_grads_stay_views_of_the_buffer(results):
 
 # ---------------------------------------------------------------- the GPT
 GPT_ARGS = dict(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=16)  # tied embedding included
-GPT_CASES = [f"{mode}/{algo}" for mode in MODES for algo in ALGOS]
+GPT_CASES = [f"{mode}/{algo}" for mode in MODES for algo in ALGORITHMS]
 
 
 def _run_gpt_cases(rank: int, world_size: int) -> dict:
@@ -242,7 +251,7 @@ def _run_gpt_cases(rank: int, world_size: int) -> dict:
         torch.manual_seed(0)
         model = gpt(**GPT_ARGS)
         env = DistEnv(rank, world_size, 0, CPU, "gloo")
-        sync = build_sync(sync_cfg(*name.split("/")), model, env)
+        sync = build_sync(_cfg(*name.split("/")), model, env)
         mine = [(x[s, rank * per:(rank + 1) * per], y[s, rank * per:(rank + 1) * per]) for s in range(STEPS)]
         params = train(sync, model, mine)
         out[name] = {"ref_diff": max((a - b).abs().max().item() for a, b in zip(params, ref)),

@@ -1,4 +1,4 @@
-"""sync.mode=flat's buffers: each gradient a view that keeps its parameter's layout."""
+"""sync=flat's buffers: each gradient a view that keeps its parameter's layout."""
 from __future__ import annotations
 
 import torch

@@ -1,8 +1,8 @@
-"""sync.mode=fsdp (torch's FSDP2): the same steps as one process, 1/N of the model state per rank.
+"""sync=fsdp (torch's FSDP2): the same steps as one process, 1/N of the model state per rank.
 
 The cases of test_zero.py (LeNet under SGD with momentum and under AdamW with grad_accum=2, the
 GPT with its tied embedding under AdamW, clipping), at 2 and 3 ranks, against one process on the
-whole batch and against sync.mode=flat; and the averaging bug of gloo's reduce-scatter that
+whole batch and against sync=flat; and the averaging bug of gloo's reduce-scatter that
 fsdp.py guards against, checked where it lives.
 """
 from __future__ import annotations
@@ -12,11 +12,12 @@ import hashlib
 import pytest
 import torch
 import torch.distributed as dist
+from hydra.errors import ConfigCompositionException
 
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
 from ddp_lab.models.lenet import lenet
-from ddp_lab.sync import build_sync
+from ddp_lab.sync import build_sync, options_of
 from tests.multiproc import run_in_processes
 from tests.sync import sync_cfg
 from tests.sync.test_zero import CASES, CPU, STEPS, _model, _train, references
@@ -118,24 +119,25 @@ def test_each_weight_hands_out_the_whole_state_dict(results):
         assert all(x[name]["state_dict"] == ranks[0][name]["state_dict"] != [] for x in ranks), name
 
 
-@pytest.mark.parametrize("extra,says", [
-    ({"algo": "ring_textbook"}, r"^sync.algo=ring_textbook cannot run inside torch's FSDP2: sync.mode=fsdp takes "
-                                r"sync.algo=builtin \(sync.mode=zero runs ring_textbook and direct\)$"),
-    ({"compress": "bf16"}, r"^sync.compress=bf16 is not built for sync.mode=fsdp: use sync.compress=none$"),
-])
-def test_what_fsdp_cannot_do_is_refused_in_one_line(extra, says):
-    with pytest.raises(ConfigError, match=says):
-        build_sync(sync_cfg("fsdp", **{"algo": "builtin", **extra}), lenet(), DistEnv(0, 2, 0, CPU, "gloo"))
+def test_what_fsdp_cannot_do_is_refused_in_one_line(compose_train):
+    with pytest.raises(ConfigError, match=r"^sync.algo=ring_textbook cannot run inside torch's FSDP2 \(sync=zero runs "
+                                          r"ring_textbook and direct\): sync=fsdp takes sync.algo=builtin$"):
+        build_sync(sync_cfg("fsdp", "ring_textbook"), lenet(), DistEnv(0, 2, 0, CPU, "gloo"))
+    # no cast of the gradients: sync=fsdp takes no sync.compress
+    with pytest.raises(TypeError, match=r"^sync=fsdp takes no compress$"):
+        sync_cfg("fsdp", "builtin", "bf16")
+    with pytest.raises(ConfigCompositionException, match=r"Could not override 'sync.compress'"):
+        compose_train(["sync=fsdp", "sync.compress=bf16"])
 
 
 def test_fsdp_is_not_compiled(compose_train):
     from ddp_lab.sync import eager_only
     from ddp_lab.training.builder import validate
-    with pytest.raises(ConfigError, match=r"^trainer.compile=true cannot run where sync.mode=fsdp applies "
+    with pytest.raises(ConfigError, match=r"^trainer.compile=true cannot run where sync=fsdp applies "
                                           r"fully_shard .* set "
                                           r"trainer.compile=false \(or auto\)$"):
         validate(compose_train(["sync=fsdp", "trainer.compile=true"]))
-    assert "fully_shard" in eager_only(compose_train(["sync=fsdp"]).sync)
+    assert "fully_shard" in eager_only(options_of(compose_train(["sync=fsdp"]).sync))
 
 
 def test_units_are_the_top_level_children_or_the_named_classes():
@@ -155,7 +157,7 @@ def test_a_torch_without_fully_shard_is_refused_in_one_line(monkeypatch):
 
     from ddp_lab.sync.sharded.fsdp import fully_shard_or_refuse
     monkeypatch.delattr(torch.distributed.fsdp, "fully_shard")
-    with pytest.raises(ConfigError, match=r"^sync.mode=fsdp needs torch.distributed.fsdp.fully_shard \(torch >= "
-                                          r"2.6\); this torch is .*: upgrade torch, or use sync.mode=zero "
+    with pytest.raises(ConfigError, match=r"^sync=fsdp needs torch.distributed.fsdp.fully_shard \(torch >= "
+                                          r"2.6\); this torch is .*: upgrade torch, or use sync=zero "
                                           r"sync.zero_stage=3$"):
         fully_shard_or_refuse()

@@ -6,7 +6,7 @@
   each stepping AdamW on the mean gradient of its two ranks' batches, and DiLoCo's outer Nesterov step on the
   workers' mean change (the update of tests/sync/test_diloco.py's reference);
 and what crosses between islands: each rank's half of the outer gradient, the island gathering the halves.
-HSDP (sync.mode=fsdp with islands): DDP's steps, each rank's half of the gradients crossing.
+HSDP (sync=fsdp with islands): DDP's steps, each rank's half of the gradients crossing.
 """
 from __future__ import annotations
 
@@ -18,15 +18,16 @@ from torch import nn
 
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
-from ddp_lab.sync import build_sync, validate
+from ddp_lab.sync import build_sync, check, options_of
 from ddp_lab.sync.islands.layout import build_islands, island_size
 from tests.multiproc import run_in_processes
 from tests.sync import sync_cfg
 
 CPU = torch.device("cpu")
 H, ROUNDS, LR, MU, BATCH = 3, 3, 0.7, 0.9, 4
-INNER = {"ddp": {"inner": "ddp"}, "flat": {"inner": "flat"}, "zero2": {"inner": "zero", "zero_stage": 2},
-         "zero3": {"inner": "zero", "zero_stage": 3}, "fsdp": {"inner": "fsdp"}}  # inside 2 islands of 2
+INNER = {"ddp": {"inner": "ddp"}, "flat": {"inner": "flat"}, "zero2": {"inner": "zero", "inner_zero_stage": 2},
+         "zero3": {"inner": "zero", "inner_zero_stage": 3}, "fsdp": {"inner": "fsdp"}}  # inside 2 islands of 2
+DILOCO = {"every": H, "outer_lr": LR, "outer_momentum": MU}  # sync=diloco's keys in every run of it
 
 
 def _model():
@@ -71,10 +72,9 @@ def _train(rank: int, world_size: int, over: dict, inner_opt: str = "adamw") -> 
     x, y = _data(world_size)
     env = DistEnv(rank, world_size, 0, CPU, "gloo")
     model = _model()
-    sync = build_sync(sync_cfg(**{"every": H, "outer_lr": LR, "outer_momentum": MU, "local_sgd_start_step": 0,
-                                  "bucket_cap_mb": 25.0, **over}), model, env)
+    sync = build_sync(sync_cfg(**{**(DILOCO if over["mode"] == "diloco" else {}), **over}), model, env)
     opt = (torch.optim.AdamW(sync.param_groups(), lr=1e-2, weight_decay=0.1) if inner_opt == "adamw"
-           else torch.optim.SGD(sync.param_groups(), lr=0.1))  # (sync.inner=zero: this rank's chunks)
+           else torch.optim.SGD(sync.param_groups(), lr=0.1))  # (sync/inner=zero: this rank's chunks)
     steps = []
     for step in range(H * ROUNDS):
         F.cross_entropy(sync.module(x[step, rank]), y[step, rank]).backward()
@@ -187,7 +187,7 @@ def test_two_islands_of_two_take_the_steps_of_their_reference(runs, inner):
 
 
 def test_hsdp_two_islands_of_two_take_ddps_steps(runs):
-    """sync.mode=fsdp with islands (HSDP): sharded over 2 ranks inside, each shard's gradient all-reduced across;
+    """sync=fsdp with islands (HSDP): sharded over 2 ranks inside, each shard's gradient all-reduced across;
     the steps of DDP over the 4 ranks, and half the gradients a rank across the islands."""
     hsdp, ddp = runs["hsdp"], runs["DDP"]
     assert _apart(hsdp[0], hsdp[2]) == 0  # (the islands agree: every step averaged across them)
@@ -214,19 +214,46 @@ def test_islands_with_eager_int4_feedback_agree_inside_and_send_a_quarter_across
 
 
 @pytest.mark.parametrize("over, says", [
-    ({"islands": "2", "mode": "flat"}, "sync.mode=flat is not one: use sync.mode=diloco or local_sgd"),
-    ({"islands": "host", "mode": "fsdp", "inner": "flat"}, "is HSDP (FSDP2 shards inside each island"),
-    ({"islands": "none", "mode": "diloco", "inner": "flat"}, "sync.islands=none makes none"),
-    ({"islands": "2", "mode": "diloco", "algo": "ring"}, "use sync.algo=builtin"),
+    ({"islands": "none", "mode": "diloco", "inner": "flat"},
+     "sync/inner=flat is the strategy inside islands, and sync.islands=none makes none: set sync.islands=host (or K), "
+     "or leave sync/inner out"),
+    ({"islands": "2", "mode": "diloco", "algo": "ring"},
+     "sync.islands=2 runs torch's collectives on each island's process group: use sync.algo=builtin, not "
+     "sync.algo=ring"),
+    ({"islands": "2", "mode": "diloco", "inner": "ddp", "inner_algo": "ring"}, "use sync.inner.algo=builtin, not "
+                                                                                "sync.inner.algo=ring"),
+    ({"islands": "2", "mode": "diloco", "inner": "fsdp", "inner_islands": "2"},
+     "sync.inner.islands=2: islands are made by sync.islands, not by the strategy inside them"),
     ({"islands": "host", "mode": "local_sgd", "local_sgd_start_step": 4}, "use sync.local_sgd_start_step=0"),
     ({"mode": "diloco", "overlap_update": "eager"}, "set sync.overlap to 1 or more"),
-    ({"mode": "local_sgd", "overlap_update": "eager", "overlap": 1}, "takes sync.mode=diloco"),
     ({"mode": "diloco", "overlap": 1, "eager_proxy": "paper"}, "set sync.overlap_update=eager, or leave sync.eager"),
 ])
 def test_bad_island_settings_are_refused_in_one_line(over, says):
     with pytest.raises(ConfigError, match=says.replace("(", r"\(").replace(")", r"\)")) as e:
-        validate(sync_cfg(**{"every": 4, "local_sgd_start_step": 0, **over}))
+        check(sync_cfg(**{"every": 4, **over}))
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("over, says", [
+    ({"islands": "2", "mode": "flat"}, "sync=flat takes no islands"),  # (islands are diloco's, local_sgd's, fsdp's)
+    ({"islands": "host", "mode": "fsdp", "inner": "flat"}, "sync=fsdp takes no inner"),  # (HSDP: FSDP2 inside)
+    ({"mode": "local_sgd", "overlap_update": "eager", "overlap": 1}, "sync=local_sgd takes no overlap, "
+                                                                      "overlap_update"),
+    ({"mode": "diloco", "islands": "2", "zero_stage": 3}, "sync=diloco takes no zero_stage"),  # (sync.inner.'s)
+])
+def test_island_keys_of_another_strategy_are_not_taken(over, says):
+    with pytest.raises(TypeError, match=f"^{says}$"):
+        sync_cfg(**over)
+
+
+def test_only_the_strategies_that_may_run_inside_islands_are_taken_there(compose_train):
+    with pytest.raises(ConfigError, match=r"^sync.inner=per_param: inside islands runs one of ddp, flat, zero, fsdp$"):
+        sync_cfg("diloco", islands="2", inner="per_param")
+    cfg = compose_train(["sync=diloco", "sync.islands=2", "sync/inner=zero", "sync.inner.zero_stage=3"])
+    assert options_of(cfg.sync) == sync_cfg("diloco", islands="2", inner="zero", inner_zero_stage=3)
+    assert options_of(cfg.sync).inside().algo == "builtin"  # (zero inside islands: torch's collectives)
+    plain = options_of(compose_train(["sync=diloco", "sync.islands=2", "sync.inner=zero"]).sync)
+    assert plain == sync_cfg("diloco", islands="2", inner="zero")  # (the plain key: zero at its defaults inside)
 
 
 def _uneven_hosts(rank: int, world_size: int) -> str:

@@ -22,9 +22,10 @@ def _freed_when_dropped(rank: int, world_size: int) -> list[tuple[str, bool, boo
     gc.disable()  # freed by reference counting alone, not by a later collection
     out = []
     for algo, compress in HOOKS:
-        extra = {"powersgd_rank": 2, "powersgd_start_step": 2} if compress == "powersgd" else {}
-        sync = build_sync(sync_cfg("ddp", algo, compress, **extra), lenet(),
-                          DistEnv(rank, world_size, 0, CPU, "gloo"))
+        # (0.1 MB buckets: LeNet's 0.5 MB of gradients in several)
+        cfg = (sync_cfg("powersgd", algo, bucket_cap_mb=0.1, powersgd_rank=2, powersgd_start_step=2)
+               if compress == "powersgd" else sync_cfg("ddp", algo, compress, bucket_cap_mb=0.1))
+        sync = build_sync(cfg, lenet(), DistEnv(rank, world_size, 0, CPU, "gloo"))
         x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
         torch.nn.functional.cross_entropy(sync.module(x), y).backward()  # the hook has run
         counted, ddp = sync.wire_bytes > 0, weakref.ref(sync.module)

@@ -35,8 +35,8 @@ def _run(rank: int, world_size: int) -> dict:
     y = torch.randint(0, 10, (STEPS, world_size, BATCH), generator=g)
     torch.manual_seed(0)
     model = lenet()
-    sync = build_sync(sync_cfg("ddp", compress="powersgd", powersgd_rank=2, powersgd_start_step=START,
-                               bucket_cap_mb=25), model, DistEnv(rank, world_size, 0, torch.device("cpu"), "gloo"))
+    sync = build_sync(sync_cfg("powersgd", powersgd_rank=2, powersgd_start_step=START, bucket_cap_mb=25), model,
+                      DistEnv(rank, world_size, 0, torch.device("cpu"), "gloo"))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     params = list(model.parameters())
     true = [torch.zeros_like(p) for p in params]  # sum over steps of this rank's own gradients

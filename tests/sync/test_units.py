@@ -67,7 +67,9 @@ def _outside(rank: int, world_size: int) -> dict:
         for mode in ("zero", "fsdp"):
             torch.manual_seed(0)
             model = make()
-            sync = build_sync(sync_cfg(mode, zero_stage=3, shard_units=units), model, env)
+            cfg = (sync_cfg("zero", "builtin", zero_stage=3, shard_units=units) if mode == "zero"
+                   else sync_cfg("fsdp", shard_units=units))
+            sync = build_sync(cfg, model, env)
             try:
                 sync.module(batch()).sum().backward()
                 out[name, mode] = "trained"

@@ -9,8 +9,8 @@ AdamW amplifies the other order of the float sums (test_zero.py): 1e-4.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,7 +19,7 @@ from torch import nn
 
 from ddp_lab.distributed import DistEnv
 from ddp_lab.models.meta_init import MetaInit, build_on_meta
-from ddp_lab.sync import ReplicaSync, build_sync
+from ddp_lab.sync import ReplicaSync, SyncContext, build_sync
 from ddp_lab.training import activation_checkpointing
 from ddp_lab.training.optim import no_decay_names
 from tests.multiproc import run_in_processes
@@ -28,9 +28,10 @@ from tests.sync.user_model import UserTransformer
 
 STEPS, BATCH = 3, 4
 CPU = torch.device("cpu")
-MODES = {"ddp": sync_cfg("ddp"), "zero1": sync_cfg("zero", zero_stage=1, bucket_cap_mb=0.005),
-         "zero2": sync_cfg("zero", zero_stage=2, bucket_cap_mb=0.005), "zero3": sync_cfg("zero", zero_stage=3),
-         "fsdp": sync_cfg("fsdp")}
+MODES = {"ddp": sync_cfg("ddp", bucket_cap_mb=0.1),
+         "zero1": sync_cfg("zero", "builtin", zero_stage=1, bucket_cap_mb=0.005),
+         "zero2": sync_cfg("zero", "builtin", zero_stage=2, bucket_cap_mb=0.005),
+         "zero3": sync_cfg("zero", "builtin", zero_stage=3, bucket_cap_mb=0.1), "fsdp": sync_cfg("fsdp")}
 # (frozen part, activation checkpointing, built on the meta device)
 VARIANTS = {"frozen positions": ("positions", "none", False), "frozen block": ("block", "none", False),
             "checkpointed": ("positions", "units", False), "meta": ("block", "none", True)}
@@ -103,7 +104,7 @@ def _run(rank: int, world_size: int) -> dict:
             model, init = _build(kind, frozen, meta)
             no_decay = no_decay_names(model, "1d")
             activation_checkpointing.apply(model, ac)
-            sync = build_sync(cfg, model, env, init, no_decay)
+            sync = build_sync(cfg, model, env, SyncContext(init=init, no_decay=no_decay))
             _train(sync, kind, mine)
             out[variant, mode] = {**_state(sync, model), "initial": initial,
                                   "groups": [len(g["params"]) for g in sync.param_groups()],
@@ -124,8 +125,9 @@ def _run(rank: int, world_size: int) -> dict:
         for reduce in ("fp32", "bf16"):
             for weights in (None, torch.bfloat16):
                 model, _ = _build("user", "positions", False)
-                cfg = SimpleNamespace(**{**vars(MODES[mode]), "reduce_dtype": reduce})
-                sync = build_sync(cfg, model, env, None, no_decay_names(model, "1d"), weights)
+                cfg = dataclasses.replace(MODES[mode], reduce_dtype=reduce)
+                sync = build_sync(cfg, model, env, SyncContext(no_decay=no_decay_names(model, "1d"),
+                                                               param_dtype=weights))
                 _train(sync, "user", mine, bf16=True)
                 dtypes = sorted({str(p.dtype) for p in model.parameters()})
                 out["bf16", mode, reduce, str(weights)] = {**_state(sync, model), "wire_bytes": sync.wire_bytes,

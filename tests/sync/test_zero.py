@@ -1,8 +1,8 @@
-"""sync.mode=zero (ZeRO stages 1 and 2): the same steps as one process, the optimizer state
+"""sync=zero (ZeRO stages 1 and 2): the same steps as one process, the optimizer state
 (and under stage 2 the gradients) split N ways.
 
 Every case trains a few steps at 2 and 3 ranks against one process on the whole global batch
-and against sync.mode=flat (the all-reduce every other mode is tested equal to one process
+and against sync=flat (the all-reduce every other strategy is tested equal to one process
 with): LeNet under SGD with momentum and weight decay and under AdamW, with grad_accum=2, and
 the small GPT (tied embedding) under AdamW; each with torch's collectives and with our ring (and with
 our direct ones where a case accumulates or clips).
@@ -18,12 +18,13 @@ import hashlib
 import pytest
 import torch
 import torch.nn.functional as F
+from hydra.errors import ConfigCompositionException
 
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
 from ddp_lab.models.gpt import gpt
 from ddp_lab.models.lenet import lenet
-from ddp_lab.sync import ReplicaSync, build_sync
+from ddp_lab.sync import ReplicaSync, build_sync, check, options_of
 from ddp_lab.telemetry.memory import model_state_bytes
 from ddp_lab.training.tasks import LANGUAGE_MODEL
 from tests.multiproc import run_in_processes
@@ -49,7 +50,8 @@ CASES = [(f"{m}/{o}/accum{k}/{a}" + (f"/clip{c}" if c else ""), m, o, k, a, c)
 
 
 def zero_cfg(algo="builtin", stage=1, **extra):
-    return sync_cfg("zero", algo, zero_stage=stage, **extra)
+    """sync=zero's options; 0.1 MB buckets split LeNet's 0.5 MB of gradients into several."""
+    return sync_cfg("zero", algo, zero_stage=stage, **{"bucket_cap_mb": 0.1, **extra})
 
 
 def _model(kind: str):
@@ -104,7 +106,7 @@ def references(kind: str, optimizer: str, micro: int, clip: float, env: DistEnv)
                      [[(x[s].flatten(0, 1), y[s].flatten(0, 1))] for s in range(STEPS)], clip)
     ref = [p.detach().clone() for p in model.parameters()]
     model = _model(kind)
-    _train(build_sync(sync_cfg("flat", "builtin", bucket_cap_mb=0), model, env), kind, optimizer, mine, clip)
+    _train(build_sync(sync_cfg("flat", "builtin", buffer_mb=0), model, env), kind, optimizer, mine, clip)
     return mine, ref_opt, ref, [p.detach().clone() for p in model.parameters()]
 
 
@@ -257,19 +259,21 @@ def test_a_model_with_fewer_parameters_than_ranks_trains_as_one_process(results)
 def test_parameters_of_two_dtypes_are_refused_in_one_line():
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).half())
     for stage in STAGES:
-        with pytest.raises(ConfigError, match=r"^sync.mode=zero needs every trainable parameter of one "
+        with pytest.raises(ConfigError, match=r"^sync=zero needs every trainable parameter of one "
                                               r"floating-point dtype and device; this model has \['torch.float16', "
-                                              r"'torch.float32'\]: use sync.mode=flat$"):
+                                              r"'torch.float32'\]: use sync=flat$"):
             build_sync(zero_cfg(stage=stage), model, DistEnv(0, 2, 0, CPU, "gloo"))
 
 
-@pytest.mark.parametrize("extra,says", [
-    ({"algo": "ring"}, "sync.algo=ring has no reduce-scatter and all-gather of its own"),
-    ({"compress": "bf16"}, "sync.compress=bf16 is not built for sync.mode=zero"),
-])
-def test_what_zero_cannot_do_is_refused_in_one_line(extra, says):
-    with pytest.raises(ConfigError, match=says):
-        build_sync(zero_cfg(**extra), lenet(), DistEnv(0, 2, 0, CPU, "gloo"))
+def test_what_zero_cannot_do_is_refused_in_one_line(compose_train):
+    with pytest.raises(ConfigError, match=r"^sync.algo=ring has no reduce-scatter and all-gather of its own: sync=zero "
+                                          r"takes sync.algo=builtin or ring_textbook or direct$"):
+        build_sync(zero_cfg(algo="ring"), lenet(), DistEnv(0, 2, 0, CPU, "gloo"))
+    # no cast of the gradients: sync=zero takes no sync.compress
+    with pytest.raises(TypeError, match=r"^sync=zero takes no compress$"):
+        zero_cfg(compress="bf16")
+    with pytest.raises(ConfigCompositionException, match=r"Could not override 'sync.compress'"):
+        compose_train(["sync=zero", "sync.compress=bf16"])
 
 
 def test_stage_three_is_not_compiled(compose_train):
@@ -281,17 +285,16 @@ def test_stage_three_is_not_compiled(compose_train):
         validate(compose_train(["sync=zero", "sync.zero_stage=3", "trainer.compile=true"]))
     cfg = compose_train(["sync=zero", "sync.zero_stage=3"])
     validate(cfg)  # auto: turned off, with the reason in the log
-    assert resolve_compile("auto", CPU, 10**9, eager_only(cfg.sync)) == (
+    assert resolve_compile("auto", CPU, 10**9, eager_only(options_of(cfg.sync))) == (
         False, "trainer.compile=auto: off, sync.zero_stage=3 gathers and frees the weights in module hooks that "
                "resize their storage")
-    assert eager_only(compose_train(["sync=zero", "sync.zero_stage=2"]).sync) == ""
+    assert eager_only(options_of(compose_train(["sync=zero", "sync.zero_stage=2"]).sync)) == ""
 
 
 def test_the_schema_takes_stages_one_to_three(compose_train):
-    from ddp_lab.config import schema
-    schema.check(compose_train(["sync=zero", "sync.zero_stage=3"]))
-    with pytest.raises(ConfigError, match=r"sync.zero_stage=4 must be 1, 2 or 3"):
-        schema.check(compose_train(["sync=zero", "sync.zero_stage=4"]))
+    check(options_of(compose_train(["sync=zero", "sync.zero_stage=3"]).sync))
+    with pytest.raises(ConfigError, match=r"^sync.zero_stage=4 must be 1, 2 or 3$"):
+        check(options_of(compose_train(["sync=zero", "sync.zero_stage=4"]).sync))
 
 
 FREE_AND_MEASURE = """

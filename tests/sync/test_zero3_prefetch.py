@@ -29,7 +29,7 @@ def _run(rank: int, world_size: int) -> dict:
     for prefetch in (False, True):
         torch.manual_seed(0)
         model = gpt(vocab_size=16, block_size=8, n_layer=3, n_head=2, n_embd=16)
-        sync = build_sync(sync_cfg("zero", zero_stage=3, prefetch=prefetch), model, env)
+        sync = build_sync(sync_cfg("zero", "builtin", zero_stage=3, prefetch=prefetch), model, env)
         peak, gather = [0], sync._gather
 
         def counted(part, ahead=(), sync=sync, gather=gather, peak=peak):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+from hydra.errors import ConfigCompositionException
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from ddp_lab.config import ConfigError
@@ -51,10 +52,12 @@ def test_a_target_that_cannot_be_judged_is_refused(compose_train, tiny_fmnist, t
 def test_evaluations_between_synchronisations_are_refused_at_start_up(compose_train, mode):
     from ddp_lab.training.builder import validate
     with pytest.raises(ConfigError, match=rf"trainer.eval_every_steps=6 must be a multiple of sync.every=4 "
-                                          rf"with sync.mode={mode}"):
+                                          rf"with sync={mode}"):
         validate(compose_train([f"sync={mode}", "sync.every=4", "trainer.eval_every_steps=6"]))
     validate(compose_train([f"sync={mode}", "sync.every=4", "trainer.eval_every_steps=8"]))
-    validate(compose_train(["sync=ddp", "sync.every=4", "trainer.eval_every_steps=6"]))
+    validate(compose_train(["sync=ddp", "trainer.eval_every_steps=6"]))  # every step synchronised
+    with pytest.raises(ConfigCompositionException, match=r"Could not override 'sync.every'"):
+        compose_train(["sync=ddp", "sync.every=4"])  # (a key of the periodic strategies alone)
 
 
 def test_the_evaluations_bytes_and_collectives_up_to_the_target_are_kept_across_a_resume():

@@ -49,8 +49,8 @@ def test_zero_refuses_an_optimizer_not_known_to_be_elementwise(target, elementwi
     if not refused:
         refuse_whole_tensor_optimizers(cfg, zero)
         return
-    with pytest.raises(ConfigError, match=rf"^sync.mode=zero steps flat chunks of many tensors, and {target} is not "
+    with pytest.raises(ConfigError, match=rf"^sync=zero steps flat chunks of many tensors, and {target} is not "
                                           r"known to treat each element alone \(its math would differ\): use "
-                                          r"sync.mode=fsdp \(whole tensors' rows\), or set optim.elementwise=true "
+                                          r"sync=fsdp \(whole tensors' rows\), or set optim.elementwise=true "
                                           r"if it does$"):
         refuse_whole_tensor_optimizers(cfg, zero)

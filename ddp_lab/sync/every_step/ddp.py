@@ -1,9 +1,11 @@
-"""sync.mode=ddp: torch DistributedDataParallel, with our algorithms as its communication hook."""
+"""sync=ddp: torch DistributedDataParallel, with our algorithms as its communication hook; sync=powersgd: torch's
+PowerSGD hook under it (powersgd.py)."""
 from __future__ import annotations
 
 import logging
 import sys
 import weakref
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -11,9 +13,11 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ddp_lab.config import ConfigError
+from ddp_lab.config.keys import key
 from ddp_lab.distributed import DistEnv
-from ddp_lab.sync.base import Capabilities, polls
-from ddp_lab.sync.every_step.averaging import AveragingSync
+from ddp_lab.sync.base import NO_CONTEXT, Capabilities, SyncContext, polls
+from ddp_lab.sync.every_step.averaging import AveragingOptions, AveragingSync
 from ddp_lab.sync.every_step.powersgd import PowerSGD
 from ddp_lab.tuning import wait_polling
 
@@ -21,6 +25,28 @@ from ddp_lab.tuning import wait_polling
 DDP_FIRST_BUCKET_BYTES = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 1024 * 1024)
 
 log = logging.getLogger("ddp_lab")
+
+
+@dataclass
+class DDPOptions(AveragingOptions):
+    bucket_cap_mb: float = key(25.0, "DDP's buckets: gradients all-reduced in buckets of at most this many MB, each "
+                                     "as soon as the backward fills it", ok=lambda v: v > 0, rule="> 0")
+    gradient_as_bucket_view: bool = key(True, "gradients alias DDP's buckets (saves a copy)")
+    static_graph: bool = key(False, "promise DDP the graph never changes")
+
+
+@dataclass
+class PowerSGDOptions(DDPOptions):
+    powersgd_rank: int = key(2, "the rank of each gradient matrix's approximation (PowerSGD's paper matched full "
+                                "accuracy at 2)", at_least=1)
+    powersgd_start_step: int = key(100, "plain all-reduce for this many first steps, where inaccurate gradients "
+                                        "hurt most", at_least=2)
+
+    def check(self, name: str) -> None:
+        self.refuse_algo(name, ("builtin",), "cannot run inside torch's PowerSGD hook")
+        if self.compress != "none":
+            raise ConfigError(f"sync.compress={self.compress}: sync=powersgd sends low-rank factors of its own; "
+                              f"leave sync.compress out, or use sync=ddp sync.compress={self.compress}")
 
 
 class DDPSync(AveragingSync):
@@ -33,8 +59,9 @@ class DDPSync(AveragingSync):
     """
 
     caps = Capabilities(syncs_in_backward=True)
+    name = "ddp"
 
-    def __init__(self, model: nn.Module, env: DistEnv, cfg):
+    def __init__(self, model: nn.Module, env: DistEnv, cfg: DDPOptions, ctx: SyncContext = NO_CONTEXT):
         super().__init__(model, env, cfg)
         if _is_compiled(model) and cfg.bucket_cap_mb * 2**20 < DDP_FIRST_BUCKET_BYTES:
             _compile_whole_graph_under_ddp(cfg.bucket_cap_mb)
@@ -54,7 +81,7 @@ class DDPSync(AveragingSync):
         if cfg.algo == "builtin":
             self.comm_timing = "unmeasured"
             hook = _counting(me, default_hooks.allreduce_hook)  # DDP's own all-reduce, its bytes counted
-            if cfg.compress == "powersgd":
+            if isinstance(cfg, PowerSGDOptions):
                 self.powersgd = PowerSGD(cfg, list(self.module.parameters()),
                                          lambda nbytes, calls: me.count(nbytes, calls), wait=env.backend == "gloo")
                 hook = self.powersgd.hook

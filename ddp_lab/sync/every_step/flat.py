@@ -1,13 +1,22 @@
-"""sync.mode=flat: every gradient a view into persistent flat buffers, one allreduce per buffer."""
+"""sync=flat: every gradient a view into persistent flat buffers, one allreduce per buffer."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from ddp_lab.config.keys import key
 from ddp_lab.distributed import DistEnv
-from ddp_lab.sync.base import Capabilities, broadcast_from_rank0
-from ddp_lab.sync.every_step.averaging import AveragingSync
+from ddp_lab.sync.base import NO_CONTEXT, Capabilities, SyncContext, broadcast_from_rank0
+from ddp_lab.sync.every_step.averaging import AveragingOptions, AveragingSync
 from ddp_lab.telemetry import position
+
+
+@dataclass
+class FlatOptions(AveragingOptions):
+    buffer_mb: float = key(0.0, "the gradients in flat buffers of at most this many MB, one all-reduce each after "
+                                "the backward (0: one buffer for all)", at_least=0)
 
 
 class FlatSync(AveragingSync):
@@ -21,15 +30,18 @@ class FlatSync(AveragingSync):
 
     comm_timing = "after_backward"
     caps = Capabilities(grads_set_to_none=False)
+    name = "flat"
 
-    def __init__(self, model: nn.Module, env: DistEnv, cfg, gradients: bool = True):
+    def __init__(self, model: nn.Module, env: DistEnv, cfg: FlatOptions, ctx: SyncContext = NO_CONTEXT,
+                 gradients: bool = True, buffer_mb: float | None = None):
         super().__init__(model, env, cfg)
+        buffer_mb = cfg.buffer_mb if buffer_mb is None else buffer_mb  # (local_sgd's synchronous steps: its own)
         # (gradients=False: another strategy averages them, sync.islands' inner one, which has broadcast the
         # weights (their storage, sharded inside, may be freed by now); no buffers then)
         if gradients:
             broadcast_from_rank0(model)
         params = [p for p in model.parameters() if p.requires_grad]
-        self.buckets = [Bucket(ps) for ps in bucketed(params, cfg.bucket_cap_mb * 2**20)] if gradients else []
+        self.buckets = [Bucket(ps) for ps in bucketed(params, buffer_mb * 2**20)] if gradients else []
         for b in self.buckets:
             b.attach()  # start with zero views, so the first backward accumulates into them
 

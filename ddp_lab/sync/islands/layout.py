@@ -5,7 +5,7 @@ Islands are runs of K consecutive ranks (torchrun numbers a host's ranks consecu
 under sync.islands=host, K = LOCAL_WORLD_SIZE). Every rank is in two groups:
 
     inside   the K ranks of its island         (the every-step strategy, sync.inner: the fast link)
-    across   rank `member` of every island     (the periodic strategy, sync.mode: the slow link)
+    across   rank `member` of every island     (the periodic strategy, sync=<name>: the slow link)
 
 torchft's layout: rank j of each island exchanges chunk j of the outer gradient with rank j of the others,
 so the slow link carries 1/K of it per pair of ranks, and the island then all-gathers the K mean chunks
@@ -25,6 +25,12 @@ from ddp_lab.collectives.quantized import BITS as QUANTIZED
 from ddp_lab.collectives.quantized import start_quantized_mean
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
+
+ISLANDS_HELP = "ranks in islands: none | host (torchrun's node) | K (runs of K consecutive ranks)"
+
+
+def islands_spec_ok(v) -> bool:
+    return str(v) in ("none", "host") or (str(v).isdigit() and int(v) >= 1)
 
 
 def island_size(spec: str, world_size: int, local_world_size: int) -> int:

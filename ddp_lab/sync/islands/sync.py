@@ -1,4 +1,4 @@
-"""IslandSync: sync.inner's every-step strategy inside each island, sync.mode's periodic one across them.
+"""IslandSync: sync/inner's every-step strategy inside each island, sync=<name>'s periodic one across them.
 
 The inner strategy sees the island as its world (rank and world size counted within, its collectives on
 the island's group): DDP's buckets or flat's buffer average the gradients over the island's K ranks every
@@ -16,14 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
-from types import SimpleNamespace
 
-import torch
 from torch import nn
 
 from ddp_lab.distributed import DistEnv
-from ddp_lab.sync.base import Capabilities, ReplicaSync, broadcast_from_rank0
+from ddp_lab.sync.base import NO_CONTEXT, Capabilities, ReplicaSync, SyncContext, broadcast_from_rank0
 from ddp_lab.sync.islands.layout import build_islands
 
 
@@ -36,27 +33,22 @@ def island_caps(inner: Capabilities) -> Capabilities:
 class IslandSync(ReplicaSync):
 
     def __init__(self, model: nn.Module, env: DistEnv, cfg, inner_cls: type, outer_cls: type,
-                 no_decay: frozenset = frozenset(), init=None, param_dtype: torch.dtype | None = None):
+                 ctx: SyncContext = NO_CONTEXT):
         self.model, self.env, self.cfg = model, env, cfg
         self.islands = build_islands(cfg.islands, env)
-        if init is None:  # (a meta-device build: every rank replays the same initialisation)
+        if ctx.init is None:  # (a meta-device build: every rank replays the same initialisation)
             broadcast_from_rank0(model)  # every island from rank 0's weights (DDP would start each from its own)
-        items = vars(cfg) if isinstance(cfg, SimpleNamespace) else dict(cfg)
-        # (compress: the outer's; islands: the inner strategy's world is its island)
-        inner_cfg = SimpleNamespace(**{**items, "mode": cfg.inner, "compress": "none", "islands": "none"})
         # (zero lays optim.no_decay's parameters out in chunks of their own as it builds; stage 3 and fsdp build
         # from the meta device and gather in param_dtype)
-        takes = inspect.signature(inner_cls).parameters
-        extra = {k: v for k, v in (("no_decay", no_decay), ("init", init), ("param_dtype", param_dtype))
-                 if v and k in takes}
+        inner_ctx = dataclasses.replace(ctx, islands=None, trained=None)
         if inner_cls.caps.sharding == 3:  # the weights sharded inside: the outer strategy works on this rank's shards
-            self.inner = inner_cls(model, self.islands.inside, inner_cfg, **extra)
+            self.inner = inner_cls(model, self.islands.inside, cfg.inside(), inner_ctx)
             self.islands = dataclasses.replace(self.islands, sharded_inside=True)
-            self.outer = outer_cls(model, self.islands.across, cfg, islands=self.islands,
-                                   trained=self.inner.trained_shards)
+            self.outer = outer_cls(model, self.islands.across, cfg,
+                                   SyncContext(islands=self.islands, trained=self.inner.trained_shards))
         else:
-            self.outer = outer_cls(model, self.islands.across, cfg, islands=self.islands)
-            self.inner = inner_cls(model, self.islands.inside, inner_cfg, **extra)
+            self.outer = outer_cls(model, self.islands.across, cfg, SyncContext(islands=self.islands))
+            self.inner = inner_cls(model, self.islands.inside, cfg.inside(), inner_ctx)
         self.module = self.inner.module
         self.comm_timing = self.inner.comm_timing
         self.caps = island_caps(self.inner.caps)

@@ -1,4 +1,4 @@
-"""sync.mode=diloco: H inner steps per rank, then an outer Nesterov step on the ranks' mean change.
+"""sync=diloco: H inner steps per rank, then an outer Nesterov step on the ranks' mean change.
 
 DiLoCo (Douillard et al., 2023, "Distributed Low-Communication Training of
 Language Models"): each rank trains on its own with the inner optimizer
@@ -35,17 +35,17 @@ sync.compress=int8|int4 the quantized mean's all-to-all travels in the backgroun
 for TAU//2 steps, then its all-gather (the other half of the bytes) for the rest
 (with TAU=1 the all-gather runs when the outer step lands).
 
-sync.overlap_update=eager (Kale, Douillard and Donchev 2025, "Eager updates for overlapped
-communication and computation in DiLoCo"): instead of going on from its own weights and mixing
-the anchor in when the mean lands (delayed, the default), a rank takes the outer step at once with
-a proxy of the mean and goes on from that anchor; when the mean lands, the anchor takes the true step
-and each rank's weights move by the difference between the true anchor and the proxy one (so with a
-perfect proxy it is blocking DiLoCo without the wait: measured so, docs/bandwidth.md). The proxy
-(sync.eager_proxy): local, this rank's own outer gradient, the default; or paper, the paper's formula,
-its own fresh outer gradient for its share and the others' of the last round for theirs, (own + M
-mean_last - own_last) / M over M workers. The paper overlaps a whole round, where the others' last
-round has not been applied yet; here it has landed TAU < H steps after it was sent, and the formula
-counts it again until the correction: 0.03-0.09 nats behind blocking on the GPT, local within 0.003.
+sync.overlap_update=eager (after Kale, Douillard and Donchev 2025, "Eager updates for overlapped
+communication and computation in DiLoCo"): instead of going on from its own weights and mixing the anchor
+in when the mean lands (delayed, the default), a rank takes the outer step at once with a proxy of the mean
+and goes on from that anchor; when the mean lands, the anchor takes the true step and each rank's weights
+move by the difference between the true anchor and the proxy one (with a perfect proxy, blocking DiLoCo
+without the wait). The proxy (sync.eager_proxy): local, this rank's own outer gradient, the default; or
+paper, (own + M mean_last - own_last) / M over M workers, our adaptation of the paper's proxy to an overlap
+shorter than a round. The paper overlaps a whole round (TAU = H, which sync.overlap < sync.every refuses),
+where the others' last outer gradients are not applied yet; here they landed TAU steps after they were sent,
+so that formula counts them twice until the correction. How far each falls behind blocking DiLoCo:
+docs/bandwidth.md.
 
 What lands is what is scored: an evaluation while an outer gradient travels waits for it and scores
 the anchor as it will be once landed (the training goes on as if it had not waited). `finish` lands
@@ -62,6 +62,7 @@ fragment's outer step lands at once and its weights become its anchor.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -71,11 +72,67 @@ from torch import nn
 from ddp_lab.collectives.quantized import BITS as QUANTIZED
 from ddp_lab.collectives.quantized import Residual, start_quantized_mean
 from ddp_lab.config import ConfigError
+from ddp_lab.config.keys import choices, key, positive_finite
 from ddp_lab.distributed import DistEnv
+from ddp_lab.sync.base import NO_CONTEXT, SyncContext
 from ddp_lab.sync.every_step.averaging import COMPRESS_DTYPES
-from ddp_lab.sync.islands.layout import Islands
-from ddp_lab.sync.periodic.local_sgd import LocalSGDSync, average_into, kept
+from ddp_lab.sync.periodic.local_sgd import LocalSGDSync, PeriodicOptions, average_into, kept
 from ddp_lab.telemetry import position
+
+OuterWire = choices("OuterWire", "none bf16 fp16 int8 int4")
+
+
+@dataclass
+class DiLoCoOptions(PeriodicOptions):
+    compress: OuterWire = key(OuterWire.none, "what the outer gradient crosses the wire as: none | bf16 | fp16 (a "
+                                              "cast) | int8 | int4 (quantized in blocks, summed in fp32)")
+    outer_lr: float = key(0.7, "the outer optimizer's learning rate (DiLoCo's paper: 0.7)", ok=positive_finite,
+                          rule="a positive number")
+    outer_momentum: float = key(0.5, "the outer Nesterov momentum (0: none; why 0.5 rather than the paper's 0.9: "
+                                     "docs/defaults.md)", ok=lambda v: 0 <= v < 1, rule="in [0, 1)")
+    overlap: int = key(0, "inner steps the outer gradient's all-reduce travels behind before its outer step lands "
+                          "(Streaming DiLoCo's tau; 0: every rank waits for it)", at_least=0)
+    overlap_mix: float = key(0.8, "sync.overlap > 0, delayed: the share of its own weights a rank keeps when the "
+                                  "outer step lands (0: replaced by the anchor; docs/defaults.md)",
+                             ok=lambda v: 0 <= v <= 1, rule="in [0, 1]")
+    fragments: int = key(1, "the parameters cut into this many runs of about equal size, each synchronised every "
+                            "sync.every steps at its own offset, so each sync sends 1/F of the outer gradient "
+                            "(Streaming DiLoCo; 1: all at once)", at_least=1)
+    overlap_update: str = key("delayed", "sync.overlap > 0: how a rank goes on while its outer gradient travels: "
+                                         "delayed (from its own weights, the landed anchor mixed in by "
+                                         "sync.overlap_mix) | eager (at once from the anchor a proxy outer step "
+                                         "gives, corrected when the mean lands)",
+                              ok=lambda v: v in ("delayed", "eager"), rule="delayed or eager")
+    eager_proxy: str = key("local", "sync.overlap_update=eager: what stands for the mean outer gradient until it "
+                                    "lands: local (this rank's own) | paper ((own + M mean_last - own_last) / M, "
+                                    "our adaptation of Kale et al.'s proxy to an overlap shorter than a round); "
+                                    "docs/bandwidth.md compares them", ok=lambda v: v in ("local", "paper"),
+                           rule="local or paper")
+    rounding: str = key("feedback", "sync.compress=int8|int4: how numbers round to their levels: feedback (to "
+                                    "nearest, each round's residual added to the next: no bias over rounds) | "
+                                    "stochastic (unbiased, no state) | nearest (neither); docs/bandwidth.md",
+                        ok=lambda v: v in ("nearest", "feedback", "stochastic"),
+                        rule="nearest, feedback or stochastic")
+
+    def check(self, name: str) -> None:
+        super().check(name)
+        if self.algo != "builtin" and (self.compress in QUANTIZED or self.overlap or self.fragments > 1):
+            raise ConfigError(f"sync.algo={self.algo}: DiLoCo's int8/int4, overlap and fragments run on torch's "
+                              f"collectives: use sync.algo=builtin")
+        if self.eager_proxy != "local" and self.overlap_update != "eager":
+            raise ConfigError(f"sync.eager_proxy={self.eager_proxy} is what eager's outer step stands on, and "
+                              f"sync.overlap_update={self.overlap_update}: set sync.overlap_update=eager, or leave "
+                              f"sync.eager_proxy out")
+        if self.overlap_update == "eager" and not self.overlap:
+            raise ConfigError("sync.overlap_update=eager takes the outer step before the mean lands, and "
+                              "sync.overlap=0 waits for it: set sync.overlap to 1 or more (e.g. 2), or leave "
+                              "sync.overlap_update out")
+        if self.fragments > 1 and self.fragments > self.every:
+            raise ConfigError(f"sync.fragments={self.fragments} must be at most sync.every={self.every}: each "
+                              f"fragment synchronises at its own step of the {self.every}")
+        if self.overlap and self.overlap >= self.every:
+            raise ConfigError(f"sync.overlap={self.overlap} must be less than sync.every={self.every}: the outer "
+                              f"step lands before the next synchronisation")
 
 
 class InFlight(NamedTuple):
@@ -90,8 +147,9 @@ class InFlight(NamedTuple):
 
 class DiLoCoSync(LocalSGDSync):
 
-    def __init__(self, model: nn.Module, env: DistEnv, cfg, islands: Islands | None = None, trained=None):
-        super().__init__(model, env, cfg, start=0, islands=islands, trained=trained)  # (no synchronous start)
+    def __init__(self, model: nn.Module, env: DistEnv, cfg: DiLoCoOptions, ctx: SyncContext = NO_CONTEXT):
+        super().__init__(model, env, cfg, ctx)
+        islands = ctx.islands
         self.buffers = self.floating_buffers
         # sharded inside islands, each rank's anchor and outer momentum are of its own shard: checkpointed per rank
         self.own_anchor = islands is not None and islands.sharded_inside
@@ -101,7 +159,7 @@ class DiLoCoSync(LocalSGDSync):
         self.outer = torch.optim.SGD(self.anchor, lr=cfg.outer_lr, momentum=m, nesterov=m > 0)
         self.overlap, self.mix = cfg.overlap, cfg.overlap_mix
         self.eager = bool(self.overlap) and cfg.overlap_update == "eager"
-        self.paper_proxy = self.eager and getattr(cfg, "eager_proxy", "local") == "paper"  # (else: local)
+        self.paper_proxy = self.eager and cfg.eager_proxy == "paper"  # (else: local)
         self.fragments = fragment_bounds([p.numel() for p in self.params], cfg.fragments)
         self.streaming = bool(self.overlap) or len(self.fragments) > 1
         self.sent: list[InFlight | None] = [None] * len(self.fragments)  # each fragment's, on its way
@@ -355,6 +413,9 @@ class DiLoCoSync(LocalSGDSync):
             proxies = own.get("proxy") or [None] * len(mine)
             self.sent = [InFlight(None, None, g, at, x) if at is not None else None
                          for at, g, x in zip(sent_at, mine, proxies)]
+
+    def outer_wire(self) -> str:
+        return str(self.cfg.compress)
 
     def describe(self) -> str:
         c = self.cfg.compress

@@ -1,10 +1,10 @@
-"""sync.mode=local_sgd: each rank takes its own steps; every `sync.every` steps the ranks average their weights.
+"""sync=local_sgd: each rank takes its own steps; every `sync.every` steps the ranks average their weights.
 
 Local SGD (Lin et al., ICLR 2020, "Don't use large mini-batches, use local
 SGD") sends the weights once per H = `sync.every` steps instead of the
 gradients every step: H times fewer bytes, at the price of ranks that drift
 apart in between. Post-local SGD starts with `sync.local_sgd_start_step`
-ordinary synchronous steps (gradients averaged every step, as mode=flat),
+ordinary synchronous steps (gradients averaged every step, as sync=flat),
 where the paper found the drift hurts most, and goes local after them.
 
 torch's PeriodicModelAverager does the averaging with the builtin all-reduce
@@ -22,28 +22,83 @@ run ends with a synchronisation (`finish`).
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass, field
+from typing import Any, List
 
 import torch
 from torch import nn
 
+from ddp_lab.config import ConfigError
+from ddp_lab.config.keys import key
 from ddp_lab.distributed import DistEnv
-from ddp_lab.sync.base import Capabilities
+from ddp_lab.sync.base import NO_CONTEXT, Capabilities, SyncContext
+from ddp_lab.sync.every_step.averaging import COMPRESS_DTYPES
 from ddp_lab.sync.every_step.flat import FlatSync
-from ddp_lab.sync.islands.layout import Islands, start_island_mean
+from ddp_lab.sync.islands.layout import ISLANDS_HELP, islands_spec_ok, start_island_mean
+from ddp_lab.sync.options import SyncOptions
 from ddp_lab.telemetry import position
+
+DEFAULT_INNER = "ddp"  # the every-step strategy inside islands unless sync/inner=<name> says otherwise
+
+
+@dataclass
+class PeriodicOptions(SyncOptions):
+    """The keys of the strategies that send weights (or their change) every sync.every steps."""
+
+    # Hydra: the inner strategy's node, merged after this one's own keys (sync/inner=<name> chooses another)
+    defaults: List[Any] = field(default_factory=lambda: ["_self_", {"inner": DEFAULT_INNER}], repr=False)
+    every: int = key(8, "steps between synchronisations of the weights (H)", at_least=1)
+    islands: str = key("none", ISLANDS_HELP + "; this strategy runs across them, sync.inner every step inside",
+                       ok=islands_spec_ok, rule="none, host or a positive integer")
+    inner: Any = key(None, "sync.islands: the every-step strategy inside each island, chosen with "
+                           "sync/inner=<name> (ddp, flat, zero, fsdp), its keys under sync.inner.<key>")
+
+    def inside(self) -> SyncOptions:
+        """The inner strategy's options (sync/inner; ddp's at their defaults where none was composed)."""
+        from ddp_lab.sync.registry import inner_options
+        return self.inner if self.inner is not None else inner_options(DEFAULT_INNER)
+
+    def check(self, name: str) -> None:
+        from ddp_lab.sync.registry import name_of
+        inner = name_of(self.inside())
+        if str(getattr(self.inside(), "islands", "none")) != "none":  # (fsdp's HSDP, inside an island)
+            raise ConfigError(f"sync.inner.islands={self.inside().islands}: islands are made by sync.islands, not "
+                              f"by the strategy inside them: leave sync.inner.islands out")
+        if str(self.islands) == "none":
+            if inner != DEFAULT_INNER:
+                raise ConfigError(f"sync/inner={inner} is the strategy inside islands, and sync.islands=none makes "
+                                  f"none: set sync.islands=host (or K), or leave sync/inner out")
+            return
+        for where, algo in (("sync.algo", self.algo), ("sync.inner.algo", self.inside().algo)):
+            if algo != "builtin":
+                raise ConfigError(f"sync.islands={self.islands} runs torch's collectives on each island's process "
+                                  f"group: use {where}=builtin, not {where}={algo}")
+
+
+@dataclass
+class LocalSGDOptions(PeriodicOptions):
+    local_sgd_start_step: int = key(0, "average gradients every step for this many first steps, then weights "
+                                       "every sync.every (post-local SGD)", at_least=0)
+
+    def check(self, name: str) -> None:
+        super().check(name)
+        if str(self.islands) != "none" and self.local_sgd_start_step:
+            raise ConfigError(f"sync.local_sgd_start_step={self.local_sgd_start_step} averages gradients over every "
+                              f"rank for its first steps, which islands leave to sync.inner: use "
+                              f"sync.local_sgd_start_step=0")
 
 
 class LocalSGDSync(FlatSync):
     caps = Capabilities(diverges=True, grads_set_to_none=False)  # (flat's buffer kept)
 
-    def __init__(self, model: nn.Module, env: DistEnv, cfg, start: int | None = None, islands: Islands | None = None,
-                 trained=None):
+    def __init__(self, model: nn.Module, env: DistEnv, cfg: PeriodicOptions, ctx: SyncContext = NO_CONTEXT):
         # rank 0's weights everywhere; gradient buffers for synchronous steps (none across islands: env is
-        # then rank i of every island, the islands' inner strategy averaging the gradients)
-        super().__init__(model, env, cfg, gradients=islands is None)
+        # then rank i of every island, the islands' inner strategy averaging the gradients), in one buffer
+        islands, trained = ctx.islands, ctx.trained
+        super().__init__(model, env, cfg, gradients=islands is None, buffer_mb=0)
         self.islands = islands
         self.every = cfg.every
-        self.start = cfg.local_sgd_start_step if start is None else start
+        self.start = cfg.local_sgd_start_step if isinstance(cfg, LocalSGDOptions) else 0  # (diloco: no such start)
         self.step = 0  # optimizer steps taken, the run's count (checkpointed)
         # the trained tensors (a frozen one never changes), asked anew each time: `trained()`, where the island's
         # inner strategy shards them (sync.islands with zero stage 3 or fsdp: this rank's shards)
@@ -88,9 +143,15 @@ class LocalSGDSync(FlatSync):
             return super()._average(flat)
         self._start_island_mean(flat).wait()
 
+    def outer_wire(self) -> str:
+        """What crosses between islands: local_sgd's weights as they are (diloco's sync.compress)."""
+        return "none"
+
     def _start_island_mean(self, flat: torch.Tensor, residual=None, generator: torch.Generator | None = None):
-        """The mean over islands under way (int8, int4: rounded with `residual` or `generator`), its bytes counted."""
-        pending, across, calls, inside = start_island_mean(flat, self.islands, self.cfg.compress, self.wire_dtype,
+        """The mean over islands under way (int8, int4: rounded with `residual` or `generator`), its bytes counted;
+        in diloco's sync.compress (local_sgd's weights cross as they are)."""
+        compress = self.outer_wire()
+        pending, across, calls, inside = start_island_mean(flat, self.islands, compress, COMPRESS_DTYPES.get(compress),
                                                            residual, generator)
         self.count(across, calls, across=True)
         if inside:

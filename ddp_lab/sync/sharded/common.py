@@ -6,17 +6,33 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.config import ConfigError
+from ddp_lab.config.keys import key
 from ddp_lab.sync.every_step.flat import dense_strides
+from ddp_lab.sync.options import SyncOptions
 from ddp_lab.telemetry import position
 
 ALGOS = ("builtin", "ring_textbook", "direct")  # those with a reduce-scatter and an all-gather of their own
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # sync.reduce_dtype (stage 3, fsdp under bf16)
+
+
+@dataclass
+class ShardedOptions(SyncOptions):
+    """The keys of the strategies that shard the weights (zero stage 3, fsdp): the dtypes they gather and reduce in."""
+
+    param_dtype: str = key("amp", "the dtype the weights are gathered in (stage 3, fsdp): amp (bf16 under "
+                                  "trainer.amp=bf16, the optimizer stepping fp32 shards; else as they are) | fp32 "
+                                  "(as they are, autocast casting them op by op)",
+                           ok=lambda v: v in ("amp", "fp32"), rule="amp or fp32")
+    reduce_dtype: str = key("fp32", "under trainer.amp=bf16 with the weights gathered in bf16: the dtype gradients "
+                                    "are reduce-scattered in: fp32 | bf16", ok=lambda v: v in REDUCE_DTYPES,
+                            rule="fp32 or bf16")
 
 
 def views_into(buffer: torch.Tensor, params: list[nn.Parameter]) -> list[torch.Tensor]:
@@ -36,7 +52,7 @@ def trainable_parameters(model: nn.Module, what: str) -> list[nn.Parameter]:
     kinds = {(p.dtype, p.device) for p in params}
     if len(kinds) != 1 or not next(iter(kinds))[0].is_floating_point:
         raise ConfigError(f"{what} needs every trainable parameter of one floating-point dtype "
-                          f"and device; this model has {sorted(str(d) for d, _ in kinds)}: use sync.mode=flat")
+                          f"and device; this model has {sorted(str(d) for d, _ in kinds)}: use sync=flat")
     return params
 
 

@@ -1,4 +1,4 @@
-"""sync.mode=fsdp: torch's FSDP2 (`fully_shard`), beside our own ZeRO stage 3 (zero3.py).
+"""sync=fsdp: torch's FSDP2 (`fully_shard`), beside our own ZeRO stage 3 (zero3.py).
 
 FSDP2 shards every parameter over the ranks as a DTensor (dim 0, rank r holds rows r/N of it)
 and, like stage 3, gathers a unit's weights before its forward and its backward and frees them
@@ -26,6 +26,7 @@ parameter at a time, each gathered whole and dropped (each_weight): no rank hold
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -33,13 +34,38 @@ from torch import nn
 
 from ddp_lab.checkpoint.reshard import my_rows, stepped
 from ddp_lab.config import ConfigError
+from ddp_lab.config.keys import key
 from ddp_lab.distributed import DistEnv
 from ddp_lab.models.meta_init import MetaInit, real_buffers, real_copy, swap_parameters
-from ddp_lab.sync.base import Capabilities, ReplicaSync, broadcast_buffers_each_step, broadcast_from_rank0
-from ddp_lab.sync.islands.layout import island_shape
-from ddp_lab.sync.sharded.common import REDUCE_DTYPES, clip_sharded, load_whole_part, return_freed_blocks
+from ddp_lab.sync.base import (
+    NO_CONTEXT,
+    Capabilities,
+    ReplicaSync,
+    SyncContext,
+    broadcast_buffers_each_step,
+    broadcast_from_rank0,
+)
+from ddp_lab.sync.islands.layout import ISLANDS_HELP, island_shape, islands_spec_ok
+from ddp_lab.sync.sharded.common import (
+    REDUCE_DTYPES,
+    ShardedOptions,
+    clip_sharded,
+    load_whole_part,
+    return_freed_blocks,
+)
 from ddp_lab.sync.sharded.outside_use import check_first_forward
 from ddp_lab.sync.sharded.units import announce, unit_modules
+
+
+@dataclass
+class FSDPOptions(ShardedOptions):
+    islands: str = key("none", ISLANDS_HELP + ": HSDP, FSDP2 sharding inside each island and all-reducing the "
+                               "gradients' shards across every step", ok=islands_spec_ok,
+                       rule="none, host or a positive integer")
+
+    def check(self, name: str) -> None:
+        self.refuse_algo(name, ("builtin",), "cannot run inside torch's FSDP2 (sync=zero runs ring_textbook and "
+                                            "direct)")
 
 
 def fully_shard_or_refuse():
@@ -47,8 +73,8 @@ def fully_shard_or_refuse():
     try:
         from torch.distributed.fsdp import fully_shard
     except ImportError:
-        raise ConfigError(f"sync.mode=fsdp needs torch.distributed.fsdp.fully_shard (torch >= 2.6); this "
-                          f"torch is {torch.__version__}: upgrade torch, or use sync.mode=zero "
+        raise ConfigError(f"sync=fsdp needs torch.distributed.fsdp.fully_shard (torch >= 2.6); this "
+                          f"torch is {torch.__version__}: upgrade torch, or use sync=zero "
                           f"sync.zero_stage=3") from None
     return fully_shard
 
@@ -61,12 +87,11 @@ def local(t: torch.Tensor) -> torch.Tensor:
 class FSDPSync(ReplicaSync):
     comm_timing = "unmeasured"  # FSDP's collectives run asynchronously inside its hooks
     caps = Capabilities(syncs_in_backward=True, shards=True, forward_gathers=True, sharding=3,
-                        eager="sync.mode=fsdp applies fully_shard to the eager model's blocks")
+                        eager="sync=fsdp applies fully_shard to the eager model's blocks")
 
-    def __init__(self, model: nn.Module, env: DistEnv, cfg, init: MetaInit | None = None,
-                 no_decay: frozenset = frozenset(), param_dtype: torch.dtype | None = None):
+    def __init__(self, model: nn.Module, env: DistEnv, cfg: FSDPOptions, ctx: SyncContext = NO_CONTEXT):
         super().__init__(model, env)
-        self.cfg = cfg
+        self.cfg, init, param_dtype = cfg, ctx.init, ctx.param_dtype
         fully_shard = fully_shard_or_refuse()
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -78,8 +103,8 @@ class FSDPSync(ReplicaSync):
                 p.data = p.data.contiguous()
         # sync.islands (HSDP): a copy of the model in each island, sharded over its K ranks, the gradients'
         # shards all-reduced across the islands (the mesh's rows: an island's consecutive ranks)
-        replicas, self.shards_over = (island_shape(str(cfg.islands), env) if str(getattr(cfg, "islands", "none"))
-                                      != "none" else (1, env.world_size))
+        replicas, self.shards_over = (island_shape(str(cfg.islands), env) if str(cfg.islands) != "none"
+                                      else (1, env.world_size))
         self.shard_rank = env.rank % self.shards_over
         if replicas > 1:
             mesh = init_device_mesh(env.device.type, (replicas, self.shards_over), mesh_dim_names=("across", "inside"))
@@ -92,10 +117,10 @@ class FSDPSync(ReplicaSync):
         self.replicas = replicas
         # trainer.amp=bf16: the weights gathered in bf16, the gradients reduce-scattered in sync.reduce_dtype, the
         # sharded fp32 ones stepped (FSDP2's MixedPrecisionPolicy, as zero stage 3 does it)
-        reduce_dtype = REDUCE_DTYPES[getattr(cfg, "reduce_dtype", "fp32")]
+        reduce_dtype = REDUCE_DTYPES[cfg.reduce_dtype]
         policy = {"mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)} \
             if param_dtype is not None else {}
-        mods = unit_modules(model, cfg.shard_units, getattr(cfg, "unit_mb", 100.0))
+        mods = unit_modules(model, cfg.shard_units, cfg.unit_mb)
         owners = {}  # parameter -> how many units hold it; a tied one (the GPT's embedding) stays in the root
         for m in mods:
             for p in m.parameters():
@@ -224,12 +249,12 @@ class FSDPSync(ReplicaSync):
         state = {}
         for i, p in enumerate(params):
             state[i] = {}
-            for key, value in states[0]["state"].get(i, {}).items():
+            for name, value in states[0]["state"].get(i, {}).items():
                 if not (isinstance(value, torch.Tensor) and value.dim() > 0):  # AdamW's step: every rank's
-                    state[i][key] = value
+                    state[i][name] = value
                     continue
-                rows = self._my_rows([local(s["state"][i][key]) for s in states], p, key, i)
-                state[i][key] = DTensor.from_local(rows, p.device_mesh, p.placements, run_check=False, shape=p.shape,
+                rows = self._my_rows([local(s["state"][i][name]) for s in states], p, name, i)
+                state[i][name] = DTensor.from_local(rows, p.device_mesh, p.placements, run_check=False, shape=p.shape,
                                                    stride=p.stride())
         return {"state": state, "param_groups": states[0]["param_groups"]}
 

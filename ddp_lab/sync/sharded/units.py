@@ -135,7 +135,6 @@ def announce(model: nn.Module, units: list[nn.Module], cfg, is_main: bool) -> No
     """Rank 0 logs the units (describe) and, where one holds more than half the parameters, warns."""
     if not is_main:
         return
-    classes, unit_mb = getattr(cfg, "shard_units", AUTO), getattr(cfg, "unit_mb", 100.0)
-    log.info(describe(model, units, classes, unit_mb))
+    log.info(describe(model, units, cfg.shard_units, cfg.unit_mb))
     if line := warning(model, units):
         log.warning(line)

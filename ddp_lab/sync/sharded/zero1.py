@@ -1,4 +1,4 @@
-"""sync.mode=zero (sync.zero_stage=1): ZeRO stage 1, each rank keeps the optimizer state of its own shard only.
+"""sync=zero (sync.zero_stage=1): ZeRO stage 1, each rank keeps the optimizer state of its own shard only.
 The base of stages 2 (zero2.py) and 3 (zero3.py): the layout, the schedule and the all-gather are here.
 
 ZeRO (Rajbhandari et al. 2019) splits what every DDP rank holds N ways. Stage 1 shards the
@@ -43,6 +43,7 @@ blocks to the kernel), _lay_out (stage 3 lays out units it frees between uses) a
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -57,10 +58,19 @@ from ddp_lab.collectives import (
     ring_textbook_reduce_scatter,
 )
 from ddp_lab.collectives.basics import Pending
+from ddp_lab.config.keys import key
 from ddp_lab.distributed import DistEnv
-from ddp_lab.models.meta_init import MetaInit
-from ddp_lab.sync.base import Capabilities, ReplicaSync, broadcast_buffers_each_step, broadcast_from_rank0, plain_name
-from ddp_lab.sync.sharded.common import clip_sharded, trainable_parameters, views_into
+from ddp_lab.sync.base import (
+    NO_CONTEXT,
+    Capabilities,
+    ReplicaSync,
+    SyncContext,
+    broadcast_buffers_each_step,
+    broadcast_from_rank0,
+    plain_name,
+)
+from ddp_lab.sync.options import Algo
+from ddp_lab.sync.sharded.common import ALGOS, ShardedOptions, clip_sharded, trainable_parameters, views_into
 from ddp_lab.telemetry import position
 
 IN_FLIGHT = 2  # builtin, direct: reduce-scatters launched and not yet waited for (bounds their buffers)
@@ -92,16 +102,37 @@ def grouped_buckets(params: list[nn.Parameter], group: dict[int, int], cap_bytes
     return [b for b, _ in out], [g for _, g in out]
 
 
+@dataclass
+class ZeroOptions(ShardedOptions):
+    # our direct reduce-scatter and all-gather: faster than torch's on gloo at every stage, on two CPUs
+    # (docs/results/2026-11-28_xeon-2c_zero-direct, docs/results/2026-11-29_zen4-2c_zero-default-algo)
+    algo: Algo = key(Algo.direct, "the reduce-scatter and all-gather: builtin (gloo/NCCL) | ring_textbook | direct "
+                                  "(ddp_lab.collectives)")
+    zero_stage: int = key(1, "what is sharded over the ranks: 1 the optimizer state, 2 also the gradients, 3 also "
+                             "the weights (gathered a unit at a time)", ok=lambda v: v in (1, 2, 3), rule="1, 2 or 3")
+    bucket_cap_mb: float = key(25.0, "stages 1 and 2: gradients reduce-scattered in buckets of at most this many MB "
+                                     "(0: one bucket)", at_least=0)
+    prefetch: bool = key(True, "stage 3 with sync.algo=builtin or direct: start the next unit's gather while this "
+                               "one computes (false: each unit gathered when it is needed)")
+
+    def check(self, name: str) -> None:
+        self.refuse_algo(name, ALGOS, "has no reduce-scatter and all-gather of its own")
+
+    def strategy(self) -> type:
+        from ddp_lab.sync.sharded import ZERO_STAGES
+        return ZERO_STAGES[self.zero_stage]
+
+
 class Zero1Sync(ReplicaSync):
     comm_timing = "hook"
     # each chunk's gradient is a view into one buffer kept between steps
     caps = Capabilities(syncs_in_backward=True, shards=True, grads_set_to_none=False, sharding=1, flat_shards=True)
 
-    def __init__(self, model: nn.Module, env: DistEnv, cfg, init: MetaInit | None = None,
-                 no_decay: frozenset = frozenset()):
+    def __init__(self, model: nn.Module, env: DistEnv, cfg: ZeroOptions, ctx: SyncContext = NO_CONTEXT):
         super().__init__(model, env)
+        init, no_decay = ctx.init, ctx.no_decay
         self.cfg, self.init = cfg, init  # init: a meta-device model's (stage 3 only), replayed by every rank
-        params = trainable_parameters(model, "sync.mode=zero")
+        params = trainable_parameters(model, "sync=zero")
         self.no_decay = no_decay  # (optim.no_decay's parameter names: a group of their own, never in one chunk)
         self.group_of = {id(p): int(plain_name(n) in no_decay) for n, p in model.named_parameters()}
         self._prepare()

@@ -1,4 +1,4 @@
-"""sync.mode=zero sync.zero_stage=2: the gradients sharded too, reduce-scattered during the backward.
+"""sync=zero sync.zero_stage=2: the gradients sharded too, reduce-scattered during the backward.
 
 Stage 1 (zero1.py, the layout and schedule this file keeps) holds every rank's whole gradient.
 Stage 2 keeps 1/N of it between steps: with AdamW in fp32 a rank holds 4 bytes of weights per

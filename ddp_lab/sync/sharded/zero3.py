@@ -1,4 +1,4 @@
-"""sync.mode=zero sync.zero_stage=3: the weights sharded too, gathered a block at a time.
+"""sync=zero sync.zero_stage=3: the weights sharded too, gathered a block at a time.
 
 Stages 1 and 2 (zero1.py, zero2.py) keep the whole weights on every rank. Stage 3 keeps 1/N
 of everything between steps: with AdamW in fp32, 16/N bytes a parameter. The model is cut
@@ -54,7 +54,7 @@ from ddp_lab.collectives import (
     ring_textbook_all_gather,
 )
 from ddp_lab.models.meta_init import make_the_rest_real, swap_parameters
-from ddp_lab.sync.base import Capabilities
+from ddp_lab.sync.base import NO_CONTEXT, Capabilities, SyncContext
 from ddp_lab.sync.sharded.common import REDUCE_DTYPES, load_whole_part, return_freed_blocks, state_names
 from ddp_lab.sync.sharded.flat_unit import Unit, units_of
 from ddp_lab.sync.sharded.outside_use import check_first_forward
@@ -69,13 +69,13 @@ class Zero3Sync(Zero2Sync):
                         eager="sync.zero_stage=3 gathers and frees the weights in module hooks that resize "
                               "their storage")
 
-    def __init__(self, model: nn.Module, env, cfg, init=None, no_decay: frozenset = frozenset(),
-                 param_dtype: torch.dtype | None = None):
-        # param_dtype (trainer.amp=bf16): the units gathered in it, the pieces (what the optimizer steps) kept
+    def __init__(self, model: nn.Module, env, cfg, ctx: SyncContext = NO_CONTEXT):
+        # ctx.param_dtype (trainer.amp=bf16): the units gathered in it, the pieces (what the optimizer steps) kept
         # in the parameters' own dtype; the gradients reduce-scattered in sync.reduce_dtype
+        param_dtype = ctx.param_dtype
         self.param_dtype = param_dtype
-        self.reduce_dtype = REDUCE_DTYPES[getattr(cfg, "reduce_dtype", "fp32")] if param_dtype else None
-        super().__init__(model, env, cfg, init, no_decay)
+        self.reduce_dtype = REDUCE_DTYPES[cfg.reduce_dtype] if param_dtype else None
+        super().__init__(model, env, cfg, ctx)
 
     def _prepare(self) -> None:
         return_freed_blocks(self.env.device)
@@ -86,7 +86,7 @@ class Zero3Sync(Zero2Sync):
         n, r = self.env.world_size, self.env.rank
         every = list(dict.fromkeys(model.parameters()))  # frozen ones too (tied ones once)
         owners = {}  # parameter -> the units whose modules hold it
-        mods = unit_modules(model, self.cfg.shard_units, getattr(self.cfg, "unit_mb", 100.0))
+        mods = unit_modules(model, self.cfg.shard_units, self.cfg.unit_mb)
         announce(model, mods, self.cfg, self.env.is_main)
         for i, m in enumerate(mods):
             for p in m.parameters():

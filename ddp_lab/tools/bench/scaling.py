@@ -129,7 +129,7 @@ def write_results(rows: list[dict], out: Path) -> None:
 def measure(kind: str, sync: str, world: int, args, out: Path, cluster=None) -> Point:
     mode, algo = sync.split("/")
     batch = args.per_rank_batch * world if kind == "weak" else args.global_batch
-    overrides = [f"sync.mode={mode}", f"sync.algo={algo}", f"data.batch_size={batch}",
+    overrides = [f"sync={mode}", f"sync.algo={algo}", f"data.batch_size={batch}",
                  f"trainer.max_steps={args.max_steps}", "trainer.epochs=1",
                  f"trainer.threads={args.threads}", *args.overrides]
     summaries = []
@@ -199,12 +199,13 @@ def parse_args(argv=None):
     args.syncs = args.syncs.split(",")
     if any(s.count("/") != 1 for s in args.syncs):
         p.error(f"--syncs={','.join(args.syncs)!r}: each must be mode/algo, e.g. ddp/builtin,flat/ring")
-    from ddp_lab.sync import ALGOS, MODES
+    from ddp_lab.collectives import ALGORITHMS
+    from ddp_lab.sync import REGISTRY
     for sync in args.syncs:
         mode, algo = sync.split("/")
-        if mode not in MODES or algo not in ALGOS:
-            p.error(f"--syncs: {sync!r} is not mode/algo with mode one of {', '.join(MODES)} "
-                    f"and algo one of {', '.join(ALGOS)}")
+        if mode not in REGISTRY or algo not in ALGORITHMS:
+            p.error(f"--syncs: {sync!r} is not strategy/algo with strategy one of {', '.join(REGISTRY)} "
+                    f"and algo one of {', '.join(ALGORITHMS)}")
     if "strong" in args.kinds:
         bad = [w for w in args.worlds if args.global_batch % w]
         if bad:

@@ -3,7 +3,7 @@
     python -m ddp_lab.tools.bench.time_to_accuracy --hosts 4 --rate 100mbit --target-acc 0.88 --epochs 5
     python -m ddp_lab.tools.bench.time_to_accuracy --ranks 4 --target-acc 0.88 --epochs 5    # loopback
     python -m ddp_lab.tools.bench.time_to_accuracy --hosts 4 --rate 100mbit --target-loss 2.1 \\
-        --strategies ddp,diloco --epochs 1 -- model=gpt data=text optim=adamw sync.every=16
+        --strategies ddp,diloco:sync.every=16 --epochs 1 -- model=gpt data=text optim=adamw
 
 Each strategy (`--strategies`, sync presets: ddp, powersgd, local_sgd,
 diloco, each with overrides of its own after colons, e.g.
@@ -11,10 +11,11 @@ diloco:sync.outer_momentum=0.5) trains the same model from the same seed for the
 (`--epochs`), evaluated every `--eval-every` steps, with
 `trainer.stop_at_target=false`: the run notes when it reached the target and
 trains on, so the final figures after the same budget are compared too.
-Arguments after `--` are Hydra overrides for every run (sync.every=16 applies
-to local_sgd and diloco). With --hosts the runs go over emulated hosts of one
-rank each (--nproc-per-host: more, on each host's loopback), every link shaped
-to --rate (ddp_lab.tools.cluster, needs root); with --ranks, over loopback.
+Arguments after `--` are Hydra overrides for every run (a strategy's own keys,
+such as sync.every, go after its name: a strategy refuses another's keys).
+With --hosts the runs go over emulated hosts of one rank each (--nproc-per-host:
+more, on each host's loopback), every link shaped to --rate (ddp_lab.tools.cluster,
+needs root); with --ranks, over loopback.
 
 Time to target (MLPerf Training's measure) = steps to target (what the method
 does to learning) x time per step (what it does to the network), evaluation
@@ -53,7 +54,7 @@ from ddp_lab.tools.figures import pyplot
 # ddp_lab.tools.costmodel (which import torch) are imported where a flag needs them,
 # so --help and a bad argument answer within a second rather than in 3.
 
-STRATEGIES = ("ddp", "powersgd", "local_sgd", "diloco")  # each a sync preset (conf/sync/)
+STRATEGIES = ("ddp", "powersgd", "local_sgd", "diloco")  # each a sync strategy (ddp_lab/sync/registry.py)
 
 
 def parse_args(argv=None):
@@ -146,11 +147,11 @@ def preflight(args) -> None:
     from omegaconf.errors import OmegaConfBaseException
 
     from ddp_lab.config import ConfigError
-    from ddp_lab.sync import validate as validate_sync
+    from ddp_lab.sync import check, options_of
     from ddp_lab.tools.costmodel.will_it_fit import compose
     for strategy in args.strategies:
         try:
-            validate_sync(compose(run_overrides(strategy, args.seeds[0], args)).sync)
+            check(options_of(compose(run_overrides(strategy, args.seeds[0], args)).sync))
         except (ConfigError, HydraException, OmegaConfBaseException) as e:
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise SystemExit(f"python -m ddp_lab.tools.bench.time_to_accuracy: --strategies {strategy}: "
@@ -277,7 +278,7 @@ def rates_table(args, world: int) -> str:
 def _every(run_dir: Path) -> int:
     """Steps between synchronisations of a run (1 but for local_sgd and diloco), from its config."""
     sync = OmegaConf.load(run_dir / ".hydra" / "config.yaml").sync
-    return int(sync.every) if sync.mode in ("local_sgd", "diloco") else 1
+    return int(sync.get("every", 1))  # (only the periodic strategies have the key)
 
 
 def command() -> None:

@@ -25,6 +25,7 @@ each, it prints for DDP and ZeRO stages 1, 2 and 3:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from ddp_lab.config import ConfigError
@@ -52,6 +53,17 @@ def wire_seconds(strategy: str, ranks: int, grad_bytes: int, alpha: float, beta:
     rs = (ring if reduce_scatter == "all-reduce" else ring_reduce_scatter)(ranks, grad_bytes, alpha, beta, gamma)
     gathers = 2 if strategy == "zero3" else 1  # stage 3: for the forward and again for the backward
     return rs + gathers * ring_all_gather(ranks, grad_bytes, alpha, beta, gamma)
+
+
+def options_at(opts, stage: int):
+    """The run's sync options as they would be at ZeRO stage `stage` (0: as they are): zero's, with the run's
+    own units (and its own zero keys, where the run is zero)."""
+    from ddp_lab.sync.sharded.zero1 import ZeroOptions
+    if stage == 0:
+        return opts
+    if isinstance(opts, ZeroOptions):
+        return dataclasses.replace(opts, zero_stage=stage)
+    return ZeroOptions(zero_stage=stage, shard_units=opts.shard_units, unit_mb=opts.unit_mb)
 
 
 def reduce_scatter_of(cfg) -> str:
@@ -98,6 +110,7 @@ def describe(cfg, ranks: int, batch: int | None):
     import torch
 
     from ddp_lab.models import build_model, check_fits_data
+    from ddp_lab.sync import options_of
     from ddp_lab.training.data import build_datasets, example
     from ddp_lab.training.memory_estimate import estimate, optimizer_state, transient_bytes
     from ddp_lab.training.tasks import build_loss, choose_task
@@ -107,11 +120,12 @@ def describe(cfg, ranks: int, batch: int | None):
     task = choose_task(cfg.data.task, y, build_loss(cfg.trainer.get("loss")))
     check_fits_data(cfg.model, cfg.data, x, y, task, num_classes(train) if task.correct_name else 0)
     per_rank = batch or max(1, cfg.data.batch_size // ranks)
-    e = estimate(cfg.model, cfg.optim, x, y, task, per_rank, sync=cfg.sync,  # (activations it cannot count: 0)
+    opts = options_of(cfg.sync)
+    e = estimate(cfg.model, cfg.optim, x, y, task, per_rank, sync=options_at(opts, 1),  # (estimate: stage 1)
                  checkpointing=cfg.trainer.activation_checkpointing)
     with torch.device("meta"):
         net = build_model(cfg.model)
-    transient = {s: transient_bytes(net, e.weight_bytes, stage, cfg.sync if ranks > 1 else None)
+    transient = {s: transient_bytes(net, e.weight_bytes, stage, options_at(opts, stage) if ranks > 1 else None)
                  for s, stage in zip(STRATEGIES, (0, 1, 2, 3))}
     return e.parameters, optimizer_state(cfg.optim)[0], e.optimizer, e.activation_bytes, per_rank, transient
 
@@ -152,6 +166,8 @@ def main(argv: list[str] | None = None) -> None:
             raise ConfigError(str(e).replace("--rate", "--link")) from None
         runtime = None if args.runtime == "measured" else 0 if args.runtime == "0" else \
             parse_size(args.runtime, "--runtime")
+        from ddp_lab.sync.registry import refuse_foreign_keys
+        refuse_foreign_keys(args.overrides)  # (a key of another strategy: one line, not Hydra's traceback)
         cfg = compose(args.overrides)
         params, state, name, acts, batch, transient = describe(cfg, args.ranks, args.batch)
         if runtime is None:

@@ -53,7 +53,8 @@ def test_bad_arguments_are_refused(capsys):
     with pytest.raises(SystemExit) as e:
         parse_args(["--syncs", "ddp/builtin,flat/rng"])  # caught before any run is launched
     assert e.value.code == 2
-    assert "'flat/rng' is not mode/algo with mode one of ddp, flat, per_param" in capsys.readouterr().err
+    assert ("'flat/rng' is not strategy/algo with strategy one of auto, ddp, flat, per_param, powersgd, local_sgd, "
+            "diloco, zero, fsdp and algo one of builtin, naive, ring") in capsys.readouterr().err
 
 
 @pytest.mark.system
@@ -82,5 +83,5 @@ def test_short_real_study(tmp_path):
 
 def test_hydra_flags_go_before_the_overrides():
     from ddp_lab.tools.bench.trainer_runs import flags_first
-    assert flags_first(["sync.mode=ddp", "--config-dir", "my/conf", "model=mlp", "--config-name=train"]) == [
-        "--config-dir", "my/conf", "--config-name=train", "sync.mode=ddp", "model=mlp"]
+    assert flags_first(["sync=ddp", "--config-dir", "my/conf", "model=mlp", "--config-name=train"]) == [
+        "--config-dir", "my/conf", "--config-name=train", "sync=ddp", "model=mlp"]

@@ -128,7 +128,9 @@ def test_bad_arguments_are_refused(capsys, argv, says):
 
 
 @pytest.mark.parametrize("strategy,says", [
-    ("diloco:sync.overlap=4:sync.algo=ring", "sync.overlap=4 sends DiLoCo's outer gradient in the background"),
+    ("diloco:sync.overlap=4:sync.algo=ring", "sync.algo=ring: DiLoCo's int8/int4, overlap and fragments run on "
+                                             "torch's collectives: use sync.algo=builtin"),
+    ("ddp:sync.every=4", "Could not override 'sync.every'"),  # (a key of the periodic strategies alone)
     ("local_sgd:sync.every=7", "trainer.eval_every_steps=40 must be a multiple of sync.every=7"),
     ("diloco:sync.no_such_key=1", "no_such_key"),
 ])
@@ -151,10 +153,10 @@ def test_a_short_race_on_loopback(tiny_fmnist, tmp_path):
     """Two ranks, the tiny Fashion-MNIST (8 steps an epoch), evaluated every 2 steps, then priced
     as if on a slow link with --steps-from its own race.csv."""
     over = [o for o in tiny_overrides(tiny_fmnist, tmp_path / "unused") if not o.startswith(
-        ("hydra.", "trainer.epochs"))] + ["trainer.amp=off", "trainer.compile=false", "sync.every=2"]
+        ("hydra.", "trainer.epochs"))] + ["trainer.amp=off", "trainer.compile=false"]
     rows = main(["--ranks", "2", "--target-acc", "0.5", "--epochs", "2", "--eval-every", "2",
-                 "--strategies", "ddp,local_sgd", "--out", str(tmp_path / "race"), *over])
-    assert [r["strategy"] for r in rows] == ["ddp", "local_sgd"]
+                 "--strategies", "ddp,local_sgd:sync.every=2", "--out", str(tmp_path / "race"), *over])
+    assert [r["strategy"] for r in rows] == ["ddp", "local_sgd:sync.every=2"]  # (sync.every: local_sgd's key)
     ddp, local = rows
     assert local["sync"] == "local_sgd/builtin(every 2)" and local["every"] == 2
     for r in rows:
@@ -165,7 +167,8 @@ def test_a_short_race_on_loopback(tiny_fmnist, tmp_path):
     assert ddp["vs_ddp"] == 1.0
     out = tmp_path / "race"
     assert (out / "race.png").stat().st_size > 1000
-    assert "| local_sgd | - | local_sgd/builtin(every 2) |" in (out / "race.md").read_text()  # (no --seeds)
+    # (no --seeds)
+    assert "| local_sgd:sync.every=2 | - | local_sgd/builtin(every 2) |" in (out / "race.md").read_text()
     for r in rows:  # the bytes up to the target: every step (synchronisation) sends the same here
         assert r["wire_bytes_to_target"] == pytest.approx(r["wire_bytes_per_step"] * r["steps_to_target"])
         assert 0 < r["eval_s_to_target"] <= r["eval_s"]

@@ -15,8 +15,9 @@ from tests.multiproc import run_in_processes
 from tests.sync import sync_cfg
 
 LENET = 129_068  # parameters (each of its layers an even number: nothing padded at 2 ranks)
-SYNCS = {"ddp": sync_cfg("flat", "builtin"), "zero1": sync_cfg("zero", "builtin", zero_stage=1),
-         "zero2": sync_cfg("zero", "builtin", zero_stage=2), "zero3": sync_cfg("zero", "builtin", zero_stage=3)}
+# (0.1 MB buffers and buckets: LeNet's 0.5 MB of gradients in several)
+SYNCS = {"ddp": sync_cfg("flat", "builtin", buffer_mb=0.1),
+         **{f"zero{k}": sync_cfg("zero", "builtin", zero_stage=k, bucket_cap_mb=0.1) for k in (1, 2, 3)}}
 
 
 def _held_after_a_step(rank: int, world_size: int) -> dict:
@@ -85,7 +86,7 @@ def test_the_command_line(tiny_fmnist, tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[-1] == "fits: zero1, zero2; run the first with: sync=zero"
     for argv, says in ((["--memory", "lots"], "--memory 'lots': give a size with a unit"),
                        (["--memory", "1g", "--link", "fast"], "--link 'fast': give bits per second"),
-                       (["--memory", "1g", "sync.zero_stage=4"], "sync.zero_stage=4 must be 1, 2 or 3"),
+                       (["--memory", "1g", "sync=zero", "sync.zero_stage=4"], "sync.zero_stage=4 must be 1, 2 or 3"),
                        (["--memory", "1g", "model=custom", "model._target_=torch.nn.Linear", "+model.in_features=8",
                          "+model.out_features=2"], "model=Linear cannot take the data's inputs")):
         with pytest.raises(SystemExit) as e:

@@ -16,7 +16,8 @@ from typing import Any, List
 from hydra.core.config_store import ConfigStore
 
 from ddp_lab.config.keys import choices, key, non_empty, positive_finite
-from ddp_lab.config.schema import Algo, DistConfig, reference
+from ddp_lab.config.schema import DistConfig, reference
+from ddp_lab.sync.options import Algo
 
 Mode = choices("Mode", "sweep interleaved")
 Dtype = choices("Dtype", "float32 float64 bfloat16 float16")
