@@ -81,18 +81,35 @@ OLD_DATA_NAMES = {"fashion_mnist": "ddp_lab.datasets.fashion_mnist",
                   "synthetic": "ddp_lab.datasets.synthetic_images"}
 
 
-# sync keys added with local_sgd, diloco and powersgd, at their defaults (which train as before)
-SYNC_ADDED = {"powersgd_rank": 2, "powersgd_start_step": 100, "every": 8, "local_sgd_start_step": 0,
-              "outer_lr": 0.7, "outer_momentum": 0.5}
+# Checkpoints written while one sync group held every strategy's keys named the strategy by sync.mode: its
+# options' class now, each key of today's strategy taken from the checkpoint where it held it (flat's buffers
+# were its bucket_cap_mb), today's value where it did not (a key added since, at the value that trains alike)
+OLD_SYNC_MODES = {"auto": "AutoOptions", "ddp": "DDPOptions", "flat": "FlatOptions", "per_param": "PerParamOptions",
+                  "local_sgd": "LocalSGDOptions", "diloco": "DiLoCoOptions", "zero": "ZeroOptions",
+                  "fsdp": "FSDPOptions"}
 
 # keys added with dict samples and a user's loss, at their defaults (tuples, cross-entropy)
 DATA_ADDED = {"input_key": "", "target_key": ""}
 TRAINER_ADDED = {"loss": {"_target_": None}}
 
 
-def _upgraded(saved: dict) -> dict:
+def _upgraded_sync(old: dict, now: dict) -> dict:
+    """A sync group written with sync.mode, in today's keys (OLD_SYNC_MODES); `now`: this run's."""
+    powersgd = old.get("compress") == "powersgd"
+    old = {**old, "compress": "none"} if powersgd else old
+    if old.get("mode") == "flat":
+        old = {**old, "buffer_mb": old.get("bucket_cap_mb")}
+    out = {"options": "PowerSGDOptions" if powersgd else OLD_SYNC_MODES.get(old.get("mode"), old.get("mode"))}
+    for k, v in now.items():
+        if k != "options":
+            out[k] = old[k] if k in old and not isinstance(v, dict) else v
+    return out
+
+
+def _upgraded(saved: dict, now: dict | None = None) -> dict:
     """An older checkpoint's config as today's keys say the same thing: data.name as the
-    dataset's _target_, the keys added since at the values that train the same way."""
+    dataset's _target_, the keys added since at the values that train the same way; `now`: this run's
+    (a sync group written with sync.mode is read in its keys)."""
     data, optim = dict(saved.get("data", {})), dict(saved.get("optim", {}))
     if "name" in data and "_target_" not in data:
         name = data.pop("name")
@@ -105,8 +122,8 @@ def _upgraded(saved: dict) -> dict:
                 data.pop(k, None)
         optim.setdefault("warmup_steps", 0)
     sync = dict(saved.get("sync", {}))
-    if "options" not in sync:  # (written before each strategy owned its keys: then every run held every key)
-        sync = {**SYNC_ADDED, **sync}
+    if "options" not in sync and "mode" in sync and now is not None:  # (before each strategy owned its keys)
+        sync = _upgraded_sync(sync, now.get("sync", {}))
     data = {**DATA_ADDED, **data}
     trainer = {**TRAINER_ADDED, **saved.get("trainer", {})}
     return {**saved, "data": data, "optim": optim, "sync": sync, "trainer": trainer}
@@ -115,7 +132,7 @@ def _upgraded(saved: dict) -> dict:
 def validate(step_dir, meta: dict, subset: dict) -> None:
     """Refuse a checkpoint of another training config. (Another world size is
     fine: see reshard.py.)"""
-    saved = _without_unhashed(_upgraded(meta["config"]))
+    saved = _without_unhashed(_upgraded(meta["config"], subset))
     if config_hash(saved) != config_hash(subset):
         diff = config_diff(saved, subset)
         raise ConfigError(

@@ -61,3 +61,26 @@ def test_a_checkpoint_from_before_datasets_had_a_target_still_resumes(compose_tr
                                                     else "data=fashion_mnist"]))
     with pytest.raises(ConfigError, match="data._target_"):
         checkpoint.validate("ck", meta, other)
+
+
+# a sync group as checkpoints held it while one group held every strategy's keys (sync.mode named the strategy)
+OLD_DILOCO = {"mode": "diloco", "algo": "builtin", "bucket_cap_mb": 25.0, "gradient_as_bucket_view": True,
+              "static_graph": False, "compress": "int4", "powersgd_rank": 2, "powersgd_start_step": 100,
+              "zero_stage": 1, "shard_units": "auto", "unit_mb": 100.0, "param_dtype": "amp", "reduce_dtype": "fp32",
+              "prefetch": True, "every": 4, "local_sgd_start_step": 0, "outer_lr": 0.7, "outer_momentum": 0.5,
+              "overlap": 0, "overlap_mix": 0.8, "fragments": 1, "overlap_update": "delayed", "eager_proxy": "local",
+              "rounding": "feedback", "islands": "none", "inner": "ddp"}
+
+
+@pytest.mark.parametrize("overrides,differs", [
+    (["sync=diloco", "sync.every=4", "sync.compress=int4"], None),
+    (["sync=diloco", "sync.every=8", "sync.compress=int4"], "sync.every: 4 in the checkpoint vs 8 now"),
+    (["sync=local_sgd", "sync.every=4"], "sync.options: 'DiLoCoOptions' in the checkpoint vs 'LocalSGDOptions'")])
+def test_a_checkpoint_written_with_sync_mode_resumes_as_the_same_strategy(compose_train, overrides, differs):
+    now = checkpoint.compat.config_subset(compose_train(overrides))
+    meta = {"config": {**now, "sync": OLD_DILOCO}}
+    if differs is None:
+        checkpoint.compat.validate("step-8", meta, now)
+    else:
+        with pytest.raises(ConfigError, match=differs):
+            checkpoint.compat.validate("step-8", meta, now)
