@@ -1,6 +1,6 @@
 # Two commands set up a fresh machine and run ddp_lab:
 #   make train   # 2-process LeNet on CPU (gloo) on the local Fashion-MNIST, logs to TensorBoard
-#   make test    # unit and multi-process tests (a few minutes), and the linter (needs `make data`, run first)
+#   make test    # unit tests and quick multi-process ones (under 90 s), and the linter
 #   make test-all  # everything: also torchrun end to end, namespaces, SLURM, full disks (CI)
 # Both create .venv (reusing torch if the system Python already has it) and
 # `pip install -e .` into it; `make train` also installs the Debian packages
@@ -19,6 +19,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv --system-site-packages $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
+	-git config core.hooksPath .githooks  # commit subjects of at most 72 characters (.githooks/commit-msg)
 	touch $@
 
 TEXT   := /usr/share/games/fortunes
@@ -37,11 +38,11 @@ train: $(VENV)/.installed data
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check ddp_lab tests
 
-test: lint data
-	$(PY) -m pytest -q -m "not system"
+test: lint data  # the everyday tier: under 90 s on 2 cores
+	$(PY) -m pytest -q -m "not system and not slow" --durations=10
 
-test-all: lint data
-	$(PY) -m pytest -q
+test-all: lint data  # also the slow multi-process proofs and the system tests (CI)
+	$(PY) -m pytest -q --durations=25
 
 references: $(VENV)/.installed  # docs/configuration.md's generated tables, after a key changes
 	$(PY) scripts/update_references.py

@@ -35,10 +35,32 @@ def guide_reference(command: str) -> str:
     return guide.split(begin, 1)[1].split(end, 1)[0]
 
 
+# The slow tier (make test-all; make test leaves it out): the multi-process proofs, each module a launch of
+# real ranks per case or more (the dp=N == dp=1 matrix, resumes, watchdogs, the tools' command lines).
+SLOW_MODULES = {
+    "checkpoint/test_compat.py", "checkpoint/test_files.py", "checkpoint/test_reshard.py",
+    "checkpoint/test_sharded.py", "collectives/test_allreduce.py", "collectives/test_quantized.py",
+    "collectives/test_reduce_scatter_all_gather.py",
+    "config/test_bad_inputs.py", "distributed/test_distributed.py", "distributed/test_rendezvous.py",
+    "guards/test_divergence.py", "guards/test_faults.py", "guards/test_preemption.py", "guards/test_stall.py",
+    "guards/test_watchdog.py", "models/test_meta_init.py", "sync/test_diloco.py", "sync/test_equal_to_one_process.py",
+    "sync/test_fsdp.py", "sync/test_grad_scaler.py", "sync/test_islands.py", "sync/test_lifetime.py",
+    "sync/test_periodic.py", "sync/test_powersgd.py", "sync/test_registry.py", "sync/test_units.py",
+    "sync/test_user_model.py", "sync/test_zero.py", "sync/test_zero2_direct.py", "sync/test_zero3_prefetch.py",
+    "telemetry/test_memory.py", "telemetry/test_target.py", "test_architecture.py", "test_multiproc.py",
+    "test_resume.py", "tools/baselines/test_data_parallel.py", "tools/bench/test_collectives_bench.py",
+    "tools/bench/test_time_to_accuracy.py", "tools/costmodel/test_cli.py", "tools/costmodel/test_validation.py",
+    "training/test_evaluation.py", "training/test_evaluation_lockstep.py", "tuning/test_tuning.py",
+}
+TESTS = Path(__file__).parent
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if SYSTEM_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.system)
+        if item.path.relative_to(TESTS).as_posix() in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
 
 
 def write_idx_images(path: Path, images: torch.Tensor) -> None:

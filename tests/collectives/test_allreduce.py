@@ -21,21 +21,12 @@ from ddp_lab.collectives import (
     get_algorithm,
 )
 from ddp_lab.collectives.tuned import p2p
+from tests.helpers.collectives import UNIT_ROUNDOFF, compare, rank_input
 from tests.multiproc import run_in_processes
 
 BIG = 1_000_003  # ~4 MB of float32, odd length; above the size where pairwise
 #                  exchanges switch to send-first at normal priority
 #                  (pairwise.EARLY_RECV_MAX_BYTES)
-
-# Unit roundoff u of each dtype. Summing n values in any order, each addition
-# rounds once, so |result - exact| <= (n-1) * u * sum(|x_i|); the tests allow
-# n * u * sum(|x_i|). float64 inputs are integer-valued, so any order is exact.
-UNIT_ROUNDOFF = {
-    torch.float64: 0.0,
-    torch.float32: 2.0 ** -24,
-    torch.float16: 2.0 ** -11,
-    torch.bfloat16: 2.0 ** -8,
-}
 
 
 def _cases(world_size: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
@@ -47,31 +38,15 @@ def _cases(world_size: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
     return cases
 
 
-def _input(rank: int, shape, dtype: torch.dtype, case: int) -> torch.Tensor:
-    """A different, reproducible input on every rank (any rank can rebuild any other's)."""
-    g = torch.Generator().manual_seed(10_000 * case + rank)
-    if dtype == torch.float64:
-        return torch.randint(-1000, 1001, shape, generator=g).to(dtype)
-    return torch.randn(shape, generator=g).to(dtype)
-
-
 def _fingerprint(t: torch.Tensor) -> str:
     return hashlib.sha1(t.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
-
-
-def _compare(what: str, out: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) -> str | None:
-    """None if |out - expected| <= bound everywhere (float64 tensors), else why not."""
-    err = (out.double() - expected).abs()
-    if bool((err <= bound).all()):
-        return None
-    return f"{what}: max abs error {err.max().item():g} exceeds the rounding bound"
 
 
 def _check_sum(rank, ranks, cases, group=None, label=""):
     """Run every algorithm on every case over `group`; return (problems, fingerprints)."""
     problems, prints = [], []
     for case, (shape, dtype) in enumerate(cases):
-        inputs = [_input(r, shape, dtype, case) for r in ranks]
+        inputs = [rank_input(r, shape, dtype, case) for r in ranks]
         exact = sum(x.double() for x in inputs)
         bound = len(ranks) * UNIT_ROUNDOFF[dtype] * sum(x.double().abs() for x in inputs)
         mine = inputs[ranks.index(rank)]
@@ -87,8 +62,8 @@ def _check_sum(rank, ranks, cases, group=None, label=""):
                 problems.append(f"{what}: shape/dtype changed to {tuple(t.shape)} {t.dtype}")
                 continue
             # Both we and dist.all_reduce are within `bound` of the exact sum.
-            for why in (_compare(what + " vs exact sum", t, exact, bound),
-                        _compare(what + " vs dist.all_reduce", t, reference.double(), 2 * bound)):
+            for why in (compare(what + " vs exact sum", t, exact, bound),
+                        compare(what + " vs dist.all_reduce", t, reference.double(), 2 * bound)):
                 if why:
                     problems.append(why)
             prints.append(f"{what}: {_fingerprint(t)}")
@@ -97,10 +72,10 @@ def _check_sum(rank, ranks, cases, group=None, label=""):
 
 def _sum_problem(what, fn, rank, world_size, numel, dtype, case) -> str | None:
     """fn on this rank's input of `case`, against the exact sum: None if right."""
-    inputs = [_input(r, (numel,), dtype, case) for r in range(world_size)]
+    inputs = [rank_input(r, (numel,), dtype, case) for r in range(world_size)]
     exact = sum(x.double() for x in inputs)
     bound = world_size * UNIT_ROUNDOFF[dtype] * sum(x.double().abs() for x in inputs)
-    return _compare(what, fn(inputs[rank].clone()), exact, bound)
+    return compare(what, fn(inputs[rank].clone()), exact, bound)
 
 
 def _check_ring_segments(rank: int, world_size: int) -> list[str]:
@@ -154,11 +129,11 @@ def _check_repeated_calls(rank: int, world_size: int) -> list[str]:
     for name in ("ring", "halving_doubling"):
         collectives.free_scratch_buffers()
         for call, index in enumerate([0, 0, 1, 0, 2, *range(3, len(buffers)), 0, 1]):
-            inputs = [_input(r, (1021,), torch.float64, 500 + call) for r in range(world_size)]
+            inputs = [rank_input(r, (1021,), torch.float64, 500 + call) for r in range(world_size)]
             t = buffers[index]
             t.copy_(inputs[rank])
             ALGORITHMS[name](t)
-            why = _compare(f"{name} call {call} on buffer {index}", t, sum(inputs), torch.zeros(1021))
+            why = compare(f"{name} call {call} on buffer {index}", t, sum(inputs), torch.zeros(1021))
             if why:
                 problems.append(why)
         kept = p2p.per_thread.__dict__.get("prepared", {})
@@ -167,10 +142,10 @@ def _check_repeated_calls(rank: int, world_size: int) -> list[str]:
         # Another plan on the same buffer is prepared anew, not taken from the one kept.
         collectives.free_scratch_buffers()
         for plan in (TunedPlan(), TunedPlan(realtime_threads=True), TunedPlan()):
-            inputs = [_input(r, (1021,), torch.float64, 600) for r in range(world_size)]
+            inputs = [rank_input(r, (1021,), torch.float64, 600) for r in range(world_size)]
             buffers[0].copy_(inputs[rank])
             get_algorithm(name, plan)(buffers[0])
-            why = _compare(f"{name} {plan}", buffers[0], sum(inputs), torch.zeros(1021))
+            why = compare(f"{name} {plan}", buffers[0], sum(inputs), torch.zeros(1021))
             if why:
                 problems.append(why)
         kept = p2p.per_thread.__dict__.get("prepared", {})
@@ -230,7 +205,7 @@ def test_every_algorithm_matches_all_reduce(world_size):
 def _cuda_on_gloo(rank: int, world_size: int):
     problems = []
     for case, numel in enumerate([0, 1, 7, 1021, 100_003]):
-        inputs = [_input(r, (numel,), torch.float64, case) for r in range(world_size)]
+        inputs = [rank_input(r, (numel,), torch.float64, case) for r in range(world_size)]
         exact = sum(inputs)
         for name, fn in ALGORITHMS.items():
             t = inputs[rank].to("cuda:0")
@@ -250,7 +225,7 @@ def _on_nccl(rank: int, world_size: int):
     problems = []
     device = torch.device("cuda", torch.cuda.current_device())
     for case, numel in enumerate([0, 1, world_size - 1, 7, 1021, 100_003]):
-        inputs = [_input(r, (numel,), torch.float64, case) for r in range(world_size)]
+        inputs = [rank_input(r, (numel,), torch.float64, case) for r in range(world_size)]
         exact = sum(inputs)
         for name, fn in ALGORITHMS.items():
             t = inputs[rank].to(device)

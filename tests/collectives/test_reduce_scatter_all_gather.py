@@ -15,7 +15,7 @@ from ddp_lab.collectives import (
     ring_textbook_reduce_scatter,
 )
 from ddp_lab.collectives.basics import chunk_bounds
-from tests.collectives.test_allreduce import UNIT_ROUNDOFF, _compare, _input
+from tests.helpers.collectives import UNIT_ROUNDOFF, compare, rank_input
 from tests.multiproc import run_in_processes
 
 # lengths not divisible by the ranks, fewer elements than ranks, and none
@@ -42,7 +42,7 @@ def _check(rank: int, world_size: int, algo: str) -> list[str]:
     problems = []
     for case, (numel, dtype) in enumerate((m, d) for m in NUMELS for d in SUPPORTED_DTYPES):
         what = f"numel={numel} {dtype}"
-        inputs = [_input(r, (numel,), dtype, case) for r in range(world_size)]
+        inputs = [rank_input(r, (numel,), dtype, case) for r in range(world_size)]
         bounds = chunk_bounds(numel, world_size)
         mine = slice(bounds[rank], bounds[rank + 1])
         # reduce-scatter: this rank's chunk holds the sum, within the rounding bound
@@ -52,12 +52,12 @@ def _check(rank: int, world_size: int, algo: str) -> list[str]:
         bound = world_size * UNIT_ROUNDOFF[dtype] * sum(x.double().abs() for x in inputs)[mine]
         if out.data_ptr() != own_chunk(t).data_ptr() or out.numel() != bounds[rank + 1] - bounds[rank]:
             problems.append(f"reduce-scatter {what}: did not return this rank's chunk of the input")
-        if why := _compare(f"reduce-scatter {what} vs exact sum", out, exact, bound):
+        if why := compare(f"reduce-scatter {what} vs exact sum", out, exact, bound):
             problems.append(why)
         if numel % world_size == 0 and numel:  # torch's needs equal chunks
             theirs = torch.empty(numel // world_size, dtype=dtype)
             dist.reduce_scatter_tensor(theirs, inputs[rank].clone())
-            if why := _compare(f"reduce-scatter {what} vs torch's", out, theirs.double(), 2 * bound):
+            if why := compare(f"reduce-scatter {what} vs torch's", out, theirs.double(), 2 * bound):
                 problems.append(why)
         # all-gather: every chunk, from the rank that owns it, bit for bit
         t = torch.full((numel,), float("nan"), dtype=dtype)

@@ -7,8 +7,8 @@ import pytest
 from ddp_lab.tools.cluster import emulated, running
 from ddp_lab.tools.cluster.network import set_link
 from tests.conftest import read_summary, tiny_overrides
+from tests.helpers.cluster import wait_for
 from tests.tools.cluster.conftest import namespaces_or_skip, unique_name
-from tests.tools.cluster.test_elastic import wait_for
 
 pytestmark = pytest.mark.system
 TIMEOUT_S = 10  # dist.timeout_s

@@ -1,13 +1,13 @@
 """Elastic membership (--nnodes MIN:MAX): a lost host leaves the others training, and it comes back."""
 import subprocess
 import sys
-import time
 
 import pytest
 
 from ddp_lab.tools.cluster import emulated, running
 from ddp_lab.tools.cluster.network import kill_processes
 from tests.conftest import read_summary, tiny_overrides
+from tests.helpers.cluster import wait_for
 from tests.tools.cluster.conftest import namespaces_or_skip, unique_name
 
 pytestmark = pytest.mark.system
@@ -21,14 +21,6 @@ def three_hosts():
     # 50 Mbit/s: slow enough that training at 2 ranks lasts while the third host comes back
     with emulated(3, "50mbit", unique_name()) as cluster:
         yield cluster
-
-
-def wait_for(condition, job, what: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert None in job.poll(), f"the job ended before {what}:\n{job.output()[-3000:]}"
-        assert time.monotonic() < deadline, f"no {what} within {timeout:g} s:\n{job.output()[-3000:]}"
-        time.sleep(0.05)
 
 
 def test_a_lost_host_leaves_two_that_go_on_and_it_rejoins(three_hosts, tiny_fmnist, tmp_path):

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_module
 
 from ddp_lab.config import ConfigError
 from ddp_lab.tools import costmodel as cm
 from tests.conftest import run_module
-from tests.tools.costmodel.test_formulas import ALPHA, BETA, GAMMA, SIZES
+from tests.helpers.costmodel import ALPHA, BETA, GAMMA, SIZES, bench_rows, compose_costmodel, write_csv
 
 
 def test_model_names_give_gradient_bytes():
@@ -27,36 +26,12 @@ def test_model_names_give_gradient_bytes():
         cm.resolve_gradient("vgg")
 
 
-def _write_csv(path, rows):
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cm.CSV_COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
-    return path
-
-
-def _bench_rows(algo, model, world, wrong=0):
-    rows = []
-    for n in SIZES:
-        t_us = model(world, n, ALPHA, BETA, GAMMA) * 1e6 or 1.0  # a world of one: ~1 us overhead
-        alg = n / t_us / 1e3
-        rows.append({"algo": algo, "size_bytes": n, "count": n // 4, "dtype": "float32",
-                     "world_size": world, "time_us": t_us, "algbw_gbps": alg,
-                     "busbw_gbps": alg * 2 * (world - 1) / world, "wrong": wrong})
-    return rows
-
-
-def _compose(overrides):
-    with initialize_config_module(version_base="1.3", config_module="ddp_lab.conf"):
-        return compose(config_name="costmodel", overrides=overrides)
-
-
 def test_run_end_to_end_on_synthetic_csvs(tmp_path):
-    a = _write_csv(tmp_path / "a.csv", _bench_rows("ring", cm.ring, 2) + _bench_rows("builtin", cm.ring, 2)
-                   + _bench_rows("naive", cm.naive, 2, wrong=3))
-    _write_csv(tmp_path / "b.csv", _bench_rows("ring", cm.ring, 4) + _bench_rows("builtin", cm.ring, 4)
-                   + _bench_rows("naive", cm.naive, 4) + _bench_rows("ring", cm.ring, 1))
-    cfg = _compose([f"inputs=[{a},{tmp_path}/b*.csv]", f"gamma={GAMMA}", "params=[fitted,ib_100g]",
+    a = write_csv(tmp_path / "a.csv", bench_rows("ring", cm.ring, 2) + bench_rows("builtin", cm.ring, 2)
+                   + bench_rows("naive", cm.naive, 2, wrong=3))
+    write_csv(tmp_path / "b.csv", bench_rows("ring", cm.ring, 4) + bench_rows("builtin", cm.ring, 4)
+                   + bench_rows("naive", cm.naive, 4) + bench_rows("ring", cm.ring, 1))
+    cfg = compose_costmodel([f"inputs=[{a},{tmp_path}/b*.csv]", f"gamma={GAMMA}", "params=[fitted,ib_100g]",
                     "gradients=[lenet,1000000]", "compute_ms.lenet=5", "+compute_ms.bytes_1000000=1",
                     "world_sizes=[8,64]", "plot=false"])
     lines = []
@@ -99,7 +74,7 @@ def test_run_end_to_end_on_synthetic_csvs(tmp_path):
 ])
 def test_bad_config_is_refused_with_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
-        cm.validate(_compose(overrides))
+        cm.validate(compose_costmodel(overrides))
 
 
 def test_the_configuration_guide_holds_the_cost_model_reference():
@@ -113,7 +88,7 @@ def test_the_yaml_holds_only_the_presets_and_hydras_settings():
     yaml = (Path(cm.__file__).parents[3] / "conf" / "costmodel.yaml").read_text()
     assert [ln.split(":")[0] for ln in yaml.splitlines() if ln and not ln.startswith(("#", " "))] == [
         "defaults", "presets", "hydra"]
-    assert set(_compose(["params=[ib_100g]"]).presets) == {"ib_100g", "eth_25g", "nvlink"}
+    assert set(compose_costmodel(["params=[ib_100g]"]).presets) == {"ib_100g", "eth_25g", "nvlink"}
 
 
 def test_cli_records_its_command_line(tmp_path):
@@ -135,7 +110,7 @@ def test_cli_bad_input_exits_2_with_the_message(tmp_path):
 
 
 def test_presets_only(tmp_path):
-    cfg = _compose(["params=[eth_25g]", "gradients=[lenet]", "compute_ms.lenet=3", "world_sizes=[8,4096]"])
+    cfg = compose_costmodel(["params=[eth_25g]", "gradients=[lenet]", "compute_ms.lenet=3", "world_sizes=[8,4096]"])
     lines = []
     cm.run(cfg, tmp_path, log=lines.append)
     text = "\n".join(lines)

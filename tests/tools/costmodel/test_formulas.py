@@ -6,9 +6,8 @@ import torch
 
 from ddp_lab.tools import costmodel as cm
 from ddp_lab.tools.costmodel.formulas import PHASES
+from tests.helpers.costmodel import ALPHA, BETA, GAMMA, SIZES
 
-ALPHA, BETA, GAMMA = 50e-6, 1e-9, 2e-10
-SIZES = [2 ** k for k in range(12, 27)]  # 4 KiB .. 64 MiB, as the benchmark's default sweep
 WORLDS = [2, 4, 8]
 
 

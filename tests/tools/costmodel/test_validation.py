@@ -10,15 +10,14 @@ from hydra.errors import ConfigCompositionException
 from ddp_lab.config import ConfigError
 from ddp_lab.tools import costmodel as cm
 from ddp_lab.tools.costmodel.validation import COLUMNS, held_out_rows, summary
-from tests.tools.costmodel.test_cli import _bench_rows, _compose, _write_csv
-from tests.tools.costmodel.test_formulas import ALPHA, BETA, GAMMA, SIZES
+from tests.helpers.costmodel import ALPHA, BETA, GAMMA, SIZES, bench_rows, compose_costmodel, write_csv
 
 
 def _sweep(tmp_path, name, world, beta=BETA):
     def slower(p, n, a, b, g):  # the same formula with another beta: a "different network"
         return cm.ring(p, n, a, beta, g)
-    return _write_csv(tmp_path / f"{name}.csv", _bench_rows("ring", slower, world)
-                      + _bench_rows("naive", cm.naive, world))
+    return write_csv(tmp_path / f"{name}.csv", bench_rows("ring", slower, world)
+                      + bench_rows("naive", cm.naive, world))
 
 
 def test_held_out_points_of_the_fitted_formula_are_predicted_exactly():
@@ -46,7 +45,7 @@ def test_errors_are_summarised_from_1_mib_up_as_well():
 def test_run_writes_validation_csv_and_shows_beta_beside_the_link(tmp_path):
     fit_on = [_sweep(tmp_path, "h2", 2), _sweep(tmp_path, "h3", 3)]
     held = [_sweep(tmp_path, "h4", 4), _sweep(tmp_path, "h8", 8, beta=2 * BETA)]
-    cfg = _compose([f"inputs=[{fit_on[0]},{fit_on[1]}]", f"validate=[{held[0]},{held[1]}]",
+    cfg = compose_costmodel([f"inputs=[{fit_on[0]},{fit_on[1]}]", f"validate=[{held[0]},{held[1]}]",
                     "link_rate=8gbit", f"gamma={GAMMA}", "gradients=[1000000]",
                     "+compute_ms.bytes_1000000=1", "world_sizes=[8]", "plot=false"])
     lines = []
@@ -69,14 +68,14 @@ def test_run_writes_validation_csv_and_shows_beta_beside_the_link(tmp_path):
 def test_validate_needs_the_fit_and_a_link_rate_must_parse(tmp_path):
     held = _sweep(tmp_path, "h4", 4)
     with pytest.raises(ConfigError, match="add fitted to params"):
-        cm.validate(_compose(["params=[ib_100g]", f"validate=[{held}]"]))
+        cm.validate(compose_costmodel(["params=[ib_100g]", f"validate=[{held}]"]))
     with pytest.raises(ConfigError, match="link_rate"):
-        cm.validate(_compose([f"inputs=[{held}]", "link_rate=fast"]))
+        cm.validate(compose_costmodel([f"inputs=[{held}]", "link_rate=fast"]))
     with pytest.raises(ConfigCompositionException, match="link_mtu"):  # typed: an integer
-        cm.validate(_compose([f"inputs=[{held}]", "link_rate=1gbit", "link_mtu=jumbo"]))
+        cm.validate(compose_costmodel([f"inputs=[{held}]", "link_rate=1gbit", "link_mtu=jumbo"]))
     with pytest.raises(ConfigError, match="link_mtu"):  # an integer tc cannot take
-        cm.validate(_compose([f"inputs=[{held}]", "link_rate=1gbit", "link_mtu=100"]))
-    assert cm.validate(_compose([f"inputs=[{held}]", "link_rate=1gbit", "link_mtu=9000"]))["link_mtu"] == 9000
+        cm.validate(compose_costmodel([f"inputs=[{held}]", "link_rate=1gbit", "link_mtu=100"]))
+    assert cm.validate(compose_costmodel([f"inputs=[{held}]", "link_rate=1gbit", "link_mtu=9000"]))["link_mtu"] == 9000
 
 
 def test_fit_min_bytes_leaves_out_what_a_token_bucket_passes_at_memory_speed(tmp_path):
@@ -86,20 +85,20 @@ def test_fit_min_bytes_leaves_out_what_a_token_bucket_passes_at_memory_speed(tmp
     def with_burst(p, n, a, b, g):
         t = cm.ring(p, n, a, b, g)
         return t / 10 if n <= 65536 else t
-    fit_on = [_write_csv(tmp_path / f"h{p}.csv", _bench_rows("ring", with_burst, p)) for p in (2, 3)]
-    held = _write_csv(tmp_path / "h8.csv", _bench_rows("ring", with_burst, 8))
+    fit_on = [write_csv(tmp_path / f"h{p}.csv", bench_rows("ring", with_burst, p)) for p in (2, 3)]
+    held = write_csv(tmp_path / "h8.csv", bench_rows("ring", with_burst, 8))
     base = [f"inputs=[{fit_on[0]},{fit_on[1]}]", f"validate=[{held}]", f"gamma={GAMMA}",
             "gradients=[1000000]", "+compute_ms.bytes_1000000=1", "world_sizes=[8]", "plot=false"]
     worst = {}
     for name, extra in (("all", []), ("large", ["fit_min_bytes=1048576"])):
         lines = []
-        cm.run(_compose(base + extra), tmp_path / name, log=lines.append)
+        cm.run(compose_costmodel(base + extra), tmp_path / name, log=lines.append)
         with open(tmp_path / name / "validation.csv") as f:
             worst[name] = max(abs(float(r["rel_error"])) for r in csv.DictReader(f)
                               if int(r["size_bytes"]) >= 2 ** 20)
     assert worst["large"] < 1e-3 and worst["all"] > 0.05
     assert any("of at least 1048576 bytes (fit_min_bytes)" in line for line in lines)
     with pytest.raises(ConfigError, match="fit_min_bytes=0"):
-        cm.validate(_compose(base + ["fit_min_bytes=0"]))
+        cm.validate(compose_costmodel(base + ["fit_min_bytes=0"]))
     with pytest.raises(ConfigError, match="leaves no message to fit"):
-        cm.run(_compose(base + ["fit_min_bytes=1073741824"]), tmp_path / "none", log=lambda _: None)
+        cm.run(compose_costmodel(base + ["fit_min_bytes=1073741824"]), tmp_path / "none", log=lambda _: None)
