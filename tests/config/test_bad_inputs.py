@@ -43,7 +43,7 @@ def _run(tiny_fmnist, tmp_path, extra, nproc=0, timeout=120):
     (["optim.weight_decay=-1"], "optim.weight_decay=-1.0 must be >= 0"),
     (["optim.momentum=0"], "optim: torch.optim.SGD refused these settings: Nesterov momentum requires a momentum"),
     (["trainer.profile=true", "trainer.profile_active=0"], "trainer.profile_active=0 must be >= 1"),
-    (["sync.bucket_cap_mb=-1"], "sync.bucket_cap_mb=-1.0 must be >= 0"),
+    (["sync=zero", "sync.bucket_cap_mb=-1"], "sync.bucket_cap_mb=-1.0 must be >= 0"),
     (["sync.poll=sometimes"], "sync.poll=sometimes must be one of auto, true, false"),
     (["dist.timeout_s=0"], "dist.timeout_s=0.0 must be a positive number of seconds"),
     (["data.std=0"], "data.std=0.0 must be a positive, finite number"),

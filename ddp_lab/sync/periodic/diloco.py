@@ -62,7 +62,6 @@ fragment's outer step lands at once and its weights become its anchor.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -72,67 +71,12 @@ from torch import nn
 from ddp_lab.collectives.quantized import BITS as QUANTIZED
 from ddp_lab.collectives.quantized import Residual, start_quantized_mean
 from ddp_lab.config import ConfigError
-from ddp_lab.config.keys import choices, key, positive_finite
 from ddp_lab.distributed import DistEnv
 from ddp_lab.sync.base import NO_CONTEXT, SyncContext
 from ddp_lab.sync.every_step.averaging import COMPRESS_DTYPES
-from ddp_lab.sync.periodic.local_sgd import LocalSGDSync, PeriodicOptions, average_into, kept
+from ddp_lab.sync.periodic.local_sgd import LocalSGDSync, average_into, kept
+from ddp_lab.sync.periodic.options import DiLoCoOptions
 from ddp_lab.telemetry import position
-
-OuterWire = choices("OuterWire", "none bf16 fp16 int8 int4")
-
-
-@dataclass
-class DiLoCoOptions(PeriodicOptions):
-    compress: OuterWire = key(OuterWire.none, "what the outer gradient crosses the wire as: none | bf16 | fp16 (a "
-                                              "cast) | int8 | int4 (quantized in blocks, summed in fp32)")
-    outer_lr: float = key(0.7, "the outer optimizer's learning rate (DiLoCo's paper: 0.7)", ok=positive_finite,
-                          rule="a positive number")
-    outer_momentum: float = key(0.5, "the outer Nesterov momentum (0: none; why 0.5 rather than the paper's 0.9: "
-                                     "docs/defaults.md)", ok=lambda v: 0 <= v < 1, rule="in [0, 1)")
-    overlap: int = key(0, "inner steps the outer gradient's all-reduce travels behind before its outer step lands "
-                          "(Streaming DiLoCo's tau; 0: every rank waits for it)", at_least=0)
-    overlap_mix: float = key(0.8, "sync.overlap > 0, delayed: the share of its own weights a rank keeps when the "
-                                  "outer step lands (0: replaced by the anchor; docs/defaults.md)",
-                             ok=lambda v: 0 <= v <= 1, rule="in [0, 1]")
-    fragments: int = key(1, "the parameters cut into this many runs of about equal size, each synchronised every "
-                            "sync.every steps at its own offset, so each sync sends 1/F of the outer gradient "
-                            "(Streaming DiLoCo; 1: all at once)", at_least=1)
-    overlap_update: str = key("delayed", "sync.overlap > 0: how a rank goes on while its outer gradient travels: "
-                                         "delayed (from its own weights, the landed anchor mixed in by "
-                                         "sync.overlap_mix) | eager (at once from the anchor a proxy outer step "
-                                         "gives, corrected when the mean lands)",
-                              ok=lambda v: v in ("delayed", "eager"), rule="delayed or eager")
-    eager_proxy: str = key("local", "sync.overlap_update=eager: what stands for the mean outer gradient until it "
-                                    "lands: local (this rank's own) | paper ((own + M mean_last - own_last) / M, "
-                                    "our adaptation of Kale et al.'s proxy to an overlap shorter than a round); "
-                                    "docs/bandwidth.md compares them", ok=lambda v: v in ("local", "paper"),
-                           rule="local or paper")
-    rounding: str = key("feedback", "sync.compress=int8|int4: how numbers round to their levels: feedback (to "
-                                    "nearest, each round's residual added to the next: no bias over rounds) | "
-                                    "stochastic (unbiased, no state) | nearest (neither); docs/bandwidth.md",
-                        ok=lambda v: v in ("nearest", "feedback", "stochastic"),
-                        rule="nearest, feedback or stochastic")
-
-    def check(self, name: str) -> None:
-        super().check(name)
-        if self.algo != "builtin" and (self.compress in QUANTIZED or self.overlap or self.fragments > 1):
-            raise ConfigError(f"sync.algo={self.algo}: DiLoCo's int8/int4, overlap and fragments run on torch's "
-                              f"collectives: use sync.algo=builtin")
-        if self.eager_proxy != "local" and self.overlap_update != "eager":
-            raise ConfigError(f"sync.eager_proxy={self.eager_proxy} is what eager's outer step stands on, and "
-                              f"sync.overlap_update={self.overlap_update}: set sync.overlap_update=eager, or leave "
-                              f"sync.eager_proxy out")
-        if self.overlap_update == "eager" and not self.overlap:
-            raise ConfigError("sync.overlap_update=eager takes the outer step before the mean lands, and "
-                              "sync.overlap=0 waits for it: set sync.overlap to 1 or more (e.g. 2), or leave "
-                              "sync.overlap_update out")
-        if self.fragments > 1 and self.fragments > self.every:
-            raise ConfigError(f"sync.fragments={self.fragments} must be at most sync.every={self.every}: each "
-                              f"fragment synchronises at its own step of the {self.every}")
-        if self.overlap and self.overlap >= self.every:
-            raise ConfigError(f"sync.overlap={self.overlap} must be less than sync.every={self.every}: the outer "
-                              f"step lands before the next synchronisation")
 
 
 class InFlight(NamedTuple):

@@ -22,70 +22,17 @@ run ends with a synchronisation (`finish`).
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
-from typing import Any, List
 
 import torch
 from torch import nn
 
-from ddp_lab.config import ConfigError
-from ddp_lab.config.keys import key
 from ddp_lab.distributed import DistEnv
 from ddp_lab.sync.base import NO_CONTEXT, Capabilities, SyncContext
 from ddp_lab.sync.every_step.averaging import COMPRESS_DTYPES
 from ddp_lab.sync.every_step.flat import FlatSync
-from ddp_lab.sync.islands.layout import ISLANDS_HELP, islands_spec_ok, start_island_mean
-from ddp_lab.sync.options import SyncOptions
+from ddp_lab.sync.islands.layout import start_island_mean
+from ddp_lab.sync.periodic.options import LocalSGDOptions, PeriodicOptions
 from ddp_lab.telemetry import position
-
-DEFAULT_INNER = "ddp"  # the every-step strategy inside islands unless sync/inner=<name> says otherwise
-
-
-@dataclass
-class PeriodicOptions(SyncOptions):
-    """The keys of the strategies that send weights (or their change) every sync.every steps."""
-
-    # Hydra: the inner strategy's node, merged after this one's own keys (sync/inner=<name> chooses another)
-    defaults: List[Any] = field(default_factory=lambda: ["_self_", {"inner": DEFAULT_INNER}], repr=False)
-    every: int = key(8, "steps between synchronisations of the weights (H)", at_least=1)
-    islands: str = key("none", ISLANDS_HELP + "; this strategy runs across them, sync.inner every step inside",
-                       ok=islands_spec_ok, rule="none, host or a positive integer")
-    inner: Any = key(None, "sync.islands: the every-step strategy inside each island, chosen with "
-                           "sync/inner=<name> (ddp, flat, zero, fsdp), its keys under sync.inner.<key>")
-
-    def inside(self) -> SyncOptions:
-        """The inner strategy's options (sync/inner; ddp's at their defaults where none was composed)."""
-        from ddp_lab.sync.registry import inner_options
-        return self.inner if self.inner is not None else inner_options(DEFAULT_INNER)
-
-    def check(self, name: str) -> None:
-        from ddp_lab.sync.registry import name_of
-        inner = name_of(self.inside())
-        if str(getattr(self.inside(), "islands", "none")) != "none":  # (fsdp's HSDP, inside an island)
-            raise ConfigError(f"sync.inner.islands={self.inside().islands}: islands are made by sync.islands, not "
-                              f"by the strategy inside them: leave sync.inner.islands out")
-        if str(self.islands) == "none":
-            if inner != DEFAULT_INNER:
-                raise ConfigError(f"sync/inner={inner} is the strategy inside islands, and sync.islands=none makes "
-                                  f"none: set sync.islands=host (or K), or leave sync/inner out")
-            return
-        for where, algo in (("sync.algo", self.algo), ("sync.inner.algo", self.inside().algo)):
-            if algo != "builtin":
-                raise ConfigError(f"sync.islands={self.islands} runs torch's collectives on each island's process "
-                                  f"group: use {where}=builtin, not {where}={algo}")
-
-
-@dataclass
-class LocalSGDOptions(PeriodicOptions):
-    local_sgd_start_step: int = key(0, "average gradients every step for this many first steps, then weights "
-                                       "every sync.every (post-local SGD)", at_least=0)
-
-    def check(self, name: str) -> None:
-        super().check(name)
-        if str(self.islands) != "none" and self.local_sgd_start_step:
-            raise ConfigError(f"sync.local_sgd_start_step={self.local_sgd_start_step} averages gradients over every "
-                              f"rank for its first steps, which islands leave to sync.inner: use "
-                              f"sync.local_sgd_start_step=0")
 
 
 class LocalSGDSync(FlatSync):

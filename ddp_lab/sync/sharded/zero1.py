@@ -104,8 +104,8 @@ def grouped_buckets(params: list[nn.Parameter], group: dict[int, int], cap_bytes
 
 @dataclass
 class ZeroOptions(ShardedOptions):
-    # our direct reduce-scatter and all-gather: faster than torch's on gloo at every stage, on two CPUs
-    # (docs/results/2026-11-28_xeon-2c_zero-direct, docs/results/2026-11-29_zen4-2c_zero-default-algo)
+    # our direct reduce-scatter and all-gather: faster than torch's on gloo at every stage, on two kinds of CPU
+    # (docs/memory.md cites the records)
     algo: Algo = key(Algo.direct, "the reduce-scatter and all-gather: builtin (gloo/NCCL) | ring_textbook | direct "
                                   "(ddp_lab.collectives)")
     zero_stage: int = key(1, "what is sharded over the ranks: 1 the optimizer state, 2 also the gradients, 3 also "
