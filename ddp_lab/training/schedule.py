@@ -22,11 +22,11 @@ from dataclasses import dataclass
 class Schedule:
     epochs: int
     batches_per_epoch: int  # a rank's micro-batches in an epoch
-    grad_accum: int = 1  # micro-batches per optimizer step
-    log_every: int = 50
-    eval_every_epochs: int = 1  # 0: only where the run ends
-    eval_every_steps: int = 0  # 0: only at epoch ends
-    ckpt_every_steps: int = 0  # 0: only at epoch ends and where the run ends
+    grad_accum: int  # micro-batches per optimizer step
+    log_every: int
+    eval_every_epochs: int  # 0: only where the run ends
+    eval_every_steps: int  # 0: only at epoch ends
+    ckpt_every_steps: int  # 0: only at epoch ends and where the run ends
 
     @staticmethod
     def of(t, batches_per_epoch: int) -> Schedule:
