@@ -38,6 +38,10 @@ class SyncOptions:
         """Refuse what the keys' ranges cannot see alone (a pair of keys), naming the keys and the fix;
         `name`: the strategy's, as sync=<name> chose it."""
 
+    def resolved(self, device) -> SyncOptions:
+        """The options of the strategy that runs on this device: these (sync=auto: flat's or ddp's)."""
+        return self
+
     def refuse_algo(self, name: str, allowed: tuple[str, ...], why: str) -> None:
         if self.algo not in allowed:
             raise ConfigError(f"sync.algo={self.algo} {why}: sync={name} takes sync.algo={' or '.join(allowed)}")

@@ -86,8 +86,7 @@ def inside_choices() -> list[str]:
 
 def resolved(opts: SyncOptions, device: torch.device) -> SyncOptions:
     """The options of the strategy that runs on this device (sync=auto: flat's on CPU, ddp's on GPUs)."""
-    resolve = getattr(opts, "resolved", None)
-    return resolve(device) if resolve is not None else opts
+    return opts.resolved(device)
 
 
 CPU = torch.device("cpu")
