@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from enum import Enum
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -32,6 +32,8 @@ Schedule = choices("Schedule", "constant cosine")
 class ModelConfig:
     _target_: str = key(MISSING, "the callable that returns the nn.Module (a preset's, or any importable one)")
     name: Optional[str] = key(None, "label used in logs and summary.json (null: the callable's name)")
+    pretrained: str = key("", "weights to start from: a safetensors file, a save_pretrained directory (one file "
+                              "or sharded) or a torch state_dict file (empty: the model's own initialisation)")
 
 
 @dataclass
@@ -57,6 +59,14 @@ class GPTConfig(ModelConfig):
     n_head: int = key(4, "attention heads per block (must divide n_embd)", at_least=1)
     n_embd: int = key(128, "width of the residual stream", at_least=1)
     dropout: float = key(0.0, "dropout after attention and MLP (0: none, deterministic)", at_least=0)
+
+
+@dataclass
+class HFModelConfig(ModelConfig):
+    config: str = key(MISSING, "a transformers model type (gpt2, llama, ...) or a directory save_pretrained wrote")
+    head: str = key("causal_lm", "causal_lm | sequence_classification | masked_lm", ok=one_of(
+        ("causal_lm", "sequence_classification", "masked_lm")), rule="causal_lm, sequence_classification or masked_lm")
+    overrides: Dict[str, Any] = key({}, "the configuration's fields to change (+model.overrides.n_layer=4)")
 
 
 # ---------------------------------------------------------------- data
@@ -110,6 +120,11 @@ class TextConfig(DataConfig):
                               rule="a fraction between 0 and 1")
 
 
+@dataclass
+class TextDocumentsConfig(TextConfig):
+    separator: str = key("\n%\n", "what ends a document (fortune's `%` lines)")
+
+
 # ---------------------------------------------------------------- optim
 @dataclass
 class OptimConfig:
@@ -146,14 +161,16 @@ class AdamWConfig(OptimConfig):
 # the group, its base (what ddp_lab reads) and the shipped presets' schemas
 BASES = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig}
 PRESETS = {
-    "model": {"image": ImageModelConfig, "lenet_fast": LeNetFastConfig, "gpt": GPTConfig},
-    "data": {"fashion_mnist": FashionMNISTConfig, "synthetic": SyntheticConfig, "text": TextConfig},
+    "model": {"image": ImageModelConfig, "lenet_fast": LeNetFastConfig, "gpt": GPTConfig, "hf": HFModelConfig},
+    "data": {"fashion_mnist": FashionMNISTConfig, "synthetic": SyntheticConfig, "text": TextConfig,
+             "text_documents": TextDocumentsConfig},
     "optim": {"sgd": SGDConfig, "adamw": AdamWConfig},
 }
 
 
 # the keys of each group that ddp_lab reads itself and does not pass to the callable
-OWN_KEYS = {"model": ("name",), "data": ("batch_size", "loader", "num_workers", "task", "input_key", "target_key"),
+OWN_KEYS = {"model": ("name", "pretrained"),
+            "data": ("batch_size", "loader", "num_workers", "task", "input_key", "target_key"),
             "optim": ("schedule", "warmup_epochs", "warmup_steps", "clip_grad_norm", "no_decay", "elementwise")}
 
 

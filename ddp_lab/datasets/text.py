@@ -6,12 +6,18 @@ cut into non-overlapping samples of `block_size` tokens; each sample's target
 is the same window shifted by one token. The default corpus is Debian's
 `fortunes` package: 2.5 MB of plain text under a BSD licence, installed
 offline by `apt-get install fortunes` (`make data`).
+
+`text_documents` gives the same corpus as Hugging Face-style samples: one dict a
+document (a fortune, cut at `%` lines), `input_ids` of its first block_size bytes,
+`attention_mask` and `labels` (the ids again: a causal LM shifts them itself), of
+different lengths, padded a batch at a time (ddp_lab.datasets.keyed.collate).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
+from torch.utils.data import Dataset
 
 from ddp_lab.config import ConfigError
 from ddp_lab.datasets.pairs import TensorPairs
@@ -75,3 +81,30 @@ def text_corpus(path: str = str(FORTUNES), block_size: int = 64,
                          f"the last data.val_fraction={val_fraction} of data.path={path}",
                          "raise data.val_fraction, or use more text")
     return windows(tokens[:cut], block_size), windows(tokens[cut:], block_size)
+
+
+class Documents(Dataset):
+    """Token sequences of different lengths as {input_ids, attention_mask, labels} dicts."""
+
+    def __init__(self, docs: list[torch.Tensor]):
+        self.docs = docs
+
+    def __len__(self) -> int:
+        return len(self.docs)
+
+    def __getitem__(self, i: int) -> dict:
+        ids = self.docs[i]
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+
+
+def text_documents(path: str = str(FORTUNES), block_size: int = 64, val_fraction: float = 0.1,
+                   separator: str = "\n%\n") -> tuple[Documents, Documents]:
+    """(train, validation) documents of the text at `path`, cut at `separator`, each its first block_size
+    byte tokens (documents of fewer than 2 tokens dropped); the last val_fraction of them held out."""
+    docs = [torch.tensor(list(d[:block_size]), dtype=torch.long)
+            for d in read_corpus(path).split(separator.encode()) if len(d.strip()) >= 2]
+    cut = int(len(docs) * (1 - val_fraction))
+    if cut < 1 or cut == len(docs):
+        raise ConfigError(f"data.path={path} holds {len(docs)} document(s) (cut at {separator!r}): too few for a "
+                          f"training and a validation split; use more text or another data.val_fraction")
+    return Documents(docs[:cut]), Documents(docs[cut:])

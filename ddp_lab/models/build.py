@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from ddp_lab.config import ConfigError, presets, targets
+from ddp_lab.models.calling import check_takes_keys, shifts_labels
 
 
 def _d2l_init(m: nn.Module) -> None:
@@ -91,6 +92,15 @@ def check_fits_data(model, data, x: torch.Tensor, y: torch.Tensor, task, classes
                           f"{list(y.shape) or 'one class id'}: the model must output {[1, *y.shape, 'classes']}")
     _check_classes(model, data, name, out[-1], classes)
     return out
+
+
+def check_takes_dicts(model, keys: list[str]) -> bool:
+    """A model fed dict samples (model: its group) takes their keys by keyword. Returns whether its own loss
+    shifts the labels (a causal LM). Built on the meta device: no memory, no weights."""
+    with torch.device("meta"):
+        net = build_model(model)
+    check_takes_keys(net, keys, model_name(model))
+    return shifts_labels(net)
 
 
 def _check_classes(model, data, name: str, predicts: int, classes: int) -> None:

@@ -75,7 +75,7 @@ class Throughput:
         return 1000 * self.seconds / self.steps if self.steps else float("nan")
 
 
-def flops_and_peak(model, example: torch.Tensor, amp: str, env: DistEnv) -> tuple[float, float]:
+def flops_and_peak(model, example: torch.Tensor | dict, amp: str, env: DistEnv) -> tuple[float, float]:
     """The model's training FLOPs per sample like `example` (one input), and the measured matmul peak of the cores
     (or GPUs) the run uses, in the dtype it computes in (ddp_lab.telemetry.mfu; the peak is cached).
 
@@ -85,9 +85,12 @@ def flops_and_peak(model, example: torch.Tensor, amp: str, env: DistEnv) -> tupl
     """
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp, torch.float32)
     sharing = ranks_on_machine(env.world_size)
-    return (mfu.train_flops_per_image(model, tuple(example.shape), dtype,
-                                      input_dtype=None if example.is_floating_point() else example.dtype),
-            mfu.peak_for_run(env.device, dtype, env.world_size, sharing, torch.get_num_threads()))
+    if isinstance(example, dict):  # (a dict batch's model is counted by the dense estimate: see mfu)
+        flops = mfu.dense_train_flops(model, example["labels"].numel() or 1)
+    else:
+        flops = mfu.train_flops_per_image(model, tuple(example.shape), dtype,
+                                          input_dtype=None if example.is_floating_point() else example.dtype)
+    return (flops, mfu.peak_for_run(env.device, dtype, env.world_size, sharing, torch.get_num_threads()))
 
 
 def _mfu(flops_per_image: float, images_per_sec: float, peak: float) -> float:

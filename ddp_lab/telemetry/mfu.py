@@ -11,6 +11,11 @@ forward and backward pass of the model run eagerly: matmuls and convolutions,
 the optimizer count nothing. The peak is not a data-sheet figure but measured: the
 FLOP rate of a large square matmul on the same cores (or GPU) in the same dtype,
 measured once per machine, thread count and dtype and cached on disk.
+
+A model fed dict batches (a transformers model: its forward reads its masks' values, so it
+cannot run on the meta device) is counted by the dense estimate instead: 6 FLOPs per
+weight a token (forward 2, backward 4), its input embedding's lookups aside and its
+attention scores not counted (dense_train_flops).
 """
 from __future__ import annotations
 
@@ -77,6 +82,22 @@ def train_flops_per_image(model: nn.Module, input_shape, dtype: torch.dtype = to
         for m, training in modes.items():
             m.training = training
     return counter.get_total_flops() // batch
+
+
+def dense_train_flops(model: nn.Module, tokens: int) -> int:
+    """6 N T: a forward and backward pass over `tokens` tokens of a model of N multiplied weights, where N
+    leaves out the nn.Embedding tables (lookups) unless one is also the output layer (tied)."""
+    model = getattr(model, "module", model)  # DistributedDataParallel
+    model = getattr(model, "_orig_mod", model)  # torch.compile
+    head = model.get_output_embeddings() if callable(getattr(model, "get_output_embeddings", None)) else None
+    head_weight = getattr(head, "weight", None)
+    looked_up = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding) and m.weight is not head_weight}
+    seen, n = set(), 0
+    for p in model.parameters():
+        if id(p) not in seen and id(p) not in looked_up and p.requires_grad:
+            seen.add(id(p))
+            n += p.numel()
+    return 6 * n * tokens
 
 
 def _meta(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -38,13 +38,22 @@ from omegaconf import OmegaConf
 
 from ddp_lab import sync as sync_strategies
 from ddp_lab.checkpoint import Checkpointer
+from ddp_lab.checkpoint.pretrained import PretrainedWeights, load_whole
 from ddp_lab.config import ConfigError, schema
 from ddp_lab.distributed import DistEnv
 from ddp_lab.guards.divergence import LossWatch
 from ddp_lab.guards.faults import Fault
 from ddp_lab.guards.preemption import Preemption
 from ddp_lab.models import build_model, check_sync_bn, model_name
-from ddp_lab.models.meta_init import MetaInit, advice, build_on_meta, refuse_unbuildable
+from ddp_lab.models.meta_init import (
+    MetaInit,
+    advice,
+    build_on_meta,
+    built_a_unit_at_a_time,
+    is_transformers,
+    refuse_unbuildable,
+    reinitialise_whole,
+)
 from ddp_lab.sync import ReplicaSync, SyncContext, build_sync
 from ddp_lab.sync.periodic import PeriodicOptions
 from ddp_lab.sync.sharded.common import return_freed_blocks
@@ -200,18 +209,42 @@ def build_model_for(cfg, caps, env: DistEnv) -> tuple[torch.nn.Module, MetaInit 
     """(the model, None), or, where the sync shards the weights (zero stage 3, fsdp), the model on the
     meta device and its MetaInit: the sync makes it a unit at a time, no rank holding it whole
     (models/meta_init.py). A model whose initialisation cannot be replayed so is built whole, and says why."""
-    # (on a GPU the replay would draw from the device's generator, not the CPU's: built whole, as before)
-    if caps.sharding < 3 or not env.distributed or env.device.type != "cpu":
-        return build_model(cfg.model), None
+    if caps.sharding < 3 or not env.distributed:
+        return _built_whole(cfg, env), None
+    if env.device.type != "cpu":  # (the replay draws from the CPU's generator, the build from the device's)
+        if env.is_main:
+            log.info("model built whole on every rank: on %s ranks the meta-device build is not made (it replays "
+                     "the CPU generator's draws); CPU ranks build it a unit at a time", env.device.type)
+        return _built_whole(cfg, env), None
     model, why = build_on_meta(lambda: build_model(cfg.model))
     refuse_unbuildable(model, why)
     if not why:
+        if env.is_main:
+            log.info(built_a_unit_at_a_time(model))
         return_freed_blocks(env.device)  # (before the scratch copies MetaInit makes and frees, a layer each)
-        return model, MetaInit(model)
+        init = MetaInit(model)
+        if cfg.model.get("pretrained"):  # (read a unit at a time, as each is made)
+            init.load_from(PretrainedWeights(cfg.model.pretrained))
+            if env.is_main:
+                log.info("pretrained weights: %s, copied into each unit as it is made", cfg.model.pretrained)
+        return model, init
     if env.is_main:
         log.warning(advice(model, why))
     torch.manual_seed(cfg.seed)
-    return build_model(cfg.model), None
+    return _built_whole(cfg, env), None
+
+
+def _built_whole(cfg, env: DistEnv) -> torch.nn.Module:
+    """The model built whole; a transformers model re-initialised as its meta-device build would be, so that
+    every sync mode starts it alike (models/meta_init.py); then its pretrained weights (model.pretrained)."""
+    model = build_model(cfg.model)
+    if is_transformers(model):
+        reinitialise_whole(model, cfg.seed)
+    if cfg.model.get("pretrained"):
+        n = load_whole(model, cfg.model.pretrained)
+        if env.is_main:
+            log.info("pretrained weights: %d tensors from %s", n, cfg.model.pretrained)
+    return model
 
 
 def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None) -> Parts:

@@ -9,6 +9,9 @@ rank. Two loaders yield the same batches for the same sampler:
 * TorchLoader: torch's DataLoader over any Dataset (data.loader=dataloader, or
   auto where the data is not tensors or does not fit).
 
+A batch is (input, target), or, for dict samples (Hugging Face style, with `labels`),
+(the dict, its labels): the model takes the dict by keyword (ddp_lab.models.calling).
+
 Training shards come from DistributedSampler (seeded, set_epoch every epoch).
 Evaluation uses `eval_indices`, which never pads: every test sample counts once.
 """
@@ -23,8 +26,9 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from ddp_lab.config import ConfigError, targets
 from ddp_lab.datasets import TensorPairs, as_tensor_pairs
-from ddp_lab.datasets.keyed import KeyedPairs, keys_of
+from ddp_lab.datasets.keyed import KeyedPairs, TensorDicts, collate, keys_of
 from ddp_lab.datasets.text import CONTEXT, TokenWindows
+from ddp_lab.models.calling import LABELS, to_device
 
 # loader=auto keeps a split on the device while both splits take at most this share of its memory
 DEVICE_SHARE = 0.25
@@ -49,7 +53,8 @@ def by_keys(ds, split: str, cfg, name: str):
     taken by data.input_key and data.target_key; anything else as it is."""
     inp, tgt = cfg.get("input_key", ""), cfg.get("target_key", "")
     if not (inp or tgt):
-        return ds
+        check_map_style(ds, split, name)
+        return TensorDicts(ds) if keys_of(ds[0]) is not None else ds
     if not (inp and tgt):
         unset = "data.target_key" if inp else "data.input_key"
         raise ConfigError(f"{unset} is not set: a sample's input and target are taken by data.input_key and "
@@ -80,9 +85,7 @@ def check_dataset(ds, split: str, name: str) -> None:
     check_map_style(ds, split, name)
     sample = ds[0]
     if (keys := keys_of(sample)) is not None:
-        raise ConfigError(f"data._target_={name}: its {split} split yields dicts (keys: {', '.join(keys)}), not "
-                          f"(input, target): set data.input_key and data.target_key to the input's and the "
-                          f"target's keys")
+        return check_dict_sample(sample, keys, split, name)
     if not (isinstance(sample, (tuple, list)) and len(sample) == 2):
         got = f"a {len(sample)}-tuple" if isinstance(sample, (tuple, list)) else type(sample).__name__
         raise ConfigError(f"data._target_={name}: its {split} split yields {got}, not (input, target): "
@@ -97,9 +100,24 @@ def check_dataset(ds, split: str, name: str) -> None:
                           f"tensors") from None
 
 
-def example(ds) -> tuple[torch.Tensor, torch.Tensor]:
-    """One (input, target) sample, targets as a tensor."""
-    x, y = ds[0]
+def check_dict_sample(sample: dict, keys: list[str], split: str, name: str) -> None:
+    """A dict sample the model takes whole: tensors (or numbers, lists), labels among them."""
+    if LABELS not in keys:
+        raise ConfigError(f"data._target_={name}: its {split} samples are dicts without '{LABELS}' (keys: "
+                          f"{', '.join(keys)}): add the targets as '{LABELS}' (the model's own loss takes them), "
+                          f"or set data.input_key and data.target_key to use (input, target) pairs")
+    odd = [k for k, v in sample.items() if not isinstance(v, torch.Tensor)]
+    if odd:
+        raise ConfigError(f"data._target_={name}: its {split} samples' {', '.join(odd)} are not tensors, numbers "
+                          f"or lists of numbers: drop those keys (a dataset's text column, say) before training")
+
+
+def example(ds) -> tuple:
+    """One (input, target) sample, targets as a tensor; for dict samples, (the dict, its labels)."""
+    sample = ds[0]
+    if keys_of(sample) is not None:
+        return sample, torch.as_tensor(sample[LABELS])
+    x, y = sample
     return x, torch.as_tensor(y)
 
 
@@ -189,7 +207,7 @@ class TorchLoader:
         self.batch_size = batch_size
         self.device = device
         self.channels_last = channels_last
-        self.loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=False,
+        self.loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=False, collate_fn=collate,
                                  num_workers=num_workers, pin_memory=device.type == "cuda",
                                  persistent_workers=num_workers > 0)
 
@@ -199,7 +217,12 @@ class TorchLoader:
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self.sampler is not None:
             self.sampler.set_epoch(epoch)
-        for x, y in itertools.islice(self.loader, start, None):
+        for batch in itertools.islice(self.loader, start, None):
+            if isinstance(batch, dict):  # the model takes it by keyword; its labels are the targets
+                x = to_device(batch, self.device, non_blocking=True)
+                yield x, x[LABELS]
+                continue
+            x, y = batch
             x = _layout(x.to(self.device, non_blocking=True), self.channels_last)
             yield x, torch.as_tensor(y).to(self.device, non_blocking=True)
 

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.distributed import DistEnv, all_reduce_sum
+from ddp_lab.models.calling import call, one_batch
 from ddp_lab.telemetry import position
 from ddp_lab.training.tasks import CLASSIFICATION, Task
 
@@ -72,7 +73,7 @@ def _batches(loader) -> int | None:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader, env: DistEnv, task: Task = CLASSIFICATION,
-             autocast=contextlib.nullcontext, lockstep: torch.Tensor | None = None) -> tuple[float, int, int]:
+             autocast=contextlib.nullcontext, lockstep: torch.Tensor | dict | None = None) -> tuple[float, int, int]:
     """(loss sum, correct, targets) over the whole held-out set, the same on every rank.
     lockstep: one sample's input, where every forward is a collective (zero stage 3, fsdp gather the
     weights in it): a rank with fewer batches than another runs it, uncounted, until they are even.
@@ -97,12 +98,12 @@ def evaluate(model: nn.Module, loader, env: DistEnv, task: Task = CLASSIFICATION
     for x, y in loader.epoch(0):
         position.progress()
         with autocast():
-            out = model(x)
+            out = call(model, x)
         task.accumulate(sums, task.loss(out, y), out, y)
         progress.batch()
     for _ in range(extra):
         with autocast():
-            model(lockstep.unsqueeze(0).to(env.device))
+            call(model, one_batch(lockstep, env.device))
         progress.batch()
     with position.collective("evaluation counts"):
         all_reduce_sum(sums, env)

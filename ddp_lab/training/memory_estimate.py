@@ -372,6 +372,9 @@ def check_fits_memory(model, optim, env: DistEnv, x: torch.Tensor, y: torch.Tens
         (available, ranks_on_machine(env.world_size), "MemAvailable")
     if found is None:
         return None
+    if isinstance(x, dict):  # (a transformers model's forward reads its masks' values: it cannot run on meta)
+        log.info("memory estimate: not made (a model fed dict batches cannot run its forward on the meta device)")
+        return None
     try:
         e = estimate(model, optim, x, y, task, batch, state_shards(sync, env) if stage else 1, stage, sync,
                      runtime_bytes(), checkpointing, autocast, gathered)

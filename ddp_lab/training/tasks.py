@@ -10,6 +10,10 @@ of sums (loss x targets, correct, targets) serve both; only the names and the
 derived figures differ. Regression minimises MSE, and its sums count samples.
 `trainer.loss._target_` replaces any task's loss with a user's (a mean over the
 batch). `data.task=auto` picks by the targets: floats are regression, else by shape.
+
+A model fed dict batches (Hugging Face style, ddp_lab.models.calling) brings its own loss
+(`own_loss`): its output's `.loss` is the training loss, and the sums count the labels its loss
+scores (not -100, shifted by one in a causal LM), so the held-out figures stay exact.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ddp_lab.config import ConfigError, targets
+from ddp_lab.models.calling import IGNORE, aligned, loss_and_logits
 
 
 @dataclass(frozen=True)
@@ -30,10 +35,21 @@ class Task:
     held_out: str      # what the held-out split is called in metric names
     correct_name: str  # what a correct prediction is called ("": none, the loss is the figure)
     criterion: Callable | None = None  # trainer.loss (None: cross-entropy, or MSE for regression)
+    own_loss: bool = False  # dict batches: the model's output carries its loss (and logits)
+    shift: bool = False     # its loss scores the logits at t against the label at t + 1 (a causal LM)
 
-    def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def loss(self, out, y: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy over every target: (N, C) against (N,), or (N, T, V) against (N, T);
-        regression: (N, *shape) or (N, *shape, 1) against (N, *shape) floats."""
+        regression: (N, *shape) or (N, *shape, 1) against (N, *shape) floats. own_loss: the
+        output's loss (trainer.loss, or cross-entropy where it has none, on its logits)."""
+        if self.own_loss:
+            own, logits = loss_and_logits(out)
+            if own is not None and self.criterion is None:
+                return own
+            logits, y = aligned(logits, y, self.shift)
+            if self.criterion is not None:
+                return self.criterion(logits.float().flatten(0, -2), y.flatten())
+            return F.cross_entropy(logits.float().flatten(0, -2), y.flatten(), ignore_index=IGNORE)
         if self.name == "regression":
             out = out.float()
             if out.dim() == y.dim() + 1 and out.shape[-1] == 1:  # nn.Linear(d, 1) against scalar targets
@@ -46,10 +62,26 @@ class Task:
         """Add one batch's (loss x targets, correct predictions, targets) to `sums`, on the
         device: in place and with the count a Python int, so no step waits for the device.
         Regression counts samples (its loss is a mean over them), and no correct ones."""
+        if self.own_loss:
+            return self._accumulate_own(sums, loss, out, y)
         n = y.numel() if self.correct_name else len(y)
         sums[0] += loss.detach().double() * n
         if self.correct_name:
             sums[1] += (out.argmax(-1) == y).sum()
+        sums[2] += n
+
+    def _accumulate_own(self, sums: torch.Tensor, loss: torch.Tensor, out, y: torch.Tensor) -> None:
+        """The model's loss is a mean over the labels it scores: those are counted (on the device)."""
+        logits = loss_and_logits(out)[1]
+        if logits is None:
+            raise ConfigError("the model's output has a loss but no logits: the token and class metrics need "
+                              "them; return them too (.logits or ['logits'])")
+        logits, y = aligned(logits, y, self.shift)
+        scored = y != IGNORE
+        n = scored.sum()
+        sums[0] += loss.detach().double() * n
+        if self.correct_name:
+            sums[1] += ((logits.argmax(-1) == y) & scored).sum()
         sums[2] += n
 
     def metrics(self, loss_sum: float, correct: float, n: float, split: str) -> dict:

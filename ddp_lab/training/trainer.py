@@ -20,6 +20,7 @@ from tqdm import tqdm
 from ddp_lab.checkpoint.state import restore, states
 from ddp_lab.distributed import DistEnv
 from ddp_lab.guards.preemption import Preemption, Terminated
+from ddp_lab.models.calling import call
 from ddp_lab.telemetry import position
 from ddp_lab.telemetry.chance import warn_if_at_chance
 from ddp_lab.telemetry.metrics import RunLogger, epoch_line, final_line
@@ -127,7 +128,7 @@ class Trainer:
         for i, (x, y) in enumerate(micro):
             with self.sync.during_backward(last=i == len(micro) - 1):
                 with self.autocast():
-                    out = self.forward(x)
+                    out = call(self.forward, x)  # (a dict batch: by keyword)
                 loss = self.loss(out, y)
                 self.scaler.scale(loss / len(micro)).backward()
             self.callbacks.batch_done(self, loss, out, y)

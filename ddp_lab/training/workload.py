@@ -4,14 +4,15 @@ loaders over them."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 import torch
 
 from ddp_lab.config import ConfigError
 from ddp_lab.datasets import as_tensor_pairs
 from ddp_lab.distributed import DistEnv
-from ddp_lab.models import check_fits_data
+from ddp_lab.models import check_fits_data, check_takes_dicts
 from ddp_lab.training.data import build_datasets, build_loaders, example
 from ddp_lab.training.tasks import Task, build_loss, choose_task
 
@@ -23,7 +24,7 @@ class Workload:
     train_loader: object
     test_loader: object
     task: Task
-    input_example: torch.Tensor   # one sample's input, for the FLOP count
+    input_example: torch.Tensor | dict  # one sample's input (a dict batch's: the dict), for the FLOP count
     target_example: torch.Tensor  # its target, for the memory estimate
     targets_per_sample: int       # 1 for classification, the sequence length for a language model
     channels_last: bool           # the images' layout (off for other inputs)
@@ -44,18 +45,22 @@ def build_workload(data, env: DistEnv, seed: int, *, model, loss=None, grad_accu
     x, y = example(train)
     task = choose_task(data.task, y, build_loss(loss))
     classes = num_classes(train) if task.correct_name else 0
-    out = check_fits_data(model, data, x, y, task, classes)
-    if task.criterion is not None:
-        check_loss(loss["_target_"], task, out, y)
-    channels_last = channels_last and x.dim() == 3  # memory layouts are for images
+    if isinstance(x, Mapping):  # the model takes the dict by keyword and brings its own loss
+        task = replace(task, own_loss=True, shift=check_takes_dicts(model, list(x)))
+    else:
+        out = check_fits_data(model, data, x, y, task, classes)
+        if task.criterion is not None:
+            check_loss(loss["_target_"], task, out, y)
+    channels_last = channels_last and not isinstance(x, Mapping) and x.dim() == 3  # memory layouts are for images
     train_loader, test_loader = build_loaders(data, train, test, env.rank, env.world_size, env.device,
                                               seed, channels_last)
     k = grad_accum
     if len(train_loader) < k:
         raise ConfigError(f"trainer.grad_accum={k} takes {k} batches per optimizer step, but each rank has only "
                           f"{len(train_loader)} per epoch: lower trainer.grad_accum (or data.batch_size)")
+    shape = {k: list(v.shape) for k, v in x.items()} if isinstance(x, Mapping) else list(x.shape)
     log.info("data: %d training and %d held-out samples of %s -> %s (%s), %s loader", len(train), len(test),
-             list(x.shape), list(y.shape) or "a class", task.name, type(train_loader).__name__)
+             shape, list(y.shape) or "a class", task.name, type(train_loader).__name__)
     return Workload(train_loader, test_loader, task, x, y, max(y.numel(), 1), channels_last, classes)
 
 

@@ -84,9 +84,9 @@ def test_what_cannot_be_replayed_is_named():
     _, why = build_on_meta(InitInConstructor)
     assert "outside reset_parameters()" in why
     model, why = build_on_meta(Masked)
-    assert why == "the model (Masked) has buffers its constructor fills, which a meta-device build leaves empty"
-    assert advice(model, why).startswith("the model (Masked) is built whole on every rank, then sharded: the model "
-                                          "(Masked) has buffers")
+    assert why == "mask (Masked) is a buffer its constructor fills, which a meta-device build leaves empty"
+    assert advice(model, why).startswith("model built whole on every rank: the model (Masked) is built whole, then "
+                                          "sharded: mask (Masked) is a buffer")
     refuse_unbuildable(model, why)  # (no init_weights: built whole, not refused)
 
 
@@ -162,3 +162,42 @@ def test_a_rank_building_holds_its_shards_the_root_and_one_unit(mode):
         assert peak < 0.75 * model_bytes
         # (fsdp makes each unit's shards as it cuts it; zero stage 3 all of this rank's at once, first)
         assert block <= peak <= model_bytes / 2 + root + block + 2**20, (peak, model_bytes, block)
+
+
+class DrawnInConstructor(nn.Module):
+    """A ViT-style position embedding: drawn out of place in the constructor, so no in-place op to record."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.pos = nn.Parameter(torch.randn(1, 3) * 0.02)
+
+
+class WholeModelInit(nn.Module):
+    """torchtitan's convention: init_weights initialises the whole model, taking no module."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.init_weights()
+
+    def init_weights(self, buffer_device=None):
+        nn.init.zeros_(self.lin.weight)
+
+
+def test_a_parameter_drawn_out_of_place_or_a_whole_model_init_is_built_whole():
+    _, why = build_on_meta(DrawnInConstructor)
+    assert why == ("pos (DrawnInConstructor) is in a module with no reset_parameters(), and no init_weights(module) "
+                   "writes it")
+
+    class DrawnDespiteInit(DrawnInConstructor):
+        def init_weights(self, m):
+            if isinstance(m, nn.Linear):
+                nn.init.zeros_(m.weight)
+
+    _, why = build_on_meta(DrawnDespiteInit)
+    assert why == ("pos (DrawnDespiteInit) is made in its constructor (torch.randn, a tensor passed in), which the "
+                   "replay does not write")
+    model, why = build_on_meta(WholeModelInit)
+    assert why == "its init_weights(buffer_device=None) takes no module: it initialises the whole model at once"
+    refuse_unbuildable(model, why)  # (built whole, with the line: not refused)

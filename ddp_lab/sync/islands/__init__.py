@@ -21,5 +21,5 @@ from __future__ import annotations
 
 def across_islands(opts) -> bool:
     """Whether the options run a strategy inside islands and another across (IslandSync; HSDP is FSDP2's own)."""
-    from ddp_lab.sync.periodic.options import PeriodicOptions  # (periodic/ builds on islands/layout.py)
+    from ddp_lab.sync.periodic.periodic_options import PeriodicOptions  # (periodic/ builds on islands/layout.py)
     return isinstance(opts, PeriodicOptions) and str(opts.islands) != "none"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ddp_lab.sync.periodic.diloco import DiLoCoSync
 from ddp_lab.sync.periodic.local_sgd import LocalSGDSync
-from ddp_lab.sync.periodic.options import DiLoCoOptions, LocalSGDOptions, PeriodicOptions
+from ddp_lab.sync.periodic.periodic_options import DiLoCoOptions, LocalSGDOptions, PeriodicOptions
 from ddp_lab.sync.registry import register
 
 register("local_sgd", LocalSGDOptions, LocalSGDSync)

@@ -75,7 +75,7 @@ from ddp_lab.distributed import DistEnv
 from ddp_lab.sync.base import NO_CONTEXT, SyncContext
 from ddp_lab.sync.every_step.averaging import COMPRESS_DTYPES
 from ddp_lab.sync.periodic.local_sgd import LocalSGDSync, average_into, kept
-from ddp_lab.sync.periodic.options import DiLoCoOptions
+from ddp_lab.sync.periodic.periodic_options import DiLoCoOptions
 from ddp_lab.telemetry import position
 
 

@@ -31,7 +31,7 @@ from ddp_lab.sync.base import NO_CONTEXT, Capabilities, SyncContext
 from ddp_lab.sync.every_step.averaging import COMPRESS_DTYPES
 from ddp_lab.sync.every_step.flat import FlatSync
 from ddp_lab.sync.islands.layout import start_island_mean
-from ddp_lab.sync.periodic.options import LocalSGDOptions, PeriodicOptions
+from ddp_lab.sync.periodic.periodic_options import LocalSGDOptions, PeriodicOptions
 from ddp_lab.telemetry import position
 
 
