@@ -139,7 +139,8 @@ def test_a_context_that_leaves_too_few_samples_is_blamed_not_the_batch(compose_t
 def test_samples_that_are_dicts_are_taken_by_their_keys(compose_train):
     base = ["data=custom", "data._target_=tests.workloads.dict_blobs", "data.batch_size=64"]
     whole, _ = build_datasets(compose_train(base).data)  # no keys: the dict goes to the model, label as labels
-    assert sorted(whole[3]) == ["features", "id", "labels"] and int(whole[3]["labels"]) == int(whole.dataset[3]["label"])
+    assert sorted(whole[3]) == ["features", "id", "labels"]
+    assert int(whole[3]["labels"]) == int(whole.dataset[3]["label"])
     cfg = compose_train(base + ["data.input_key=features", "data.target_key=label"]).data
     train, test = build_datasets(cfg)
     x, y = train[3]
