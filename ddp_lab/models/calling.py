@@ -64,13 +64,12 @@ def loss_and_logits(out) -> tuple[torch.Tensor | None, torch.Tensor | None]:
 
 
 def check_takes_keys(net: nn.Module, keys: list[str], name: str) -> None:
-    """A model fed dict batches must take each key as a keyword argument of its forward."""
+    """A model fed dict batches must name each key as an argument of its forward (a `**kwargs` alone takes any:
+    transformers' forwards pass theirs on to attention kernels, so a named forward's is not counted)."""
     params = inspect.signature(net.forward).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return
-    unknown = [k for k in keys if k not in params]
-    if unknown:
-        takes = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    takes = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = [k for k in keys if k not in takes]
+    if unknown and takes:
         raise ConfigError(f"the data's samples are dicts with key(s) {', '.join(unknown)} that model={name}'s "
                           f"forward does not take (it takes {', '.join(takes)}): drop or rename those keys in the "
                           f"data, or set data.input_key and data.target_key to feed it (input, target) pairs")

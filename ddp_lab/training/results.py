@@ -1,4 +1,5 @@
-"""A finished run's results on disk: model.pt and summary.json (rank 0).
+"""A finished run's results on disk: model.pt, model.safetensors and summary.json (rank 0); for a
+transformers model also hf/, a directory its from_pretrained loads (config.json, model.safetensors).
 
 Both are written under a temporary name and renamed into place, so a kill
 or a full disk never leaves half a file, nor replaces a good one; weights
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -19,6 +21,7 @@ from ddp_lab.config import RunFailed
 from ddp_lab.telemetry.memory import by_rank, model_state_bytes
 from ddp_lab.telemetry.metrics import peak_memory_mb, write_json_atomic
 from ddp_lab.training.model_file import ModelFile
+from ddp_lab.training.safetensors_file import SafetensorsFile
 from ddp_lab.training.tasks import summary_name
 
 FIGURES = ("loss", "acc", "ppl", "token_acc")  # a task's figures (ddp_lab.training.tasks), by TensorBoard name
@@ -88,37 +91,60 @@ def memory_scalars(summary: dict) -> dict[str, float]:
     return {**model, **{f"mem/peak_mb/rank{r}": mb for r, mb in enumerate(summary["peak_mem_mb_by_rank"])}}
 
 
-def write_results(run_dir: Path, layout: dict, weights, summary: dict, main: bool) -> None:
-    """model.pt (laid out as `layout`, the sync's state_layout(); written a tensor at a time as `weights`, its
-    each_weight(), hands them out: training/model_file.py) and summary.json, by rank 0; every rank runs
-    `weights` to its end."""
+def write_results(run_dir: Path, layout: dict, weights, summary: dict, main: bool, hf_config=None) -> None:
+    """model.pt and model.safetensors (laid out as `layout`, the sync's state_layout(); written a tensor at a
+    time as `weights`, its each_weight(), hands them out: training/model_file.py, safetensors_file.py), hf/
+    where `hf_config` (a transformers model's configuration) is given, and summary.json, by rank 0; every
+    rank runs `weights` to its end."""
     if not main:
         for _ in weights:  # (a sharded model: every rank takes part in each gather)
             pass
         return
     run_dir = Path(run_dir)
-    tmp = run_dir / ".model.pt.tmp"
+    tmp, tmp_st, tmp_hf = run_dir / ".model.pt.tmp", run_dir / ".model.safetensors.tmp", run_dir / ".hf.tmp"
     bad, size = [], 0
     try:
-        out = ModelFile(tmp, layout)
+        outs = [ModelFile(tmp, layout), SafetensorsFile(tmp_st, layout)]
         try:
             for name, t in weights:
                 if t.is_floating_point() and not torch.isfinite(t).all():
                     bad.append(name)
-                out.put(name, t)
+                for out in outs:
+                    out.put(name, t)
                 size += t.numel() * t.element_size()
-            out.finish()
+            for out in outs:
+                out.finish()
         finally:
-            out.close()
+            for out in outs:
+                out.close()
         if bad:
             raise RunFailed(f"refusing to write model.pt: the model holds non-finite weights ({', '.join(bad[:3])})")
+        if hf_config is not None:
+            _hf_directory(tmp_hf, tmp_st, hf_config)
+            shutil.rmtree(run_dir / "hf", ignore_errors=True)  # (this run's own, from a launch that ended here)
+            os.replace(tmp_hf, run_dir / "hf")
+        os.replace(tmp_st, run_dir / "model.safetensors")
         os.replace(tmp, run_dir / "model.pt")
         write_json_atomic(run_dir / "summary.json", summary)
-    except (OSError, RuntimeError) as e:  # torch.save reports a short write as RuntimeError
-        tmp.unlink(missing_ok=True)
+    except (OSError, RuntimeError, ValueError) as e:  # torch.save reports a short write as RuntimeError
+        for t in (tmp, tmp_st):
+            t.unlink(missing_ok=True)
+        shutil.rmtree(tmp_hf, ignore_errors=True)
         if isinstance(e, RunFailed):
             raise
         raise RunFailed(write_error("model.pt and summary.json", run_dir, size, e)) from None
+
+
+def _hf_directory(path: Path, weights: Path, config) -> None:
+    """A directory from_pretrained loads: the model's config.json and its weights (a hard link to
+    model.safetensors where the file system allows, else a copy)."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir()
+    config.save_pretrained(str(path))
+    try:
+        os.link(weights, path / "model.safetensors")
+    except OSError:
+        shutil.copyfile(weights, path / "model.safetensors")
 
 
 def is_complete(run_dir: Path) -> bool:

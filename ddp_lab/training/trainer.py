@@ -21,6 +21,7 @@ from ddp_lab.checkpoint.state import restore, states
 from ddp_lab.distributed import DistEnv
 from ddp_lab.guards.preemption import Preemption, Terminated
 from ddp_lab.models.calling import call
+from ddp_lab.models.hf import config_of
 from ddp_lab.telemetry import position
 from ddp_lab.telemetry.chance import warn_if_at_chance
 from ddp_lab.telemetry.metrics import RunLogger, epoch_line, final_line
@@ -226,7 +227,7 @@ class Trainer:
                          {k: summary[k] for k in (headline, "train_loss", "samples_per_sec")})
         self.log.scalars(memory_scalars(summary), self.step)  # every rank's model state and peak memory
         write_results(self.run_dir, self.sync.state_layout(self.model), self.sync.each_weight(self.model), summary,
-                      self.env.is_main)
+                      self.env.is_main, config_of(self.model))  # (a transformers model's: hf/ too)
         self.log.print(final_line(summary, headline))
         return summary
 

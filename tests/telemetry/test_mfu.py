@@ -143,6 +143,16 @@ def test_automatic_size_grows_until_a_call_takes_long_enough(monkeypatch):
     assert mfu_module.measure_matmul(cpu, torch.float32, 1, size=64, repeats=10)["repeats"] == 3
 
 
+def test_measuring_the_peak_draws_nothing_from_the_runs_generator(monkeypatch):
+    """Else a run's dropout masks would depend on whether the peak was cached (a transformers model's 0.1)."""
+    monkeypatch.setattr(mfu_module, "WARMUP_S", 0.0)
+    monkeypatch.setattr(mfu_module, "TIMED_S", 0.0)
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    mfu_module.measure_matmul(torch.device("cpu"), torch.float32, 1, size=64, repeats=3)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 def test_run_peak_counts_the_cores_the_ranks_use(monkeypatch):
     asked = []
     monkeypatch.setattr(mfu_module, "peak_flops",
