@@ -22,7 +22,7 @@ import os
 from typing import Iterator
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, SequentialSampler, Subset
 
 from ddp_lab.config import ConfigError, targets
 from ddp_lab.datasets import TensorPairs, as_tensor_pairs
@@ -198,26 +198,42 @@ class DeviceLoader:
             yield _layout(x, self.channels_last), y
 
 
+class StartAt(Sampler):
+    """`sampler`'s indices from position `start` on: a resumed epoch skips the batches it trained on by
+    index, never loading them (a DataLoader would read and collate each one to throw it away)."""
+
+    def __init__(self, sampler):
+        self.sampler, self.start = sampler, 0
+
+    def __iter__(self):
+        return itertools.islice(iter(self.sampler), self.start, None)
+
+    def __len__(self) -> int:
+        return max(len(self.sampler) - self.start, 0)
+
+
 class TorchLoader:
     """Any Dataset through torch's DataLoader."""
 
     def __init__(self, dataset, batch_size: int, device: torch.device, num_workers: int,
                  sampler: DistributedSampler | None = None, channels_last: bool = False):
         self.sampler = sampler
+        self.order = StartAt(sampler if sampler is not None else SequentialSampler(dataset))
         self.batch_size = batch_size
         self.device = device
         self.channels_last = channels_last
-        self.loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=False, collate_fn=collate,
-                                 num_workers=num_workers, pin_memory=device.type == "cuda",
+        self.loader = DataLoader(dataset, batch_size=batch_size, sampler=self.order, shuffle=False,
+                                 collate_fn=collate, num_workers=num_workers, pin_memory=device.type == "cuda",
                                  persistent_workers=num_workers > 0)
 
     def __len__(self) -> int:
-        return len(self.loader)
+        return -(-len(self.order.sampler) // self.batch_size)  # (the whole epoch's, wherever it starts)
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self.sampler is not None:
             self.sampler.set_epoch(epoch)
-        for batch in itertools.islice(self.loader, start, None):
+        self.order.start = start * self.batch_size
+        for batch in self.loader:
             if isinstance(batch, dict):  # the model takes it by keyword; its labels are the targets
                 x = to_device(batch, self.device, non_blocking=True)
                 yield x, x[LABELS]

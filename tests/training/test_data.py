@@ -6,7 +6,14 @@ from torch.utils.data import DistributedSampler
 
 from ddp_lab.config import ConfigError
 from ddp_lab.datasets import fashion_mnist
-from ddp_lab.training.data import build_datasets, build_loaders, check_one_batch_fits, eval_indices, per_rank_batch
+from ddp_lab.training.data import (
+    TorchLoader,
+    build_datasets,
+    build_loaders,
+    check_one_batch_fits,
+    eval_indices,
+    per_rank_batch,
+)
 
 
 def _loaders(cfg, rank, world, seed=0):
@@ -91,6 +98,31 @@ def test_loader_starts_mid_epoch_at_the_exact_batch(tiny_fmnist, tmp_path, compo
     assert len(tail) == len(full) - 2
     for (xa, ya), (xb, yb) in zip(full[2:], tail):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+class CountedReads(torch.utils.data.Dataset):
+    def __init__(self, n: int):
+        self.n, self.reads = n, 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        self.reads += 1
+        return torch.tensor([float(i)]), i % 3
+
+
+def test_a_mid_epoch_start_through_the_dataloader_reads_no_skipped_sample():
+    """Skipped by index in the sampler: a resume at 90% of an epoch reads the last 10%, not all of it."""
+    data = CountedReads(1000)
+    sampler = DistributedSampler(range(1000), num_replicas=2, rank=1, shuffle=True, seed=0)
+    loader = TorchLoader(data, 10, torch.device("cpu"), 0, sampler=sampler)
+    full = [y.tolist() for _, y in loader.epoch(4)]
+    data.reads = 0
+    tail = [y.tolist() for _, y in loader.epoch(4, start=45)]
+    assert tail == full[45:] and len(full) == len(loader) == 50
+    assert data.reads == 50  # the 5 batches left, 10 samples each
+    assert len(list(loader.epoch(5))) == 50  # the next epoch from its start
 
 
 def test_synthetic_data_is_deterministic(compose_train):
