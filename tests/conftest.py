@@ -50,7 +50,8 @@ SLOW_MODULES = {
     "sync/test_user_model.py", "sync/test_zero.py", "sync/test_zero2_direct.py", "sync/test_zero3_prefetch.py",
     "telemetry/test_memory.py", "telemetry/test_target.py", "test_architecture.py", "test_multiproc.py",
     "test_resume.py", "tools/baselines/test_data_parallel.py", "tools/bench/test_collectives_bench.py",
-    "tools/bench/test_time_to_accuracy.py", "tools/costmodel/test_cli.py", "tools/costmodel/test_validation.py",
+    "tools/bench/test_time_to_accuracy.py", "tools/test_consolidate.py", "tools/costmodel/test_cli.py",
+    "tools/costmodel/test_validation.py",
     "training/test_evaluation.py", "training/test_evaluation_lockstep.py", "tuning/test_tuning.py",
 }
 TESTS = Path(__file__).parent

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from ddp_lab.config import ConfigError
 
 # The parts of the config that change the training math. Left out on
-# purpose (NOT_HASHED): where the data lives and how it is read, how LeNet
+# purpose (NOT_HASHED): where the data and pretrained weights live and how they are read, how LeNet
 # lays out its arithmetic and how a rank waits for the allreduce (the same
 # function either way), where a model's code lives (_target_); trainer.max_steps
 # (stop early, continue later), logging, resume and checkpoint settings,
@@ -22,7 +22,7 @@ from ddp_lab.config import ConfigError
 # it was left out) is compared without it.
 HASHED_GROUPS = ("model", "data", "optim", "sync")
 NOT_HASHED = {
-    "model": ("_target_", "crop_unused_border", "pad_channels_to"),
+    "model": ("_target_", "crop_unused_border", "pad_channels_to", "pretrained"),  # (the weights it started from)
     "data": ("root", "cache_dir", "download", "loader", "num_workers"),
     "sync": ("poll",),
 }

@@ -338,9 +338,14 @@ class Zero3Sync(Zero2Sync):
         """(the state every rank holds whole: buffers; this rank's pieces of the units, the frozen apart)."""
         sharded = {id(p) for part in self.parts for u in part for p in u.params}
         whole = {k: t.detach() for k, t in model.state_dict(keep_vars=True).items() if id(t) not in sharded}
+        names = state_names(model)
+        # each unit's parameters in their flat order, by every name and shape: what the offline consolidator
+        # (ddp_lab.tools.consolidate) cuts a joined unit into, with no model to build
+        layout = [[[names[id(p)], list(p.shape)] for p in u.params] for u in self.forward]
         return whole, {"pieces": self.mine.detach(), "units": [u.numel for u in self.forward],
                        "frozen": [u.piece for u in self.frozen_units],
-                       "frozen_units": [u.numel for u in self.frozen_units]}
+                       "frozen_units": [u.numel for u in self.frozen_units], "layout": layout,
+                       "frozen_layout": [[[names[id(p)], list(p.shape)] for p in u.params] for u in self.frozen_units]}
 
     def load_sharded_state(self, model: nn.Module, whole: dict, mine: dict | None, everyone: list | None) -> None:
         """Back from sharded_state(): this rank's own pieces, or at another world size its rows of each

@@ -1,0 +1,160 @@
+"""Any checkpoint's weights as one safetensors file, or a directory transformers' from_pretrained loads,
+offline, in one process, a tensor at a time (DeepSpeed's zero_to_fp32, DCP's dcp_to_torch_save).
+
+    python -m ddp_lab.tools.consolidate runs/my_run              (its newest checkpoint -> runs/my_run/consolidated/)
+    python -m ddp_lab.tools.consolidate runs/my_run/checkpoints/step-00000200 --out /tmp/weights.safetensors
+
+Every sync mode's checkpoint, at any world size: the weights whole in state.pt (ddp, zero stages 1 and 2, local
+SGD and DiLoCo: rank 0's), or cut over the ranks' files (zero stage 3: each unit's flat pieces, joined and cut
+into its parameters by the layout the checkpoint records; fsdp: each parameter's rows). Where one copy is cut
+over an island's ranks (sync.inner=zero, HSDP), island 0's are read. The files are mapped, not read whole:
+what the process holds at once is one unit (zero stage 3) or one tensor, and the output is written as the
+tensors come (training/safetensors_file.py). A directory gets model.safetensors and, for a transformers model
+(model=hf), its config.json: from_pretrained loads it. Nothing is written over: an existing output is refused.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from ddp_lab.checkpoint.files import STATE, newest, rank_file, read_meta
+from ddp_lab.config import ConfigError
+from ddp_lab.training.safetensors_file import SafetensorsFile
+
+
+def checkpoint_dir(path: Path) -> Path:
+    """`path` if it is a checkpoint, else the newest intact one under it (a run directory, or its checkpoints/)."""
+    path = Path(path)
+    if (path / STATE).is_file():
+        return path
+    for root in (path / "checkpoints", path):
+        if root.is_dir() and (found := newest(root)) is not None:
+            return found
+    raise ConfigError(f"{path} is neither a checkpoint nor a run directory holding one: point at a run directory "
+                      f"or one of its checkpoints/step-* folders")
+
+
+def _load(file: Path) -> dict:
+    import torch.distributed.tensor  # noqa: F401  (fsdp's optimizer state is DTensors: the loader must know them)
+    return torch.load(file, map_location="cpu", mmap=True, weights_only=True)
+
+
+class CheckpointWeights:
+    """A checkpoint's weights: `layout` (name -> a meta tensor of its shape and dtype; tied names share one) and
+    `tensors()`, each whole in turn."""
+
+    def __init__(self, step_dir: Path):
+        self.step_dir, self.meta = step_dir, read_meta(step_dir)
+        self.shared = _load(step_dir / STATE)
+        self.whole = dict(self.shared["model"])  # (sharded: the part every rank holds whole, buffers and the root)
+        self.ranks: list[dict] = []
+        if self.shared.get("weights_sharded"):
+            first = _load(step_dir / rank_file(0))
+            over = int(first.get("shards_over", self.meta["world_size"]))  # (islands: island 0's ranks)
+            self.ranks = [first["weights"]] + [_load(step_dir / rank_file(r))["weights"] for r in range(1, over)]
+            if "pieces" in first["weights"] and "layout" not in first["weights"]:
+                raise ConfigError(f"{step_dir} was written before zero stage 3's checkpoints recorded their units' "
+                                  f"layout: resume the run once with this version to write a checkpoint it can read")
+        self.layout = self._layout()
+
+    @property
+    def zero3(self) -> bool:
+        return bool(self.ranks) and "pieces" in self.ranks[0]
+
+    def _units(self):
+        """(layout, numel, this unit's pieces on each rank) of every zero stage 3 unit, trainable then frozen."""
+        first, offset = self.ranks[0], 0
+        for layout, numel in zip(first["layout"], first["units"]):
+            chunk = -(-numel // len(self.ranks))
+            yield layout, numel, [w["pieces"][offset:offset + chunk] for w in self.ranks]
+            offset += chunk
+        for i, (layout, numel) in enumerate(zip(first.get("frozen_layout", []), first.get("frozen_units", []))):
+            yield layout, numel, [w["frozen"][i] for w in self.ranks]
+
+    def _layout(self) -> dict[str, torch.Tensor]:
+        layout: dict[str, torch.Tensor] = {}
+        if self.zero3:
+            for params, _, pieces in self._units():
+                for names, shape in params:
+                    t = torch.empty(shape, dtype=pieces[0].dtype, device="meta")
+                    layout.update((n, t) for n in names)
+        same: dict[tuple, torch.Tensor] = {}  # (a tied weight: its names' tensors share one storage)
+        if self.ranks and not self.zero3:  # fsdp: rows joined
+            for name, rows in self.ranks[0].items():
+                n = sum(w[name].shape[0] for w in self.ranks)
+                layout[name] = same.setdefault(_where(rows), torch.empty(n, *rows.shape[1:], dtype=rows.dtype,
+                                                                            device="meta"))
+        for name, t in self.whole.items():
+            layout[name] = same.setdefault(_where(t), torch.empty(t.shape, dtype=t.dtype, device="meta"))
+        return layout
+
+    def tensors(self):
+        """(name, whole tensor), each once, a unit or a tensor at a time."""
+        if self.zero3:
+            for params, numel, pieces in self._units():
+                flat = torch.cat(pieces)[:numel]
+                for (names, shape), part in zip(params, flat.split([_numel(s) for _, s in params])):
+                    yield names[0], part.view(shape)
+                del flat
+        elif self.ranks:
+            for name in self.ranks[0]:
+                yield name, torch.cat([w[name] for w in self.ranks])
+        yield from self.whole.items()
+
+
+def _where(t: torch.Tensor) -> tuple:
+    return t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def consolidate(path: Path, out: Path | None = None) -> Path:
+    """The weights of the checkpoint at (or newest under) `path` written to `out` (a .safetensors file, or a
+    directory: model.safetensors, and config.json for a transformers model); `out`'s path."""
+    step_dir = checkpoint_dir(path)
+    out = Path(out) if out is not None else (step_dir.parents[1] if step_dir.parent.name == "checkpoints"
+                                             else step_dir.parent) / "consolidated"
+    if out.exists():
+        raise ConfigError(f"{out} exists: name another --out (nothing is written over)")
+    weights = CheckpointWeights(step_dir)
+    file = out if out.suffix == ".safetensors" else out / "model.safetensors"
+    file.parent.mkdir(parents=True, exist_ok=True)
+    writer = SafetensorsFile(file, weights.layout, {"step": str(weights.meta["step"])})
+    try:
+        for name, t in weights.tensors():
+            writer.put(name, t)
+        writer.finish()
+    finally:
+        writer.close()
+    model = weights.meta.get("config", {}).get("model", {})
+    if file.parent == out and {"config", "head"} <= set(model):  # (model=hf's keys: its _target_ is not recorded)
+        from ddp_lab.models.hf import load_config
+        load_config(model["config"], model.get("overrides")).save_pretrained(str(out))
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ddp_lab.tools.consolidate", description=__doc__.splitlines()[0])
+    parser.add_argument("path", type=Path, help="a run directory (its newest checkpoint) or a checkpoint folder")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="a .safetensors file, or a directory (default: <run>/consolidated/)")
+    args = parser.parse_args(argv)
+    try:
+        out = consolidate(args.path, args.out)
+    except ConfigError as e:
+        print(f"ddp_lab: error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
