@@ -14,9 +14,9 @@ from typing import NamedTuple
 
 from ddp_lab.checkpoint.choice import choose
 from ddp_lab.checkpoint.compat import config_hash, config_subset, validate
-from ddp_lab.checkpoint.files import DIRNAME, agree, all_finite, load, read_meta, save
+from ddp_lab.checkpoint.files import DIRNAME, STATE, agree, all_finite, load, problem, rank_file, read_meta, save
 from ddp_lab.checkpoint.reshard import load_own
-from ddp_lab.config import RunFailed
+from ddp_lab.config import ConfigError, RunFailed
 from ddp_lab.distributed import DistEnv
 from ddp_lab.guards.rundir import record_launch
 
@@ -63,16 +63,35 @@ class Checkpointer:
         return save(self.root, step, self.env, own, shared, meta, self.keep)
 
     def resume(self) -> Resumed | None:
-        """Load what this launch continues from (see choice), or None: from scratch."""
-        self.choice = choose(self.resume_setting, self.run_dir, self.env)
-        path, env = self.choice.path, self.env
-        if path is None:
-            return None
+        """Load what this launch continues from (see choice), or None: from scratch. Each rank checks the
+        checksums of the files it reads whole, all at once; one found damaged: the checkpoint before it."""
+        env, skip = self.env, set()
+        while True:
+            self.choice = choose(self.resume_setting, self.run_dir, env, skip)
+            path = self.choice.path
+            if path is None:
+                return None
+            damaged = [d for d in agree(env, None, "checkpoint checked", self._damaged(path)) if d]
+            if not damaged:
+                break
+            if self.resume_setting not in ("auto", "none") and not self.choice.owned:  # (trainer.resume=<path>)
+                raise ConfigError(f"trainer.resume={self.resume_setting}: not a usable checkpoint: {damaged[0]}")
+            if env.is_main:
+                log.warning("skipping checkpoint %s: %s; trying the one before it", path, damaged[0])
+            skip.add(path)
         meta = read_meta(path)
         validate(path, meta, self.subset)
         own = partial(load_own, rank=env.rank, world_size=env.world_size,
                       saved_world_size=meta["world_size"], seed=self.seed, step=meta["step"])
         return Resumed(path, *load(path, env.rank, env.device, own), meta["world_size"])
+
+    def _damaged(self, path: Path) -> str | None:
+        """Why a file this rank reads whole does not match its checksum (its own; rank 0 also state.pt), or None.
+        (At another world size the old ranks' files are mapped and only the rows taken are read: sizes checked.)"""
+        meta, r = read_meta(path), self.env.rank
+        mine = [rank_file(r)] if meta["world_size"] == self.env.world_size else []
+        why = problem(path, verify=[*mine, *([STATE] if self.env.is_main else [])])
+        return f"rank {r}: {why}" if why else None
 
     def record_launch(self) -> None:
         """Note in launches.json that this launch writes here (rank 0; after resume())."""

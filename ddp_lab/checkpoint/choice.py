@@ -82,11 +82,12 @@ def _refuse_if_taken(run_dir: Path, resume: str) -> None:
     raise RunDirTaken(f"{what}, which this run would overwrite: resume from {resume} {where}")
 
 
-def pick(resume: str, run_dir: Path, owned: bool) -> Path | None:
-    """The checkpoint to continue from (None: from scratch), by the rules above."""
+def pick(resume: str, run_dir: Path, owned: bool, skip=()) -> Path | None:
+    """The checkpoint to continue from (None: from scratch), by the rules above; `skip`: checkpoints a rank
+    found damaged. Its files' sizes are checked here, their checksums by the ranks that read them."""
     run_dir = Path(run_dir)
     if owned or resume == "auto":
-        found = newest(run_dir / DIRNAME)
+        found = newest(run_dir / DIRNAME, verify=(), skip=skip)
         if found is not None:
             return found
     if not owned:
@@ -101,7 +102,7 @@ def pick(resume: str, run_dir: Path, owned: bool) -> Path | None:
     return _explicit(Path(resume).expanduser())
 
 
-def choose(resume: str, run_dir: Path, env: DistEnv) -> Choice:
+def choose(resume: str, run_dir: Path, env: DistEnv, skip=()) -> Choice:
     """pick() on rank 0, the answer (or its ConfigError) sent to every rank.
 
     One rank decides so that all ranks load the same step even if their views
@@ -117,7 +118,7 @@ def choose(resume: str, run_dir: Path, env: DistEnv) -> Choice:
     if env.is_main:
         try:
             owned = owned_by(run_dir, owners)
-            found = pick(resume, run_dir, owned)
+            found = pick(resume, run_dir, owned, skip)
             answer = [None if found is None else str(found), None, owned, False]
         except ConfigError as e:
             answer[1], answer[3] = str(e), isinstance(e, RunDirTaken)

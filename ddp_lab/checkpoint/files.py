@@ -10,7 +10,8 @@ Layout, inside the run directory (shared by every rank and node):
                                         where the weights are sharded (stage 3, fsdp) its
                                         shards of them (state.pt then holds none)
     checkpoints/step-<N>/meta.json     rank 0, written last: world size, config and its
-                                        hash, size and SHA-256 of every file above
+                                        hash, size and SHA-256 of every file above (each
+                                        rank hashes its own file as it writes it)
 
 Why it survives a kill at any moment: a checkpoint is written into
 `.tmp-step-<N>/`, every file is fsynced, and only then is the directory
@@ -18,7 +19,9 @@ renamed to `step-<N>/` (one atomic rename) and its parent fsynced. A kill
 before the rename leaves a temp dir that nobody reads; a kill after it leaves
 a complete checkpoint. meta.json's checksums catch what the rename cannot
 (a file damaged later, a copy cut short): such a checkpoint is skipped with a
-warning in favour of the one before it.
+warning in favour of the one before it. A resume checks every file's size, and
+each rank the checksum of what it reads whole (its own file; rank 0 also
+state.pt), all ranks at once (checkpointer.py): no rank reads what others own.
 
 Why it survives a full disk: after each phase every rank tells the others
 whether its writes worked (`agree`), so one rank's failure (rank 0's
@@ -75,11 +78,32 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_durable(path: Path, write) -> None:
+class _Hashing:
+    """A file that hashes what is written through it (torch.save writes in order: write and flush only)."""
+
+    def __init__(self, f):
+        self.f, self.sha, self.bytes = f, hashlib.sha256(), 0
+
+    def write(self, data) -> int:
+        self.sha.update(data)
+        self.bytes += len(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def __getattr__(self, name):  # (tell, truncate: the file's own)
+        return getattr(self.f, name)
+
+
+def _write_durable(path: Path, write) -> dict:
+    """Write `path` by write(file), fsynced; its {"bytes", "sha256"}, hashed as it was written."""
     with open(path, "wb") as f:
-        write(f)
+        hashing = _Hashing(f)
+        write(hashing)
         f.flush()
         os.fsync(f.fileno())
+    return {"bytes": hashing.bytes, "sha256": hashing.sha.hexdigest()}
 
 
 def _sha256(path: Path) -> str:
@@ -121,18 +145,19 @@ def write_error(what: str, folder: Path, needed: int, e: BaseException) -> str:
     return f"could not write {what} in {folder}: {type(e).__name__}: {e}"
 
 
-def agree(env: DistEnv, error: str | None, name: str) -> None:
-    """A barrier that carries failures: every rank raises the first rank's error, if any.
-    `name`: the collective's, as the stall lines say it (each agreement its own)."""
-    errors = [error]
+def agree(env: DistEnv, error: str | None, name: str, said=None) -> list:
+    """A barrier that carries failures: every rank raises the first rank's error, if any; else every
+    rank's `said`, by rank. `name`: the collective's, as the stall lines say it (each agreement its own)."""
+    answers = [(error, said)]
     if env.distributed:
-        errors = [None] * env.world_size
+        answers = [None] * env.world_size
         with position.collective(name):
-            dist.all_gather_object(errors, error)
-    failed = [(r, e) for r, e in enumerate(errors) if e is not None]
+            dist.all_gather_object(answers, (error, said))
+    failed = [(r, e) for r, (e, _) in enumerate(answers) if e is not None]
     if failed:
         rank, message = failed[0]
         raise RunFailed(message if rank == env.rank else f"rank {rank}: {message}")
+    return [s for _, s in answers]
 
 
 def save(root: Path, step: int, env: DistEnv, own: dict, shared: dict | None,
@@ -157,22 +182,23 @@ def save(root: Path, step: int, env: DistEnv, own: dict, shared: dict | None,
             error = write_error(what, root, nbytes(shared), e)
     agree(env, error, f"{what}: folder made")  # before any rank writes into it
     position.phase(f"{what}: writing rank{env.rank}.pt" + (" and state.pt" if env.is_main else ""))
+    written = {}  # file -> its size and checksum, hashed as written (by each rank, at once)
     try:
         if not tmp.is_dir():
             error = (f"rank {env.rank} cannot see {tmp}, which rank 0 just created: the run "
                      "directory must be on a filesystem that every node shares")
         else:
-            _write_durable(tmp / rank_file(env.rank), lambda f: torch.save(own, f))
+            written[rank_file(env.rank)] = _write_durable(tmp / rank_file(env.rank), lambda f: torch.save(own, f))
             if env.is_main:
-                _write_durable(tmp / STATE, lambda f: torch.save(shared, f))
+                written[STATE] = _write_durable(tmp / STATE, lambda f: torch.save(shared, f))
     except (OSError, RuntimeError) as e:  # torch.save reports a short write as RuntimeError
         error = write_error(what, root, nbytes(shared) + nbytes(own), e)
     try:
-        agree(env, error, f"{what}: files written")  # rank 0 may seal and publish
+        everyone = agree(env, error, f"{what}: files written", written)  # rank 0 may seal and publish
         position.phase(f"{what}: publishing")
         if env.is_main:
             try:
-                _seal(tmp, step, env.world_size, meta)
+                _seal(tmp, step, env.world_size, meta, {k: v for files in everyone for k, v in files.items()})
                 _publish(tmp, final)
                 _fsync_dir(root)
             except OSError as e:
@@ -187,10 +213,12 @@ def save(root: Path, step: int, env: DistEnv, own: dict, shared: dict | None,
     return final
 
 
-def _seal(tmp: Path, step: int, world_size: int, meta: dict) -> None:
-    """meta.json with every file's size and checksum, written last."""
-    files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
-             for p in sorted(tmp.iterdir())}
+def _seal(tmp: Path, step: int, world_size: int, meta: dict, files: dict) -> None:
+    """meta.json with every file's size and checksum (`files`: as the ranks wrote them), written last."""
+    files = dict(sorted(files.items()))
+    for name, want in files.items():  # (a size the file system does not show: refuse to publish it)
+        if (tmp / name).stat().st_size != want["bytes"]:
+            raise OSError(f"{name} holds {(tmp / name).stat().st_size} bytes, {want['bytes']} written")
     meta = {**meta, "format": FORMAT, "step": step, "world_size": world_size,
             "files": files, "saved_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     _write_durable(tmp / META, lambda f: f.write(json.dumps(meta, indent=1).encode()))
@@ -234,8 +262,9 @@ def prune(root: Path, keep: int, newest: int) -> None:
 
 
 # ---------------------------------------------------------------- reading
-def problem(step_dir: Path) -> str | None:
-    """Why `step_dir` cannot be resumed from, or None when it is complete and intact."""
+def problem(step_dir: Path, verify=None) -> str | None:
+    """Why `step_dir` cannot be resumed from, or None when it is complete and intact: every file there at
+    its size, and the checksums of those in `verify` (None: of every file) as written."""
     try:
         meta = json.loads((step_dir / META).read_text())
     except FileNotFoundError:
@@ -254,15 +283,18 @@ def problem(step_dir: Path) -> str | None:
         size = p.stat().st_size
         if size != want["bytes"]:
             return f"{name} has {size} bytes, {want['bytes']} expected (truncated?)"
-        if _sha256(p) != want["sha256"]:
+        if (verify is None or name in verify) and _sha256(p) != want["sha256"]:
             return f"{name} does not match its checksum (corrupt)"
     return None
 
 
-def newest(root: Path) -> Path | None:
-    """The newest intact checkpoint under `root`; damaged newer ones are skipped, loudly."""
+def newest(root: Path, verify=None, skip=()) -> Path | None:
+    """The newest intact checkpoint under `root` but those in `skip` (`verify`: as problem's); damaged newer ones
+    are skipped, loudly."""
     for _, p in reversed(step_dirs(root)):
-        why = problem(p)
+        if p in skip:
+            continue
+        why = problem(p, verify)
         if why is None:
             return p
         log.warning("skipping checkpoint %s: %s; trying the one before it", p, why)
