@@ -6,7 +6,6 @@ before (rank 0 hashes every file after the save and before a resume) or after (e
 """
 import argparse
 import inspect
-import os
 import time
 from pathlib import Path
 
