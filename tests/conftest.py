@@ -38,7 +38,8 @@ def guide_reference(command: str) -> str:
 # The slow tier (make test-all; make test leaves it out): the multi-process proofs, each module a launch of
 # real ranks per case or more (the dp=N == dp=1 matrix, resumes, watchdogs, the tools' command lines).
 SLOW_MODULES = {
-    "checkpoint/test_compat.py", "checkpoint/test_files.py", "checkpoint/test_reshard.py",
+    "checkpoint/test_across_modes.py", "checkpoint/test_compat.py", "checkpoint/test_files.py",
+    "checkpoint/test_reshard.py",
     "checkpoint/test_sharded.py", "collectives/test_allreduce.py", "collectives/test_quantized.py",
     "collectives/test_reduce_scatter_all_gather.py",
     "config/test_bad_inputs.py", "distributed/test_distributed.py", "distributed/test_rendezvous.py",

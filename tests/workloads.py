@@ -91,3 +91,18 @@ def dead_relus(dim: int = 8, classes: int = 4) -> nn.Module:
     net = linear(dim, classes)
     nn.init.constant_(net[0].bias, -100.0)
     return net
+
+
+class _Hidden(nn.Module):
+    """A forward by keyword that returns neither a loss nor logits (a base model without its head)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(16, 4)
+
+    def forward(self, input_ids, labels=None):
+        return {"hidden": self.emb(input_ids)}
+
+
+def hidden_states_only() -> nn.Module:
+    return _Hidden()

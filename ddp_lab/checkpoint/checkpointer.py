@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ddp_lab.checkpoint.choice import choose
-from ddp_lab.checkpoint.compat import config_hash, config_subset, validate
+from ddp_lab.checkpoint.compat import config_hash, config_subset, mode_of, validate
 from ddp_lab.checkpoint.files import DIRNAME, STATE, agree, all_finite, load, problem, rank_file, read_meta, save
 from ddp_lab.checkpoint.reshard import load_own
+from ddp_lab.checkpoint.whole_state import CheckpointWeights, whole_optimizer_state
 from ddp_lab.config import ConfigError, RunFailed
 from ddp_lab.distributed import DistEnv
 from ddp_lab.guards.rundir import record_launch
@@ -28,11 +29,15 @@ class Resumed(NamedTuple):
     shared: dict  # rank 0's state: model, optimizer, schedule, scaler, position
     own: dict  # this rank's: RNG states, the partial epoch's sums
     world_size: int  # of the run that wrote it (see reshard.py for another one now)
+    written_under: str = ""  # the sync mode that wrote it, where this run's is another (whole_state.py)
 
     def describe(self, step: int, position: str, world_size: int) -> str:
         line = f"resumed from {self.path} (step {step}, {position})"
         if world_size != self.world_size:
             line += f" on {world_size} ranks, written by {self.world_size}"
+        if self.written_under:
+            line += (f"; written under {self.written_under}: its weights and optimizer state read whole by "
+                     f"parameter name and cut for this sync mode")
         return line
 
 
@@ -80,10 +85,14 @@ class Checkpointer:
                 log.warning("skipping checkpoint %s: %s; trying the one before it", path, damaged[0])
             skip.add(path)
         meta = read_meta(path)
-        validate(path, meta, self.subset)
+        across = validate(path, meta, self.subset)  # (only the sync mode differs: its state read whole)
         own = partial(load_own, rank=env.rank, world_size=env.world_size,
                       saved_world_size=meta["world_size"], seed=self.seed, step=meta["step"])
-        return Resumed(path, *load(path, env.rank, env.device, own), meta["world_size"])
+        shared, mine = load(path, env.rank, env.device, own)
+        if not across:
+            return Resumed(path, shared, mine, meta["world_size"])
+        shared = {**shared, "whole": (CheckpointWeights(path).state_dict(), whole_optimizer_state(path, shared))}
+        return Resumed(path, shared, mine, meta["world_size"], mode_of(meta["config"]["sync"]))
 
     def _damaged(self, path: Path) -> str | None:
         """Why a file this rank reads whole does not match its checksum (its own; rank 0 also state.pt), or None.

@@ -129,13 +129,34 @@ def _upgraded(saved: dict, now: dict | None = None) -> dict:
     return {**saved, "data": data, "optim": optim, "sync": sync, "trainer": trainer}
 
 
-def validate(step_dir, meta: dict, subset: dict) -> None:
-    """Refuse a checkpoint of another training config. (Another world size is
-    fine: see reshard.py.)"""
+# The strategies whose state is the model and one optimizer's: a checkpoint of one resumes under another
+# (whole_state.py reads it whole by parameter name, the new one cuts it its way). The periodic ones (ranks
+# apart, an anchor, outer momentum) and islands resume under the strategy that wrote them.
+MOVABLE = ("AutoOptions", "DDPOptions", "FlatOptions", "PerParamOptions", "ZeroOptions", "FSDPOptions")
+
+
+def mode_of(sync: dict) -> str:
+    """The sync mode a checkpoint's sync group names, as a user sets it (sync=zero sync.zero_stage=3)."""
+    name = {v: k for k, v in OLD_SYNC_MODES.items()}.get(sync.get("options"), sync.get("options", "?"))
+    return f"sync={name}" + (f" sync.zero_stage={sync['zero_stage']}" if name == "zero" else "")
+
+
+def _movable(sync: dict) -> bool:
+    return sync.get("options") in MOVABLE and str(sync.get("islands", "none")) == "none"
+
+
+def validate(step_dir, meta: dict, subset: dict) -> bool:
+    """Refuse a checkpoint of another training config. (Another world size is fine: see reshard.py.) True where
+    only the sync group differs, between strategies that hold the model and one optimizer (MOVABLE): the run
+    resumes across sync modes."""
     saved = _without_unhashed(_upgraded(meta["config"], subset))
-    if config_hash(saved) != config_hash(subset):
-        diff = config_diff(saved, subset)
-        raise ConfigError(
-            f"cannot resume from {step_dir}: config hash differs (" + "; ".join(diff) + "). "
-            "Either set those keys back to the checkpoint's values, or start a new run "
-            "directory (hydra.run.dir=... or DDP_LAB_RUN_ID=<name>, with trainer.resume=none)")
+    if config_hash(saved) == config_hash(subset):
+        return False
+    if (config_hash({**saved, "sync": None}) == config_hash({**subset, "sync": None})
+            and _movable(saved.get("sync", {})) and _movable(subset["sync"])):
+        return True
+    diff = config_diff(saved, subset)
+    raise ConfigError(
+        f"cannot resume from {step_dir}: config hash differs (" + "; ".join(diff) + "). "
+        "Either set those keys back to the checkpoint's values, or start a new run "
+        "directory (hydra.run.dir=... or DDP_LAB_RUN_ID=<name>, with trainer.resume=none)")

@@ -35,6 +35,7 @@ def shared_state(parts, model: dict) -> dict:
     optimizer state is each rank's own."""
     sync = parts.sync
     return {"model": model, "optimizer": {} if sync.caps.shards else parts.optimizer.state_dict(),
+            "optimizer_layout": sync.optimizer_layout(),  # (what a resume under another sync mode reads)
             "scheduler": parts.scheduler.state_dict(), "scaler": parts.scaler.state_dict(),
             **parts.progress.state_dict(),  # step, epoch, batches_done, total_steps, last, world_sizes
             "sampler_seed": parts.info.seed, "world_size": parts.env.world_size,
@@ -71,8 +72,58 @@ def own_state(parts) -> dict:
     return own
 
 
+# what a rank's own file holds that only the sync mode that wrote it reads
+MODES_OWN = ("optimizer", "optimizers", "weights", "all_weights", "model", "sync", "shards_over")
+
+
 def restore(parts, shared: dict, own: dict) -> None:
     """Put a checkpoint's state back into freshly built parts, each taking its own."""
+    across = "whole" in shared
+    if across:  # written under another sync mode: its weights and optimizer state whole, by name
+        weights, optimizer = shared["whole"]
+        parts.sync.load_model_state_dict(parts.model, _of_this_model(parts.model, weights))
+        try:
+            parts.sync.load_whole_optimizer_state(parts.optimizer, optimizer)
+        except ValueError as e:
+            raise ConfigError(f"this checkpoint's optimizer state does not fit this run's ({e})") from None
+        own = {k: v for k, v in own.items() if k not in MODES_OWN}
+        shared = {**shared, "sync": {}}
+    else:
+        _restore_model_and_optimizer(parts, shared, own)
+    parts.scheduler.load_state_dict(shared["scheduler"])
+    if across:  # the optimizer's groups are this mode's, fresh: their learning rate the schedule's now (one optim.lr)
+        for group in parts.optimizer.param_groups:
+            group["lr"] = parts.scheduler.get_last_lr()[0]
+    parts.scaler.load_state_dict(shared["scaler"])
+    parts.progress.load_state_dict(shared)  # step, epoch, batches_done, last, world_sizes
+    parts.meter.load_state_dict(shared)
+    parts.meter.load_own_state_dict(own)
+    parts.sync.load_state_dict(shared.get("sync", {}), own.get("sync"))
+    if "sync" not in own and (parts.sync.caps.diverges or parts.sync.own_state_dict()):  # another world size
+        log.warning("resumed at another world size: every rank continues from rank 0's weights and optimizer "
+                    "state, and PowerSGD's error feedback starts at zero (docs/bandwidth.md)%s",
+                    "; islands sharded inside: from island 0's shards, DiLoCo's anchor from those weights and its "
+                    "outer momentum at zero" if parts.sync.caps.diverges and parts.sync.caps.sharding == 3 else "")
+    if "target" in shared:
+        parts.target.load_state_dict(shared["target"])
+    if shared["total_steps"] != parts.plan.total_steps and parts.info.lr_schedule == "cosine":
+        log.warning("the cosine schedule was planned over %d steps, now over %d "
+                    "(trainer.max_steps changed): the learning rate curve changes from here",
+                    shared["total_steps"], parts.plan.total_steps)
+    set_rng_state(own["rng"], parts.env.device)
+
+
+def _of_this_model(model, weights: dict) -> dict:
+    """`weights` (every name the writing run's model had) under the names this model's state_dict has."""
+    names = model.state_dict(keep_vars=True)
+    missing = [n for n in names if n not in weights]
+    if missing:
+        raise ConfigError(f"this checkpoint holds no {', '.join(missing[:3])}: resume it with the model that wrote it")
+    return {n: weights[n] for n in names}
+
+
+def _restore_model_and_optimizer(parts, shared: dict, own: dict) -> None:
+    """The model's and optimizer's state as the sync mode that wrote them holds them (this run's)."""
     if parts.sync.caps.shards:  # this rank's own shards (at another world size: every old rank's, cut again)
         reshard = getattr(parts.sync, "reshard_optimizer_state", None)
         if "optimizer" not in own and ("optimizers" not in own or reshard is None):
@@ -101,25 +152,7 @@ def restore(parts, shared: dict, own: dict) -> None:
         parts.sync.load_model_state_dict(parts.model, shared["model"])
     if not parts.sync.caps.shards:
         parts.optimizer.load_state_dict(shared["optimizer"])
-    parts.scheduler.load_state_dict(shared["scheduler"])
-    parts.scaler.load_state_dict(shared["scaler"])
-    parts.progress.load_state_dict(shared)  # step, epoch, batches_done, last, world_sizes
-    parts.meter.load_state_dict(shared)
-    parts.meter.load_own_state_dict(own)
     if "model" in own:  # this rank's own weights (at the same world size only)
         parts.model.load_state_dict(own["model"])
     if "optimizer" in own:  # its own optimizer state (local_sgd, diloco; zero, fsdp: its shard's)
         parts.optimizer.load_state_dict(own["optimizer"])
-    parts.sync.load_state_dict(shared.get("sync", {}), own.get("sync"))
-    if "sync" not in own and (parts.sync.caps.diverges or parts.sync.own_state_dict()):  # another world size
-        log.warning("resumed at another world size: every rank continues from rank 0's weights and optimizer "
-                    "state, and PowerSGD's error feedback starts at zero (docs/bandwidth.md)%s",
-                    "; islands sharded inside: from island 0's shards, DiLoCo's anchor from those weights and its "
-                    "outer momentum at zero" if parts.sync.caps.diverges and parts.sync.caps.sharding == 3 else "")
-    if "target" in shared:
-        parts.target.load_state_dict(shared["target"])
-    if shared["total_steps"] != parts.plan.total_steps and parts.info.lr_schedule == "cosine":
-        log.warning("the cosine schedule was planned over %d steps, now over %d "
-                    "(trainer.max_steps changed): the learning rate curve changes from here",
-                    shared["total_steps"], parts.plan.total_steps)
-    set_rng_state(own["rng"], parts.env.device)

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from ddp_lab.config import ConfigError, presets, targets
-from ddp_lab.models.calling import check_takes_keys, shifts_labels
+from ddp_lab.models.calling import check_takes_keys, loss_and_logits, shifts_labels
 
 
 def _d2l_init(m: nn.Module) -> None:
@@ -94,12 +94,24 @@ def check_fits_data(model, data, x: torch.Tensor, y: torch.Tensor, task, classes
     return out
 
 
-def check_takes_dicts(model, keys: list[str]) -> bool:
-    """A model fed dict samples (model: its group) takes their keys by keyword. Returns whether its own loss
-    shifts the labels (a causal LM). Built on the meta device: no memory, no weights."""
+def check_takes_dicts(model, sample: dict) -> bool:
+    """A model fed dict samples (model: its group; `sample`: one) takes their keys by keyword and returns a loss or
+    logits for them: one forward on fake tensors (shapes only; a transformers model skips its checks of values
+    there). Returns whether its own loss shifts the labels (a causal LM)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
     with torch.device("meta"):
-        net = build_model(model)
-    check_takes_keys(net, keys, model_name(model))
+        net = build_model(model).eval()
+    name = model_name(model)
+    check_takes_keys(net, list(sample), name)
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
+            out = net(**{k: torch.zeros(1, *v.shape, dtype=v.dtype, device="meta") for k, v in sample.items()})
+    except (RuntimeError, ValueError, IndexError, TypeError, AssertionError) as e:
+        error = (str(e).strip().splitlines() or [type(e).__name__])[0].rstrip(".")
+        shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in sample.items())
+        raise ConfigError(f"model={name} cannot take the data's samples ({shapes}): {error}; fix the model's "
+                          f"settings or the data") from None
+    loss_and_logits(out)  # (one line where it returns neither)
     return shifts_labels(net)
 
 

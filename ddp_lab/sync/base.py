@@ -182,6 +182,21 @@ class ReplicaSync:
                 groups[plain_name(name) in self.no_decay].append(p)
         return [{"params": ps, **({"weight_decay": 0.0} if g else {})} for g, ps in enumerate(groups) if ps]
 
+    def optimizer_layout(self) -> list[dict]:
+        """Each optimizer parameter's model parameters ([names, shape] each) and how a rank holds its state: whole
+        here (zero: "flat" chunks of them, fsdp: "rows"). A checkpoint records it: what a resume under another
+        sync mode reads (checkpoint/whole_state.py)."""
+        names = param_names(self.model)
+        return [{"params": [[names[id(p)], list(p.shape)]], "cut": "whole"}
+                for group in self.param_groups() for p in group["params"]]
+
+    def load_whole_optimizer_state(self, optimizer, by_name: dict) -> None:
+        """Optimizer state read whole, by parameter name (checkpoint/whole_state.py), into this strategy's."""
+        names = param_names(self.model)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        state = {i: dict(state_of(by_name, names[id(p)])) for i, p in enumerate(params)}
+        optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
+
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """Scale the gradients this rank steps with so that their norm over the whole model is at
         most max_norm; returns the norm before. The gradients are the same on every rank here (or
@@ -260,6 +275,23 @@ class ReplicaSync:
 def plain_name(name: str) -> str:
     """A parameter's name in the model as built (torch.compile's wrapper prefixes `_orig_mod.`)."""
     return name.replace("_orig_mod.", "")
+
+
+def param_names(model: nn.Module) -> dict[int, list[str]]:
+    """id(parameter) -> its names in the model as built (a tied one has two)."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(plain_name(name))
+    return names
+
+
+def state_of(by_name: dict, names: list[str]) -> dict:
+    """A parameter's optimizer state from `by_name` under any of its names, its tensors copies of their own (an
+    optimizer steps its step counts in place: two parameters must not share one); ValueError where none is there."""
+    for name in names:
+        if name in by_name:
+            return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in by_name[name].items()}
+    raise ValueError(f"the checkpoint holds no optimizer state for {names[0]}")
 
 
 def polls(cfg, env: DistEnv) -> bool:

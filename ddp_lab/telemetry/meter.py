@@ -85,8 +85,8 @@ def flops_and_peak(model, example: torch.Tensor | dict, amp: str, env: DistEnv) 
     """
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp, torch.float32)
     sharing = ranks_on_machine(env.world_size)
-    if isinstance(example, dict):  # (a dict batch's model is counted by the dense estimate: see mfu)
-        flops = mfu.dense_train_flops(model, example["labels"].numel() or 1)
+    if isinstance(example, dict):  # (a dict batch's model, by keyword, on fake tensors: see mfu)
+        flops = mfu.train_flops_per_sample(model, example, dtype)
     else:
         flops = mfu.train_flops_per_image(model, tuple(example.shape), dtype,
                                           input_dtype=None if example.is_floating_point() else example.dtype)

@@ -12,10 +12,8 @@ the optimizer count nothing. The peak is not a data-sheet figure but measured: t
 FLOP rate of a large square matmul on the same cores (or GPU) in the same dtype,
 measured once per machine, thread count and dtype and cached on disk.
 
-A model fed dict batches (a transformers model: its forward reads its masks' values, so it
-cannot run on the meta device) is counted by the dense estimate instead: 6 FLOPs per
-weight a token (forward 2, backward 4), its input embedding's lookups aside and its
-attention scores not counted (dense_train_flops).
+A model fed dict batches (a transformers model) is counted so too, on fake tensors: its forward
+reads its masks' values, which it skips where they are fake (train_flops_per_sample).
 """
 from __future__ import annotations
 
@@ -84,20 +82,31 @@ def train_flops_per_image(model: nn.Module, input_shape, dtype: torch.dtype = to
     return counter.get_total_flops() // batch
 
 
-def dense_train_flops(model: nn.Module, tokens: int) -> int:
-    """6 N T: a forward and backward pass over `tokens` tokens of a model of N multiplied weights, where N
-    leaves out the nn.Embedding tables (lookups) unless one is also the output layer (tied)."""
-    model = getattr(model, "module", model)  # DistributedDataParallel
-    model = getattr(model, "_orig_mod", model)  # torch.compile
-    head = model.get_output_embeddings() if callable(getattr(model, "get_output_embeddings", None)) else None
-    head_weight = getattr(head, "weight", None)
-    looked_up = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding) and m.weight is not head_weight}
-    seen, n = set(), 0
-    for p in model.parameters():
-        if id(p) not in seen and id(p) not in looked_up and p.requires_grad:
-            seen.add(id(p))
-            n += p.numel()
-    return 6 * n * tokens
+def train_flops_per_sample(model: nn.Module, sample: dict, dtype: torch.dtype = torch.float32, batch: int = 2) -> int:
+    """train_flops_per_image for a model fed dict batches (`sample`: one sample's dict, labels among its keys): its
+    forward by keyword and its own loss's backward, on meta stand-ins under FakeTensorMode."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ddp_lab.models.calling import loss_and_logits
+    model = getattr(model, "module", model)
+    model = getattr(model, "_orig_mod", model)
+    params = dict(model.named_parameters())
+    stand_ins = {name: _meta(t, dtype) for name, t in [*params.items(), *model.named_buffers()]}
+    leaves = [stand_ins[name] for name, p in params.items() if p.requires_grad]
+    for t in leaves:
+        t.requires_grad_(True)
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            x = {k: torch.zeros((batch, *v.shape), dtype=v.dtype, device="meta") for k, v in sample.items()}
+            with FlopCounterMode(display=False) as counter:
+                loss, logits = loss_and_logits(torch.func.functional_call(model, stand_ins, (), x))
+                torch.autograd.grad(loss if loss is not None else logits.float().sum(), leaves)
+    finally:
+        for m, training in modes.items():
+            m.training = training
+    return counter.get_total_flops() // batch
 
 
 def _meta(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

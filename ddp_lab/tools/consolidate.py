@@ -18,9 +18,8 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
-from ddp_lab.checkpoint.files import STATE, newest, rank_file, read_meta
+from ddp_lab.checkpoint.files import STATE, newest
+from ddp_lab.checkpoint.whole_state import CheckpointWeights
 from ddp_lab.config import ConfigError
 from ddp_lab.training.safetensors_file import SafetensorsFile
 
@@ -35,85 +34,6 @@ def checkpoint_dir(path: Path) -> Path:
             return found
     raise ConfigError(f"{path} is neither a checkpoint nor a run directory holding one: point at a run directory "
                       f"or one of its checkpoints/step-* folders")
-
-
-def _load(file: Path) -> dict:
-    import torch.distributed.tensor  # noqa: F401  (fsdp's optimizer state is DTensors: the loader must know them)
-    return torch.load(file, map_location="cpu", mmap=True, weights_only=True)
-
-
-class CheckpointWeights:
-    """A checkpoint's weights: `layout` (name -> a meta tensor of its shape and dtype; tied names share one) and
-    `tensors()`, each whole in turn."""
-
-    def __init__(self, step_dir: Path):
-        self.step_dir, self.meta = step_dir, read_meta(step_dir)
-        self.shared = _load(step_dir / STATE)
-        self.whole = dict(self.shared["model"])  # (sharded: the part every rank holds whole, buffers and the root)
-        self.ranks: list[dict] = []
-        if self.shared.get("weights_sharded"):
-            first = _load(step_dir / rank_file(0))
-            over = int(first.get("shards_over", self.meta["world_size"]))  # (islands: island 0's ranks)
-            self.ranks = [first["weights"]] + [_load(step_dir / rank_file(r))["weights"] for r in range(1, over)]
-            if "pieces" in first["weights"] and "layout" not in first["weights"]:
-                raise ConfigError(f"{step_dir} was written before zero stage 3's checkpoints recorded their units' "
-                                  f"layout: resume the run once with this version to write a checkpoint it can read")
-        self.layout = self._layout()
-
-    @property
-    def zero3(self) -> bool:
-        return bool(self.ranks) and "pieces" in self.ranks[0]
-
-    def _units(self):
-        """(layout, numel, this unit's pieces on each rank) of every zero stage 3 unit, trainable then frozen."""
-        first, offset = self.ranks[0], 0
-        for layout, numel in zip(first["layout"], first["units"]):
-            chunk = -(-numel // len(self.ranks))
-            yield layout, numel, [w["pieces"][offset:offset + chunk] for w in self.ranks]
-            offset += chunk
-        for i, (layout, numel) in enumerate(zip(first.get("frozen_layout", []), first.get("frozen_units", []))):
-            yield layout, numel, [w["frozen"][i] for w in self.ranks]
-
-    def _layout(self) -> dict[str, torch.Tensor]:
-        layout: dict[str, torch.Tensor] = {}
-        if self.zero3:
-            for params, _, pieces in self._units():
-                for names, shape in params:
-                    t = torch.empty(shape, dtype=pieces[0].dtype, device="meta")
-                    layout.update((n, t) for n in names)
-        same: dict[tuple, torch.Tensor] = {}  # (a tied weight: its names' tensors share one storage)
-        if self.ranks and not self.zero3:  # fsdp: rows joined
-            for name, rows in self.ranks[0].items():
-                n = sum(w[name].shape[0] for w in self.ranks)
-                layout[name] = same.setdefault(_where(rows), torch.empty(n, *rows.shape[1:], dtype=rows.dtype,
-                                                                            device="meta"))
-        for name, t in self.whole.items():
-            layout[name] = same.setdefault(_where(t), torch.empty(t.shape, dtype=t.dtype, device="meta"))
-        return layout
-
-    def tensors(self):
-        """(name, whole tensor), each once, a unit or a tensor at a time."""
-        if self.zero3:
-            for params, numel, pieces in self._units():
-                flat = torch.cat(pieces)[:numel]
-                for (names, shape), part in zip(params, flat.split([_numel(s) for _, s in params])):
-                    yield names[0], part.view(shape)
-                del flat
-        elif self.ranks:
-            for name in self.ranks[0]:
-                yield name, torch.cat([w[name] for w in self.ranks])
-        yield from self.whole.items()
-
-
-def _where(t: torch.Tensor) -> tuple:
-    return t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def consolidate(path: Path, out: Path | None = None) -> Path:

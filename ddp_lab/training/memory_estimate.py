@@ -51,6 +51,7 @@ from torch.utils._pytree import tree_leaves
 from ddp_lab.config import ConfigError, targets
 from ddp_lab.distributed import DistEnv, ranks_on_machine
 from ddp_lab.models import build_model, model_name
+from ddp_lab.models.calling import LABELS, call
 from ddp_lab.sync import SyncOptions, every_step_options
 from ddp_lab.sync.islands.layout import island_size
 from ddp_lab.sync.periodic import PeriodicOptions
@@ -194,9 +195,10 @@ def activation_bytes(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, tas
     largest one's own saved tensors once (what its recompute holds in the backward). `autocast` (bf16
     under trainer.amp=bf16): the forward under CPU autocast, on fake CPU tensors (net is changed to them), the
     weights in `weights` where the sync gathers them so."""
-    fake = FakeTensorMode() if autocast is not None else contextlib.nullcontext()
-    with fake:
-        if autocast is not None:
+    # (a dict batch's model, transformers', reads its masks' values: on fake tensors it skips those checks)
+    on_fake = autocast is not None or isinstance(x, dict)
+    with FakeTensorMode() if on_fake else contextlib.nullcontext():
+        if on_fake:
             _to_fake_cpu(net, weights)
         return _saved_bytes(net, x, y, task, checkpointed, autocast)
 
@@ -229,13 +231,14 @@ def _saved_bytes(net, x, y, task, checkpointed, autocast) -> int:
 
     hooks = [h for m in checkpointed for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
     # two samples, not one: BatchNorm refuses to train on a batch of one value per channel
-    device = "meta" if autocast is None else "cpu"
-    xm = torch.empty(2, *x.shape, dtype=x.dtype, device=device)
-    ym = torch.empty(2, *y.shape, dtype=y.dtype, device=device)
+    device = "meta" if autocast is None and not isinstance(x, dict) else "cpu"
+    xm = ({k: torch.zeros(2, *v.shape, dtype=v.dtype, device=device) for k, v in x.items()} if isinstance(x, dict)
+          else torch.empty(2, *x.shape, dtype=x.dtype, device=device))
+    ym = xm[LABELS] if isinstance(x, dict) else torch.empty(2, *y.shape, dtype=y.dtype, device=device)
     try:
         with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _FusedAttention(), \
                 torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
-            task.loss(net.train()(xm), ym)
+            task.loss(call(net.train(), xm), ym)
     finally:
         for h in hooks:
             h.remove()
@@ -371,9 +374,6 @@ def check_fits_memory(model, optim, env: DistEnv, x: torch.Tensor, y: torch.Tens
     found = mem_available(env.world_size) if available is None else \
         (available, ranks_on_machine(env.world_size), "MemAvailable")
     if found is None:
-        return None
-    if isinstance(x, dict):  # (a transformers model's forward reads its masks' values: it cannot run on meta)
-        log.info("memory estimate: not made (a model fed dict batches cannot run its forward on the meta device)")
         return None
     try:
         e = estimate(model, optim, x, y, task, batch, state_shards(sync, env) if stage else 1, stage, sync,

@@ -46,7 +46,7 @@ def build_workload(data, env: DistEnv, seed: int, *, model, loss=None, grad_accu
     task = choose_task(data.task, y, build_loss(loss))
     classes = num_classes(train) if task.correct_name else 0
     if isinstance(x, Mapping):  # the model takes the dict by keyword and brings its own loss
-        task = replace(task, own_loss=True, shift=check_takes_dicts(model, list(x)))
+        task = replace(task, own_loss=True, shift=check_takes_dicts(model, x))
     else:
         out = check_fits_data(model, data, x, y, task, classes)
         if task.criterion is not None:

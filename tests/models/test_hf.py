@@ -87,6 +87,31 @@ def test_an_output_without_loss_or_logits_is_one_line():
     assert loss_and_logits(torch.ones(2))[1] is not None  # a tensor is its logits
 
 
+def test_a_model_whose_output_has_no_loss_or_logits_is_refused_before_the_first_step():
+    from omegaconf import OmegaConf
+
+    from ddp_lab.models.build import check_takes_dicts
+    sample = {"input_ids": torch.tensor([1, 2, 3]), "labels": torch.tensor([1, 2, 3])}
+    with pytest.raises(ConfigError, match=r"^the model.s forward returned a dict with keys hidden: ddp_lab needs"):
+        check_takes_dicts(OmegaConf.create({"_target_": "tests.workloads.hidden_states_only"}), sample)
+    gpt2 = OmegaConf.create({"_target_": "ddp_lab.models.hf.transformers_model", "config": "gpt2",
+                             "overrides": GPT2[2]})
+    assert check_takes_dicts(gpt2, sample) is True  # (its own loss shifts the labels: a causal LM)
+
+
+def test_its_flops_are_counted_as_a_real_step_counts_them():
+    """On fake tensors (its forward reads its masks' values, which it skips there), the count of a real step."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ddp_lab.telemetry.mfu import train_flops_per_sample
+    model = transformers_model(*GPT2)
+    sample = {"input_ids": torch.arange(1, 17), "attention_mask": torch.ones(16, dtype=torch.long),
+              "labels": torch.arange(1, 17)}
+    with FlopCounterMode(display=False) as real:
+        model(**{k: v.repeat(2, 1) for k, v in sample.items()}).loss.backward()
+    assert train_flops_per_sample(model, sample) == real.get_total_flops() // 2
+
+
 def test_a_key_the_forward_does_not_take_is_one_line():
     model = transformers_model(*GPT2)
     check_takes_keys(model, ["input_ids", "attention_mask", "labels"], "hf_gpt2")

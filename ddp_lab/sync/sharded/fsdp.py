@@ -44,6 +44,8 @@ from ddp_lab.sync.base import (
     SyncContext,
     broadcast_buffers_each_step,
     broadcast_from_rank0,
+    param_names,
+    state_of,
 )
 from ddp_lab.sync.islands.layout import ISLANDS_HELP, island_shape, islands_spec_ok
 from ddp_lab.sync.sharded.common import (
@@ -235,6 +237,19 @@ class FSDPSync(ReplicaSync):
                     raise ValueError(f"its {name} is {list(rows.shape)} on this rank, this run's "
                                      f"{list(t.to_local().shape)}")
                 t.to_local().copy_(rows)
+
+    def optimizer_layout(self) -> list[dict]:
+        names = param_names(self.model)
+        return [{"params": [[names[id(p)], list(p.shape)]], "cut": "rows"}
+                for group in self.param_groups() for p in group["params"]]
+
+    def load_whole_optimizer_state(self, optimizer, by_name: dict) -> None:
+        """Whole state by parameter name, as a one-rank run's, cut to this rank's rows."""
+        names = param_names(self.model)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        one = {i: dict(state_of(by_name, names[id(p)])) for i, p in enumerate(params)}
+        groups = optimizer.state_dict()["param_groups"]
+        optimizer.load_state_dict(self.reshard_optimizer_state([{"state": one, "param_groups": groups}], optimizer))
 
     def reshard_optimizer_state(self, states: list[dict], optimizer) -> dict:
         """This rank's optimizer state from every rank's of a run at another world size: each state tensor's

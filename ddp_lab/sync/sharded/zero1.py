@@ -67,7 +67,9 @@ from ddp_lab.sync.base import (
     SyncContext,
     broadcast_buffers_each_step,
     broadcast_from_rank0,
+    param_names,
     plain_name,
+    state_of,
 )
 from ddp_lab.sync.options import Algo
 from ddp_lab.sync.sharded.common import ALGOS, ShardedOptions, clip_sharded, trainable_parameters, views_into
@@ -205,6 +207,24 @@ class Zero1Sync(ReplicaSync):
     def group_sizes(self) -> list[int]:
         """The unpadded elements of each bucket (stage 3: unit), as parameters() lists their chunks."""
         return self._in_optimizer_order([sum(p.numel() for p in b) for b in self.buckets])
+
+    def optimizer_layout(self) -> list[dict]:
+        names = param_names(self.model)
+        return [{"params": [[names[id(p)], list(p.shape)] for p in bucket], "cut": "flat"}
+                for bucket in self._in_optimizer_order(self.buckets)]
+
+    def load_whole_optimizer_state(self, optimizer, by_name: dict) -> None:
+        """Whole state by parameter name, as a one-rank run's flat groups, cut to this rank's chunks."""
+        from ddp_lab.checkpoint.reshard import reshard_zero_state
+        names, one = param_names(self.model), {}
+        for i, bucket in enumerate(self._in_optimizer_order(self.buckets)):
+            states = [state_of(by_name, names[id(p)]) for p in bucket]
+            one[i] = {key: (torch.cat([s[key].reshape(-1) for s in states])
+                            if isinstance(v, torch.Tensor) and v.dim() > 0 else v) for key, v in states[0].items()}
+        groups = optimizer.state_dict()["param_groups"]
+        state = reshard_zero_state([{"state": one, "param_groups": groups}], self.group_sizes(), self.env.rank,
+                                   self.env.world_size)  # (state_of's copies: no two chunks share a step count)
+        optimizer.load_state_dict(state)
 
     def reshard_optimizer_state(self, states: list[dict], optimizer) -> dict:
         """This rank's optimizer state from every rank's of a run at another world size (checkpoint/reshard.py)."""
