@@ -182,13 +182,11 @@ class ReplicaSync:
                 groups[plain_name(name) in self.no_decay].append(p)
         return [{"params": ps, **({"weight_decay": 0.0} if g else {})} for g, ps in enumerate(groups) if ps]
 
-    def optimizer_layout(self) -> list[dict]:
+    def optimizer_layout(self) -> list[dict] | None:
         """Each optimizer parameter's model parameters ([names, shape] each) and how a rank holds its state: whole
         here (zero: "flat" chunks of them, fsdp: "rows"). A checkpoint records it: what a resume under another
         sync mode reads (checkpoint/whole_state.py)."""
-        names = param_names(self.model)
-        return [{"params": [[names[id(p)], list(p.shape)]], "cut": "whole"}
-                for group in self.param_groups() for p in group["params"]]
+        return layout_of([[p] for group in self.param_groups() for p in group["params"]], self.model, "whole")
 
     def load_whole_optimizer_state(self, optimizer, by_name: dict) -> None:
         """Optimizer state read whole, by parameter name (checkpoint/whole_state.py), into this strategy's."""
@@ -283,6 +281,15 @@ def param_names(model: nn.Module) -> dict[int, list[str]]:
     for name, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(plain_name(name))
     return names
+
+
+def layout_of(packs: list[list], model: nn.Module, cut: str) -> list[dict] | None:
+    """optimizer_layout's entries: each optimizer parameter's model parameters (`packs`) by [names, shape]; None
+    where one is not the model's by name (a strategy that steps copies of its own: it resumes only as itself)."""
+    names = param_names(model)
+    if any(id(p) not in names for pack in packs for p in pack):
+        return None
+    return [{"params": [[names[id(p)], list(p.shape)] for p in pack], "cut": cut} for pack in packs]
 
 
 def state_of(by_name: dict, names: list[str]) -> dict:

@@ -44,6 +44,7 @@ from ddp_lab.sync.base import (
     SyncContext,
     broadcast_buffers_each_step,
     broadcast_from_rank0,
+    layout_of,
     param_names,
     state_of,
 )
@@ -238,10 +239,8 @@ class FSDPSync(ReplicaSync):
                                      f"{list(t.to_local().shape)}")
                 t.to_local().copy_(rows)
 
-    def optimizer_layout(self) -> list[dict]:
-        names = param_names(self.model)
-        return [{"params": [[names[id(p)], list(p.shape)]], "cut": "rows"}
-                for group in self.param_groups() for p in group["params"]]
+    def optimizer_layout(self) -> list[dict] | None:
+        return layout_of([[p] for group in self.param_groups() for p in group["params"]], self.model, "rows")
 
     def load_whole_optimizer_state(self, optimizer, by_name: dict) -> None:
         """Whole state by parameter name, as a one-rank run's, cut to this rank's rows."""

@@ -67,6 +67,7 @@ from ddp_lab.sync.base import (
     SyncContext,
     broadcast_buffers_each_step,
     broadcast_from_rank0,
+    layout_of,
     param_names,
     plain_name,
     state_of,
@@ -208,10 +209,8 @@ class Zero1Sync(ReplicaSync):
         """The unpadded elements of each bucket (stage 3: unit), as parameters() lists their chunks."""
         return self._in_optimizer_order([sum(p.numel() for p in b) for b in self.buckets])
 
-    def optimizer_layout(self) -> list[dict]:
-        names = param_names(self.model)
-        return [{"params": [[names[id(p)], list(p.shape)] for p in bucket], "cut": "flat"}
-                for bucket in self._in_optimizer_order(self.buckets)]
+    def optimizer_layout(self) -> list[dict] | None:
+        return layout_of(self._in_optimizer_order(self.buckets), self.model, "flat")
 
     def load_whole_optimizer_state(self, optimizer, by_name: dict) -> None:
         """Whole state by parameter name, as a one-rank run's flat groups, cut to this rank's chunks."""
