@@ -13,8 +13,7 @@ import torch
 
 from ddp_lab.checkpoint.whole_state import CheckpointWeights, whole_optimizer_state
 from ddp_lab.config import ConfigError
-from ddp_lab.distributed import DistEnv
-from ddp_lab.training.trainer import Trainer
+from tests.helpers.training import fit_in_rank
 from tests.multiproc import run_in_processes
 
 GPT = ["model=gpt", "model.n_layer=2", "model.n_embd=32", "model.n_head=2", "model.block_size=16", "data=text",
@@ -26,33 +25,17 @@ RESUMED = {3: {"ddp_as_fsdp": ("ddp", ["sync=fsdp"]), "zero3_as_ddp": ("zero3", 
            2: {"fsdp_as_zero1": ("fsdp", ["sync=zero", "sync.zero_stage=1"])}}
 
 
-def _fit(rank: int, world_size: int, overrides: list, run_dir: Path) -> str:
-    from hydra import compose, initialize_config_module
-
-    from ddp_lab.config import schema
-    schema.register()
-    with initialize_config_module(version_base="1.3", config_module="ddp_lab.conf"):
-        cfg = compose(config_name="train", overrides=overrides)
-    trainer = Trainer.from_config(cfg, DistEnv(rank, world_size, 0, torch.device("cpu"), "gloo"), run_dir)
-    try:
-        said = trainer.resumed.describe(2, "", world_size) if trainer.resumed else ""
-        trainer.fit()
-        return said
-    finally:
-        trainer.close()
-
-
 def _sources(rank: int, world_size: int, tmp: str) -> None:
     for name, sync in SOURCES.items():
-        _fit(rank, world_size, [*GPT, f"data.path={tmp}/corpus.txt", *sync], Path(tmp) / name)
+        fit_in_rank(rank, world_size, [*GPT, f"data.path={tmp}/corpus.txt", *sync], Path(tmp) / name)
 
 
 def _resume(rank: int, world_size: int, tmp: str) -> dict:
     said = {}
     for name, (source, sync) in RESUMED[world_size].items():
         step2 = Path(tmp) / source / "checkpoints" / "step-2"
-        said[name] = _fit(rank, world_size, [*GPT, f"data.path={tmp}/corpus.txt", *sync, f"trainer.resume={step2}"],
-                          Path(tmp) / name)
+        said[name] = fit_in_rank(rank, world_size, [*GPT, f"data.path={tmp}/corpus.txt", *sync,
+                                                    f"trainer.resume={step2}"], Path(tmp) / name)[1]
     return said
 
 

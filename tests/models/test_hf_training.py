@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_lab.distributed import DistEnv
-from ddp_lab.training.trainer import Trainer
+from tests.helpers.training import fit_in_rank
 from tests.multiproc import run_in_processes
 
 transformers = pytest.importorskip("transformers")
@@ -41,10 +40,6 @@ def _pretrained(name: str, out: Path) -> None:
 
 
 def _fine_tune(rank: int, world_size: int, model: str, tmp: str) -> dict:
-    from hydra import compose, initialize_config_module
-
-    from ddp_lab.config import schema
-    schema.register()
     out = {}
     for mode, sync in MODES.items():
         overrides = [f"model={model}", f"model.pretrained={tmp}/pretrained", "data=text_documents",
@@ -52,18 +47,14 @@ def _fine_tune(rank: int, world_size: int, model: str, tmp: str) -> dict:
                      "optim.warmup_epochs=0", "optim.warmup_steps=0", "trainer.epochs=1", "trainer.max_steps=4",
                      "trainer.amp=off", "trainer.compile=false", "trainer.progress=false", "trainer.keep_ckpts=0",
                      *sync]
-        with initialize_config_module(version_base="1.3", config_module="ddp_lab.conf"):
-            cfg = compose(config_name="train", overrides=overrides)
         run_dir = Path(tmp) / mode
         run_dir.mkdir(exist_ok=True)
         said = logging.FileHandler(run_dir / f"rank{rank}.log")  # (what train.py's logging writes there)
         logging.getLogger("ddp_lab").addHandler(said)
         logging.getLogger("ddp_lab").setLevel(logging.INFO)
-        trainer = Trainer.from_config(cfg, DistEnv(rank, world_size, 0, torch.device("cpu"), "gloo"), run_dir)
         try:
-            summary = trainer.fit()
+            summary = fit_in_rank(rank, world_size, overrides, run_dir)[0]
         finally:
-            trainer.close()
             logging.getLogger("ddp_lab").removeHandler(said)
         out[mode] = {"val_loss": summary["val_loss"], "train_loss": summary["train_loss"]}
     return out

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_lab.distributed import DistEnv
 from ddp_lab.tools.consolidate import consolidate
-from ddp_lab.training.trainer import Trainer
+from tests.helpers.training import fit_in_rank
 from tests.multiproc import run_in_processes
 
 GPT = ["model=gpt", "model.n_layer=2", "model.n_embd=32", "model.n_head=2", "model.block_size=16", "data=text",
@@ -25,22 +24,11 @@ HF_RUN = ["model=hf_gpt2", "data=text_documents", "data.batch_size=16", "sync=ze
 
 
 def _train(rank: int, world_size: int, tmp: str, runs: dict) -> None:
-    from hydra import compose, initialize_config_module
-
-    from ddp_lab.config import schema
-    schema.register()
     for name, overrides in runs.items():
         common = [f"data.path={tmp}/corpus.txt", "optim=adamw", "optim.warmup_epochs=0", "trainer.epochs=1",
                   "trainer.max_steps=3", "trainer.compile=false", "trainer.progress=false"]
         amp = [] if any(o.startswith("trainer.amp=") for o in overrides) else ["trainer.amp=off"]
-        with initialize_config_module(version_base="1.3", config_module="ddp_lab.conf"):
-            cfg = compose(config_name="train", overrides=[*overrides, *common, *amp])
-        trainer = Trainer.from_config(cfg, DistEnv(rank, world_size, 0, torch.device("cpu"), "gloo"),
-                                      Path(tmp) / name)
-        try:
-            trainer.fit()
-        finally:
-            trainer.close()
+        fit_in_rank(rank, world_size, [*overrides, *common, *amp], Path(tmp) / name)
 
 
 @pytest.fixture(scope="module")
