@@ -10,6 +10,7 @@ read. The files are mapped, not read whole: what is held at once is one unit or 
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -77,7 +78,7 @@ class CheckpointWeights:
         if self.zero3:
             for params, numel, pieces in self._units():
                 flat = torch.cat(pieces)[:numel]
-                for (names, shape), part in zip(params, flat.split([_numel(s) for _, s in params])):
+                for (names, shape), part in zip(params, flat.split([math.prod(s) for _, s in params])):
                     yield names[0], part.view(shape)
                 del flat
         elif self.ranks:
@@ -92,7 +93,7 @@ class CheckpointWeights:
         if self.zero3:
             for params, numel, pieces in self._units():
                 flat = torch.cat(pieces)[:numel]
-                for (names, shape), part in zip(params, flat.split([_numel(s) for _, s in params])):
+                for (names, shape), part in zip(params, flat.split([math.prod(s) for _, s in params])):
                     out.update((n, part.view(shape)) for n in names)
         elif self.ranks:
             out.update((name, torch.cat([w[name] for w in self.ranks])) for name in self.ranks[0])
@@ -126,8 +127,8 @@ def whole_optimizer_state(step_dir: Path, shared: dict) -> dict[str, dict]:
                 continue
             pieces = [_local(s["state"][i][key]) for s in states]
             if entry["cut"] == "flat":  # a group's flat chunks, padded to N equal ones
-                flat = torch.cat(pieces)[:sum(_numel(shape) for _, shape in params)]
-                for (names, shape), part in zip(params, flat.split([_numel(s) for _, s in params])):
+                flat = torch.cat(pieces)[:sum(math.prod(shape) for _, shape in params)]
+                for (names, shape), part in zip(params, flat.split([math.prod(s) for _, s in params])):
                     out[names[0]][key] = part.view(shape)
             else:  # whole (one rank's), or each rank's rows
                 out[params[0][0][0]][key] = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
@@ -142,8 +143,3 @@ def _where(t: torch.Tensor) -> tuple:
     return t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype
 
 
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
