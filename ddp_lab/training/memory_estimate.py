@@ -61,6 +61,16 @@ log = logging.getLogger("ddp_lab")
 
 GiB = 2**30
 WARN_SHARE = 0.8  # warn (not refuse) above this share of the available memory
+# Measured peaks have come out at 0.95-1.07x the predicted one (stage 3 and fsdp on capped hosts: the
+# memory-wall-8-hosts and hf-llama-8-hosts records): a run fits only where its predicted peak and this
+# share more stay within the memory a rank may use, so that "fits" is never said to a run the limit kills.
+ESTIMATE_ERROR = 0.10
+
+
+def fits(peak: int, memory: int) -> bool:
+    """The one rule: a predicted peak fits `memory` (what a rank may hold, its runtime included) with the
+    estimate's error to spare."""
+    return peak * (1 + ESTIMATE_ERROR) <= memory
 CGROUPS = Path("/sys/fs/cgroup")
 
 
@@ -324,8 +334,10 @@ def describe(e: Estimate, model, stage: int, available: int, ranks: int, machine
     """The line that says the estimate, the memory and what to lower."""
     where = "on this machine" if machine[1] == "MemAvailable" else "in this memory cgroup"
     digits = 1 if f"{e.total_bytes / GiB:.1f}" != f"{available / GiB:.1f}" else 2  # (not "1.2 more than 1.2")
+    relation = "more than" if e.total_bytes > available else "close to" if \
+        fits(e.peak_bytes, e.runtime_bytes + available) else f"within the estimate's {ESTIMATE_ERROR:.0%} error of"
     what = (f"model={model_name(model)} needs about {e.total_bytes / GiB:.{digits}f} GiB per rank, "
-            f"{'more than' if e.total_bytes > available else 'close to'} the {available / GiB:.{digits}f} GiB "
+            f"{relation} the {available / GiB:.{digits}f} GiB "
             f"available to "
             f"each of the {ranks} rank(s) {where} ({machine[1]} {machine[0] / GiB:.1f} GiB): "
             f"activations {e.activation_bytes / GiB:.1f} GiB ({e.batch} samples per rank, what autograd keeps for "
@@ -387,7 +399,7 @@ def check_fits_memory(model, optim, env: DistEnv, x: torch.Tensor, y: torch.Tens
              "available to each; predicted peak %.2f GiB with the runtime's %.2f", e.total_bytes / GiB,
              e.activation_bytes / GiB, e.state_bytes / GiB, e.transient_bytes / GiB, per_rank / GiB,
              e.peak_bytes / GiB, e.runtime_bytes / GiB)
-    if e.total_bytes > per_rank and refuse:
+    if not fits(e.peak_bytes, e.runtime_bytes + per_rank) and refuse:  # (per_rank: beyond what it holds now)
         raise ConfigError(describe(e, model, stage, per_rank, ranks, machine) +
                           " (trainer.memory_check=false: try anyway)")
     if e.total_bytes > WARN_SHARE * per_rank and env.is_main:

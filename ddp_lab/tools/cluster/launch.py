@@ -227,8 +227,8 @@ class Job:
             if killed:
                 self._say(f"ddp_lab.tools.cluster: {h.name} ran out of memory: its limit of "
                           f"{h.mem_bytes / 2**30:.2f} GiB (cluster up --mem) killed {killed} process(es) of this "
-                          f"job; shard the model state (sync=zero sync.zero_stage=3, or sync=fsdp), or check "
-                          f"first: python -m ddp_lab.tools.costmodel.will_it_fit")
+                          f"job; {after_out_of_memory(self.command)}, or check first: "
+                          f"python -m ddp_lab.tools.costmodel.will_it_fit")
 
     def _stop_the_stuck(self, now: float) -> None:
         stuck = []
@@ -273,6 +273,21 @@ class Job:
         with self._lock:
             text = "".join(line for a in agents for line in a.lines)
         return text + "".join(self.notes) if host_index is None else text
+
+
+def after_out_of_memory(command: list[str]) -> str:
+    """What to try next after a rank ran out of memory, for the sync mode the job's overrides chose."""
+    given = dict(a.split("=", 1) for a in command if "=" in a and not a.startswith("-"))
+    sync, stage = given.get("sync", "auto"), given.get("sync.zero_stage", "1")
+    lighter = ("trainer.activation_checkpointing=units (recompute each unit's forward), a smaller "
+               "data.batch_size (trainer.grad_accum keeps the samples a step) or more hosts")
+    if sync == "fsdp":
+        return lighter
+    if sync == "zero" and stage == "3":
+        return f"sync=fsdp (fewer gathered units at once: docs/memory.md), {lighter}"
+    if sync == "zero":
+        return f"shard the weights too (sync.zero_stage=3, or sync=fsdp), or {lighter}"
+    return f"shard the model state (sync=fsdp, or sync=zero sync.zero_stage=3), or {lighter}"
 
 
 @contextlib.contextmanager

@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import sys
+
+from hydra.errors import HydraException
 
 from ddp_lab.config import ConfigError
 from ddp_lab.tools.cluster.memory_limit import parse_size
@@ -88,12 +91,13 @@ def table(params: int, state: int, activations: int, ranks: int, memory: int, li
           alpha: float, compute_ms: float | None, reduce_scatter: str = "ring", transient: dict | None = None,
           runtime: int = 0) -> list[dict]:
     """A row per strategy; transient: its bytes by strategy (none: 0), runtime: the process's own."""
+    from ddp_lab.training.memory_estimate import fits  # (the trainer's rule; torch only here)
     rows = []
     for s in STRATEGIES:
         held = model_state_bytes(params, state, ranks, s)
         peak = runtime + held + activations + (transient or {}).get(s, 0)
         row = {"strategy": s, "model_state_bytes": held, "total_bytes": held + activations, "peak_bytes": peak,
-               "fits": peak <= memory, "wire_bytes": wire_bytes(s, 4 * params)}
+               "fits": fits(peak, memory), "wire_bytes": wire_bytes(s, 4 * params)}
         if link_bits:
             comm = wire_seconds(s, ranks, 4 * params, alpha, 8 / link_bits, 0.0, reduce_scatter)
             row["comm_ms"] = comm * 1e3
@@ -138,9 +142,26 @@ def compose(overrides: list[str]):
     from ddp_lab.training.builder import validate
     schema.register()  # the schemas the config composes on, as ddp_lab.train registers them
     with initialize_config_module(version_base="1.3", config_module="ddp_lab.conf"):
-        cfg = hydra_compose(config_name="train", overrides=overrides)
+        try:
+            cfg = hydra_compose(config_name="train", overrides=overrides)
+        except HydraException as e:  # a preset or key that is not there: one line, not Hydra's traceback
+            raise ConfigError(composition_error(e)) from None
     validate(cfg)
     return cfg
+
+
+def composition_error(e: HydraException) -> str:
+    """Hydra's composition error in one line: the missing preset with the group's presets, else its first line."""
+    options = [o for o in getattr(e, "options", None) or [] if not o.startswith("schema_")]
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    first = lines[0].removeprefix("In 'train': ")
+    missing = re.match(r"Could not find '([^/']+)/([^']+)'", first)
+    if missing and options:
+        group, name = missing.groups()
+        return f"{group}={name}: no such preset; choose among {', '.join(options)} (or {group}=custom)"
+    cause = str(e.__cause__).strip().splitlines()[0] if e.__cause__ else ""
+    detail = cause or (lines[1] if len(lines) > 1 else "")
+    return f"{first.rstrip('.')}: {detail}" if detail else first
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -196,10 +217,13 @@ def main(argv: list[str] | None = None) -> None:
             line += f"  {r['comm_ms']:>12.1f}" + (f"  {r['step_ms']:>9.1f}" if "step_ms" in r else "")
         print(line)
     fits = [r["strategy"] for r in rows if r["fits"]]
-    print(f"fits: {', '.join(fits)}; run the first with: " + {
+    from ddp_lab.training.memory_estimate import ESTIMATE_ERROR
+    print(f"fits (the peak and {ESTIMATE_ERROR:.0%} more, the estimate's error, within --memory): "
+          f"{', '.join(fits) or 'none'}")
+    print("run the first with: " + {
         "ddp": "sync=ddp (or flat)", "zero1": "sync=zero", "zero2": "sync=zero sync.zero_stage=2",
         "zero3": "sync=zero sync.zero_stage=3"}[fits[0]] if fits else
-          "fits: none (fewer samples a rank: --batch, or more ranks)")
+          "none fits: fewer samples a rank (--batch), more ranks, or more memory")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ def test_a_rank_past_its_hosts_limit_is_named_out_of_memory(cluster_name, tmp_pa
         assert memory_limit.oom_kills(c.hosts[1].netns) >= 1 and memory_limit.oom_kills(c.hosts[0].netns) == 0
     assert rc != 0 and out.count("ready") == 2, out
     assert (f"ddp_lab.tools.cluster: {cluster_name}-1 ran out of memory: its limit of 0.68 GiB (cluster up --mem) "
-            f"killed 1 process(es) of this job") in out, out
+            f"killed 1 process(es) of this job; shard the model state (sync=fsdp") in out, out
     assert f"{cluster_name}-0 ran out of memory" not in out
 
 

@@ -81,14 +81,24 @@ def test_the_command_line(tiny_fmnist, tmp_path, capsys):
     assert out[0].endswith("runtime 0.00 GiB")
     assert [line.split()[0] for line in out[2:6]] == list(will_it_fit.STRATEGIES)
     # DDP: 12P (1.5 MB) and a gradient-sized buffer (0.5 MB); stage 3: 6P and 7 of its largest unit (a 410 KB layer)
-    assert out[-1] == "fits: ddp, zero1, zero2; run the first with: sync=ddp (or flat)"
+    assert out[-2:] == ["fits (the peak and 10% more, the estimate's error, within --memory): ddp, zero1, zero2",
+                        "run the first with: sync=ddp (or flat)"]
+    # a runtime of 600 KiB: stage 1's peak under the memory but within 10% of it: not said to fit
     will_it_fit.main(["--ranks", "2", "--memory", "2500KiB", "--batch", "1", "--runtime", "600k", *data])
-    assert capsys.readouterr().out.splitlines()[-1] == "fits: zero1, zero2; run the first with: sync=zero"
+    out = capsys.readouterr().out.splitlines()
+    zero1 = out[3].split()
+    assert zero1[0] == "zero1" and zero1[4] == "no"  # (said to fit before the 10% rule)
+    assert out[-2:] == [
+        "fits (the peak and 10% more, the estimate's error, within --memory): zero2",
+        "run the first with: sync=zero sync.zero_stage=2"]
     for argv, says in ((["--memory", "lots"], "--memory 'lots': give a size with a unit"),
                        (["--memory", "1g", "--link", "fast"], "--link 'fast': give bits per second"),
                        (["--memory", "1g", "sync=zero", "sync.zero_stage=4"], "sync.zero_stage=4 must be 1, 2 or 3"),
                        (["--memory", "1g", "model=custom", "model._target_=torch.nn.Linear", "+model.in_features=8",
-                         "+model.out_features=2"], "model=Linear cannot take the data's inputs")):
+                         "+model.out_features=2"], "model=Linear cannot take the data's inputs"),
+                       (["--memory", "1g", "model=nosuch"], "model=nosuch: no such preset; choose among custom, gpt,"),
+                       (["--memory", "1g", "model.nokey=3"], "Could not override 'model.nokey': Key 'nokey' not in"),
+                       (["--memory", "1g", "trainer.epochs=abc"], "Value 'abc' of type 'str' could not be converted")):
         with pytest.raises(SystemExit) as e:
             will_it_fit.main(["--ranks", "2", *argv, *data])
         err = capsys.readouterr().err

@@ -1,0 +1,28 @@
+"""The fit check against every recorded run on capped hosts: it never says "fits" to a run the limit
+killed, and its margin covers the worst measured/predicted peak on record."""
+import pytest
+
+from ddp_lab.training.memory_estimate import ESTIMATE_ERROR, fits
+
+MiB = 2**20
+# (record, run, predicted peak MiB, the host's limit MiB, measured peak MiB or None where the limit killed it).
+# Measured: the ranks' highest peak RSS (memory-wall), the hosts' highest cgroup peak but rank 0's, whose
+# page cache of the files it wrote reached the limit (hf-llama), as each record states.
+RECORDED = [
+    ("2026-11-29_zen4-2c_memory-wall-8-hosts", "zero3, 8 hosts", 1871.1, 2048, 2003.6),
+    ("2026-11-29_zen4-2c_memory-wall-8-hosts", "zero3, 7 hosts", 1985.9, 2252.8, 2122.4),
+    ("2026-11-29_zen4-2c_memory-wall-8-hosts", "fsdp, 8 hosts", 1678.9, 2048, 1628.9),
+    ("2026-11-29_zen4-2c_memory-wall-8-hosts", "fsdp, 7 hosts", 1793.5, 2048, 1829.7),
+    ("2026-12-02_xeon-amx-2c_hf-llama-8-hosts", "fsdp, 8 hosts of 2.0 GiB", 1608, 2048, 1667),
+    ("2026-12-02_xeon-amx-2c_hf-llama-8-hosts", "fsdp, 8 hosts of 1.6 GiB", 1.57 * 1024, 1638.4, None),
+    ("issue: the 403M GPT with AdamW, 8 hosts", "fsdp", 1792, 2080, 1863),
+    ("issue: the 403M GPT with AdamW, 8 hosts", "zero3", 1.94 * 1024, 2080, None),
+]
+
+
+@pytest.mark.parametrize("record,run,predicted,limit,measured", RECORDED, ids=[f"{r[0][:10]} {r[1]}" for r in RECORDED])
+def test_never_fits_where_the_limit_killed_and_the_margin_covers_the_error(record, run, predicted, limit, measured):
+    if measured is None or measured > limit:
+        assert not fits(predicted * MiB, limit * MiB), f"{record}: {run} was killed, and the check says it fits"
+    else:
+        assert measured / predicted <= 1 + ESTIMATE_ERROR, f"{record}: {run} peaked beyond the margin"
