@@ -61,10 +61,11 @@ log = logging.getLogger("ddp_lab")
 
 GiB = 2**30
 WARN_SHARE = 0.8  # warn (not refuse) above this share of the available memory
-# Measured peaks have come out at 0.95-1.07x the predicted one (stage 3 and fsdp on capped hosts: the
-# memory-wall-8-hosts and hf-llama-8-hosts records): a run fits only where its predicted peak and this
-# share more stay within the memory a rank may use, so that "fits" is never said to a run the limit kills.
-ESTIMATE_ERROR = 0.10
+# Measured peaks have come out at 0.90-1.11x the predicted one (every mode at 2-8 ranks: the peak-prediction
+# record; stage 3 1.07 and fsdp 1.04 on capped hosts: memory-wall-8-hosts, hf-llama-8-hosts): a run fits only
+# where its predicted peak and this share more stay within the memory a rank may use, so that "fits" is
+# never said to a run the limit kills (tests/training/test_fit_check_records.py).
+ESTIMATE_ERROR = 0.15
 
 
 def fits(peak: int, memory: int) -> bool:

@@ -100,19 +100,19 @@ def test_a_long_context_is_refused_with_the_estimate_the_memory_and_what_to_lowe
 
 
 def test_a_run_within_the_estimates_error_of_the_limit_is_refused(compose_train, monkeypatch):
-    """Under the memory, but by less than the estimate's 10% error of its predicted peak: refused, so that
+    """Under the memory, but by less than the estimate's 15% error of its predicted peak: refused, so that
     "fits" is never said to a run the limit may kill (tests/training/test_fit_check_records.py)."""
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     monkeypatch.setattr(memory_estimate, "runtime_bytes", lambda: 0)  # the peak: what the run adds
     cfg = _gpt(compose_train)
     env = DistEnv(0, 1, 0, CPU, "none")
     e = estimate(cfg.model, cfg.optim, TOKENS, TOKENS, LANGUAGE_MODEL, 32)
-    roomy = int(1.11 * e.total_bytes)
+    roomy = int(1.16 * e.total_bytes)
     assert check_fits_memory(cfg.model, cfg.optim, env, TOKENS, TOKENS, LANGUAGE_MODEL, batch=32,
                              available=roomy) is not None
-    with pytest.raises(ConfigError, match="within the estimate's 10% error of the"):
+    with pytest.raises(ConfigError, match="within the estimate's 15% error of the"):
         check_fits_memory(cfg.model, cfg.optim, env, TOKENS, TOKENS, LANGUAGE_MODEL, batch=32,
-                          available=int(1.05 * e.total_bytes))
+                          available=int(1.1 * e.total_bytes))
 
 
 def test_memory_check_false_only_warns_and_a_gpu_is_not_checked(compose_train, caplog):

@@ -51,8 +51,9 @@ def test_the_table_says_what_fits_and_prices_each_on_the_link():
     p, gib = 10**8, 2**30  # 100M parameters, AdamW (2 tensors of state), 4 ranks
     rows = {r["strategy"]: r for r in will_it_fit.table(p, 2, gib // 4, 4, gib, 10**9, 50e-6, 100.0)}
     assert rows["ddp"]["model_state_bytes"] == 16 * p and rows["zero3"]["model_state_bytes"] == 4 * p
-    # in 1 GiB with 0.25 GiB of activations: 1.6 GB, 1.0 GB, 0.7 GB and 0.4 GB of model state
-    assert [rows[s]["fits"] for s in will_it_fit.STRATEGIES] == [False, False, True, True]
+    # in 1 GiB with 0.25 GiB of activations: 1.6 GB, 1.0 GB, 0.7 GB and 0.4 GB of model state (stage 2: 0.97
+    # GB, not 15% under 1.07)
+    assert [rows[s]["fits"] for s in will_it_fit.STRATEGIES] == [False, False, False, True]
     assert rows["zero1"]["comm_ms"] == rows["ddp"]["comm_ms"] == pytest.approx(ring(4, 4 * p, 50e-6, 8e-9, 0) * 1e3)
     assert rows["zero3"]["wire_bytes"] == 1.5 * rows["ddp"]["wire_bytes"]
     # 9 messages and 9/4 N bytes against the ring's 6 and 6/4 N: 1.5x in both terms
@@ -81,15 +82,15 @@ def test_the_command_line(tiny_fmnist, tmp_path, capsys):
     assert out[0].endswith("runtime 0.00 GiB")
     assert [line.split()[0] for line in out[2:6]] == list(will_it_fit.STRATEGIES)
     # DDP: 12P (1.5 MB) and a gradient-sized buffer (0.5 MB); stage 3: 6P and 7 of its largest unit (a 410 KB layer)
-    assert out[-2:] == ["fits (the peak and 10% more, the estimate's error, within --memory): ddp, zero1, zero2",
+    assert out[-2:] == ["fits (the peak and 15% more, the estimate's error, within --memory): ddp, zero1, zero2",
                         "run the first with: sync=ddp (or flat)"]
-    # a runtime of 600 KiB: stage 1's peak under the memory but within 10% of it: not said to fit
-    will_it_fit.main(["--ranks", "2", "--memory", "2500KiB", "--batch", "1", "--runtime", "600k", *data])
+    # a runtime of 400 KiB: stage 1's peak under the memory but within 15% of it: not said to fit
+    will_it_fit.main(["--ranks", "2", "--memory", "2500KiB", "--batch", "1", "--runtime", "400k", *data])
     out = capsys.readouterr().out.splitlines()
     zero1 = out[3].split()
-    assert zero1[0] == "zero1" and zero1[4] == "no"  # (said to fit before the 10% rule)
+    assert zero1[0] == "zero1" and zero1[4] == "no"  # (said to fit before the 15% rule)
     assert out[-2:] == [
-        "fits (the peak and 10% more, the estimate's error, within --memory): zero2",
+        "fits (the peak and 15% more, the estimate's error, within --memory): zero2",
         "run the first with: sync=zero sync.zero_stage=2"]
     for argv, says in ((["--memory", "lots"], "--memory 'lots': give a size with a unit"),
                        (["--memory", "1g", "--link", "fast"], "--link 'fast': give bits per second"),
