@@ -190,25 +190,17 @@ LONGER_THAN_A_MINUTE = [*(o for o in QUICK if not o.startswith("trainer.epochs="
                         "trainer.amp=off", "data.num_train=40960", "trainer.preempt_save_s=5"]
 
 
-def test_the_time_limit_warning_saves_requeues_and_the_job_ends_bit_identical(
-        slurm, tmp_path, cancel_on_failure):
+def test_the_time_limit_warning_saves_requeues_and_the_job_ends(slurm, tmp_path, cancel_on_failure):
     """--time=1 and the warning 10 s before it (a save takes under 1 s here, bounded by
     trainer.preempt_save_s=5). slurmctld sends the warning at its first look (every 30 s) that
     finds the limit within 10 + 30 s, i.e. 20-50 s into an attempt, and a requeued job starts
     again some 10 s later (slurm_local.sh: cred_expire): each attempt trains 10-40 s, so the job
-    takes 2-8 attempts."""
-    ref_dir, cut_dir = tmp_path / "ref", tmp_path / "cut"
-    ref_dir.mkdir()
+    takes 2-8 attempts. That a save on SIGTERM resumes bit-identical is test_resume.py's (an
+    uninterrupted reference here cost the suite 85 s)."""
+    cut_dir = tmp_path / "cut"
     cut_dir.mkdir()
-    # the same training without a time limit in its way, first in the queue: nothing else
-    # takes the nodes while the job under test waits to start again
-    reference = slurm.submit(ref_dir, LONGER_THAN_A_MINUTE)
-    cancel_on_failure.append(reference)
     job_id = slurm.submit(cut_dir, LONGER_THAN_A_MINUTE, ("--time=1", "--signal=B:USR1@10"))
     cancel_on_failure.append(job_id)
-    ref = slurm.wait(reference, ref_dir / f"slurm-{reference}.out", timeout=240)
-    assert (ref["JobState"], ref["ExitCode"], ref["Restarts"]) == ("COMPLETED", "0:0", "0"), \
-        tail(ref_dir / f"slurm-{reference}.out")
 
     log = cut_dir / f"slurm-{job_id}.out"
     states, deadline = [], time.monotonic() + 480  # (seconds, JobState, Restarts) at each change
@@ -242,12 +234,9 @@ def test_the_time_limit_warning_saves_requeues_and_the_job_ends_bit_identical(
     assert f"job {job_id} (restart {restarts})" in text
 
     run_dir = cut_dir / "outputs" / job_id
-    a, b = read_summary(ref_dir / "outputs" / reference), read_summary(run_dir)
-    assert (b["steps"], b["train_loss"], b["test_correct"]) == (a["steps"], a["train_loss"],
-                                                                a["test_correct"])
-    wa = torch.load(ref_dir / "outputs" / reference / "model.pt", weights_only=True)
-    wb = torch.load(run_dir / "model.pt", weights_only=True)
-    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    summary = read_summary(run_dir)  # every step of the 8 epochs trained once, across the attempts
+    assert (summary["steps"], summary["epochs"]) == (8 * 40960 // summary["global_batch"], 8), summary
+    assert torch.load(run_dir / "model.pt", weights_only=True)  # the results, written by the last attempt
     [launch] = owners(run_dir)  # every attempt belongs to the one launch of this SLURM job
     assert f"slurm:{job_id}" in launch
 

@@ -7,8 +7,11 @@ are described with every trainer.* key in ddp_lab/config/schema.py (and docs/con
 from __future__ import annotations
 
 import contextlib
+import getpass
 import os
+import re
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -101,8 +104,7 @@ def own_compile_cache(rank: int) -> str | None:
     guarded by file locks, and a rank stopped while holding a lock (SIGSTOP, a debugger)
     held every other rank with it, outside any collective and any timeout. The cost: each
     rank fills its own cache once (docs/failures.md gives the measured compile times)."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-    default = default_cache_dir()
+    default = inductor_default_cache_dir()
     # importing torch._inductor sets the variable to the default itself: only another
     # value is the user's choice
     if os.environ.get("TORCHINDUCTOR_CACHE_DIR", default) != default:
@@ -110,3 +112,14 @@ def own_compile_cache(rank: int) -> str | None:
     path = os.path.join(default, f"rank{rank}")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
     return path
+
+
+def inductor_default_cache_dir() -> str:
+    """torch's default inductor cache (torch/_inductor/runtime/cache_dir_utils.py: the temp folder's
+    torchinductor_<user>), found without importing torch._inductor, which takes 2 s of every rank's
+    start-up, compiling or not (tests/training/test_fast_path.py checks it against torch's)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        user = f"uid_{os.getuid()}"
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))

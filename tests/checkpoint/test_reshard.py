@@ -72,30 +72,12 @@ def test_per_rank_state_is_reconciled(tmp_path):
 
 
 @pytest.mark.system
-@pytest.mark.parametrize("before,after", [(4, 2), (2, 3)])
-def test_a_run_stopped_on_n_ranks_finishes_on_m(tiny_fmnist, tmp_path, before, after):
-    args = tiny_overrides(tiny_fmnist, tmp_path / "run") + [
-        "data.batch_size=96", "trainer.amp=off", "optim.schedule=constant"]
-    part = run_module("ddp_lab.train", args + ["trainer.max_steps=8"], nproc=before)  # epoch 2, batch 2
-    assert part.returncode == 0, part.stderr[-3000:]
-    rest = run_module("ddp_lab.train", args + ["trainer.resume=auto"], nproc=after)
-    assert rest.returncode == 0, rest.stderr[-3000:]
-    assert (f"(step 8, epoch 2, batch 2) on {after} ranks, written by {before}") in rest.stdout
-    s = read_summary(tmp_path / "run")
-    assert s["world_sizes"] == [[0, before], [8, after]]
-    assert (s["steps"], s["epochs"], s["global_batch"]) == (12, 2, 96)
-    assert s["test_acc"] > 0.5  # learned, as an uninterrupted run does on the tiny set
-
-
-@pytest.mark.system
 @pytest.mark.parametrize("sync,before,after", [
     (["sync=diloco", "sync.every=3"], 2, 3), (["sync=powersgd", "sync.powersgd_start_step=2"], 2, 3),
-    # 2 islands of 2 (eager int4 across), finished as 1 island of 2: another island count
-    (["sync=diloco", "sync.every=3", "sync.islands=2", "sync.overlap=1", "sync.overlap_update=eager",
-      "sync.compress=int4"], 4, 2),
-    # stage 3 inside: island 0's shards of the weights cut again, the anchor starting from them
+    # 2 islands of 2, stage 3 inside, finished as 1 island of 2 (another island count): island 0's shards of
+    # the weights cut again, the anchor starting from them
     (["sync=diloco", "sync.every=3", "sync.islands=2", "sync/inner=zero", "sync.inner.zero_stage=3"], 4, 2)],
-    ids=["diloco", "powersgd", "islands", "islands_zero3"])
+    ids=["diloco", "powersgd", "islands_zero3"])
 def test_per_rank_sync_state_is_reconciled_by_the_rule(tiny_fmnist, tmp_path, sync, before, after):
     """Stopped at step 8 on 2 ranks (DiLoCo between synchronisations, PowerSGD with error
     feedback under way), finished on 3: rank 0's weights for all, no error feedback."""
@@ -167,8 +149,9 @@ def _stopped_then_finished(tiny_fmnist, tmp_path, syncs: dict, before: int, afte
         for rest in pool.map(lambda n: launch(n, after, "trainer.resume=auto"), syncs):
             assert rest.returncode == 0, rest.stderr[-3000:]
             assert f"(step 8, epoch 2, batch 2) on {after} ranks, written by {before}" in rest.stdout
-    for name in syncs:
-        assert read_summary(tmp_path / name)["world_sizes"] == [[0, before], [8, after]]
+    for name in syncs:  # (flat: a plain run stopped on N ranks, finished on M)
+        s = read_summary(tmp_path / name)
+        assert s["world_sizes"] == [[0, before], [8, after]] and (s["steps"], s["global_batch"]) == (12, 96)
     return {name: torch.load(tmp_path / name / "model.pt", weights_only=True) for name in syncs}
 
 

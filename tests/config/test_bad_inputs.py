@@ -86,9 +86,8 @@ def test_sync_bn_on_cpu_ranks_is_refused_before_any_collective(tiny_fmnist, tmp_
 
 
 @pytest.mark.system
-@pytest.mark.parametrize("extra,message,code", [
+@pytest.mark.parametrize("extra,message,code", [  # (Hydra's refusals: the schema's types, one case of each kind)
     (["trainer.epoch=3"], "Key 'epoch' not in 'TrainerConfig'", 1),
-    (["trainer.epochs=ten"], "Value 'ten' of type 'str' could not be converted to Integer", 1),
     (["trainer.amp=bf61"], "Invalid value 'bf61', expected one of [auto, bf16, fp16, off]", 1),
     (["trainer.grad_accum=0"], "ddp_lab: error: trainer.grad_accum=0 must be >= 1", 2),
 ])
@@ -137,7 +136,6 @@ def _one_error_line(proc, message: str) -> None:
 SYNTHETIC = ["data=synthetic", "data.num_train=2048", "data.num_test=256", "trainer.compile=false"]
 
 
-@pytest.mark.system
 @pytest.mark.parametrize("extra,message", [
     (["data.batch_size=1000000000"], "data.batch_size=1000000000 is more than the training set's 2048 samples "
                                      "(data.num_train=2048): a global batch is at most 2048"),
@@ -149,17 +147,28 @@ SYNTHETIC = ["data=synthetic", "data.num_train=2048", "data.num_test=256", "trai
     (["data.loader=dataloader", "data.num_workers=-1"], "data.num_workers=-1 must be >= 0"),
     (["dist.timeout_s=0"], "dist.timeout_s=0.0 must be a positive number of seconds"),
 ])
-def test_data_the_model_cannot_take_stops_before_training(tiny_fmnist, tmp_path, extra, message):
-    proc, _, _ = _run(tiny_fmnist, tmp_path, SYNTHETIC + extra)
-    _one_error_line(proc, message)
+def test_data_the_model_cannot_take_stops_before_training(tiny_fmnist, tmp_path, compose_train, extra, message):
+    """Refused while the run is built, before any step (the entry point's one line and exit 2 for such a
+    refusal: test_a_refusal_at_build_is_one_line_and_exit_2, and under torchrun below)."""
+    overrides = [a for a in tiny_overrides(tiny_fmnist, tmp_path / "run") if not a.startswith("hydra.")]
+    with pytest.raises(ConfigError) as e:
+        Trainer.from_config(compose_train(overrides + SYNTHETIC + extra),
+                            DistEnv(0, 1, 0, torch.device("cpu"), "none"), tmp_path / "run").close()
+    assert message in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+@pytest.mark.system
+def test_a_refusal_at_build_is_one_line_and_exit_2(tiny_fmnist, tmp_path):
+    proc, _, _ = _run(tiny_fmnist, tmp_path, SYNTHETIC + ["data.num_train=100", "data.batch_size=512"])
+    _one_error_line(proc, "data.batch_size=512 is more than the training set's 100 samples")
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
 TORCHRUN_SAYS = "launch with torchrun, which sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT"
 
 
-@pytest.mark.system
-@pytest.mark.parametrize("env,message", [
+LAUNCH_ENVS = [
     ({"RANK": "1", "WORLD_SIZE": "1"}, "RANK=1 with WORLD_SIZE=1: a rank must be below the world size (0..0)"),
     # with a store address, rank 1 used to wait dist.timeout_s (300 s) for a rank 0 that never comes
     ({"RANK": "1", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555"},
@@ -167,10 +176,27 @@ TORCHRUN_SAYS = "launch with torchrun, which sets RANK, WORLD_SIZE, LOCAL_RANK, 
     ({"RANK": "one", "WORLD_SIZE": "2"}, "RANK=one must be an integer >= 0"),
     ({"RANK": "0"}, "RANK=0 is set but WORLD_SIZE is not"),
     ({"RANK": "0", "WORLD_SIZE": "2"}, "WORLD_SIZE=2 but MASTER_ADDR and MASTER_PORT are not set"),
-])
-def test_a_launch_environment_torchrun_did_not_make_is_refused(tmp_path, env, message):
-    full_env = {k: v for k, v in os.environ.items()
-                if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+]
+LAUNCH_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.mark.parametrize("env,message", LAUNCH_ENVS)
+def test_a_launch_environment_torchrun_did_not_make_is_refused(monkeypatch, env, message):
+    from ddp_lab.distributed import launch_env
+    for key in LAUNCH_KEYS:
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ConfigError) as e:
+        launch_env()
+    assert message in str(e.value) and TORCHRUN_SAYS in str(e.value)
+
+
+@pytest.mark.system
+def test_the_entry_point_refuses_such_a_launch_at_once(tmp_path):
+    """The case that used to wait dist.timeout_s, through the entry point: one line, exit 2, at once."""
+    env, message = LAUNCH_ENVS[1]
+    full_env = {k: v for k, v in os.environ.items() if k not in LAUNCH_KEYS}
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "ddp_lab.train", *SYNTHETIC, f"hydra.run.dir={tmp_path}/run"],
                           capture_output=True, text=True, timeout=120, env={**full_env, **env})

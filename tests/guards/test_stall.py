@@ -177,7 +177,7 @@ def _run_with_fault(tiny_fmnist, tmp_path, fault, extra=(), timeout_s=20):
 
 @pytest.mark.system
 def test_a_hung_rank_is_named_and_every_rank_is_gone_within_the_timeout(tiny_fmnist, tmp_path):
-    run, proc, seconds = _run_with_fault(tiny_fmnist, tmp_path, "rank=1,step=3,kind=hang")
+    run, proc, seconds = _run_with_fault(tiny_fmnist, tmp_path, "rank=1,step=3,kind=hang", timeout_s=10)
     assert proc.returncode != 0
     assert "DDP_LAB_FAULT: rank 1 hangs after step 3" in proc.stderr
     rank0 = (run / "rank0.log").read_text()
@@ -185,21 +185,20 @@ def test_a_hung_rank_is_named_and_every_rank_is_gone_within_the_timeout(tiny_fmn
         "logging at step 3" in rank0  # the warning at stall_warn_s
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("ddp_lab: error: rank 0 has")]
     assert len(errors) == 1 and "for rank 1 (in logging at step 3" in errors[0]
-    assert "giving up at dist.timeout_s=20" in errors[0]
+    assert "giving up at dist.timeout_s=10" in errors[0]
     # rank 1's own watchdog: its training thread made no progress outside a collective
-    assert "ddp_lab: error: rank 1 has made no progress for 20 s in logging at step 3 (the " \
+    assert "ddp_lab: error: rank 1 has made no progress for 10 s in logging at step 3 (the " \
         "others: rank 0 (waiting in gradient sync at step 4" in proc.stderr
     assert sorted(p.name for p in (run / "stacks").iterdir()) == ["rank0.txt", "rank1.txt"]
     assert "in after_step" in (run / "stacks" / "rank1.txt").read_text()  # where it hung
-    assert seconds < 20 + 60  # the timeout, plus start-up and torchrun's stop on a busy machine
+    assert seconds < 10 + 60  # the timeout, plus start-up and torchrun's stop on a busy machine
 
 
-STOPS = {  # where rank 1 is stopped: DDP_LAB_FAULT's step and phase, what rank 0 names
+STOPS = {  # where rank 1 is stopped: DDP_LAB_FAULT's step and phase, what rank 0 names (an evaluation's
+    # phase and its collective: test_the_training_thread_marks_its_place)
     "steady state": ("step=3", "", "in gradient sync at step 4 for rank 1 (in logging at step 3"),
     "compile": ("step=1", ",phase=compile", "in gradient sync at step 1 for rank 1 (in compile "
                                             "at step 1"),
-    "evaluation": ("step=8", ",phase=evaluation", "in evaluation counts at step 8 for rank 1 (in "
-                                                  "evaluation at step 8"),
     "checkpoint write": ("step=8", ",phase=checkpoint step-8: writing",
                          "in checkpoint step-8: files written at step 8 for rank 1 (in "
                          "checkpoint step-8: writing rank1.pt at step 8"),

@@ -201,32 +201,29 @@ def test_bytes_and_collectives_are_counted_at_every_all_reduce(ranks):
 # The tiny Fashion-MNIST: 8 steps an epoch, 16 in all; checkpoints every 3 steps; rank 1 is
 # SIGKILLed after step 11 and the restart goes on from step 9, where the ranks' weights differ
 # (local SGD every 2, DiLoCo every 4) or PowerSGD's error feedback is under way (from step 4).
+# One case per kind of state a rank keeps apart (each is three launches: the suite's time is in them). Covered
+# elsewhere: stage 3 and fsdp (tests/checkpoint/test_sharded.py), DiLoCo's overlap in fp32 by its int4 case,
+# islands with DDP inside by the same with stage 3 inside and by HSDP.
 RESUMED = {
     "local_sgd": ["sync=local_sgd", "sync.every=2", "sync.local_sgd_start_step=2"],
     "diloco": ["sync=diloco", "sync.every=4"],
-    # the outer gradient sent at step 8 lands at step 10: at step 9 it is on the wire, kept by each rank
-    "diloco_overlap": ["sync=diloco", "sync.every=4", "sync.overlap=2"],
-    # the same in 4 bits: the quantized mean's all-to-all on the wire at step 9, sent again on resume
+    # the quantized mean of the outer gradient sent at step 8 lands at step 10: at step 9 its all-to-all is on
+    # the wire, kept by each rank and sent again on resume
     "diloco_overlap_int4": ["sync=diloco", "sync.every=4", "sync.overlap=2", "sync.compress=int4"],
     # in 2 fragments: the first's (sent at step 8) on the wire at step 9, the second's (sent at 6) landed at 8
     "diloco_fragments": ["sync=diloco", "sync.every=4", "sync.overlap=2", "sync.fragments=2"],
     # eager: the proxy anchor and the last round's mean kept too; int4's error feedback, each rank's residuals
     "diloco_eager_int4_feedback": ["sync=diloco", "sync.every=4", "sync.overlap=2", "sync.overlap_update=eager",
                                    "sync.compress=int4", "sync.rounding=feedback"],
-    # 4 ranks in 2 islands of 2 (DDP inside, the same DiLoCo across): rank 2's island apart from rank 0's
-    "islands_eager_int4_feedback": ["sync=diloco", "sync.islands=2", "sync.every=4", "sync.overlap=2",
-                                    "sync.overlap_update=eager", "sync.compress=int4", "sync.rounding=feedback"],
-    # the same with ZeRO stage 3 inside: each rank's shard of the weights, its anchor and outer momentum its own
+    # 4 ranks in 2 islands of 2, ZeRO stage 3 inside (the same DiLoCo across): each rank's shard of the
+    # weights, its anchor and outer momentum its own; rank 2's island apart from rank 0's
     "islands_zero3_eager_int4": ["sync=diloco", "sync.islands=2", "sync/inner=zero", "sync.inner.zero_stage=3",
                                  "sync.every=4", "sync.overlap=2", "sync.overlap_update=eager", "sync.compress=int4",
                                  "sync.rounding=feedback", "optim=adamw"],
     "powersgd": ["sync=powersgd", "sync.powersgd_start_step=4"],
-    "zero": ["sync=zero", "sync.algo=ring_textbook", "optim=adamw"],  # each rank its shard of AdamW's state
-    "zero2": ["sync=zero", "sync.zero_stage=2", "optim=adamw"],  # and of the gradients, sent in the backward
-    # the weights' all-gather left under way after each step (the forward waits, and so does the checkpoint)
+    # each rank its shard of AdamW's state and of the gradients, the weights' all-gather left under way after
+    # each step (the forward waits, and so does the checkpoint)
     "zero2_direct": ["sync=zero", "sync.zero_stage=2", "sync.algo=direct", "optim=adamw"],
-    "zero3": ["sync=zero", "sync.zero_stage=3", "sync.algo=ring_textbook", "optim=adamw"],  # and of the weights
-    "fsdp": ["sync=fsdp", "optim=adamw"],  # torch's FSDP2: its DTensors saved by each rank
     "hsdp": ["sync=fsdp", "sync.islands=2", "optim=adamw"],  # 4 ranks: 2 islands, each its copy sharded over 2
 }
 
@@ -269,8 +266,8 @@ def test_a_killed_rank_resumes_bit_identical(strategy, tiny_fmnist, tmp_path):
         assert own["sync"]["anchor"][0].shape == rank0["sync"]["anchor"][0].shape
         assert not torch.equal(own["weights"]["pieces"], rank0["weights"]["pieces"])
     else:  # the rank's own weights, which differ from rank 0's at step 9
-        if strategy == "diloco_overlap":
-            assert own["sync"]["sent"][0].numel() == sum(w.numel() for w in own["model"].values())
+        if strategy == "diloco_overlap_int4":  # the outer gradient on the wire at step 9
+            assert own["sync"]["sent"][0] is not None
         if strategy.endswith("eager_int4_feedback"):  # what travels, its proxy anchor, the residuals
             assert own["sync"]["sent"][0] is not None and own["sync"]["proxy"][0] is not None
             assert own["sync"]["residuals"][0][0].abs().sum() > 0
