@@ -11,7 +11,7 @@ Every rank must stop at the same step, or the others would wait for it in
 the next collective until dist.timeout_s. No collective is needed for that:
 a rank's non-finite loss makes its gradient non-finite, and after the
 gradient sync every rank holds the same averaged gradient, so each rank
-checks that gradient by itself (`grad_total`). On CPU the check is read
+checks that gradient by itself (`grad_total`, or the norm clipping has just computed). On CPU the check is read
 every step; on CUDA reading it would stall the GPU queue, so the first bad
 step is kept on the device and read every `trainer.log_every` steps and
 before anything is saved. Under fp16 a non-finite gradient is the loss
@@ -56,9 +56,17 @@ class LossWatch:
         self.first_bad = torch.full((1,), math.inf, dtype=torch.float64, device=env.device)
         self.bad_loss = torch.zeros(1, dtype=torch.float64, device=env.device)
 
-    def observe(self, loss: torch.Tensor, step: int) -> None:
-        """Note optimizer step `step` after its gradient sync: this rank's loss (a detached scalar)."""
-        judged = loss if self.params is None else grad_total(self.params)
+    def observe(self, loss: torch.Tensor, step: int, grad_norm: torch.Tensor | None = None) -> None:
+        """Note optimizer step `step` after its gradient sync: this rank's loss (a detached scalar) and, where
+        clipping computed it, the synchronised gradients' norm. A finite norm on CPU spares the second pass
+        over the gradients: every gradient is finite then (a non-finite norm may only be large ones' squares
+        overflowing: grad_total judges it; on a GPU reading it would stall the queue)."""
+        if self.params is None:
+            judged = loss
+        elif grad_norm is not None and grad_norm.device.type == "cpu" and math.isfinite(grad_norm):
+            judged = grad_norm
+        else:
+            judged = grad_total(self.params)
         bad = ~torch.isfinite(judged.detach().double()).reshape(1) & torch.isinf(self.first_bad)
         self.first_bad = torch.where(bad, torch.full_like(self.first_bad, step), self.first_bad)
         self.bad_loss = torch.where(bad, loss.detach().double().reshape(1), self.bad_loss)

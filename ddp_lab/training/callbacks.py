@@ -4,7 +4,7 @@ The Trainer's loop calls, for every optimizer step, in this order:
 
     step_start(tr, micro)        before the first forward (micro: the step's micro-batches)
     batch_done(tr, loss, out, y) after each micro-batch's forward and backward
-    synced(tr)                   the gradients synced, before clipping and the optimizer step
+    synced(tr)                   the gradients synced and clipped (tr.grad_norm), before the optimizer step
     step_end(tr)                 after the optimizer step, tr.step counted: logging, evaluation,
                                  checkpoint, then faults and preemption, in the list's order
 
@@ -105,7 +105,7 @@ class LossCheck(StepCallback):
     """A NaN or exploding loss stops the run (guards/divergence.py)."""
 
     def synced(self, tr) -> None:
-        tr.loss_watch.observe(tr.last_loss, tr.step + 1)
+        tr.loss_watch.observe(tr.last_loss, tr.step + 1, tr.grad_norm)
 
 
 class LogWhenDue(StepCallback):

@@ -72,6 +72,24 @@ def test_the_gradients_judge_a_step_and_a_finite_gradient_goes_on():
                                    "(loss rank 0: 2.5); the learning rate optim.lr=0.1")
 
 
+def test_clippings_norm_judges_a_step_without_a_second_pass_and_only_when_finite(monkeypatch):
+    from ddp_lab.guards import divergence
+    weight = torch.nn.Parameter(torch.zeros(2))
+    watch = LossWatch(ALONE, every=1, lr=0.1, amp="off", params=[weight])
+    passes = []
+    monkeypatch.setattr(divergence, "grad_total", lambda params: passes.append(1) or torch.stack(
+        [p.grad.abs().sum() for p in params]).sum())
+    weight.grad = torch.tensor([1.0, 2.0])
+    watch.observe(torch.tensor(1.0), 1, grad_norm=torch.tensor(2.24))  # finite: every gradient is
+    assert passes == []
+    weight.grad = torch.tensor([3e30, 3e30])  # finite, but their squares overflow the norm: not a divergence
+    watch.observe(torch.tensor(1.0), 2, grad_norm=torch.tensor(math.inf))
+    assert passes == [1]
+    weight.grad = torch.tensor([1.0, math.nan])
+    with pytest.raises(RunFailed, match="the gradients are not finite at step 3"):
+        watch.observe(torch.tensor(1.0), 3, grad_norm=torch.tensor(math.nan))
+
+
 @pytest.mark.system
 def test_a_diverging_run_saves_no_nan_and_keeps_the_last_good_checkpoint(tiny_fmnist, tmp_path):
     run = tmp_path / "run"

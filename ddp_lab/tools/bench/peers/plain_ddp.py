@@ -1,0 +1,36 @@
+"""The plain loop: pytorch/examples' DDP tutorial (distributed/ddp-tutorial-series) with autocast
+and clipping, on ddp_lab's module and data. torchrun --nproc_per_node=2 -m
+ddp_lab.tools.bench.peers.plain_ddp --out r.json model=gpt_small data=text optim=adamw"""
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
+
+from ddp_lab.tools.bench.peers.common import StepClock, arguments, batches, build, compose, per_rank_batch
+
+
+def main() -> None:
+    a = arguments("plain_ddp")
+    cfg = compose(a.overrides)
+    dist.init_process_group("gloo")
+    model, train, optimizer, loss_fn, bf16 = build(cfg)
+    model = DDP(model)
+    opt = optimizer(model.parameters())
+    sampler = DistributedSampler(train, seed=cfg.seed)
+    loader = DataLoader(train, batch_size=per_rank_batch(cfg), sampler=sampler, drop_last=True)
+    clip, clock = cfg.optim.get("clip_grad_norm", 0.0), StepClock(a.warmup)
+    for x, y in batches(loader, sampler, a.steps):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = loss_fn(model(x), y)
+        loss.backward()
+        if clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        clock.step_done()
+    clock.write(a.out, loss)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
