@@ -7,6 +7,6 @@ Each round launches, by torchrun on this machine, ddp_lab (`ddp_lab.train` with 
 each peer: `plain_ddp` (pytorch/examples' tutorial loop), `with_fabric` (Lightning Fabric) and
 `with_accelerate` (Accelerate), where installed (`pip install lightning-fabric accelerate`). A peer
 builds the module, data and optimizer from the same overrides by ddp_lab's own builders
-(peers/common.py), so only the trainer differs. The order rotates each round (interleaved); each
+(peers/peer_parts.py), so only the trainer differs. The order rotates each round (interleaved); each
 run's figure is the mean step after the warm-up steps, as ddp_lab's summary.json counts it.
 """

@@ -3,7 +3,7 @@ torchrun --nproc_per_node=2 -m ddp_lab.tools.bench.peers.with_accelerate --out r
 from accelerate import Accelerator
 from torch.utils.data import DataLoader, DistributedSampler
 
-from ddp_lab.tools.bench.peers.common import StepClock, arguments, batches, build, compose, per_rank_batch
+from ddp_lab.tools.bench.peers.peer_parts import StepClock, arguments, batches, build, compose, per_rank_batch
 
 
 def main() -> None:

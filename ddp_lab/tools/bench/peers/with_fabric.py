@@ -5,7 +5,7 @@ import os
 from lightning_fabric import Fabric
 from torch.utils.data import DataLoader, DistributedSampler
 
-from ddp_lab.tools.bench.peers.common import StepClock, arguments, batches, build, compose, per_rank_batch
+from ddp_lab.tools.bench.peers.peer_parts import StepClock, arguments, batches, build, compose, per_rank_batch
 
 
 def main() -> None:

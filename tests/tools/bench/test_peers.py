@@ -1,0 +1,44 @@
+"""The race against plain loops: its table, its commands, and a peer loop's pieces built as ddp_lab builds them."""
+import argparse
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddp_lab.tools.bench.peers.__main__ import command, table
+
+
+def test_the_table_gives_each_trainer_its_median_range_and_ratio_to_the_fastest_peer():
+    rows = [{"system": s, "step_ms": ms, "stolen_s": st} for s, ms, st in [
+        ("ddp_lab", 110.0, 0.0), ("ddp_lab", 90.0, 0.2), ("ddp_lab", 100.0, 0.0),
+        ("plain_ddp", 80.0, 0.0), ("plain_ddp", 82.0, 0.0), ("plain_ddp", 78.0, 1.5),
+        ("with_fabric", 95.0, 0.0), ("with_fabric", 90.0, 0.0), ("with_fabric", 99.0, 0.0)]]
+    lines = table(rows, ["ddp_lab", "plain_ddp", "with_fabric"]).splitlines()
+    assert lines[2] == "| ddp_lab | 100.0 | 90.0-110.0 | 3 | 1.250x | 0.2 s |"
+    assert lines[3] == "| plain_ddp | 80.0 | 78.0-82.0 | 3 | 1.000x | 1.5 s |"
+    assert lines[4] == "| with_fabric | 95.0 | 90.0-99.0 | 3 | 1.188x | 0.0 s |"
+
+
+def test_every_system_gets_the_same_overrides_and_ddp_lab_the_same_steps():
+    a = argparse.Namespace(overrides=["model=gpt", "optim=adamw"], steps=40, warmup=10, ddp_lab_args="sync=ddp")
+    ours = command("ddp_lab", 2, Path("/r/ddp_lab-0"), a)
+    peer = command("plain_ddp", 2, Path("/r/plain_ddp-0"), a)
+    assert ours[ours.index("-m", 3) + 1] == "ddp_lab.train" and peer[peer.index("-m", 3) + 1].endswith("plain_ddp")
+    assert {"model=gpt", "optim=adamw", "trainer.max_steps=40", "trainer.warmup_steps=10", "sync=ddp"} <= set(ours)
+    assert {"model=gpt", "optim=adamw", "--steps=40", "--warmup=10"} <= set(peer) and "sync=ddp" not in peer
+
+
+def test_a_peer_builds_the_module_ddp_lab_builds_from_the_seed(compose_train):
+    from ddp_lab.models import build_model
+    from ddp_lab.tools.bench.peers.peer_parts import build, cross_entropy
+    cfg = compose_train(["model=gpt", "data=text", "optim=adamw", "trainer.amp=off"])
+    model, train, optimizer, loss, bf16 = build(cfg)
+    torch.manual_seed(cfg.seed)
+    ours = build_model(cfg.model)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), ours.state_dict().values()))
+    opt = optimizer(model.parameters())
+    assert type(opt).__name__ == "AdamW" and opt.defaults["lr"] == cfg.optim.lr and not bf16
+    x, y = train[0]
+    logits = model(x[None])
+    assert loss is cross_entropy and loss(logits, y[None]).item() == pytest.approx(
+        torch.nn.functional.cross_entropy(logits[0], y).item(), rel=1e-6)
