@@ -167,6 +167,11 @@ class ReplicaSync:
         """What this rank's optimizer steps: the model's parameters (zero: this rank's shard)."""
         return list(self.model.parameters())
 
+    def state_tensors(self) -> list[torch.Tensor]:
+        """Tensors the strategy keeps between steps beside the model and its optimizer (DiLoCo's anchor, outer
+        momentum, residuals, what is in flight): counted in model_state_bytes. Every-step strategies: none."""
+        return []
+
     def trained_shards(self) -> list[torch.Tensor]:
         """The trained weights as this rank holds them, tensors a periodic strategy may change in place (sync.islands
         across a sharding inner strategy): the trainable parameters (zero stage 3: this rank's pieces; fsdp: its

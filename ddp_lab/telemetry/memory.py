@@ -25,8 +25,9 @@ def _storages(tensors) -> dict[int, int]:
     return found
 
 
-def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    """{"weights", "grads", "optimizer", "total"}: bytes this process holds, each storage once."""
+def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sync=None) -> dict[str, int]:
+    """{"weights", "grads", "optimizer", "sync", "total"}: bytes this process holds, each storage once; "sync":
+    what the strategy keeps beside them (sync.state_tensors(): DiLoCo's anchor, outer momentum, residuals)."""
     params = list(model.parameters())
     opt_params = [p for g in optimizer.param_groups for p in g["params"]]
     weights = _storages(params + opt_params)
@@ -34,7 +35,10 @@ def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) 
     state = _storages(t for s in optimizer.state.values() for t in s.values()
                       if isinstance(t, torch.Tensor) and t.dim() > 0)  # (AdamW's step counter: a scalar)
     state = {k: v for k, v in state.items() if k not in weights and k not in grads}
-    out = {"weights": sum(weights.values()), "grads": sum(grads.values()), "optimizer": sum(state.values())}
+    kept = _storages(sync.state_tensors()) if sync is not None else {}
+    kept = {k: v for k, v in kept.items() if k not in weights and k not in grads and k not in state}
+    out = {"weights": sum(weights.values()), "grads": sum(grads.values()), "optimizer": sum(state.values()),
+           "sync": sum(kept.values())}
     return {**out, "total": sum(out.values())}
 
 

@@ -66,7 +66,7 @@ class StepMeasure:
             self._synced = time.perf_counter()
         self._syncs += 1
         if self._syncs == 2 and self.model_and_optimizer is not None:
-            self.model_state = model_state_bytes(*self.model_and_optimizer)
+            self.model_state = model_state_bytes(*self.model_and_optimizer, self.sync)
 
     def step_done(self) -> None:
         self.meter.step_done(self.images)

@@ -48,13 +48,14 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
+from ddp_lab.collectives.quantized import BITS as QUANTIZED
 from ddp_lab.config import ConfigError, targets
 from ddp_lab.distributed import DistEnv, ranks_on_machine
 from ddp_lab.models import build_model, model_name
 from ddp_lab.models.calling import LABELS, call
 from ddp_lab.sync import SyncOptions, every_step_options
 from ddp_lab.sync.islands.layout import island_size
-from ddp_lab.sync.periodic import PeriodicOptions
+from ddp_lab.sync.periodic import DiLoCoOptions, PeriodicOptions
 from ddp_lab.sync.sharded.fsdp import FSDPOptions
 
 log = logging.getLogger("ddp_lab")
@@ -87,11 +88,12 @@ class Estimate:
     weight_shards: int = 1  # and the weights themselves (stage 3: both)
     transient_bytes: int = 0  # gathered units, buffers in flight (see the module docstring)
     runtime_bytes: int = 0    # the process before the model (its RSS at the check)
+    sync_bytes: int = 0       # what the strategy keeps beside them (sync_state_bytes: DiLoCo's copies)
 
     @property
     def state_bytes(self) -> int:
         return -(-self.weight_bytes // self.weight_shards) + -(-self.weight_bytes // self.grad_shards) + \
-            self.optimizer_bytes
+            self.optimizer_bytes + self.sync_bytes
 
     @property
     def total_bytes(self) -> int:
@@ -133,6 +135,20 @@ def transient_bytes(net: torch.nn.Module, weights: int, stage: int, sync) -> int
     root = sum(p.numel() * p.element_size() for p in net.parameters() if id(p) not in in_units)
     kind = "fsdp" if isinstance(opts, FSDPOptions) else opts.algo
     return TRANSIENT_UNITS.get(kind, 7) * largest + root
+
+
+def sync_state_bytes(sync, weights: int, shards: int) -> int:
+    """DiLoCo's copies of the trained weights, of this rank's shard where stage 3 shards them inside islands
+    (`shards`: the ranks they are cut over, else 1): the anchor; the outer momentum; with sync.overlap the outer
+    gradient in flight, under eager its proxy anchor too (the paper's proxy: its last mean and sent); int8 and
+    int4's error feedback, what rounding left out of the sent (a copy) and of the mean (a copy over the islands'
+    count, counted whole here). Other strategies keep none beyond the model and its optimizer."""
+    if not isinstance(sync, DiLoCoOptions):
+        return 0
+    eager = sync.overlap > 0 and sync.overlap_update == "eager"
+    copies = (1 + (sync.outer_momentum > 0) + (sync.overlap > 0) + eager + 2 * (eager and sync.eager_proxy == "paper")
+              + 2 * (sync.compress in QUANTIZED and sync.rounding == "feedback"))
+    return copies * -(-weights // shards)
 
 
 def runtime_bytes() -> int:
@@ -287,7 +303,8 @@ def estimate(model, optim, x: torch.Tensor, y: torch.Tensor, task, batch: int, s
             per_sample = 0
     optimizer = kept * -(-weights // shards)  # zero: this rank's shard's (the last one padded)
     return Estimate(n, weights, optimizer, per_sample * batch, batch, name, shards if stage >= 2 else 1,
-                    shards if stage == 3 else 1, transient_bytes(net, weights, stage, sync), runtime)
+                    shards if stage == 3 else 1, transient_bytes(net, weights, stage, sync), runtime,
+                    sync_state_bytes(sync, weights, shards if stage == 3 else 1))
 
 
 def mem_available(world_size: int) -> tuple[int, int, str] | None:
@@ -343,8 +360,9 @@ def describe(e: Estimate, model, stage: int, available: int, ranks: int, machine
             f"each of the {ranks} rank(s) {where} ({machine[1]} {machine[0] / GiB:.1f} GiB): "
             f"activations {e.activation_bytes / GiB:.1f} GiB ({e.batch} samples per rank, what autograd keeps for "
             f"the backward), model state {e.state_bytes / GiB:.1f} GiB ({e.parameters:,} parameters: weights, "
-            f"gradients and {e.optimizer}'s state)" + (f", transient {e.transient_bytes / GiB:.1f} GiB (gathered "
-                                                       f"units, buffers in flight)" if e.transient_bytes else ""))
+            f"gradients and {e.optimizer}'s state" + (", DiLoCo's anchor and momentum" if e.sync_bytes else "")
+            + ")" + (f", transient {e.transient_bytes / GiB:.1f} GiB (gathered units, buffers in flight)"
+                     if e.transient_bytes else ""))
     if e.activation_bytes >= e.state_bytes:
         lower = ("data.batch_size or the context, model.block_size (activations grow with both"
                  if "block_size" in model else "data.batch_size (activations grow with it")

@@ -75,8 +75,7 @@ def run_summary(parts) -> dict:
         "predicted_peak_mb_by_rank": None if parts.memory is None else
         [round(b / 2**20, 1) for b in by_rank(parts.memory.peak_bytes, env)],
         # counted at the second step's sync (telemetry/step_measure.py), or now if it took fewer
-        "model_state_bytes": [int(b) for b in by_rank(
-            (parts.measure.model_state or model_state_bytes(parts.model, parts.optimizer))["total"], env)],
+        "model_state_bytes": [int(b) for b in by_rank(counted_state(parts), env)],
         "straggler": parts.measure.straggler(info.straggler_threshold),
         "mfu": parts.meter.mfu(rate), "peak_flops": parts.meter.peak_flops,
         "flops_per_sample": parts.meter.flops_per_image,
@@ -149,3 +148,11 @@ def _hf_directory(path: Path, weights: Path, config) -> None:
 
 def is_complete(run_dir: Path) -> bool:
     return all((Path(run_dir) / f).exists() for f in ("model.pt", "summary.json"))
+
+
+def counted_state(parts) -> int:
+    """The model state at the second step's sync (or now, if the run took fewer), the strategy's own at its
+    largest: DiLoCo's outer momentum is made by its first outer step, which may come later."""
+    now = model_state_bytes(parts.model, parts.optimizer, parts.sync)
+    then = parts.measure.model_state or now
+    return then["total"] + max(0, now["sync"] - then["sync"])

@@ -202,7 +202,7 @@ def test_each_rank_holds_one_nth_of_the_optimizer_state(results):
         # ZeRO stage 1 in fp32: the whole (padded) weights and gradients, 1/N of the optimizer state
         whole = 4 * r["shard"] * n
         assert r["model_state"] == {"weights": whole, "grads": whole, "optimizer": per_element * r["shard"],
-                                    "total": 2 * whole + per_element * r["shard"]}, name
+                                    "sync": 0, "total": 2 * whole + per_element * r["shard"]}, name
 
 
 def test_stage_two_holds_one_nth_of_the_gradients_too(results):
@@ -222,7 +222,7 @@ def test_stage_two_holds_one_nth_of_the_gradients_too(results):
         # ZeRO stage 2 in fp32: the whole (padded) weights, 1/N of the gradients and of the optimizer state
         whole, mine = 4 * r["padded"], 4 * r["shard"]
         assert r["model_state"] == {"weights": whole, "grads": mine, "optimizer": per_element * r["shard"],
-                                    "total": whole + mine + per_element * r["shard"]}, name
+                                    "sync": 0, "total": whole + mine + per_element * r["shard"]}, name
 
 
 def test_stage_three_holds_one_nth_of_everything(results):
@@ -236,7 +236,7 @@ def test_stage_three_holds_one_nth_of_everything(results):
         for x in ranks:
             assert x[name]["grads_left"] == 0, name
             assert x[name]["model_state"] == {"weights": 4 * r["shard"], "grads": 4 * r["shard"],
-                                              "optimizer": per_element * r["shard"],
+                                              "optimizer": per_element * r["shard"], "sync": 0,
                                               "total": (8 + per_element) * r["shard"]}, name
         assert r["describe"] == f"zero3/{algo}"
         # each micro-batch: every unit gathered in the forward, all but the root again in the backward,

@@ -54,6 +54,9 @@ class IslandSync(ReplicaSync):
         self.caps = island_caps(self.inner.caps)
         self.shards_over = self.islands.size  # (sync.inner=zero: a copy of the optimizer state is cut K ways)
 
+    def state_tensors(self) -> list:
+        return self.inner.state_tensors() + self.outer.state_tensors()
+
     # what both count and time --------------------------------------------------------------------
     @property
     def measuring(self) -> bool:

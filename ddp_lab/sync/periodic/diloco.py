@@ -302,6 +302,18 @@ class DiLoCoSync(LocalSGDSync):
                     t.copy_(a)
             yield
 
+    def state_tensors(self) -> list[torch.Tensor]:
+        """The anchor (and its buffers), the outer momentum, and per fragment what travels (the outer gradient,
+        eager's proxy anchor, the paper proxy's last mean and sent) and error feedback's residuals."""
+        found = [*self.anchor, *self.anchor_buffers,
+                 *(t for st in self.outer.state.values() for t in st.values() if isinstance(t, torch.Tensor))]
+        for s in self.sent:
+            if s is not None:
+                found += [s.outer_grad, s.proxy]
+        found += [t for x in self.last if x for t in x]
+        found += [t for r in self.residuals or () for t in (r.sent, r.mean)]
+        return [t for t in found if isinstance(t, torch.Tensor)]
+
     def _anchor_state(self) -> dict:
         return {"anchor": [a.detach().clone() for a in self.anchor],
                 "anchor_buffers": [a.detach().clone() for a in self.anchor_buffers], "outer": self.outer.state_dict(),
