@@ -13,7 +13,7 @@ rules that tie two groups together, each with its one-line error. A rule that ne
                                                   log, evaluate, save: training/schedule.py)
     model      model (+ seed)                  -> the same initial weights on every rank (models/build.py;
                                                   on the meta device where the sync shards them: meta_init.py)
-    memory     model x optim x sync x batch    -> refused before any step if it cannot fit (memory_estimate.py)
+    memory     model x optim x sync x batch    -> refused before any step if it cannot fit (fit_check.py)
     meter      the model, once                 -> FLOPs per sample, the machine's matmul peak
     checkpointing  trainer.activation_checkpointing -> units that recompute their forward in the backward
     sync       sync (+ the model)              -> how the replicas agree (sync/)
@@ -67,7 +67,8 @@ from ddp_lab.telemetry.target import TimeToTarget
 from ddp_lab.training import activation_checkpointing
 from ddp_lab.training import callbacks as cb
 from ddp_lab.training.fast_path import amp_reason, autocast, resolve_amp, resolve_compile
-from ddp_lab.training.memory_estimate import Estimate, check_fits_memory
+from ddp_lab.training.fit_check import check_fits_memory
+from ddp_lab.training.memory_estimate import Estimate
 from ddp_lab.training.optim import build_optimizer, build_schedule, no_decay_names, refuse_whole_tensor_optimizers
 from ddp_lab.training.schedule import Schedule
 from ddp_lab.training.workload import Workload, build_workload

@@ -2,7 +2,7 @@
 killed, and its margin covers the worst measured/predicted peak on record."""
 import pytest
 
-from ddp_lab.training.memory_estimate import ESTIMATE_ERROR, fits
+from ddp_lab.training.fit_check import ESTIMATE_ERROR, fits
 
 MiB = 2**20
 # (record, run, predicted peak MiB, the host's limit MiB (None: no limit), measured peak MiB or None where the

@@ -8,8 +8,9 @@ from omegaconf import OmegaConf
 from ddp_lab.config import ConfigError, schema
 from ddp_lab.distributed import DistEnv
 from ddp_lab.models.gpt import gpt
-from ddp_lab.training import memory_estimate
-from ddp_lab.training.memory_estimate import GiB, activation_bytes, check_fits_memory, estimate, optimizer_state
+from ddp_lab.training import fit_check, memory_estimate
+from ddp_lab.training.fit_check import check_fits_memory
+from ddp_lab.training.memory_estimate import GiB, activation_bytes, estimate, optimizer_state
 from ddp_lab.training.tasks import CLASSIFICATION, LANGUAGE_MODEL, REGRESSION
 from ddp_lab.training.trainer import Trainer
 from tests.workloads import linear
@@ -103,7 +104,7 @@ def test_a_run_within_the_estimates_error_of_the_limit_is_refused(compose_train,
     """Under the memory, but by less than the estimate's 15% error of its predicted peak: refused, so that
     "fits" is never said to a run the limit may kill (tests/training/test_fit_check_records.py)."""
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    monkeypatch.setattr(memory_estimate, "runtime_bytes", lambda: 0)  # the peak: what the run adds
+    monkeypatch.setattr(fit_check, "runtime_bytes", lambda: 0)  # the peak: what the run adds
     cfg = _gpt(compose_train)
     env = DistEnv(0, 1, 0, CPU, "none")
     e = estimate(cfg.model, cfg.optim, TOKENS, TOKENS, LANGUAGE_MODEL, 32)
@@ -131,7 +132,7 @@ def test_a_large_model_is_told_to_shrink_not_to_lower_the_batch(compose_train):
     cfg = compose_train(["model=custom", "model._target_=torch.nn.Linear", "+model.in_features=4096",
                          "+model.out_features=4096", "optim=adamw"])
     e = estimate(cfg.model, cfg.optim, torch.zeros(4096), torch.zeros(4096), REGRESSION, batch=1)
-    line = memory_estimate.describe(e, cfg.model, 0, available=2**20, ranks=1, machine=(2**20, "MemAvailable"))
+    line = fit_check.describe(e, cfg.model, 0, available=2**20, ranks=1, machine=(2**20, "MemAvailable"))
     assert line.endswith("model state 0.3 GiB (16,781,312 parameters: weights, gradients and AdamW's state); shard "
                          "the model state over the ranks (sync=zero sync.zero_stage=3), use a smaller model or an "
                          "optimizer with less state (optim=sgd), or run fewer ranks per machine")
@@ -152,21 +153,21 @@ def test_under_zero_a_rank_counts_its_shard_of_the_optimizer_state(compose_train
     assert two.state_bytes == weights + 3 * weights // 4  # stage 2: 4 + 12/N bytes a parameter
     three = estimate(cfg.model, cfg.optim, x, x, REGRESSION, batch=1, shards=4, stage=3)
     assert three.state_bytes == 4 * weights // 4  # stage 3: 16/N
-    line = memory_estimate.describe(zero, cfg.model, 1, available=2**20, ranks=4, machine=(2**22, "MemAvailable"))
+    line = fit_check.describe(zero, cfg.model, 1, available=2**20, ranks=4, machine=(2**22, "MemAvailable"))
     assert "; shard the gradients and the weights too (sync.zero_stage=3), use a smaller model" in line
-    line = memory_estimate.describe(three, cfg.model, 3, available=2**20, ranks=4, machine=(2**22, "MemAvailable"))
+    line = fit_check.describe(three, cfg.model, 3, available=2**20, ranks=4, machine=(2**22, "MemAvailable"))
     assert line.endswith("use a smaller model or an optimizer with less state (optim=sgd), shard it over at least "
                          "269 ranks (each with this much memory), or run fewer ranks per machine")
     # where an eighth of the whole state (16 bytes a parameter) and the activations fit, 8 ranks would do
     room = three.activation_bytes + 4 * weights // 8
-    line = memory_estimate.describe(three, cfg.model, 3, available=room, ranks=4, machine=(2**22, "MemAvailable"))
+    line = fit_check.describe(three, cfg.model, 3, available=room, ranks=4, machine=(2**22, "MemAvailable"))
     assert line.endswith("(optim=sgd), shard it over at least 8 ranks (each with this much memory), or run fewer "
                          "ranks per machine")
 
 
 def test_the_trainer_refuses_a_run_that_cannot_fit_before_any_step(compose_train, tmp_path, monkeypatch):
     (tmp_path / "c.txt").write_bytes(bytes(range(256)) * 40)  # 10,240 bytes
-    monkeypatch.setattr(memory_estimate, "mem_available", lambda n: (64 * 2**20, 1, "MemAvailable"))  # 64 MiB
+    monkeypatch.setattr(fit_check, "mem_available", lambda n: (64 * 2**20, 1, "MemAvailable"))  # 64 MiB
     cfg = _gpt(compose_train, f"data.path={tmp_path}/c.txt", "data.batch_size=32", "trainer.compile=false")
     schema.check(cfg)
     with pytest.raises(ConfigError, match=r"^model=gpt needs about 0\.08 GiB per rank, more than the 0\.06 GiB"):
@@ -194,6 +195,6 @@ def test_a_model_that_cannot_be_built_on_meta_is_not_estimated_and_the_run_goes_
 
 def test_a_need_and_a_room_that_round_alike_are_told_apart():
     e = memory_estimate.Estimate(10, 2**20, 0, int(1.22 * GiB) - 2 * 2**20, 1, "SGD")
-    line = memory_estimate.describe(e, {"name": "gpt"}, 0, available=int(1.2 * GiB), ranks=1,
+    line = fit_check.describe(e, {"name": "gpt"}, 0, available=int(1.2 * GiB), ranks=1,
                                     machine=(2 * GiB, "MemAvailable"))
     assert line.startswith("model=gpt needs about 1.22 GiB per rank, more than the 1.20 GiB available to each")

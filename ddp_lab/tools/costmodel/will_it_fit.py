@@ -91,7 +91,7 @@ def table(params: int, state: int, activations: int, ranks: int, memory: int, li
           alpha: float, compute_ms: float | None, reduce_scatter: str = "ring", transient: dict | None = None,
           runtime: int = 0) -> list[dict]:
     """A row per strategy; transient: its bytes by strategy (none: 0), runtime: the process's own."""
-    from ddp_lab.training.memory_estimate import fits  # (the trainer's rule; torch only here)
+    from ddp_lab.training.fit_check import fits  # (the trainer's rule; torch only here)
     rows = []
     for s in STRATEGIES:
         held = model_state_bytes(params, state, ranks, s)
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
             line += f"  {r['comm_ms']:>12.1f}" + (f"  {r['step_ms']:>9.1f}" if "step_ms" in r else "")
         print(line)
     fits = [r["strategy"] for r in rows if r["fits"]]
-    from ddp_lab.training.memory_estimate import ESTIMATE_ERROR
+    from ddp_lab.training.fit_check import ESTIMATE_ERROR
     print(f"fits (the peak and {ESTIMATE_ERROR:.0%} more, the estimate's error, within --memory): "
           f"{', '.join(fits) or 'none'}")
     print("run the first with: " + {

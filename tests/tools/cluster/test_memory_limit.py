@@ -39,7 +39,7 @@ def test_a_rank_past_its_hosts_limit_is_named_out_of_memory(cluster_name, tmp_pa
 
 def test_a_process_in_a_host_reads_its_limit_and_down_removes_it(cluster_name):
     with emulated(1, RATE, cluster_name, mem=900 * MiB) as c:
-        probe = ["-c", "from ddp_lab.training.memory_estimate import mem_available; print(*mem_available(1), sep='|')"]
+        probe = ["-c", "from ddp_lab.training.fit_check import mem_available; print(*mem_available(1), sep='|')"]
         out = subprocess.run(in_host(c.hosts[0], [sys.executable, *probe]), capture_output=True, text=True)
         headroom, ranks, what = out.stdout.strip().split("|")
         assert what == "the memory cgroup's limit leaves" and 0 < int(headroom) < 900 * MiB and ranks == "1", out
