@@ -1,6 +1,5 @@
-"""Will a rank's training fit in memory? An estimate before the first step, against what
-the machine has, so a run too large is refused in one line rather than swapping or
-being killed by the kernel mid-step.
+"""What a rank's training will hold in memory, estimated before the first step without making
+the model (training/fit_check.py checks it against what the machine has).
 
 Per rank, in the parameters' dtype (float32):
 
