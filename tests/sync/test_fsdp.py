@@ -98,7 +98,7 @@ def test_each_rank_holds_its_rows_of_the_model_state(results):
             kept, state = x[name]["kept"], per_element * x[name]["local"]
             assert kept < 4 * x[name]["numel"] // n + 4 * 64 * 16, name  # (padding: a row per parameter at most)
             assert x[name]["model_state"] == {"weights": kept, "grads": kept, "optimizer": state,
-                                              "total": 2 * kept + state}, name
+                                              "sync": 0, "total": 2 * kept + state}, name
         r = ranks[0][name]
         assert r["describe"] == "fsdp/builtin"
         # as zero stage 3 counts: each micro-batch gathers the weights in the forward and the backward (the
