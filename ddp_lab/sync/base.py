@@ -2,7 +2,8 @@
 
 Communication time (``comm_seconds``, ``comm_timing``):
 
-* ``after_backward`` (flat, per_param): the wall time of after_backward.
+* ``after_backward`` (flat, per_param): the wall time of after_backward (flat with its all-reduces
+  started in the backward: the wait for what is still in flight, the communication the step pays).
 * ``hook`` (ddp with algo != builtin): the time spent inside the hook. The
   hooks run while backward is still computing other buckets' gradients, so
   this is an upper bound of the communication cost the step actually sees.

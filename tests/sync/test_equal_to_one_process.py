@@ -82,6 +82,7 @@ def _cases(world_size: int) -> list[tuple]:
                       ("per_param/naive", _cfg("per_param", "naive"))):
         cases.append((f"{name} accum2", cfg, 2, {}))
     for name, cfg in (("ddp/builtin", _cfg()), ("ddp/ring", _cfg("ddp", "ring")),
+                      ("flat/builtin", _cfg("flat")),  # (cast for the wire in the backward)
                       ("flat/halving_doubling", _cfg("flat", "halving_doubling")),
                       ("per_param/naive", _cfg("per_param", "naive"))):
         for c in ("bf16", "fp16"):

@@ -42,7 +42,7 @@ class LocalSGDSync(FlatSync):
         # rank 0's weights everywhere; gradient buffers for synchronous steps (none across islands: env is
         # then rank i of every island, the islands' inner strategy averaging the gradients), in one buffer
         islands, trained = ctx.islands, ctx.trained
-        super().__init__(model, env, cfg, gradients=islands is None, buffer_mb=0)
+        super().__init__(model, env, cfg, gradients=islands is None, buffer_mb=0, overlap=False)
         self.islands = islands
         self.every = cfg.every
         self.start = cfg.local_sgd_start_step if isinstance(cfg, LocalSGDOptions) else 0  # (diloco: no such start)
