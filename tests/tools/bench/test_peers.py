@@ -26,6 +26,18 @@ def test_every_system_gets_the_same_overrides_and_ddp_lab_the_same_steps():
     assert ours[ours.index("-m", 3) + 1] == "ddp_lab.train" and peer[peer.index("-m", 3) + 1].endswith("plain_ddp")
     assert {"model=gpt", "optim=adamw", "trainer.max_steps=40", "trainer.warmup_steps=10", "sync=ddp"} <= set(ours)
     assert {"model=gpt", "optim=adamw", "--steps=40", "--warmup=10"} <= set(peer) and "sync=ddp" not in peer
+    a.variants = {"flat_one_buffer": "sync=flat sync.buffer_mb=0"}  # --variant: ddp_lab again, more overrides
+    variant = command("flat_one_buffer", 2, Path("/r/flat_one_buffer-0"), a)
+    assert variant[variant.index("-m", 3) + 1] == "ddp_lab.train" and variant[-3:] == [
+        "sync=ddp", "sync=flat", "sync.buffer_mb=0"]
+
+
+def test_a_variant_is_not_the_peer_the_others_are_measured_against():
+    rows = [{"system": s, "step_ms": ms, "stolen_s": 0.0} for s, ms in [
+        ("ddp_lab", 100.0), ("ddp_lab_ddp", 50.0), ("plain_ddp", 80.0)]]
+    lines = table(rows, ["ddp_lab", "ddp_lab_ddp", "plain_ddp"]).splitlines()
+    assert lines[2].startswith("| ddp_lab | 100.0 |") and "| 1.250x |" in lines[2]
+    assert "| 0.625x |" in lines[3]
 
 
 def test_a_peer_builds_the_module_ddp_lab_builds_from_the_seed(compose_train):

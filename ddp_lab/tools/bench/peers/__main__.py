@@ -18,10 +18,11 @@ PEERS = {"plain_ddp": None, "with_fabric": "lightning_fabric", "with_accelerate"
 
 def command(system: str, nproc: int, run_dir: Path, a) -> list[str]:
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    if system == "ddp_lab":
+    variants = getattr(a, "variants", {})
+    if system == "ddp_lab" or system in variants:
         return [*launch, "-m", "ddp_lab.train", *a.overrides, f"hydra.run.dir={run_dir}",
                 f"trainer.max_steps={a.steps}", f"trainer.warmup_steps={a.warmup}", "trainer.epochs=1000",
-                "trainer.progress=false", *shlex.split(a.ddp_lab_args)]
+                "trainer.progress=false", *shlex.split(a.ddp_lab_args), *shlex.split(variants.get(system, ""))]
     return [*launch, "-m", f"ddp_lab.tools.bench.peers.{system}", f"--steps={a.steps}",
             f"--warmup={a.warmup}", f"--out={run_dir / 'summary.json'}", *a.overrides]
 
@@ -57,7 +58,7 @@ def table(rows: list[dict], systems: list[str]) -> str:
     """Median and range of each system's step, and each against the fastest peer's median."""
     ms = {s: sorted(r["step_ms"] for r in rows if r["system"] == s) for s in systems}
     med = {s: statistics.median(v) for s, v in ms.items()}
-    fastest = min((s for s in systems if s != "ddp_lab"), key=med.get, default=None)
+    fastest = min((s for s in systems if s in PEERS), key=med.get, default=None)  # (not a ddp_lab variant)
     stolen = {s: max(r["stolen_s"] for r in rows if r["system"] == s) for s in systems}
     lines = ["| trainer | ms a step (median) | range | runs | against the fastest peer | CPU stolen, most in a run |",
              "|---|---:|---:|---:|---:|---:|"]
@@ -78,12 +79,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--systems", default="ddp_lab," + ",".join(PEERS),
                    help="comma-separated: ddp_lab and the peers (those not installed are left out, said once)")
     p.add_argument("--ddp-lab-args", default="", help="overrides for ddp_lab alone (e.g. sync=ddp)")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=OVERRIDES",
+                   help="ddp_lab again under more overrides, raced as its own system: the control that isolates "
+                        "a cause (e.g. --variant ddp_lab_ddp='sync=ddp'); repeatable")
     p.add_argument("--timeout", type=float, default=900, help="seconds one run may take")
     p.add_argument("overrides", nargs="*", help="the model, data, optim and trainer.amp, for every system")
     argv = sys.argv[1:] if argv is None else argv
     a = p.parse_args(argv)
-    systems = [s.strip() for s in a.systems.split(",") if s.strip()]
-    unknown = [s for s in systems if s != "ddp_lab" and s not in PEERS]
+    a.variants = {}
+    for v in a.variant:
+        name, _, overrides = v.partition("=")
+        if not name.strip() or not overrides.strip() or name.strip() in ("ddp_lab", *PEERS):
+            sys.exit(f"--variant {v!r}: give NAME=OVERRIDES with a new name, e.g. --variant ddp_lab_ddp='sync=ddp'")
+        a.variants[name.strip()] = overrides
+    systems = [s.strip() for s in a.systems.split(",") if s.strip()] + list(a.variants)
+    unknown = [s for s in systems if s != "ddp_lab" and s not in PEERS and s not in a.variants]
     if unknown:
         sys.exit(f"--systems: {', '.join(unknown)} unknown; choose among ddp_lab, {', '.join(PEERS)}")
     missing = [s for s in systems if PEERS.get(s) and importlib.util.find_spec(PEERS[s]) is None]
