@@ -6,6 +6,7 @@ slow ones launch torchrun on the tiny Fashion-MNIST (8 steps per epoch).
 import json
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -185,25 +186,27 @@ def test_sigterm_to_the_agent_saves_the_step_in_flight_and_resume_ends_bit_ident
     def args(name):
         return tiny_overrides(tiny_fmnist, tmp_path / name) + LONG
 
-    alone = run_module("ddp_lab.train", args("alone"), nproc=2)
-    assert alone.returncode == 0, alone.stderr[-3000:]
-    cut = run_module("ddp_lab.train", args("cut"), nproc=2,
-                     env={"DDP_LAB_FAULT": "rank=1,step=20,kind=term"})
-    assert cut.returncode != 0  # torchrun itself ends on the signal
-    logs = "".join((tmp_path / "cut" / f"rank{r}.log").read_text() for r in (0, 1))
-    saved = re.findall(r"rank (\d): saved checkpoint step-(\d+) ([\d.]+) s after SIGTERM to rank",
-                       logs)
-    assert sorted(r for r, _, _ in saved) == ["0", "1"], logs[-3000:]
-    step = int(saved[0][1])
-    assert saved[1][1] == saved[0][1] and 20 < step < 512
-    assert all(float(took) < 20 for _, _, took in saved)  # trainer.preempt_save_s
-    newest = max((tmp_path / "cut" / "checkpoints").iterdir(), key=lambda p: int(p.name[5:]))
-    assert newest.name == f"step-{step}" and (newest / "meta.json").exists()
-    assert not (tmp_path / "cut" / "summary.json").exists()
+    with ThreadPoolExecutor(1) as pool:  # the uninterrupted run beside the cut one and its resume
+        alone = pool.submit(run_module, "ddp_lab.train", args("alone"), nproc=2)
+        cut = run_module("ddp_lab.train", args("cut"), nproc=2,
+                         env={"DDP_LAB_FAULT": "rank=1,step=20,kind=term"})
+        assert cut.returncode != 0  # torchrun itself ends on the signal
+        logs = "".join((tmp_path / "cut" / f"rank{r}.log").read_text() for r in (0, 1))
+        saved = re.findall(r"rank (\d): saved checkpoint step-(\d+) ([\d.]+) s after SIGTERM to rank",
+                           logs)
+        assert sorted(r for r, _, _ in saved) == ["0", "1"], logs[-3000:]
+        step = int(saved[0][1])
+        assert saved[1][1] == saved[0][1] and 20 < step < 512
+        assert all(float(took) < 20 for _, _, took in saved)  # trainer.preempt_save_s
+        newest = max((tmp_path / "cut" / "checkpoints").iterdir(), key=lambda p: int(p.name[5:]))
+        assert newest.name == f"step-{step}" and (newest / "meta.json").exists()
+        assert not (tmp_path / "cut" / "summary.json").exists()
 
-    rest = run_module("ddp_lab.train", args("cut") + ["trainer.resume=auto"], nproc=2)
-    assert rest.returncode == 0, rest.stderr[-3000:]
-    assert f"resumed from {newest} (step {step}," in rest.stdout
+        rest = run_module("ddp_lab.train", args("cut") + ["trainer.resume=auto"], nproc=2)
+        assert rest.returncode == 0, rest.stderr[-3000:]
+        assert f"resumed from {newest} (step {step}," in rest.stdout
+        alone = alone.result()
+    assert alone.returncode == 0, alone.stderr[-3000:]
     _same_weights(tmp_path / "alone", tmp_path / "cut")
     a, b = read_summary(tmp_path / "alone"), read_summary(tmp_path / "cut")
     assert (b["steps"], b["train_loss"], b["test_correct"]) == (a["steps"], a["train_loss"],

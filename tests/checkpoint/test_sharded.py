@@ -1,5 +1,7 @@
 """Checkpoints of sharded weights (zero stage 3, fsdp): each rank writes and reads its own shards, no rank
 gathers the model; at another world size a rank reads only the rows it will own."""
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import torch
 import torch.distributed.tensor  # noqa: F401 (fsdp's rank files hold DTensors: torch.load needs it imported)
@@ -75,11 +77,14 @@ CKPT = ["trainer.ckpt_every_steps=3", "trainer.keep_ckpts=10", "dist.timeout_s=6
 @pytest.mark.system
 @pytest.mark.parametrize("mode", list(SHARDED))
 def test_a_sigkilled_sharded_run_resumes_from_its_shards_bit_identical(mode, tiny_fmnist, tmp_path):
-    ref = run_module("ddp_lab.train", tiny_overrides(tiny_fmnist, tmp_path / "ref") + CKPT + SHARDED[mode], nproc=2)
-    assert ref.returncode == 0, ref.stderr[-3000:]
     run_dir = tmp_path / "killed"
-    proc = run_module("ddp_lab.train", tiny_overrides(tiny_fmnist, run_dir) + CKPT + SHARDED[mode], nproc=2,
-                      torchrun_args=["--max-restarts=1"], env=KILL)
+    with ThreadPoolExecutor(2) as pool:  # most of a launch is waiting: both at once
+        ref = pool.submit(run_module, "ddp_lab.train", tiny_overrides(tiny_fmnist, tmp_path / "ref") + CKPT +
+                          SHARDED[mode], nproc=2)
+        proc = pool.submit(run_module, "ddp_lab.train", tiny_overrides(tiny_fmnist, run_dir) + CKPT + SHARDED[mode],
+                           nproc=2, torchrun_args=["--max-restarts=1"], env=KILL)
+        ref, proc = ref.result(), proc.result()
+    assert ref.returncode == 0, ref.stderr[-3000:]
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"resumed from {run_dir / 'checkpoints' / 'step-9'} (step 9, epoch 2, batch 1)" in proc.stdout
     _same_weights(tmp_path / "ref", run_dir)
