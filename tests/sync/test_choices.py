@@ -152,7 +152,7 @@ def test_the_default_strategy_is_auto(compose_train):
 OWN_KEYS = {
     "auto": ["compress"],
     "ddp": ["compress", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph"],
-    "flat": ["compress", "buffer_mb"],
+    "flat": ["compress", "buffer_mb", "overlap_backward"],
     "per_param": ["compress"],
     "powersgd": ["compress", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "powersgd_rank",
                  "powersgd_start_step"],

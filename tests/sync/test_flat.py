@@ -52,7 +52,7 @@ def test_a_gradient_after_its_buffer_left_is_an_error_not_a_silent_sum():
     assert bucket.mark_ready(1) is False
 
 
-def _overlapped(rank: int, world_size: int) -> dict:
+def _overlapped(rank: int, world_size: int, overlap: bool = True) -> dict:
     """Two steps of an MLP in several buffers, each of 2 micro-batches: what is in flight when each backward
     ends, and each step's gradients against the mean of every rank's, computed apart on a copy."""
     import copy
@@ -67,7 +67,8 @@ def _overlapped(rank: int, world_size: int) -> dict:
     unused = torch.nn.Linear(64, 64)  # never called: its buffer leaves after the backward
     model, ref = torch.nn.Sequential(unused, used), copy.deepcopy(used)
     env = DistEnv(rank, world_size, 0, torch.device("cpu"), "gloo")
-    sync = FlatSync(model, env, sync_cfg("flat", buffer_mb=64 * 65 * 4 / 2**20))  # about a Linear a buffer
+    sync = FlatSync(model, env, sync_cfg("flat", buffer_mb=64 * 65 * 4 / 2**20,  # about a Linear a buffer
+                                         overlap_backward=overlap))
     left_in_backward = sum(not any(p is q for p in b.params for q in unused.parameters()) for b in sync.buckets)
     out = {"buffers": len(sync.buckets), "left_in_backward": left_in_backward, "in_flight": [], "grads_equal": []}
     for step in range(2):
@@ -95,3 +96,5 @@ def test_overlapped_buffers_leave_in_the_backward_and_average_like_one_all_reduc
         n = r["left_in_backward"]
         assert r["buffers"] > n >= 4 and r["in_flight"] == [0, n, 0, n], r
         assert len(r["grads_equal"]) == 20 and all(r["grads_equal"]) and r["unused_grad_zero"], r
+    for r in run_in_processes(_overlapped, 2, False, timeout=60):  # sync.overlap_backward=false: all after it
+        assert r["in_flight"] == [0, 0, 0, 0] and all(r["grads_equal"]) and r["unused_grad_zero"], r

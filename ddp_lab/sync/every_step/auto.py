@@ -1,8 +1,9 @@
 """sync=auto (the default): flat on CPU ranks, ddp on GPU ranks.
 
 Why: a small model's gradients fit one DDP bucket, so on CPU DDP has no overlap to offer, only its bookkeeping,
-and flat's one buffer trained LeNet faster (docs/defaults.md); on GPUs DDP's buckets overlap the all-reduce
-with the backward, which larger models need.
+and flat's one buffer trained LeNet faster; a larger model's fill several of flat's buffers, each all-reduced as
+the backward fills it, as DDP's buckets are (the GPT level with a plain DDP loop: docs/defaults.md). On GPUs,
+DDP, what production jobs run.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The buffers hold the model's last parameters first, as the backward fills them; with sync.algo=builtin each
 buffer's all-reduce starts as soon as the backward has filled it and runs on gloo's (NCCL's) thread while the
 rest of the backward computes, as DDP's buckets do; after the backward the step waits for them. A model whose
-gradients fit one buffer (LeNet's 0.25 MB) has nothing to overlap: one all-reduce after the backward.
+gradients fit one buffer (LeNet's) has nothing to overlap: one all-reduce after the backward.
 """
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ each, it prints for DDP and ZeRO stages 1, 2 and 3:
 - the model state each rank holds between steps (ZeRO's formulas, fp32: DDP 4 + 4 + K bytes a
   parameter, stage 1 4 + 4 + K/N, stage 2 4 + (4 + K)/N, stage 3 (8 + K)/N, K the optimizer's
   bytes of state), the activations of a rank's batch (ddp_lab.training.memory_estimate, the same
-  for every strategy), the transient buffers (stage 3: the units gathered and the reduce-scatters
+  for every strategy; under trainer.amp=bf16, or auto on a machine that runs bf16, as autocast makes
+  them, as the run's own check counts them), the transient buffers (stage 3: the units gathered and the reduce-scatters
   in flight; below it one more gradient-sized buffer: the same module's transient_bytes), the
   runtime (--runtime: this process's memory once it has loaded the data, about what a rank holds
   before the model) and whether their sum, the predicted peak, fits in --memory;
@@ -69,16 +70,30 @@ def options_at(opts, stage: int):
     return ZeroOptions(zero_stage=stage, shard_units=opts.shard_units, unit_mb=opts.unit_mb)
 
 
+def on_cuda(cfg) -> bool:
+    """Whether the run's ranks would be GPUs (dist.device, auto: where this machine has one)."""
+    import torch
+    return cfg.dist.device == "cuda" or (cfg.dist.device == "auto" and torch.cuda.is_available())
+
+
 def reduce_scatter_of(cfg) -> str:
     """How the run's reduce-scatter travels: "all-reduce" for torch's on gloo, else "ring"."""
     if cfg.sync.algo != "builtin":
         return "ring"  # ours (sync.algo=ring_textbook or direct: a ring's bytes)
     backend = cfg.dist.backend
     if backend == "auto":
-        import torch
-        cuda = cfg.dist.device == "cuda" or (cfg.dist.device == "auto" and torch.cuda.is_available())
-        backend = "nccl" if cuda else "gloo"
+        backend = "nccl" if on_cuda(cfg) else "gloo"
     return "all-reduce" if backend == "gloo" else "ring"
+
+
+def autocast_of(cfg):
+    """The dtype the run's forward autocasts to (trainer.amp=bf16, or auto where this machine runs bf16), else
+    None: the activations are counted as the run's own check counts them."""
+    import torch
+
+    from ddp_lab.training.fast_path import resolve_amp
+    amp = resolve_amp(cfg.trainer.amp, torch.device("cuda" if on_cuda(cfg) else "cpu"))
+    return torch.bfloat16 if amp == "bf16" else None
 
 
 def wire_bytes(strategy: str, grad_bytes: int) -> int:
@@ -125,8 +140,10 @@ def describe(cfg, ranks: int, batch: int | None):
     check_fits_data(cfg.model, cfg.data, x, y, task, num_classes(train) if task.correct_name else 0)
     per_rank = batch or max(1, cfg.data.batch_size // ranks)
     opts = options_of(cfg.sync)
-    e = estimate(cfg.model, cfg.optim, x, y, task, per_rank, sync=options_at(opts, 1),  # (estimate: stage 1)
-                 checkpointing=cfg.trainer.activation_checkpointing)
+    # (estimate: stage 1; under autocast with the weights in fp32, as stages 0-2 hold them: for stage 3's bf16
+    # gathers an upper bound, the casts of the weights counted as saved activations)
+    e = estimate(cfg.model, cfg.optim, x, y, task, per_rank, sync=options_at(opts, 1),
+                 checkpointing=cfg.trainer.activation_checkpointing, autocast=autocast_of(cfg))
     with torch.device("meta"):
         net = build_model(cfg.model)
     transient = {s: transient_bytes(net, e.weight_bytes, stage, options_at(opts, stage) if ranks > 1 else None)
@@ -200,9 +217,10 @@ def main(argv: list[str] | None = None) -> None:
     rs = reduce_scatter_of(cfg)
     rows = table(params, state, acts, args.ranks, memory, link, args.alpha_us * 1e-6, args.compute_ms, rs,
                  transient, runtime)
+    under = " under bf16 autocast" if autocast_of(cfg) is not None else ""
     print(f"model={cfg.model.get('name') or cfg.model['_target_']}: {params:,} parameters; {name} keeps {state} "
           f"tensor(s) a parameter; {args.ranks} ranks, {memory / GiB:.2f} GiB each; activations "
-          f"{acts / GiB:.2f} GiB for {batch} sample(s) a rank; runtime {runtime / GiB:.2f} GiB")
+          f"{acts / GiB:.2f} GiB for {batch} sample(s) a rank{under}; runtime {runtime / GiB:.2f} GiB")
     if link:
         print("reduce-scatter priced as " + ("gloo runs torch's: an all-reduce, twice a ring's bytes "
                                             "(sync.algo=ring_textbook sends a ring's)" if rs == "all-reduce"

@@ -74,8 +74,21 @@ def test_the_reduce_scatter_is_priced_as_the_run_sends_it(compose_train, overrid
     assert will_it_fit.reduce_scatter_of(compose_train(["sync=zero", *overrides])) == travels
 
 
+def test_activations_are_counted_under_autocast_as_the_runs_own_check_counts_them(compose_train, tiny_fmnist,
+                                                                                  tmp_path):
+    from ddp_lab.training.data import build_datasets, example
+    from ddp_lab.training.memory_estimate import estimate
+    from ddp_lab.training.tasks import choose_task
+    data = [f"data.root={tiny_fmnist}", f"data.cache_dir={tmp_path}", "model=lenet"]
+    acts = {amp: will_it_fit.describe(compose_train([*data, f"trainer.amp={amp}"]), 2, 4)[3] for amp in ("off", "bf16")}
+    cfg = compose_train([*data, "trainer.amp=bf16"])
+    x, y = example(build_datasets(cfg.data)[0])
+    run = estimate(cfg.model, cfg.optim, x, y, choose_task("auto", y, None), 4, autocast=torch.bfloat16)
+    assert acts["bf16"] == run.activation_bytes != acts["off"] > 0, acts
+
+
 def test_the_command_line(tiny_fmnist, tmp_path, capsys):
-    data = [f"data.root={tiny_fmnist}", f"data.cache_dir={tmp_path}"]
+    data = [f"data.root={tiny_fmnist}", f"data.cache_dir={tmp_path}", "trainer.amp=off"]
     will_it_fit.main(["--ranks", "2", "--memory", "2500KiB", "--batch", "1", "--runtime", "0", *data])
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("model=lenet_fast: 129,068 parameters; SGD keeps 1 tensor(s) a parameter; 2 ranks")
