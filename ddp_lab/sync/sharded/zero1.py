@@ -76,7 +76,9 @@ from ddp_lab.sync.options import Algo
 from ddp_lab.sync.sharded.common import ALGOS, ShardedOptions, clip_sharded, trainable_parameters, views_into
 from ddp_lab.telemetry import position
 
-IN_FLIGHT = 2  # builtin, direct: reduce-scatters launched and not yet waited for (bounds their buffers)
+# builtin, direct: reduce-scatters launched and not yet waited for, each holding its bucket's gradients (stage 3
+# keeps one: a unit's gradients are its largest buffer, and one in flight already covers the next unit's backward)
+IN_FLIGHT = 2
 
 
 def buckets_of(params: list[nn.Parameter], cap_bytes: float) -> list[list[nn.Parameter]]:
@@ -128,6 +130,7 @@ class ZeroOptions(ShardedOptions):
 
 class Zero1Sync(ReplicaSync):
     comm_timing = "hook"
+    max_in_flight = IN_FLIGHT
     # each chunk's gradient is a view into one buffer kept between steps
     caps = Capabilities(syncs_in_backward=True, shards=True, grads_set_to_none=False, sharding=1, flat_shards=True)
 
@@ -268,8 +271,11 @@ class Zero1Sync(ReplicaSync):
         return self.whole_grads[self.spans[i]]
 
     def _send(self, i: int) -> None:
-        """Reduce-scatter bucket i's gradients."""
+        """Reduce-scatter bucket i's gradients (the oldest in flight landed first, so that at most
+        max_in_flight buffers exist beside the one being filled)."""
         with self._timed():
+            while self.in_flight and len(self.in_flight) >= self.max_in_flight:
+                self._land(*self.in_flight.pop(0))
             c, flat = self.chunks[i], self._bucket_grads(i)
             self.count(flat.numel() * flat.element_size() // 2)  # half an all-reduce's (as counted)
             if self.cfg.algo == "builtin":
@@ -282,8 +288,6 @@ class Zero1Sync(ReplicaSync):
                 self._land(Pending([], lambda: ring_textbook_reduce_scatter(flat)), i, flat)
                 return
             self.in_flight.append((pending, i, flat))
-            while len(self.in_flight) > IN_FLIGHT:
-                self._land(*self.in_flight.pop(0))
 
     def _land(self, pending: Pending, i: int, flat: torch.Tensor) -> None:
         """This rank's chunk of bucket i <- its mean; the others' chunks zeroed (the next step's start).

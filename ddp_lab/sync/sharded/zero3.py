@@ -20,9 +20,9 @@ fp32, the master weights, and each is cast on its way to the gather.
   forward the next one, in the backward the one before): its bytes travel while this one
   computes, at the price of one more unit's weights held.
 - backward: stage 2's (Zero2Sync: a unit is its bucket), when a unit's gradients are all
-  there they are reduce-scattered (units in the reverse of their order, the same on every
-  rank, two of torch's in flight; in sync.reduce_dtype under bf16 weights) into this rank's
-  piece's gradient, and the unit's weights freed; a frozen kind is freed once the gradient of
+  there its weights are freed and the gradients reduce-scattered (units in the reverse of their
+  order, the same on every rank, one in flight while the next unit's backward runs; in
+  sync.reduce_dtype under bf16 weights) into this rank's piece's gradient; a frozen kind is freed once the gradient of
   the module's input is there. At the end of the backward, units a gradient missed are sent
   as zeros and everything is freed.
 - built from a meta-device model (models/meta_init.py), each unit is made whole, initialised
@@ -64,6 +64,7 @@ from ddp_lab.telemetry import position
 
 
 class Zero3Sync(Zero2Sync):
+    max_in_flight = 1  # (zero1.py's IN_FLIGHT)
     caps = Capabilities(syncs_in_backward=True, shards=True, forward_gathers=True, grads_set_to_none=False, sharding=3,
                         flat_shards=True,
                         eager="sync.zero_stage=3 gathers and frees the weights in module hooks that resize "
@@ -381,11 +382,12 @@ class Zero3Sync(Zero2Sync):
 
     # ------------------------------------------------------------ the backward (Zero2Sync's, with frees)
     def _send(self, i: int) -> None:
-        """Stage 2's reduce-scatter of unit i's gradients (into a copy), then its weights freed."""
-        super()._send(i)
+        """Unit i's weights freed (every gradient of theirs is there: the backward is past them), then
+        stage 2's reduce-scatter of its gradients (into a copy)."""
         u = self.units[i]
         if not u.in_root:
             self._free([u])
+        super()._send(i)
 
     def _end_backward(self) -> None:
         super()._end_backward()
