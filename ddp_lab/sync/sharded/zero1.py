@@ -274,7 +274,7 @@ class Zero1Sync(ReplicaSync):
         """Reduce-scatter bucket i's gradients (the oldest in flight landed first, so that at most
         max_in_flight buffers exist beside the one being filled)."""
         with self._timed():
-            while self.in_flight and len(self.in_flight) >= self.max_in_flight:
+            while len(self.in_flight) >= self.max_in_flight:
                 self._land(*self.in_flight.pop(0))
             c, flat = self.chunks[i], self._bucket_grads(i)
             self.count(flat.numel() * flat.element_size() // 2)  # half an all-reduce's (as counted)

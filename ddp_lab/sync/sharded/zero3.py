@@ -22,8 +22,8 @@ fp32, the master weights, and each is cast on its way to the gather.
 - backward: stage 2's (Zero2Sync: a unit is its bucket), when a unit's gradients are all
   there its weights are freed and the gradients reduce-scattered (units in the reverse of their
   order, the same on every rank, one in flight while the next unit's backward runs; in
-  sync.reduce_dtype under bf16 weights) into this rank's piece's gradient; a frozen kind is freed once the gradient of
-  the module's input is there. At the end of the backward, units a gradient missed are sent
+  sync.reduce_dtype under bf16 weights) into this rank's piece's gradient; a frozen kind is
+  freed once the gradient of the module's input is there. At the end of the backward, units a gradient missed are sent
   as zeros and everything is freed.
 - built from a meta-device model (models/meta_init.py), each unit is made whole, initialised
   as the whole build would, cut to this rank's piece and freed before the next is made.
