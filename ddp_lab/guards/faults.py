@@ -10,6 +10,9 @@ torchrun restart (--max-restarts) then runs clean. Kinds:
 * kill: SIGKILL, as the OOM killer would (no traceback, no cleanup).
 * hang: the rank stops for good, as on a stuck kernel or a dead NFS mount.
 * slow=F: from that step on, its forward and backward take F times as long.
+* pace=S: from that step on, its forward and backward take at least S seconds,
+  as on a machine of known speed: a run that must outlast a deadline on any
+  machine (a time limit's warning) lasts as long on a fast one as on a slow one.
 * mismatch: it skips that step's gradient sync: a desync.
 * nan: from that step on, this rank's loss is NaN, as a diverging run's is.
 * term: SIGTERM to its torchrun agent (its parent), which passes it to every
@@ -22,7 +25,7 @@ moment the rank enters a phase whose name starts with P at step N or later
 (the phases the training thread marks with ddp_lab.telemetry.position: compile,
 data loading, evaluation, checkpoint, ...): `rank=1,step=1,kind=stop,phase=compile`.
 
-(slow, mismatch and nan act from step `step` itself; the others right after it.)
+(slow, pace, mismatch and nan act from step `step` itself; the others right after it.)
 
 This module parses the fault and fires it. The builder asks once (`Fault.on_rank`):
 on the chosen rank, a fault that changes the step itself is built into it, nan into
@@ -45,7 +48,7 @@ import torch
 
 from ddp_lab.config import ConfigError, say
 
-KINDS = ("raise", "kill", "hang", "slow=F", "mismatch", "nan", "term", "stop")
+KINDS = ("raise", "kill", "hang", "slow=F", "pace=S", "mismatch", "nan", "term", "stop")
 PHASED = ("raise", "kill", "hang", "term", "stop")  # the kinds that phase=P can place
 
 
@@ -55,7 +58,7 @@ class Fault:
     step: int
     kind: str
     phase: str | None = None  # fire on entering this phase rather than after the step
-    slept_s: float = 0.0  # kind=slow: the sleep added to the last step's compute
+    slept_s: float = 0.0  # kind=slow or pace: the sleep added to the last step's compute
 
     @staticmethod
     def from_env() -> Fault | None:
@@ -73,10 +76,11 @@ class Fault:
             raise ConfigError(f"DDP_LAB_FAULT={spec!r}: {usage}") from None
         if fault.phase is not None and fault.kind not in PHASED:
             raise ConfigError(f"DDP_LAB_FAULT={spec!r}: phase= goes with kind={'|'.join(PHASED)}")
-        known = fault.kind in KINDS or (fault.kind.startswith("slow=") and _factor(fault.kind))
+        known = (fault.kind in KINDS or (fault.kind.startswith("slow=") and _number(fault.kind, 1))
+                 or (fault.kind.startswith("pace=") and _number(fault.kind, 0)))
         if not known:
             raise ConfigError(f"DDP_LAB_FAULT={spec!r}: kind must be one of {', '.join(KINDS)} "
-                              "(F: a number above 1)")
+                              "(F: a number above 1; S: seconds above 0)")
         return fault
 
     @staticmethod
@@ -124,10 +128,14 @@ class Fault:
 
     def slow_down(self, rank: int, step: int, last_compute_s: float) -> None:
         """kind=slow=F, at a step's start: sleep (F-1) times the last step's own compute
-        (without the sleep added to it), so that this step computes F times as long."""
-        if self.kind.startswith("slow=") and self._here(rank, step):
+        (without the sleep added to it), so that this step computes F times as long;
+        kind=pace=S: sleep what the last step's own compute fell short of S seconds."""
+        if self.kind.startswith(("slow=", "pace=")) and self._here(rank, step):
             own = max(0.0, last_compute_s - self.slept_s)
-            self.slept_s = (_factor(self.kind) - 1) * own
+            if self.kind.startswith("slow="):
+                self.slept_s = (_number(self.kind, 1) - 1) * own
+            else:
+                self.slept_s = max(0.0, _number(self.kind, 0) - own)
             time.sleep(self.slept_s)
 
     def skipping(self, step: int) -> bool:
@@ -181,10 +189,10 @@ class SkippedSync:
             self._sync.after_backward()
 
 
-def _factor(kind: str) -> float | None:
-    """F of kind=slow=F, or None if it is not a number above 1."""
+def _number(kind: str, above: float) -> float | None:
+    """The number of kind=slow=F or pace=S, or None if it is not a number above `above`."""
     try:
-        f = float(kind.split("=", 1)[1])
+        x = float(kind.split("=", 1)[1])
     except ValueError:
         return None
-    return f if f > 1 else None
+    return x if x > above else None

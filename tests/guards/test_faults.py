@@ -25,6 +25,28 @@ def test_fault_spec_parses_and_fires_on_the_first_attempt_only(monkeypatch):
         with pytest.raises(ConfigError, match="DDP_LAB_FAULT"):
             Fault.from_env()
 
+    for bad in ("rank=0,step=1,kind=slow=1", "rank=0,step=1,kind=pace=0", "rank=0,step=1,kind=pace=x"):
+        monkeypatch.setenv("DDP_LAB_FAULT", bad)
+        with pytest.raises(ConfigError, match="F: a number above 1; S: seconds above 0"):
+            Fault.from_env()
+
+
+def test_slow_multiplies_a_steps_compute_and_pace_fills_it_up_to_s_seconds(monkeypatch):
+    slept = []
+    monkeypatch.setattr("ddp_lab.guards.faults.time.sleep", slept.append)
+    slow, pace = Fault(rank=1, step=3, kind="slow=3"), Fault(rank=1, step=3, kind="pace=0.5")
+    for fault in (slow, pace):
+        fault.slow_down(rank=1, step=2, last_compute_s=0.1)  # before its step: nothing
+        fault.slow_down(rank=0, step=3, last_compute_s=0.1)  # another rank: nothing
+    assert slept == []
+    # each step's measured compute includes the sleep added to it; the fault takes that back out
+    slow.slow_down(1, 3, last_compute_s=0.1)
+    slow.slow_down(1, 4, last_compute_s=0.1 + 0.2)
+    pace.slow_down(1, 3, last_compute_s=0.1)
+    pace.slow_down(1, 4, last_compute_s=0.1 + 0.4)
+    pace.slow_down(1, 5, last_compute_s=0.4 + 0.7)  # one that computed 0.7 s by itself: no sleep
+    assert slept == pytest.approx([0.2, 0.2, 0.4, 0.4, 0.0])
+
 
 @pytest.mark.system
 def test_a_rank_that_raises_ends_the_job_within_the_timeout(tiny_fmnist, tmp_path):
