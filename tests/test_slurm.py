@@ -36,6 +36,9 @@ ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 # Small and quick: 512 images a step on 2 ranks of 1 thread, no compile.
 QUICK = ["data=synthetic", "data.num_test=256", "trainer.epochs=1", "trainer.progress=false",
          "trainer.warmup_steps=1", "trainer.compile=false"]
+# Steps of at least 0.2 s (DDP_LAB_FAULT pace), on every attempt (each is a new launch): a run that must
+# outlast a requeue or a warning lasts as long on a fast machine as on a slow one.
+PACED = {"DDP_LAB_FAULT": "rank=0,step=1,kind=pace=0.2"}
 
 
 @dataclass
@@ -148,7 +151,7 @@ def test_sbatch_trains_on_two_nodes_in_one_run_dir(slurm, tmp_path, cancel_on_fa
 
 def test_requeue_resumes_from_the_newest_checkpoint(slurm, tmp_path, cancel_on_failure):
     job_id = slurm.submit(tmp_path, [*QUICK, "data.num_train=60000", "trainer.max_steps=40",
-                                     "trainer.ckpt_every_steps=10"])
+                                     "trainer.ckpt_every_steps=10"], **PACED)  # 30 steps, 6 s to requeue
     cancel_on_failure.append(job_id)
     log = tmp_path / f"slurm-{job_id}.out"
     first_ckpt = tmp_path / "outputs" / job_id / "checkpoints" / "step-10"
@@ -187,7 +190,6 @@ def test_requeue_resumes_from_the_newest_checkpoint(slurm, tmp_path, cancel_on_f
 # the shortest SLURM has (--time counts whole minutes), and longer than the latest warning (50 s, below).
 LONGER_THAN_A_MINUTE = [*(o for o in QUICK if not o.startswith("trainer.epochs=")), "trainer.epochs=8",
                         "trainer.amp=off", "data.num_train=20480", "trainer.preempt_save_s=5"]
-PACED = {"DDP_LAB_FAULT": "rank=0,step=1,kind=pace=0.2"}  # every attempt: each is a new launch
 
 
 def test_the_time_limit_warning_saves_requeues_and_the_job_ends(slurm, tmp_path, cancel_on_failure):
