@@ -123,7 +123,8 @@ def _run(rank: int, world_size: int) -> dict:
                         p.add_(0.01 * rank)
             # stage 2: small buckets, so that a model spans several and they finish in the backward
             sync = build_sync(zero_cfg(algo, stage, bucket_cap_mb=0.05), model, env)
-            opt = _train(sync, kind, optimizer, mine, clip)
+            held = []  # the model state after each step, its gradients still there
+            opt = _train(sync, kind, optimizer, mine, clip, held)
             sent, calls = sync.wire_bytes, sync.collectives  # (before the gather below)
             with sync.whole_weights():  # (stage 3: gathered; the others hold them)
                 params = [p.detach().contiguous().clone() for p in model.parameters()]
@@ -138,7 +139,8 @@ def _run(rank: int, world_size: int) -> dict:
                 "root": getattr(getattr(sync, "root", None), "nbytes", 0),
                 "wire_bytes": sent, "wire_after_gather": sync.wire_bytes,
                 "collectives": calls, "collectives_after_gather": sync.collectives,
-                "describe": sync.describe(), "model_state": model_state_bytes(model, opt),
+                "describe": sync.describe(), "model_state": held[-1],
+                "grads_between_steps": model_state_bytes(model, opt)["grads"],
                 "grads_left": sum(p.grad is not None for p in model.parameters()),
                 "norms": opt.norms, "ref_norms": ref_opt.norms}
     for stage in STAGES:  # fewer parameters (2) than ranks at 3: every rank's shard padded, one empty
@@ -203,6 +205,7 @@ def test_each_rank_holds_one_nth_of_the_optimizer_state(results):
         whole = 4 * r["shard"] * n
         assert r["model_state"] == {"weights": whole, "grads": whole, "optimizer": per_element * r["shard"],
                                     "sync": 0, "total": 2 * whole + per_element * r["shard"]}, name
+        assert r["grads_between_steps"] == whole, name  # kept: the backward accumulates into the buffer
 
 
 def test_stage_two_holds_one_nth_of_the_gradients_too(results):
@@ -223,6 +226,7 @@ def test_stage_two_holds_one_nth_of_the_gradients_too(results):
         whole, mine = 4 * r["padded"], 4 * r["shard"]
         assert r["model_state"] == {"weights": whole, "grads": mine, "optimizer": per_element * r["shard"],
                                     "sync": 0, "total": whole + mine + per_element * r["shard"]}, name
+        assert r["grads_between_steps"] == 0, name  # made as each bucket lands, dropped after the step
 
 
 def test_stage_three_holds_one_nth_of_everything(results):
@@ -238,6 +242,7 @@ def test_stage_three_holds_one_nth_of_everything(results):
             assert x[name]["model_state"] == {"weights": 4 * r["shard"], "grads": 4 * r["shard"],
                                               "optimizer": per_element * r["shard"], "sync": 0,
                                               "total": (8 + per_element) * r["shard"]}, name
+            assert x[name]["grads_between_steps"] == 0, name
         assert r["describe"] == f"zero3/{algo}"
         # each micro-batch: every unit gathered in the forward, all but the root again in the backward,
         # and reduce-scattered; each half an all-reduce's bytes: 1.5 all-reduces when there is no root

@@ -5,8 +5,12 @@ Stage 2 keeps 1/N of it between steps: with AdamW in fp32 a rank holds 4 bytes o
 parameter and 12/N of gradients and moments, 4 + 12/N instead of stage 1's 8 + 8/N.
 
 What changes: when a bucket's gradients are all there, they are copied into a bucket-sized buffer
-and dropped (p.grad = None); the reduce-scatter adds the mean of this rank's chunk to its chunk's
-gradient, in a buffer of this rank's chunks only. Under trainer.grad_accum every micro-batch is
+and dropped (p.grad = None); the mean of this rank's chunk, when its reduce-scatter lands, is its
+chunk's gradient (added to it, under accumulation). A chunk's gradient is made there and dropped
+after the optimizer step (zero_grad sets it to None), as FSDP2 does: between steps a rank holds no
+gradient, and in the backward only those of the buckets landed so far, while the activations
+still held shrink. (Kept whole between steps, they were the 162 MiB of gpt2's 2-rank stage 3 peak
+above fsdp's: docs/results/2026-12-02_zen5-2c_stage3-peak.) Under trainer.grad_accum every micro-batch is
 reduce-scattered (the gradients never exist whole between micro-batches): k times the gradient
 bytes of one step, as DeepSpeed's stage 2.
 """
@@ -17,22 +21,17 @@ from dataclasses import replace
 import torch
 
 from ddp_lab.collectives.basics import Pending
-from ddp_lab.sync.sharded.common import clip_sharded, views_into
+from ddp_lab.sync.sharded.common import views_into
 from ddp_lab.sync.sharded.zero1 import Zero1Sync
 from ddp_lab.telemetry import position
 
 
 class Zero2Sync(Zero1Sync):
-    caps = replace(Zero1Sync.caps, sharding=2)
+    caps = replace(Zero1Sync.caps, sharding=2, grads_set_to_none=True)  # (made as each bucket lands)
     reduce_dtype: torch.dtype | None = None  # the gradients' dtype on the wire (None: the pieces'; stage 3 sets it)
 
     def _attach_grads(self) -> None:
-        """This rank's chunks' gradients, one buffer (the parameters' own are dropped once sent)."""
-        self.grads = torch.zeros(self.shard_size, dtype=self.pieces[0].dtype, device=self.pieces[0].device)
-        offset = 0
-        for piece, c in zip(self.pieces, self.chunks):
-            piece.grad = self.grads[offset:offset + c]
-            offset += c
+        """None: a chunk's gradient is made as its bucket lands (_land), the parameters' own dropped once sent."""
         self.accumulating = False  # (never: every micro-batch sends)
 
     def no_sync(self):
@@ -50,11 +49,15 @@ class Zero2Sync(Zero1Sync):
         return flat
 
     def _land(self, pending: Pending, i: int, flat: torch.Tensor) -> None:
-        """Wait for bucket i's reduce-scatter; add its mean to this rank's chunk's gradient."""
-        self.pieces[i].grad.add_(pending.wait().div_(self.env.world_size))
-
-    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
-        return clip_sharded([self.grads], max_norm, self.env.group)  # this rank's chunks, one buffer
+        """Wait for bucket i's reduce-scatter; its mean is this rank's chunk's gradient (added to it under
+        accumulation)."""
+        mean, piece = pending.wait().div_(self.env.world_size), self.pieces[i]
+        if piece.grad is not None:
+            piece.grad.add_(mean)
+        elif mean.dtype != piece.dtype or mean._base is not None:  # bf16 on the wire; a view keeps `flat`
+            piece.grad = mean.to(piece.dtype, copy=True)
+        else:  # (builtin's output: a chunk of its own)
+            piece.grad = mean
 
     def describe(self) -> str:
         return f"zero2/{self.cfg.algo}"

@@ -65,7 +65,7 @@ from ddp_lab.telemetry import position
 
 class Zero3Sync(Zero2Sync):
     max_in_flight = 1  # (zero1.py's IN_FLIGHT)
-    caps = Capabilities(syncs_in_backward=True, shards=True, forward_gathers=True, grads_set_to_none=False, sharding=3,
+    caps = Capabilities(syncs_in_backward=True, shards=True, forward_gathers=True, sharding=3,
                         flat_shards=True,
                         eager="sync.zero_stage=3 gathers and frees the weights in module hooks that resize "
                               "their storage")
@@ -166,15 +166,6 @@ class Zero3Sync(Zero2Sync):
         self.init.materialise(self.modules[:len(parts)], [p for u in self.root_part for p in u.params],
                               lambda i: allocate(parts[i]), lambda i: keep(parts[i]))
         keep(self.root_part)
-
-    def _attach_grads(self) -> None:
-        """Stage 2's: this rank's pieces' gradients in one buffer, laid out as the pieces are."""
-        self.grads = torch.zeros_like(self.mine)
-        offset = 0
-        for u in self.forward:
-            u.piece.grad = self.grads[offset:offset + u.chunk]
-            offset += u.chunk
-        self.accumulating = False
 
     def _recast(self, master: bool) -> None:
         """Every unit gathered in sync's param_dtype from now on (master: in its pieces' own); each must be free."""
