@@ -1,16 +1,16 @@
 """sync=zero sync.zero_stage=2: the gradients sharded too, reduce-scattered during the backward.
 
 Stage 1 (zero1.py, the layout and schedule this file keeps) holds every rank's whole gradient.
-Stage 2 keeps 1/N of it between steps: with AdamW in fp32 a rank holds 4 bytes of weights per
-parameter and 12/N of gradients and moments, 4 + 12/N instead of stage 1's 8 + 8/N.
+Stage 2 keeps 1/N of it: with AdamW in fp32 a rank holds at the optimizer step 4 bytes of weights
+per parameter and 12/N of gradients and moments, 4 + 12/N instead of stage 1's 8 + 8/N.
 
 What changes: when a bucket's gradients are all there, they are copied into a bucket-sized buffer
 and dropped (p.grad = None); the mean of this rank's chunk, when its reduce-scatter lands, is its
 chunk's gradient (added to it, under accumulation). A chunk's gradient is made there and dropped
 after the optimizer step (zero_grad sets it to None), as FSDP2 does: between steps a rank holds no
 gradient, and in the backward only those of the buckets landed so far, while the activations
-still held shrink. (Kept whole between steps, they were the 162 MiB of gpt2's 2-rank stage 3 peak
-above fsdp's: docs/results/2026-12-02_zen5-2c_stage3-peak.) Under trainer.grad_accum every micro-batch is
+still held shrink. (Kept whole between steps, they were what held stage 3's peak above fsdp's:
+docs/results/2026-12-02_zen5-2c_stage3-peak.) Under trainer.grad_accum every micro-batch is
 reduce-scattered (the gradients never exist whole between micro-batches): k times the gradient
 bytes of one step, as DeepSpeed's stage 2.
 """

@@ -1,7 +1,7 @@
 """sync=zero sync.zero_stage=3: the weights sharded too, gathered a block at a time.
 
 Stages 1 and 2 (zero1.py, zero2.py) keep the whole weights on every rank. Stage 3 keeps 1/N
-of everything between steps: with AdamW in fp32, 16/N bytes a parameter. The model is cut
+of everything: with AdamW in fp32, 16/N bytes a parameter at the optimizer step. The model is cut
 into units (units.py: sync.shard_units=auto, the repeated block class at any depth, else by
 size; or the classes it names). Parameters no unit holds alone (the model's own, or the GPT's
 embedding tied to its output layer) form the root unit. A unit's parameters are laid out by kind
