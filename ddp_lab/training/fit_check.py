@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv, ranks_on_machine
@@ -20,6 +21,7 @@ from ddp_lab.models import model_name
 from ddp_lab.sync.islands.layout import island_size
 from ddp_lab.sync.periodic import PeriodicOptions
 from ddp_lab.sync.sharded.fsdp import FSDPOptions
+from ddp_lab.telemetry import position
 from ddp_lab.training.memory_estimate import Estimate, GiB, estimate, runtime_bytes
 
 log = logging.getLogger("ddp_lab")
@@ -133,28 +135,55 @@ def check_fits_memory(model, optim, env: DistEnv, x: torch.Tensor, y: torch.Tens
                       gathered: torch.dtype | None = None) -> Estimate | None:
     """Refuse (`refuse`: trainer.memory_check) or warn about a CPU run whose estimate is more than the
     memory available to each rank; warn where it takes most of it. None where not checked.
-    model, optim: their config groups; stage: sync.zero_stage under sync=zero (0: nothing sharded)."""
+    model, optim: their config groups; stage: sync.zero_stage under sync=zero (0: nothing sharded).
+    Every rank refuses where one does: hosts differ, and the others would end on a closed connection."""
     if env.device.type != "cpu":
         return None
+    e, refusal = _check_this_rank(model, optim, env, x, y, task, batch, stage, available, sync, checkpointing,
+                                  autocast, gathered)
+    if refuse and env.distributed and dist.is_initialized():
+        refusing = _refusing_ranks(refusal is not None, env)
+        if refusal is None and refusing:
+            raise ConfigError(f"rank {refusing[0]}'s memory cannot hold this run (its line says what to lower); "
+                              "this rank's can (trainer.memory_check=false: try anyway)")
+    if refusal is not None and refuse:
+        raise ConfigError(refusal + " (trainer.memory_check=false: try anyway)")
+    if refusal is not None and env.is_main:
+        log.warning("%s", refusal)
+    return e
+
+
+def _check_this_rank(model, optim, env, x, y, task, batch, stage, available, sync, checkpointing, autocast,
+                     gathered) -> tuple[Estimate | None, str | None]:
+    """(this rank's estimate, or None where not made; the refusal's line where it does not fit, else None),
+    the estimate logged and, where it takes most of the memory, warned about on rank 0."""
     found = mem_available(env.world_size) if available is None else \
         (available, ranks_on_machine(env.world_size), "MemAvailable")
     if found is None:
-        return None
+        return None, None
     try:
         e = estimate(model, optim, x, y, task, batch, state_shards(sync, env) if stage else 1, stage, sync,
                      runtime_bytes(), checkpointing, autocast, gathered)
     except Exception as err:  # a user's model that cannot be built on meta (it reads values, loads weights)
         log.info("memory estimate: not made (the model cannot be built on the meta device: %s)", err)
-        return None
+        return None, None
     machine, ranks = (found[0], found[2]), found[1]
     per_rank = machine[0] // ranks
     log.info("memory estimate: %.2f GiB per rank (activations %.2f, model state %.2f, transient %.2f), %.1f GiB "
              "available to each; predicted peak %.2f GiB with the runtime's %.2f", e.total_bytes / GiB,
              e.activation_bytes / GiB, e.state_bytes / GiB, e.transient_bytes / GiB, per_rank / GiB,
              e.peak_bytes / GiB, e.runtime_bytes / GiB)
-    if not fits(e.peak_bytes, e.runtime_bytes + per_rank) and refuse:  # (per_rank: beyond what it holds now)
-        raise ConfigError(describe(e, model, stage, per_rank, ranks, machine) +
-                          " (trainer.memory_check=false: try anyway)")
+    if not fits(e.peak_bytes, e.runtime_bytes + per_rank):  # (per_rank: beyond what it holds now)
+        return e, describe(e, model, stage, per_rank, ranks, machine)
     if e.total_bytes > WARN_SHARE * per_rank and env.is_main:
         log.warning("%s", describe(e, model, stage, per_rank, ranks, machine))
-    return e
+    return e, None
+
+
+def _refusing_ranks(mine: bool, env: DistEnv) -> list[int]:
+    """The ranks whose own check refused the run (one all-reduce: each rank its flag)."""
+    flags = torch.zeros(env.world_size, dtype=torch.int32)
+    flags[env.rank] = int(mine)
+    with position.collective("memory check"):
+        dist.all_reduce(flags)
+    return [r for r, f in enumerate(flags.tolist()) if f]

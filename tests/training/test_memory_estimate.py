@@ -13,6 +13,7 @@ from ddp_lab.training.fit_check import check_fits_memory
 from ddp_lab.training.memory_estimate import GiB, activation_bytes, estimate, optimizer_state
 from ddp_lab.training.tasks import CLASSIFICATION, LANGUAGE_MODEL, REGRESSION
 from ddp_lab.training.trainer import Trainer
+from tests.multiproc import run_in_processes
 from tests.workloads import linear
 
 CPU = torch.device("cpu")
@@ -198,3 +199,27 @@ def test_a_need_and_a_room_that_round_alike_are_told_apart():
     line = fit_check.describe(e, {"name": "gpt"}, 0, available=int(1.2 * GiB), ranks=1,
                                     machine=(2 * GiB, "MemAvailable"))
     assert line.startswith("model=gpt needs about 1.22 GiB per rank, more than the 1.20 GiB available to each")
+
+
+def _check_with_one_rank_short(rank: int, world_size: int, model: dict, optim: dict, short: int):
+    """Rank `short`'s memory 10% over its estimate (refused), the others' ample: each rank's outcome."""
+    fit_check.runtime_bytes = lambda: 0  # (this process's own: the peak is what the run adds)
+    model, optim = OmegaConf.create(model), OmegaConf.create(optim)
+    need = estimate(model, optim, TOKENS, TOKENS, LANGUAGE_MODEL, 32).total_bytes
+    available = world_size * (int(1.1 * need) if rank == short else 100 * need)
+    try:
+        check_fits_memory(model, optim, DistEnv(rank, world_size, 0, CPU, "gloo"), TOKENS, TOKENS, LANGUAGE_MODEL,
+                          batch=32, available=available)
+    except ConfigError as e:
+        return str(e)
+    return "fits"
+
+
+def test_where_one_rank_cannot_hold_the_run_every_rank_refuses_it(compose_train):
+    cfg = _gpt(compose_train)
+    model, optim = (OmegaConf.to_container(c, enum_to_str=True) for c in (cfg.model, cfg.optim))  # (pickled)
+    ok, short = run_in_processes(_check_with_one_rank_short, 2, model, optim, 1)
+    assert "within the estimate's 15% error of the" in short and short.endswith("try anyway)")
+    assert ok == ("rank 1's memory cannot hold this run (its line says what to lower); this rank's can "
+                  "(trainer.memory_check=false: try anyway)")
+    assert run_in_processes(_check_with_one_rank_short, 2, model, optim, 2) == ["fits", "fits"]  # (no rank 2)
