@@ -1,7 +1,7 @@
 """transformers' GPT-2 and Llama as they are (model=hf_gpt2, model=hf_llama: no wrapper), fine-tuned on dict
-samples (data=text_documents) from one save_pretrained directory at 2 ranks under every sync mode: each
-ends within 1e-4 of DDP, zero stage 3 and fsdp build it a unit at a time, and the exported hf/ directory
-loads with from_pretrained and equals model.pt. One launch a model: the modes run one after another."""
+samples (data=text_documents) from one save_pretrained directory at 2 ranks under every sync mode (islands: one
+island of fsdp, whose DiLoCo leaves DDP's steps as they are): each ends within 1e-4 of DDP, zero stage 3 and
+fsdp build it a unit at a time, and the exported hf/ directory loads with from_pretrained and equals model.pt. One launch a model: the modes run one after another."""
 from __future__ import annotations
 
 import logging
@@ -18,8 +18,10 @@ transformers = pytest.importorskip("transformers")
 
 MODES = {"ddp": ["sync=ddp"], "zero1": ["sync=zero", "sync.zero_stage=1"], "zero2": ["sync=zero", "sync.zero_stage=2"],
          "zero3": ["sync=zero", "sync.zero_stage=3"], "fsdp": ["sync=fsdp"],
-         "hsdp": ["sync=fsdp", "sync.islands=2"]}
-UNIT_AT_A_TIME = ("zero3", "fsdp", "hsdp")
+         "hsdp": ["sync=fsdp", "sync.islands=2"],
+         # one island of 2 ranks, fsdp inside, DiLoCo across with outer lr 1 and no momentum: DDP's steps
+         "islands": ["sync=diloco", "sync.islands=2", "sync/inner=fsdp", "sync.outer_lr=1.0", "sync.outer_momentum=0.0"]}
+UNIT_AT_A_TIME = ("zero3", "fsdp", "hsdp", "islands")
 
 
 def _corpus(path: Path) -> None:
