@@ -1,7 +1,8 @@
 """transformers' GPT-2 and Llama as they are (model=hf_gpt2, model=hf_llama: no wrapper), fine-tuned on dict
 samples (data=text_documents) from one save_pretrained directory at 2 ranks under every sync mode (islands: one
 island of fsdp, whose DiLoCo leaves DDP's steps as they are): each ends within 1e-4 of DDP, zero stage 3 and
-fsdp build it a unit at a time, and the exported hf/ directory loads with from_pretrained and equals model.pt. One launch a model: the modes run one after another."""
+fsdp build it a unit at a time, and the exported hf/ directory loads with from_pretrained and equals model.pt.
+One launch a model: the modes run one after another."""
 from __future__ import annotations
 
 import logging
