@@ -16,7 +16,7 @@ from ddp_lab.checkpoint.choice import choose
 from ddp_lab.checkpoint.compat import config_hash, config_subset, mode_of, validate
 from ddp_lab.checkpoint.files import DIRNAME, STATE, agree, all_finite, load, problem, rank_file, read_meta, save
 from ddp_lab.checkpoint.reshard import load_own
-from ddp_lab.checkpoint.whole_state import CheckpointWeights, whole_optimizer_state
+from ddp_lab.checkpoint.whole_state import CheckpointOptimizerState, CheckpointWeights
 from ddp_lab.config import ConfigError, RunFailed
 from ddp_lab.distributed import DistEnv
 from ddp_lab.guards.rundir import record_launch
@@ -36,8 +36,8 @@ class Resumed(NamedTuple):
         if world_size != self.world_size:
             line += f" on {world_size} ranks, written by {self.world_size}"
         if self.written_under:
-            line += (f"; written under {self.written_under}: its weights and optimizer state read whole by "
-                     f"parameter name and cut for this sync mode")
+            line += (f"; written under {self.written_under}: its weights and optimizer state read by "
+                     f"parameter name, a tensor at a time, and cut for this sync mode")
         return line
 
 
@@ -85,13 +85,13 @@ class Checkpointer:
                 log.warning("skipping checkpoint %s: %s; trying the one before it", path, damaged[0])
             skip.add(path)
         meta = read_meta(path)
-        across = validate(path, meta, self.subset)  # (only the sync mode differs: its state read whole)
+        across = validate(path, meta, self.subset)  # (only the sync mode differs: its state read by name)
         own = partial(load_own, rank=env.rank, world_size=env.world_size,
                       saved_world_size=meta["world_size"], seed=self.seed, step=meta["step"])
-        shared, mine = load(path, env.rank, env.device, own)
+        shared, mine = load(path, env.rank, env.device, own, mapped=across)  # (across: read a tensor at a time)
         if not across:
             return Resumed(path, shared, mine, meta["world_size"])
-        shared = {**shared, "whole": (CheckpointWeights(path).state_dict(), whole_optimizer_state(path, shared))}
+        shared = {**shared, "whole": (CheckpointWeights(path), CheckpointOptimizerState(path, shared))}
         return Resumed(path, shared, mine, meta["world_size"], mode_of(meta["config"]["sync"]))
 
     def _damaged(self, path: Path) -> str | None:

@@ -305,12 +305,14 @@ def read_meta(step_dir: Path) -> dict:
     return json.loads((Path(step_dir) / META).read_text())
 
 
-def load(step_dir: Path, rank: int, device: torch.device, own=None) -> tuple[dict, dict]:
-    """(shared state, this rank's own state), tensors of the shared state on `device`.
-    `own(step_dir)` reads this rank's part (default: its own file; see reshard.py)."""
+def load(step_dir: Path, rank: int, device: torch.device, own=None, mapped: bool = False) -> tuple[dict, dict]:
+    """(shared state, this rank's own state), tensors of the shared state on `device` (`mapped`: state.pt mapped
+    on the CPU, a page read when touched). `own(step_dir)` reads this rank's part (default: its own file; see
+    reshard.py)."""
     step_dir = Path(step_dir)
     try:
-        shared = torch.load(step_dir / STATE, map_location=device, weights_only=True)
+        shared = torch.load(step_dir / STATE, map_location="cpu" if mapped else device, weights_only=True,
+                            mmap=mapped)
         mine = own(step_dir) if own else torch.load(step_dir / rank_file(rank),
                                                     map_location="cpu", weights_only=True)
     except FileNotFoundError as e:

@@ -116,6 +116,18 @@ def padded(rows: torch.Tensor, length: int) -> torch.Tensor:
     return out
 
 
+def flat_rows(tensors, lo: int, hi: int, length: int, dtype: torch.dtype) -> torch.Tensor:
+    """Elements [lo, hi) of `tensors` (an iterable) flattened and joined, followed by zeros up to `length`: a rank's
+    chunk of a flat group, each tensor read only where the chunk covers it (a mapped one: only those pages)."""
+    out, at = torch.zeros(length, dtype=dtype), 0
+    for t in tensors:
+        a, b = max(lo, at), min(hi, at + t.numel())
+        if a < b:
+            out[a - lo:b - lo] = t.reshape(-1)[a - at:b - at]
+        at += t.numel()
+    return out
+
+
 def stepped(optimizer_state: dict) -> int:
     """How many parameters an optimizer state_dict steps, over all its groups."""
     return sum(len(g["params"]) for g in optimizer_state["param_groups"])

@@ -81,7 +81,11 @@ def restore(parts, shared: dict, own: dict) -> None:
     across = "whole" in shared
     if across:  # written under another sync mode: its weights and optimizer state whole, by name
         weights, optimizer = shared["whole"]
-        parts.sync.load_model_state_dict(parts.model, _of_this_model(parts.model, weights))
+        try:
+            parts.sync.load_model_state_dict(parts.model, _of_this_model(parts.model, weights))
+        except ValueError as e:
+            raise ConfigError(f"this checkpoint's weights do not fit this model ({e}): resume it with the model that "
+                              f"wrote it") from None
         try:
             parts.sync.load_whole_optimizer_state(parts.optimizer, optimizer)
         except ValueError as e:
@@ -113,13 +117,13 @@ def restore(parts, shared: dict, own: dict) -> None:
     set_rng_state(own["rng"], parts.env.device)
 
 
-def _of_this_model(model, weights: dict) -> dict:
-    """`weights` (every name the writing run's model had) under the names this model's state_dict has."""
-    names = model.state_dict(keep_vars=True)
-    missing = [n for n in names if n not in weights]
+def _of_this_model(model, weights):
+    """`weights` (by every name the writing run's model had, read a tensor at a time), refused in one line where it
+    lacks a name this model's state_dict has."""
+    missing = [n for n in model.state_dict(keep_vars=True) if n not in weights]
     if missing:
         raise ConfigError(f"this checkpoint holds no {', '.join(missing[:3])}: resume it with the model that wrote it")
-    return {n: weights[n] for n in names}
+    return weights
 
 
 def _restore_model_and_optimizer(parts, shared: dict, own: dict) -> None:

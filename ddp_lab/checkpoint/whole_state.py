@@ -1,6 +1,8 @@
-"""A checkpoint's state read whole, a parameter at a time, whatever sync mode and world size wrote it: its
+"""A checkpoint's state read by name, a parameter at a time, whatever sync mode and world size wrote it: its
 weights (CheckpointWeights; the offline consolidator writes them out, ddp_lab.tools.consolidate) and its
-optimizer state by parameter name (whole_optimizer_state; a resume under another sync mode loads both).
+optimizer state (CheckpointOptimizerState), both by parameter name: a resume under another sync mode reads
+each rank's part of every tensor from them, one tensor at a time (sync strategies' load_model_state_dict and
+load_whole_optimizer_state): a rank holds what the new mode gives it, and one tensor or unit besides.
 
 Where they are: whole in state.pt (ddp and the every-step strategies, zero stages 1 and 2's weights, local
 SGD and DiLoCo: rank 0's), or cut over the ranks' files (zero stage 3's weights, and zero's optimizer state:
@@ -11,6 +13,7 @@ read. The files are mapped, not read whole: what is held at once is one unit or 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -24,9 +27,10 @@ def _load(file: Path) -> dict:
     return torch.load(file, map_location="cpu", mmap=True, weights_only=True)
 
 
-class CheckpointWeights:
-    """A checkpoint's weights: `layout` (name -> a meta tensor of its shape and dtype; tied names share one) and
-    `tensors()`, each whole in turn."""
+class CheckpointWeights(Mapping):
+    """A checkpoint's weights by name (every name; tied names share one tensor), each read whole when asked: what
+    is held at once is the zero stage 3 unit last asked for, or one tensor. `layout`: name -> a meta tensor of its
+    shape and dtype; `tensors()`: each once, in turn."""
 
     def __init__(self, step_dir: Path):
         self.step_dir, self.meta = step_dir, read_meta(step_dir)
@@ -40,6 +44,10 @@ class CheckpointWeights:
             if "pieces" in first["weights"] and "layout" not in first["weights"]:
                 raise ConfigError(f"{step_dir} was written before zero stage 3's checkpoints recorded their units' "
                                   f"layout: resume the run once with this version to write a checkpoint it can read")
+        self.units = list(self._units()) if self.zero3 else []
+        self.unit_of = {n: (i, j) for i, (params, _, _) in enumerate(self.units)
+                        for j, (names, _) in enumerate(params) for n in names}
+        self.held: tuple[int, list] = (-1, [])  # (the zero stage 3 unit last read, its parameters)
         self.layout = self._layout()
 
     @property
@@ -56,13 +64,22 @@ class CheckpointWeights:
         for i, (layout, numel) in enumerate(zip(first.get("frozen_layout", []), first.get("frozen_units", []))):
             yield layout, numel, [w["frozen"][i] for w in self.ranks]
 
+    def _unit(self, i: int) -> list[torch.Tensor]:
+        """Zero stage 3 unit i's parameters, whole (joined over the ranks' pieces; the last one read kept)."""
+        if self.held[0] != i:
+            self.held = (-1, [])  # (the last unit dropped before the next is joined)
+            params, numel, pieces = self.units[i]
+            flat = torch.cat(pieces)[:numel]
+            self.held = (i, [part.view(shape) for (_, shape), part
+                             in zip(params, flat.split([math.prod(s) for _, s in params]))])
+        return self.held[1]
+
     def _layout(self) -> dict[str, torch.Tensor]:
         layout: dict[str, torch.Tensor] = {}
-        if self.zero3:
-            for params, _, pieces in self._units():
-                for names, shape in params:
-                    t = torch.empty(shape, dtype=pieces[0].dtype, device="meta")
-                    layout.update((n, t) for n in names)
+        for params, _, pieces in self.units:
+            for names, shape in params:
+                t = torch.empty(shape, dtype=pieces[0].dtype, device="meta")
+                layout.update((n, t) for n in names)
         same: dict[tuple, torch.Tensor] = {}  # (a tied weight: its names' tensors share one storage)
         if self.ranks and not self.zero3:  # fsdp: rows joined
             for name, rows in self.ranks[0].items():
@@ -73,66 +90,95 @@ class CheckpointWeights:
             layout[name] = same.setdefault(_where(t), torch.empty(t.shape, dtype=t.dtype, device="meta"))
         return layout
 
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name in self.whole:  # (mapped: a page is read when it is touched)
+            return self.whole[name]
+        if name in self.unit_of:
+            i, j = self.unit_of[name]
+            return self._unit(i)[j]
+        if self.ranks and name in self.ranks[0]:  # fsdp: each rank's rows, joined
+            return torch.cat([w[name] for w in self.ranks])
+        raise KeyError(name)
+
+    def __contains__(self, name) -> bool:
+        return name in self.layout
+
+    def __iter__(self):
+        return iter(self.layout)
+
+    def __len__(self) -> int:
+        return len(self.layout)
+
     def tensors(self):
         """(name, whole tensor), each once, a unit or a tensor at a time."""
-        if self.zero3:
-            for params, numel, pieces in self._units():
-                flat = torch.cat(pieces)[:numel]
-                for (names, shape), part in zip(params, flat.split([math.prod(s) for _, s in params])):
-                    yield names[0], part.view(shape)
-                del flat
-        elif self.ranks:
+        for i, (params, _, _) in enumerate(self.units):
+            yield from ((names[0], t) for (names, _), t in zip(params, self._unit(i)))
+        if self.ranks and not self.zero3:
             for name in self.ranks[0]:
-                yield name, torch.cat([w[name] for w in self.ranks])
+                yield name, self[name]
         yield from self.whole.items()
-
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Every weight and buffer whole, under each of its names (a tied weight: one tensor, every name)."""
-        out: dict[str, torch.Tensor] = {}
-        if self.zero3:
-            for params, numel, pieces in self._units():
-                flat = torch.cat(pieces)[:numel]
-                for (names, shape), part in zip(params, flat.split([math.prod(s) for _, s in params])):
-                    out.update((n, part.view(shape)) for n in names)
-        elif self.ranks:
-            out.update((name, torch.cat([w[name] for w in self.ranks])) for name in self.ranks[0])
-        out.update(self.whole)
-        return out
+        return {name: self[name] for name in self}
 
 
-def whole_optimizer_state(step_dir: Path, shared: dict) -> dict[str, dict]:
-    """The optimizer state of every parameter, whole, by its first name: {name: {"exp_avg": tensor, "step": ...}},
-    from the layout the checkpoint records (`optimizer_layout`: each optimizer parameter's model parameters, and
-    how a rank holds it: whole, a flat chunk of them, or rows). `shared`: its state.pt."""
-    layout = shared.get("optimizer_layout")
-    if layout is None:
-        raise ConfigError(f"{step_dir} was written before checkpoints recorded their optimizer's layout: resume it "
-                          f"under the sync mode that wrote it (it saves one a resume across modes reads)")
-    if all(entry["cut"] == "whole" for entry in layout):  # (every-step strategies: rank 0's, whole)
-        states = [shared["optimizer"]]
-    else:  # (zero, fsdp: each rank its shards; over an island's ranks, island 0's)
-        first = _load(step_dir / rank_file(0))
-        over = int(first.get("shards_over", read_meta(step_dir)["world_size"]))
-        states = [first["optimizer"]] + [_load(step_dir / rank_file(r))["optimizer"] for r in range(1, over)]
-    out: dict[str, dict] = {}
-    for i, entry in enumerate(layout):
+class CheckpointOptimizerState(Mapping):
+    """A checkpoint's optimizer state by parameter name (any of its names), each read whole when asked:
+    {"exp_avg": tensor, "step": ...}. Read by the layout the checkpoint records (`optimizer_layout`: each
+    optimizer parameter's model parameters, and how a rank holds it: whole, a flat chunk of them, or rows); what
+    is held at once is the group (a zero bucket or unit) or the parameter last asked for. `shared`: its state.pt."""
+
+    def __init__(self, step_dir: Path, shared: dict):
+        self.layout = shared.get("optimizer_layout")
+        if self.layout is None:
+            raise ConfigError(f"{step_dir} was written before checkpoints recorded their optimizer's layout: resume "
+                              f"it under the sync mode that wrote it (it saves one a resume across modes reads)")
+        if all(entry["cut"] == "whole" for entry in self.layout):  # (every-step strategies: rank 0's, whole)
+            self.states = [shared["optimizer"]]
+        else:  # (zero, fsdp: each rank its shards; over an island's ranks, island 0's)
+            first = _load(step_dir / rank_file(0))
+            over = int(first.get("shards_over", read_meta(step_dir)["world_size"]))
+            self.states = [first["optimizer"]] + [_load(step_dir / rank_file(r))["optimizer"] for r in range(1, over)]
+        self.entry_of = {n: (i, j) for i, entry in enumerate(self.layout)
+                         for j, (names, _) in enumerate(entry["params"]) for n in names}
+        self.held: tuple[int, list] = (-1, [])  # (the optimizer parameter last read, its model parameters' states)
+
+    def _entry(self, i: int) -> list[dict]:
+        """Optimizer parameter i's state, whole, for each of its model parameters (the last one read kept)."""
+        if self.held[0] == i:
+            return self.held[1]
+        self.held = (-1, [])
+        entry = self.layout[i]
         params = entry["params"]
-        for names, _ in params:
-            out[names[0]] = {}
-        for key, value in states[0]["state"].get(i, {}).items():
+        out: list[dict] = [{} for _ in params]
+        for key, value in self.states[0]["state"].get(i, {}).items():
             if not (isinstance(value, torch.Tensor) and value.dim() > 0):  # (AdamW's step: every rank's)
-                for names, _ in params:
-                    out[names[0]][key] = value
+                for state in out:
+                    state[key] = value
                 continue
-            pieces = [_local(s["state"][i][key]) for s in states]
+            pieces = [_local(s["state"][i][key]) for s in self.states]
             if entry["cut"] == "flat":  # a group's flat chunks, padded to N equal ones
                 flat = torch.cat(pieces)[:sum(math.prod(shape) for _, shape in params)]
-                for (names, shape), part in zip(params, flat.split([math.prod(s) for _, s in params])):
-                    out[names[0]][key] = part.view(shape)
-            else:  # whole (one rank's), or each rank's rows
-                out[params[0][0][0]][key] = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
-    return out
+                for state, (_, shape), part in zip(out, params, flat.split([math.prod(s) for _, s in params])):
+                    state[key] = part.view(shape)
+            else:  # whole (one rank's, mapped), or each rank's rows
+                out[0][key] = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+        self.held = (i, out)
+        return out
+
+    def __getitem__(self, name: str) -> dict:
+        i, j = self.entry_of[name]
+        return self._entry(i)[j]
+
+    def __contains__(self, name) -> bool:
+        return name in self.entry_of
+
+    def __iter__(self):
+        return iter(self.entry_of)
+
+    def __len__(self) -> int:
+        return len(self.entry_of)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -257,9 +257,14 @@ class ReplicaSync:
         layout: training/model_file.py)."""
         return model.state_dict(keep_vars=True)
 
-    def load_model_state_dict(self, model: nn.Module, state: dict) -> None:
-        """Load a whole state_dict (every rank calls it with the same one; sharded: each keeps its piece)."""
-        model.load_state_dict(state)
+    def load_model_state_dict(self, model: nn.Module, state) -> None:
+        """Load whole weights by state_dict name (a dict, or a Mapping read a tensor at a time: a checkpoint's,
+        checkpoint/whole_state.py; every rank is given the same; sharded: each copies in only its piece).
+        ValueError naming the first weight missing or of another shape."""
+        if isinstance(state, dict):  # (this mode's own checkpoint: torch's loader, with its checks and hooks)
+            model.load_state_dict(state)
+        else:
+            copy_by_name(model, state)
 
     def state_dict(self) -> dict:
         """The strategy's state every rank shares (rank 0's is checkpointed)."""
@@ -298,13 +303,36 @@ def layout_of(packs: list[list], model: nn.Module, cut: str) -> list[dict] | Non
     return [{"params": [[names[id(p)], list(p.shape)] for p in pack], "cut": cut} for pack in packs]
 
 
-def state_of(by_name: dict, names: list[str]) -> dict:
-    """A parameter's optimizer state from `by_name` under any of its names, its tensors copies of their own (an
-    optimizer steps its step counts in place: two parameters must not share one); ValueError where none is there."""
+def weight_of(state, name: str, like: torch.Tensor) -> torch.Tensor:
+    """`state[name]`, checked against the model's tensor `like`: ValueError where it is missing or of another shape."""
+    if name not in state:
+        raise ValueError(f"it holds no {name}")
+    t = state[name]
+    if t.shape != like.shape:
+        raise ValueError(f"its {name} is {list(t.shape)}, this model's {list(like.shape)}")
+    return t
+
+
+def copy_by_name(model: nn.Module, state) -> None:
+    """Every tensor of the model's state_dict copied in from `state[name]`, one at a time."""
+    with torch.no_grad():
+        for name, t in model.state_dict(keep_vars=True).items():
+            t.copy_(weight_of(state, name, t))
+
+
+def state_named(by_name, names: list[str]) -> dict:
+    """A parameter's optimizer state from `by_name` (a dict or a Mapping read a parameter at a time) under any of
+    its names, as it is there; ValueError where none is there."""
     for name in names:
         if name in by_name:
-            return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in by_name[name].items()}
+            return by_name[name]
     raise ValueError(f"the checkpoint holds no optimizer state for {names[0]}")
+
+
+def state_of(by_name, names: list[str]) -> dict:
+    """state_named's, its tensors copies of their own (an optimizer steps its step counts in place: two parameters
+    must not share one)."""
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state_named(by_name, names).items()}
 
 
 def polls(cfg, env: DistEnv) -> bool:

@@ -68,7 +68,7 @@ def test_a_damaged_newest_checkpoint_is_skipped_at_resume(tmp_path, caplog, monk
     ckpt = _checkpointer(run, 0, 1)
     chosen = []
     monkeypatch.setattr(checkpoint.checkpointer, "validate", lambda path, meta, subset: chosen.append(path))
-    monkeypatch.setattr(checkpoint.checkpointer, "load", lambda path, rank, device, own: ({}, {}))
+    monkeypatch.setattr(checkpoint.checkpointer, "load", lambda path, rank, device, own, mapped: ({}, {}))
     with caplog.at_level(logging.WARNING, logger="ddp_lab"):
         resumed = ckpt.resume()
     assert resumed.path == good and chosen == [good]

@@ -117,6 +117,19 @@ def test_zero_optimizer_shards_are_cut_again_for_another_world_size(before, afte
         reshard_zero_state(_zero_states(values, before), [6, 4], 0, after)
 
 
+@pytest.mark.parametrize("world_size", [1, 3, 4])
+def test_a_ranks_chunk_of_a_flat_group_is_cut_from_its_tensors_elements(world_size):
+    from ddp_lab.checkpoint.reshard import flat_rows
+    tensors = [torch.arange(6.0).view(2, 3), torch.arange(10.0, 14.0), torch.arange(20.0, 21.0)]  # 11 elements
+    whole = torch.cat([t.reshape(-1) for t in tensors])
+    chunk = -(-whole.numel() // world_size)
+    padded = torch.cat([whole, torch.zeros(chunk * world_size - whole.numel())])
+    for r in range(world_size):  # (the last rank's chunk padded with zeros)
+        got = flat_rows(iter(tensors), r * chunk, min((r + 1) * chunk, whole.numel()), chunk, torch.float32)
+        assert torch.equal(got, padded[r * chunk:(r + 1) * chunk])
+    assert flat_rows(iter(tensors), 8, 11, 4, torch.float64).tolist() == [12.0, 13.0, 20.0, 0.0]
+
+
 @pytest.mark.system
 def test_zero_stage_three_and_fsdp_runs_stopped_on_4_ranks_finish_on_3_as_an_unsharded_one(tiny_fmnist, tmp_path):
     """SGD's momentum sharded 4 ways (ours: flat chunks of each unit; FSDP2: rows of each parameter, as

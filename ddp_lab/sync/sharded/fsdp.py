@@ -46,7 +46,8 @@ from ddp_lab.sync.base import (
     broadcast_from_rank0,
     layout_of,
     param_names,
-    state_of,
+    state_named,
+    weight_of,
 )
 from ddp_lab.sync.islands.layout import ISLANDS_HELP, island_shape, islands_spec_ok
 from ddp_lab.sync.sharded.common import (
@@ -201,11 +202,16 @@ class FSDPSync(ReplicaSync):
         grads = [local(p.grad) for p in self.model.parameters() if p.grad is not None]
         return clip_sharded(grads, max_norm, self.shard_group)  # (HSDP: every island holds the same shards)
 
-    def load_model_state_dict(self, model: nn.Module, state: dict) -> None:
-        """A whole state_dict (a checkpoint written before the weights were saved in shards): each rank
-        keeps its rows."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+    def load_model_state_dict(self, model: nn.Module, state) -> None:
+        """Whole weights by name (a dict, or a checkpoint's Mapping read a tensor at a time: checkpoint/whole_state.py):
+        each rank copies in only its rows of each."""
+        with torch.no_grad():
+            for name, t in model.state_dict().items():
+                whole = weight_of(state, name, t)
+                if hasattr(t, "to_local"):
+                    t.to_local().copy_(self._my_rows([whole], t, name, name))
+                else:
+                    t.copy_(whole)
 
     def each_weight(self, model: nn.Module):
         """The state_dict an entry at a time, for model.pt: each sharded tensor gathered whole (every rank)
@@ -242,20 +248,23 @@ class FSDPSync(ReplicaSync):
     def optimizer_layout(self) -> list[dict] | None:
         return layout_of([[p] for group in self.param_groups() for p in group["params"]], self.model, "rows")
 
-    def load_whole_optimizer_state(self, optimizer, by_name: dict) -> None:
-        """Whole state by parameter name, as a one-rank run's, cut to this rank's rows."""
+    def load_whole_optimizer_state(self, optimizer, by_name) -> None:
+        """Whole state by parameter name (checkpoint/whole_state.py's, read a parameter at a time), cut to this
+        rank's rows: of each state tensor only those rows are read."""
         names = param_names(self.model)
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        one = {i: dict(state_of(by_name, names[id(p)])) for i, p in enumerate(params)}
-        groups = optimizer.state_dict()["param_groups"]
-        optimizer.load_state_dict(self.reshard_optimizer_state([{"state": one, "param_groups": groups}], optimizer))
+        state = {}
+        for i, p in enumerate(params):
+            state[i] = {key: (self._rows_of([value], p, key, i) if isinstance(value, torch.Tensor) and value.dim() > 0
+                              else value.clone() if isinstance(value, torch.Tensor) else value)
+                        for key, value in state_named(by_name, names[id(p)]).items()}
+        optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
 
     def reshard_optimizer_state(self, states: list[dict], optimizer) -> dict:
         """This rank's optimizer state from every rank's of a run at another world size: each state tensor's
         rows that this rank now holds (FSDP2 keeps rank r's chunk of dim 0, torch.chunk's, unpadded), read
         from the old ranks that held them (checkpoint/reshard.py's my_rows). ValueError where a tensor does
         not match its parameter."""
-        from torch.distributed.tensor import DTensor
         params = [p for group in optimizer.param_groups for p in group["params"]]
         if any(stepped(s) != len(params) for s in states):
             raise ValueError(f"the checkpoint's optimizer steps {stepped(states[0])} parameters, "
@@ -267,10 +276,14 @@ class FSDPSync(ReplicaSync):
                 if not (isinstance(value, torch.Tensor) and value.dim() > 0):  # AdamW's step: every rank's
                     state[i][name] = value
                     continue
-                rows = self._my_rows([local(s["state"][i][name]) for s in states], p, name, i)
-                state[i][name] = DTensor.from_local(rows, p.device_mesh, p.placements, run_check=False, shape=p.shape,
-                                                   stride=p.stride())
+                state[i][name] = self._rows_of([local(s["state"][i][name]) for s in states], p, name, i)
         return {"state": state, "param_groups": states[0]["param_groups"]}
+
+    def _rows_of(self, pieces: list[torch.Tensor], p, what: str, i):
+        """This rank's rows of DTensor p from every old rank's rows of it (`pieces`), as a DTensor like p."""
+        from torch.distributed.tensor import DTensor
+        return DTensor.from_local(self._my_rows(pieces, p, what, i), p.device_mesh, p.placements, run_check=False,
+                                  shape=p.shape, stride=p.stride())
 
     def _my_rows(self, pieces: list[torch.Tensor], p, what: str, i) -> torch.Tensor:
         """This rank's rows of DTensor p, from every old rank's rows of it (`pieces`, in rank order)."""

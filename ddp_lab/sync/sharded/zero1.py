@@ -70,7 +70,7 @@ from ddp_lab.sync.base import (
     layout_of,
     param_names,
     plain_name,
-    state_of,
+    state_named,
 )
 from ddp_lab.sync.options import Algo
 from ddp_lab.sync.sharded.common import ALGOS, ShardedOptions, clip_sharded, trainable_parameters, views_into
@@ -215,18 +215,22 @@ class Zero1Sync(ReplicaSync):
     def optimizer_layout(self) -> list[dict] | None:
         return layout_of(self._in_optimizer_order(self.buckets), self.model, "flat")
 
-    def load_whole_optimizer_state(self, optimizer, by_name: dict) -> None:
-        """Whole state by parameter name, as a one-rank run's flat groups, cut to this rank's chunks."""
-        from ddp_lab.checkpoint.reshard import reshard_zero_state
-        names, one = param_names(self.model), {}
-        for i, bucket in enumerate(self._in_optimizer_order(self.buckets)):
-            states = [state_of(by_name, names[id(p)]) for p in bucket]
-            one[i] = {key: (torch.cat([s[key].reshape(-1) for s in states])
-                            if isinstance(v, torch.Tensor) and v.dim() > 0 else v) for key, v in states[0].items()}
-        groups = optimizer.state_dict()["param_groups"]
-        state = reshard_zero_state([{"state": one, "param_groups": groups}], self.group_sizes(), self.env.rank,
-                                   self.env.world_size)  # (state_of's copies: no two chunks share a step count)
-        optimizer.load_state_dict(state)
+    def load_whole_optimizer_state(self, optimizer, by_name) -> None:
+        """Whole state by parameter name (checkpoint/whole_state.py's, read a parameter at a time), cut to this
+        rank's chunk of each group: of each parameter's state only the elements the chunk covers are read."""
+        from ddp_lab.checkpoint.reshard import flat_rows
+        names, r, n, state = param_names(self.model), self.env.rank, self.env.world_size, {}
+        for i, (bucket, size) in enumerate(zip(self._in_optimizer_order(self.buckets), self.group_sizes())):
+            first, chunk = state_named(by_name, names[id(bucket[0])]), -(-size // n)
+            state[i] = {}
+            for key, value in first.items():
+                if isinstance(value, torch.Tensor) and value.dim() > 0:
+                    value = flat_rows((state_named(by_name, names[id(p)])[key] for p in bucket), r * chunk,
+                                      min((r + 1) * chunk, size), chunk, value.dtype)
+                elif isinstance(value, torch.Tensor):  # (AdamW's step count, a copy: no two chunks share one)
+                    value = value.clone()
+                state[i][key] = value
+        optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
 
     def reshard_optimizer_state(self, states: list[dict], optimizer) -> dict:
         """This rank's optimizer state from every rank's of a run at another world size (checkpoint/reshard.py)."""
@@ -354,9 +358,9 @@ class Zero1Sync(ReplicaSync):
         self._wait_gathers()
         return model.state_dict()
 
-    def load_model_state_dict(self, model: nn.Module, state: dict) -> None:
+    def load_model_state_dict(self, model: nn.Module, state) -> None:
         self._wait_gathers()
-        model.load_state_dict(state)
+        super().load_model_state_dict(model, state)
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         return clip_sharded([p.grad for p in self.pieces], max_norm, self.env.group)

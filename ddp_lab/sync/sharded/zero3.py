@@ -47,14 +47,14 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from ddp_lab.checkpoint.reshard import my_rows, padded
+from ddp_lab.checkpoint.reshard import flat_rows, my_rows, padded
 from ddp_lab.collectives import (
     TORCH_ALL_GATHER,
     direct_all_gather,
     ring_textbook_all_gather,
 )
 from ddp_lab.models.meta_init import make_the_rest_real, swap_parameters
-from ddp_lab.sync.base import NO_CONTEXT, Capabilities, SyncContext
+from ddp_lab.sync.base import NO_CONTEXT, Capabilities, SyncContext, weight_of
 from ddp_lab.sync.sharded.common import REDUCE_DTYPES, load_whole_part, return_freed_blocks, state_names
 from ddp_lab.sync.sharded.flat_unit import Unit, units_of
 from ddp_lab.sync.sharded.outside_use import check_first_forward
@@ -367,9 +367,19 @@ class Zero3Sync(Zero2Sync):
                                self.env.world_size)
                 u.piece.copy_(padded(rows, u.chunk))
 
-    def load_model_state_dict(self, model: nn.Module, state: dict) -> None:
-        with self.whole_weights():  # each rank keeps its chunk of what is loaded
-            model.load_state_dict(state)
+    def load_model_state_dict(self, model: nn.Module, state) -> None:
+        """Whole weights by name (a dict, or a checkpoint's Mapping read a tensor at a time: checkpoint/whole_state.py):
+        what every rank holds whole copied in, and of each unit only this rank's piece, cut from its parameters'
+        elements (nothing gathered: no rank holds the whole model)."""
+        names, r = state_names(model), self.env.rank
+        sharded = {id(p) for part in self.parts for u in part for p in u.params}
+        with torch.no_grad():
+            for name, t in model.state_dict(keep_vars=True).items():
+                if id(t) not in sharded:
+                    t.copy_(weight_of(state, name, t))
+            for u in (u for part in self.parts for u in part):
+                u.piece.copy_(flat_rows((weight_of(state, names[id(p)][0], p) for p in u.params), r * u.chunk,
+                                        min((r + 1) * u.chunk, u.numel), u.chunk, u.piece.dtype))
 
     # ------------------------------------------------------------ the backward (Zero2Sync's, with frees)
     def _send(self, i: int) -> None:
