@@ -21,7 +21,8 @@ MODES = {"ddp": ["sync=ddp"], "zero1": ["sync=zero", "sync.zero_stage=1"], "zero
          "zero3": ["sync=zero", "sync.zero_stage=3"], "fsdp": ["sync=fsdp"],
          "hsdp": ["sync=fsdp", "sync.islands=2"],
          # one island of 2 ranks, fsdp inside, DiLoCo across with outer lr 1 and no momentum: DDP's steps
-         "islands": ["sync=diloco", "sync.islands=2", "sync/inner=fsdp", "sync.outer_lr=1.0", "sync.outer_momentum=0.0"]}
+         "islands": ["sync=diloco", "sync.islands=2", "sync/inner=fsdp", "sync.outer_lr=1.0",
+                     "sync.outer_momentum=0.0"]}
 UNIT_AT_A_TIME = ("zero3", "fsdp", "hsdp", "islands")
 
 

@@ -223,13 +223,13 @@ class Zero1Sync(ReplicaSync):
         for i, (bucket, size) in enumerate(zip(self._in_optimizer_order(self.buckets), self.group_sizes())):
             first, chunk = state_named(by_name, names[id(bucket[0])]), -(-size // n)
             state[i] = {}
-            for key, value in first.items():
+            for what, value in first.items():
                 if isinstance(value, torch.Tensor) and value.dim() > 0:
-                    value = flat_rows((state_named(by_name, names[id(p)])[key] for p in bucket), r * chunk,
+                    value = flat_rows((state_named(by_name, names[id(p)])[what] for p in bucket), r * chunk,
                                       min((r + 1) * chunk, size), chunk, value.dtype)
                 elif isinstance(value, torch.Tensor):  # (AdamW's step count, a copy: no two chunks share one)
                     value = value.clone()
-                state[i][key] = value
+                state[i][what] = value
         optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
 
     def reshard_optimizer_state(self, states: list[dict], optimizer) -> dict:
