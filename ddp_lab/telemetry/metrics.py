@@ -32,6 +32,14 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def memory_now_mb(device: torch.device) -> float:
+    """This process's memory now in MiB: CUDA memory allocated on a GPU, else its RSS (peak_memory_mb's now)."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device) / 2**20
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+
+
 def _flat_hparams(cfg, world_size: int, backend: str) -> dict:
     """The knobs that tell runs of a sweep apart, as TensorBoard HParams wants them (`cfg`: a config, or one
     as plain values)."""

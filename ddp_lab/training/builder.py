@@ -60,6 +60,7 @@ from ddp_lab.sync.sharded.common import return_freed_blocks
 from ddp_lab.sync.sharded.grad_scaler import ShardedGradScaler
 from ddp_lab.telemetry import position
 from ddp_lab.telemetry.meter import Meter, flops_and_peak
+from ddp_lab.telemetry.metrics import memory_now_mb, peak_memory_mb
 from ddp_lab.telemetry.profiling import StepProfiler
 from ddp_lab.telemetry.step_measure import StepMeasure
 from ddp_lab.telemetry.stragglers import StepTimer
@@ -204,6 +205,7 @@ class Parts:
     preemption: Preemption
     callbacks: cb.Callbacks
     memory: Estimate | None = None  # the memory estimate (CPU runs), its predicted peak beside the measured one
+    built_mb: tuple[float, float] = (0.0, 0.0)  # this rank's memory before the model's build, its peak once built
 
 
 def build_model_for(cfg, caps, env: DistEnv) -> tuple[torch.nn.Module, MetaInit | None]:
@@ -276,6 +278,7 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
                                autocast=torch.bfloat16 if amp == "bf16" else None, gathered=gathered)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     position.phase("building the model")
+    before_build = memory_now_mb(env.device)
     memory_format = torch.channels_last if work.channels_last else torch.contiguous_format
     model, init = build_model_for(cfg, caps, env)
     model = model.to(memory_format=memory_format) if init else model.to(env.device, memory_format=memory_format)
@@ -295,6 +298,9 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
     no_decay = no_decay_names(model, cfg.optim.get("no_decay", "none"))
     sync = build_sync(opts, torch.compile(model) if compiled else model, env, SyncContext(init, no_decay, gathered))
     refuse_whole_tensor_optimizers(cfg.optim, sync)
+    built_mb = (before_build, peak_memory_mb(env.device))  # (made and sharded: zero 3's and fsdp's a unit at a time)
+    if env.is_main:  # (every rank's: summary.json)
+        log.info("model built: rank 0's peak memory so far %.0f MiB, %.0f before the build", *built_mb[::-1])
     optimizer = build_optimizer(cfg.optim, sync.param_groups())  # (zero: this rank's shard)
     scheduler = build_schedule(optimizer, cfg.optim, plan.steps_per_epoch, plan.total_steps)
     # ranks whose weights or gradients differ after the sync compare losses instead
@@ -318,4 +324,4 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
                  (ShardedGradScaler if sync.caps.shards else torch.amp.GradScaler)("cuda", enabled=amp == "fp16"),
                  loss_watch,
                  TimeToTarget(t, work.task.name), profiler, measure, Checkpointer(cfg, env, run_dir), preemption,
-                 callbacks, memory)
+                 callbacks, memory, built_mb)

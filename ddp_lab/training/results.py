@@ -71,6 +71,10 @@ def run_summary(parts) -> dict:
         "wire_bytes_across_per_step": sync.wire_bytes_across / tp.seen if tp.seen else None,
         **parts.target.summary(),  # target, target_reached, steps_to_target, time_to_target_s, eval_s
         "peak_mem_mb": peaks[0], "peak_mem_mb_by_rank": peaks,  # rank 0's, every rank's (telemetry/memory.py)
+        # every rank's memory before the model's build, and its peak once the model is built and sharded (the
+        # process's high-water mark then: a whole build's copy, or zero 3's and fsdp's one unit at a time)
+        "before_build_mb_by_rank": [round(x, 1) for x in by_rank(parts.built_mb[0], env)],
+        "build_peak_mb_by_rank": [round(x, 1) for x in by_rank(parts.built_mb[1], env)],
         # what the memory estimate predicted before the first step (training/memory_estimate.py; CPU runs)
         "predicted_peak_mb_by_rank": None if parts.memory is None else
         [round(b / 2**20, 1) for b in by_rank(parts.memory.peak_bytes, env)],
