@@ -1,6 +1,7 @@
 """Pretrained weights a run starts from (`model.pretrained=<path>`), read a tensor at a time.
 
-    a .safetensors file                       mapped, not read whole: a tensor is read when it is asked for
+    a .safetensors file                       read a tensor (or a run of its rows) when it is asked for, into
+                                              memory of its own (checkpoint/safetensors_reader.py)
     a directory save_pretrained wrote         model.safetensors, or model.safetensors.index.json and its
                                               shards, or pytorch_model.bin (and its index)
     a torch state_dict file (.pt, .bin, ...)  torch.load(mmap=True): mapped too (ddp_lab's model.pt is one)
@@ -10,7 +11,7 @@ and a tied weight is one tensor under any of its names (transformers saves `lm_h
 embedding once). Missing or unexpected names and shape mismatches are refused in one line, before any
 weight is made (`check`). Weights are copied into the model where they are made: a whole build at once,
 a meta-device build (zero stage 3, fsdp) a unit at a time as each unit is made (models/meta_init.py), so
-no rank ever holds the whole model.
+no rank ever holds the whole model; the files are closed once the model is built (`close`).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ddp_lab.checkpoint.safetensors_reader import SafetensorsReader
 from ddp_lab.config import ConfigError
 
 PREFIXES = ("module.", "_orig_mod.")
@@ -72,8 +74,7 @@ class PretrainedWeights:
         if file not in self._open:
             try:
                 if file.suffix == ".safetensors":
-                    from safetensors import safe_open
-                    self._open[file] = safe_open(str(file), framework="pt", device="cpu")
+                    self._open[file] = SafetensorsReader(file)
                 else:
                     state = torch.load(file, map_location="cpu", mmap=True, weights_only=True)
                     if not isinstance(state, dict):
@@ -90,14 +91,19 @@ class PretrainedWeights:
         """The tensor under `name` (a plain name), read now."""
         handle = self._handle(self.files[name])
         raw = self.names[name]
-        return handle.get_tensor(raw) if hasattr(handle, "get_tensor") else handle[raw]
+        return handle.get_tensor(raw) if isinstance(handle, SafetensorsReader) else handle[raw]
 
     def shape(self, name: str) -> tuple[int, ...]:
         handle = self._handle(self.files[name])
         raw = self.names[name]
-        if hasattr(handle, "get_slice"):
-            return tuple(handle.get_slice(raw).get_shape())
-        return tuple(handle[raw].shape)
+        return handle.shape(raw) if isinstance(handle, SafetensorsReader) else tuple(handle[raw].shape)
+
+    def close(self) -> None:
+        """Every file closed (a torch file's mapping dropped); a later get() opens it again."""
+        for handle in self._open.values():
+            if isinstance(handle, SafetensorsReader):
+                handle.close()
+        self._open.clear()
 
     # ------------------------------------------------------------ matching a model
     def match(self, model: nn.Module) -> dict[str, str]:
@@ -170,4 +176,7 @@ def _few(names: list[str], shown: int = 4) -> str:
 def load_whole(model: nn.Module, path: str) -> int:
     """A whole-built model's weights from `path`; the tensors read."""
     weights = PretrainedWeights(path)
-    return weights.fill(model, "", weights.match(model))
+    try:
+        return weights.fill(model, "", weights.match(model))
+    finally:
+        weights.close()

@@ -286,6 +286,8 @@ class MetaInit:
             if i not in started:
                 raise RuntimeError(f"unit {i} ({type(units[i]).__name__}) is not inside the model")
         self._fill(self.model, in_root | {id(b) for b in self.model.buffers()})  # (the root's, real and whole)
+        if self.pretrained is not None:  # (its files closed: nothing of them stays in this process)
+            self.pretrained[0].close()
 
 
 def swap_parameters(model: nn.Module, new_of: dict[int, nn.Parameter]) -> None:
