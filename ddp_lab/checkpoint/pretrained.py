@@ -87,11 +87,25 @@ class PretrainedWeights:
                 raise ConfigError(f"model.pretrained={file} cannot be read as weights: {reason}") from None
         return self._open[file]
 
-    def get(self, name: str) -> torch.Tensor:
-        """The tensor under `name` (a plain name), read now."""
+    def get(self, name: str, rows: tuple[int, int] | None = None) -> torch.Tensor:
+        """The tensor under `name` (a plain name), or its rows [lo, hi) (`rows`), read now."""
         handle = self._handle(self.files[name])
         raw = self.names[name]
-        return handle.get_tensor(raw) if isinstance(handle, SafetensorsReader) else handle[raw]
+        if isinstance(handle, SafetensorsReader):
+            return handle.get_tensor(raw, rows)
+        return handle[raw] if rows is None else handle[raw][rows[0]:rows[1]]  # (mapped: only those pages read)
+
+    def rows_of(self, found: dict[str, str]):
+        """rows(name, lo, hi): rows [lo, hi) of the model's tensor `name` read from the file (`found`: match()'s;
+        lo None: all of it), or None where the file does not hold it."""
+        def rows(name: str, lo: int | None, hi: int | None) -> torch.Tensor | None:
+            hit = found.get(name)
+            return None if hit is None else self.get(hit, None if lo is None else (lo, hi))
+        return rows
+
+    def bytes_read(self) -> int:
+        """Tensor bytes read so far from the safetensors files open now."""
+        return sum(h.bytes_read for h in self._open.values() if isinstance(h, SafetensorsReader))
 
     def shape(self, name: str) -> tuple[int, ...]:
         handle = self._handle(self.files[name])

@@ -30,6 +30,7 @@ class SafetensorsReader:
         self.header = json.loads(self.file.read(size))
         self.header.pop("__metadata__", None)
         self.start = 8 + size
+        self.bytes_read = 0  # (of tensors: what a rank that reads only its rows reads)
         unknown = {h["dtype"] for h in self.header.values()} - set(TORCH_DTYPES)
         if unknown:
             raise ValueError(f"it holds tensors of dtype {', '.join(sorted(unknown))}, which ddp_lab does not read")
@@ -55,6 +56,7 @@ class SafetensorsReader:
             got = self.file.readinto(memoryview(out.view(-1).view(torch.uint8).numpy()))
             if got != end - begin:
                 raise ValueError(f"{self.path} ends inside {name} (read {got} of {end - begin} bytes)")
+            self.bytes_read += got
         return out
 
     def close(self) -> None:

@@ -231,6 +231,7 @@ class MetaInit:
             del twin
         self.after_resets = torch.get_rng_state()  # where init_weights starts drawing
         self.pretrained = None  # (weights, name in the model -> name in the file): copied into each unit as made
+        self.read_mb = 0.0  # what this rank read of their safetensors files, MiB
 
     def load_from(self, weights) -> None:
         """Start from pretrained weights (checkpoint/pretrained.py's PretrainedWeights): checked against the
@@ -250,11 +251,14 @@ class MetaInit:
             m.reset_parameters()
         torch.set_rng_state(running)
 
-    def materialise(self, units: list[nn.Module], root: list[nn.Parameter], allocate, done) -> None:
+    def materialise(self, units: list[nn.Module], root: list[nn.Parameter], allocate, done, fill_rows=None) -> None:
         """Fill the weights unit by unit. `units`: modules whose parameters (but `root`) are allocated by
         allocate(i), real and writable, and handed over by done(i), after which they are not touched
         again. `root` (parameters no unit holds alone: tied ones, the model's own) must be real already
-        and stay so; the caller hands them over after. The generator ends where the whole build's does."""
+        and stay so; the caller hands them over after. The generator ends where the whole build's does.
+        Pretrained weights are copied into each unit before done(i), or, given `fill_rows`, by the caller after
+        it: fill_rows(i, rows), rows(name, lo, hi) reading rows [lo, hi) of the model's parameter `name` from
+        the file, so that a rank reads only the part it keeps."""
         in_root = {id(p) for p in root}
         unit_of = {}
         for i, u in enumerate(units):
@@ -280,13 +284,19 @@ class MetaInit:
                 with torch.no_grad():
                     self.init(m)
             if i is not None and m is units[i]:
-                self._fill(units[i], {id(t) for t in (*units[i].parameters(), *units[i].buffers())} - in_root)
-                done(i)
+                if fill_rows is None or self.pretrained is None:
+                    self._fill(units[i], {id(t) for t in (*units[i].parameters(), *units[i].buffers())} - in_root)
+                    done(i)
+                else:  # (the buffers whole; the parameters' rows after the caller has cut them)
+                    self._fill(units[i], {id(b) for b in units[i].buffers()} - in_root)
+                    done(i)
+                    fill_rows(i, self.pretrained[0].rows_of(self.pretrained[1]))
         for i in range(len(units)):  # (a unit module the walk does not reach: none in a module tree)
             if i not in started:
                 raise RuntimeError(f"unit {i} ({type(units[i]).__name__}) is not inside the model")
         self._fill(self.model, in_root | {id(b) for b in self.model.buffers()})  # (the root's, real and whole)
         if self.pretrained is not None:  # (its files closed: nothing of them stays in this process)
+            self.read_mb = self.pretrained[0].bytes_read() / 2**20
             self.pretrained[0].close()
 
 

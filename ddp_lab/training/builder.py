@@ -229,7 +229,8 @@ def build_model_for(cfg, caps, env: DistEnv) -> tuple[torch.nn.Module, MetaInit 
         if cfg.model.get("pretrained"):  # (read a unit at a time, as each is made)
             init.load_from(PretrainedWeights(cfg.model.pretrained))
             if env.is_main:
-                log.info("pretrained weights: %s, copied into each unit as it is made", cfg.model.pretrained)
+                log.info("pretrained weights: %s, copied into each unit as it is made, each rank reading the part "
+                         "it keeps", cfg.model.pretrained)
         return model, init
     if env.is_main:
         log.warning(advice(model, why))
@@ -300,7 +301,8 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
     refuse_whole_tensor_optimizers(cfg.optim, sync)
     built_mb = (before_build, peak_memory_mb(env.device))  # (made and sharded: zero 3's and fsdp's a unit at a time)
     if env.is_main:  # (every rank's: summary.json)
-        log.info("model built: rank 0's peak memory so far %.0f MiB, %.0f before the build", *built_mb[::-1])
+        log.info("model built: rank 0's peak memory so far %.0f MiB, %.0f before the build%s", *built_mb[::-1],
+                 f"; it read {init.read_mb:.1f} MiB of the pretrained safetensors" if init and init.read_mb else "")
     optimizer = build_optimizer(cfg.optim, sync.param_groups())  # (zero: this rank's shard)
     scheduler = build_schedule(optimizer, cfg.optim, plan.steps_per_epoch, plan.total_steps)
     # ranks whose weights or gradients differ after the sync compare losses instead

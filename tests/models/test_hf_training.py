@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -92,12 +93,16 @@ def test_every_sync_mode_fine_tunes_it_as_ddp_does(tuned):
 
 def test_stage_3_and_fsdp_build_it_a_unit_at_a_time_from_the_directory(tuned):
     tmp, _ = tuned
+    file_mb = (tmp / "pretrained" / "model.safetensors").stat().st_size / 2**20
     for mode in MODES:
         log = (tmp / mode / "rank0.log").read_text()
         said = "model built a unit at a time" in log
         assert said == (mode in UNIT_AT_A_TIME), mode
         assert ("copied into each unit as it is made" in log) == (mode in UNIT_AT_A_TIME), mode
         assert "model built whole on every rank" not in log
+        if mode in UNIT_AT_A_TIME:  # rank 0 read its half of each unit's rows and the root whole, not the file
+            read = float(re.search(r"it read ([0-9.]+) MiB of the pretrained safetensors", log).group(1))
+            assert 0.4 * file_mb < read < 0.6 * file_mb, (mode, read, file_mb)
 
 
 def test_the_exported_directory_loads_with_from_pretrained_and_equals_model_pt(tuned):

@@ -171,10 +171,25 @@ class FSDPSync(ReplicaSync):
         swap_parameters(model, {id(p): real_copy(p, device) for p in model.parameters() if id(p) not in in_units})
         real_buffers(model, device)
         root = [p for p in model.parameters() if not p.is_meta]
+        paths = {id(m): path for path, m in model.named_modules()}
+
+        def fill_rows(i: int, rows) -> None:  # (pretrained weights: this rank's rows of each, read from the file)
+            with torch.no_grad():
+                for name, p in self.units[i].named_parameters(paths[id(self.units[i])]):
+                    mine = local(p)
+                    if p.dim() == 0 or mine.shape[:1] == p.shape[:1]:  # (not cut: read whole)
+                        got = rows(name, None, None)
+                    else:  # FSDP2's rows: torch.chunk's of dim 0, ceil(R/N) a rank
+                        c = -(-p.shape[0] // self.shards_over)
+                        lo = min(self.shard_rank * c, p.shape[0])
+                        got = rows(name, lo, lo + mine.shape[0])
+                    if got is not None:
+                        mine.copy_(got)
+
         init.materialise(self.units, root,
                          lambda i: swap_parameters(model, {id(p): real_copy(p, device)
                                                            for p in self.units[i].parameters()}),
-                         lambda i: shard(self.units[i]))
+                         lambda i: shard(self.units[i]), fill_rows)
 
     def trained_shards(self) -> list[torch.Tensor]:
         """This rank's rows of each trainable parameter (the DTensors' local tensors, asked anew: FSDP2 may

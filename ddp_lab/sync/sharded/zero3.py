@@ -42,6 +42,7 @@ not); the model runs eagerly (trainer.compile: its hooks resize storages).
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 from torch import nn
@@ -162,9 +163,26 @@ class Zero3Sync(Zero2Sync):
             for u in part:
                 u.allocate()
 
+        names = {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
+
+        def fill_rows(i: int, rows) -> None:  # (pretrained weights: this rank's piece of each unit, read from the file)
+            with torch.no_grad():
+                for u in parts[i]:
+                    lo, hi, at = r * u.chunk, min((r + 1) * u.chunk, u.numel), 0
+                    for p in u.params:  # each parameter's elements the piece covers, from the rows that hold them
+                        a, b, row = max(lo, at), min(hi, at + p.numel()), max(1, math.prod(p.shape[1:]))
+                        if a < b:
+                            first = (a - at) // row
+                            got = (rows(names[id(p)], first, -(-(b - at) // row)) if p.dim()
+                                   else rows(names[id(p)], None, None))
+                            if got is not None:
+                                skip = a - at - first * row
+                                u.piece[a - lo:b - lo].copy_(got.reshape(-1)[skip:skip + b - a])
+                        at += p.numel()
+
         parts = self.parts[:len(self.parts) - bool(self.root_part)]
         self.init.materialise(self.modules[:len(parts)], [p for u in self.root_part for p in u.params],
-                              lambda i: allocate(parts[i]), lambda i: keep(parts[i]))
+                              lambda i: allocate(parts[i]), lambda i: keep(parts[i]), fill_rows)
         keep(self.root_part)
 
     def _recast(self, master: bool) -> None:
