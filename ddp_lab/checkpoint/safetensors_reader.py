@@ -13,8 +13,10 @@ from pathlib import Path
 
 import torch
 
-from ddp_lab.training.safetensors_file import DTYPES
-
+# the format's dtype names (the writer's too)
+DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+          torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+          torch.bool: "BOOL"}
 TORCH_DTYPES = {name: dtype for dtype, name in DTYPES.items()}
 
 

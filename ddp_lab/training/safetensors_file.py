@@ -15,11 +15,8 @@ from pathlib import Path
 
 import torch
 
+from ddp_lab.checkpoint.safetensors_reader import DTYPES
 from ddp_lab.training.model_file import as_bytes
-
-DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-          torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-          torch.bool: "BOOL"}
 
 
 class SafetensorsFile:

@@ -126,11 +126,11 @@ def _sharded_build(rank, world_size, mode, big):
     peaks, base = [], _allocated()
     materialise = init.materialise
 
-    def watched(units, root, allocate, done):  # the bytes held after each unit is made, before it is cut
+    def watched(units, root, allocate, done, fill_rows=None):  # the bytes held after each unit is made, before cut
         def allocated(i):
             allocate(i)
             peaks.append(_allocated() - base)
-        return materialise(units, root, allocated, done)
+        return materialise(units, root, allocated, done, fill_rows)
 
     init.materialise = watched
     sync = build_sync(cfg, model, env, SyncContext(init=init))
