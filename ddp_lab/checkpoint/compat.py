@@ -22,7 +22,8 @@ from ddp_lab.config import ConfigError
 # it was left out) is compared without it.
 HASHED_GROUPS = ("model", "data", "optim", "sync")
 NOT_HASHED = {
-    "model": ("_target_", "crop_unused_border", "pad_channels_to", "pretrained"),  # (the weights it started from)
+    "model": ("_target_", "crop_unused_border", "pad_channels_to", "pretrained",  # (the weights it started from)
+              "max_shard_mb"),  # (how hf/ is written)
     "data": ("root", "cache_dir", "download", "loader", "num_workers"),
     "sync": ("poll",),
 }

@@ -67,6 +67,9 @@ class HFModelConfig(ModelConfig):
     head: str = key("causal_lm", "causal_lm | sequence_classification | masked_lm", ok=one_of(
         ("causal_lm", "sequence_classification", "masked_lm")), rule="causal_lm, sequence_classification or masked_lm")
     overrides: Dict[str, Any] = key({}, "the configuration's fields to change (+model.overrides.n_layer=4)")
+    max_shard_mb: int = key(50_000, "the run's hf/ directory: weights above this many MB (10^6 bytes) are written "
+                                    "in files of at most this much with model.safetensors.index.json, as "
+                                    "save_pretrained's max_shard_size (50GB)", at_least=1)
 
 
 # ---------------------------------------------------------------- data
@@ -169,7 +172,7 @@ PRESETS = {
 
 
 # the keys of each group that ddp_lab reads itself and does not pass to the callable
-OWN_KEYS = {"model": ("name", "pretrained"),
+OWN_KEYS = {"model": ("name", "pretrained", "max_shard_mb"),
             "data": ("batch_size", "loader", "num_workers", "task", "input_key", "target_key"),
             "optim": ("schedule", "warmup_epochs", "warmup_steps", "clip_grad_norm", "no_decay", "elementwise")}
 

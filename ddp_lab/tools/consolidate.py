@@ -10,7 +10,8 @@ into its parameters by the layout the checkpoint records; fsdp: each parameter's
 over an island's ranks (sync.inner=zero, HSDP), island 0's are read. The files are mapped, not read whole:
 what the process holds at once is one unit (zero stage 3) or one tensor, and the output is written as the
 tensors come (training/safetensors_file.py). A directory gets model.safetensors and, for a transformers model
-(model=hf), its config.json: from_pretrained loads it. Nothing is written over: an existing output is refused.
+(model=hf), its config.json: from_pretrained loads it (above --max-shard-mb, files of at most that and their
+index, as save_pretrained writes them). Nothing is written over: an existing output is refused.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from pathlib import Path
 from ddp_lab.checkpoint.files import STATE, newest
 from ddp_lab.checkpoint.whole_state import CheckpointWeights
 from ddp_lab.config import ConfigError
-from ddp_lab.training.safetensors_file import SafetensorsFile
+from ddp_lab.training.safetensors_file import SafetensorsFile, SafetensorsShards, layout_bytes
 
 
 def checkpoint_dir(path: Path) -> Path:
@@ -36,9 +37,10 @@ def checkpoint_dir(path: Path) -> Path:
                       f"or one of its checkpoints/step-* folders")
 
 
-def consolidate(path: Path, out: Path | None = None) -> Path:
+def consolidate(path: Path, out: Path | None = None, max_shard_mb: int = 50_000) -> Path:
     """The weights of the checkpoint at (or newest under) `path` written to `out` (a .safetensors file, or a
-    directory: model.safetensors, and config.json for a transformers model); `out`'s path."""
+    directory: model.safetensors, and config.json for a transformers model, its weights in files of at most
+    `max_shard_mb` MB above that); `out`'s path."""
     step_dir = checkpoint_dir(path)
     out = Path(out) if out is not None else (step_dir.parents[1] if step_dir.parent.name == "checkpoints"
                                              else step_dir.parent) / "consolidated"
@@ -47,15 +49,18 @@ def consolidate(path: Path, out: Path | None = None) -> Path:
     weights = CheckpointWeights(step_dir)
     file = out if out.suffix == ".safetensors" else out / "model.safetensors"
     file.parent.mkdir(parents=True, exist_ok=True)
-    writer = SafetensorsFile(file, weights.layout, {"step": str(weights.meta["step"])})
+    model = weights.meta.get("config", {}).get("model", {})
+    hf = file.parent == out and {"config", "head"} <= set(model)  # (model=hf's keys: its _target_ is not recorded)
+    metadata, most = {"step": str(weights.meta["step"])}, max_shard_mb * 10**6
+    writer = (SafetensorsShards(out, weights.layout, most, metadata) if hf and layout_bytes(weights.layout) > most
+              else SafetensorsFile(file, weights.layout, metadata))
     try:
         for name, t in weights.tensors():
             writer.put(name, t)
         writer.finish()
     finally:
         writer.close()
-    model = weights.meta.get("config", {}).get("model", {})
-    if file.parent == out and {"config", "head"} <= set(model):  # (model=hf's keys: its _target_ is not recorded)
+    if hf:
         from ddp_lab.models.hf import load_config
         load_config(model["config"], model.get("overrides")).save_pretrained(str(out))
     return out
@@ -66,9 +71,12 @@ def main(argv=None) -> int:
     parser.add_argument("path", type=Path, help="a run directory (its newest checkpoint) or a checkpoint folder")
     parser.add_argument("--out", type=Path, default=None,
                         help="a .safetensors file, or a directory (default: <run>/consolidated/)")
+    parser.add_argument("--max-shard-mb", type=int, default=50_000,
+                        help="a transformers model's directory: its weights in files of at most this many MB "
+                             "(10^6 bytes) above it, with their index (save_pretrained's 50GB)")
     args = parser.parse_args(argv)
     try:
-        out = consolidate(args.path, args.out)
+        out = consolidate(args.path, args.out, args.max_shard_mb)
     except ConfigError as e:
         print(f"ddp_lab: error: {e}", file=sys.stderr)
         return 2

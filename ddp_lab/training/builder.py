@@ -144,11 +144,13 @@ class RunInfo:
     seed: int
     straggler_threshold: float  # trainer.straggler_threshold
     lr_schedule: str  # optim.schedule
+    hf_max_shard_mb: int  # model.max_shard_mb (a transformers model's): how its hf/ directory is written
 
     @staticmethod
     def of(cfg) -> RunInfo:
         return RunInfo(model_name(cfg.model), str(cfg.data["_target_"]).rsplit(".", 1)[-1], cfg.data.batch_size,
-                       cfg.seed, cfg.trainer.straggler_threshold, str(cfg.optim.schedule))
+                       cfg.seed, cfg.trainer.straggler_threshold, str(cfg.optim.schedule),
+                       int(cfg.model.get("max_shard_mb", 50_000)))
 
 
 @dataclass

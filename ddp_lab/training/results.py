@@ -21,7 +21,7 @@ from ddp_lab.config import RunFailed
 from ddp_lab.telemetry.memory import by_rank, model_state_bytes
 from ddp_lab.telemetry.metrics import peak_memory_mb, write_json_atomic
 from ddp_lab.training.model_file import ModelFile
-from ddp_lab.training.safetensors_file import SafetensorsFile
+from ddp_lab.training.safetensors_file import SafetensorsFile, SafetensorsShards, layout_bytes
 from ddp_lab.training.tasks import summary_name
 
 FIGURES = ("loss", "acc", "ppl", "token_acc")  # a task's figures (ddp_lab.training.tasks), by TensorBoard name
@@ -94,11 +94,13 @@ def memory_scalars(summary: dict) -> dict[str, float]:
     return {**model, **{f"mem/peak_mb/rank{r}": mb for r, mb in enumerate(summary["peak_mem_mb_by_rank"])}}
 
 
-def write_results(run_dir: Path, layout: dict, weights, summary: dict, main: bool, hf_config=None) -> None:
+def write_results(run_dir: Path, layout: dict, weights, summary: dict, main: bool, hf_config=None,
+                  hf_max_shard_mb: int = 50_000) -> None:
     """model.pt and model.safetensors (laid out as `layout`, the sync's state_layout(); written a tensor at a
     time as `weights`, its each_weight(), hands them out: training/model_file.py, safetensors_file.py), hf/
-    where `hf_config` (a transformers model's configuration) is given, and summary.json, by rank 0; every
-    rank runs `weights` to its end."""
+    where `hf_config` (a transformers model's configuration) is given (its weights model.safetensors, or above
+    `hf_max_shard_mb` MB files of at most that and their index, as save_pretrained writes them), and
+    summary.json, by rank 0; every rank runs `weights` to its end."""
     if not main:
         for _ in weights:  # (a sharded model: every rank takes part in each gather)
             pass
@@ -106,8 +108,13 @@ def write_results(run_dir: Path, layout: dict, weights, summary: dict, main: boo
     run_dir = Path(run_dir)
     tmp, tmp_st, tmp_hf = run_dir / ".model.pt.tmp", run_dir / ".model.safetensors.tmp", run_dir / ".hf.tmp"
     bad, size = [], 0
+    sharded = hf_config is not None and layout_bytes(layout) > hf_max_shard_mb * 10**6
     try:
         outs = [ModelFile(tmp, layout), SafetensorsFile(tmp_st, layout)]
+        if sharded:  # (hf/'s own files, written beside model.safetensors a tensor at a time)
+            shutil.rmtree(tmp_hf, ignore_errors=True)
+            tmp_hf.mkdir()
+            outs.append(SafetensorsShards(tmp_hf, layout, hf_max_shard_mb * 10**6))
         try:
             for name, t in weights:
                 if t.is_floating_point() and not torch.isfinite(t).all():
@@ -123,7 +130,7 @@ def write_results(run_dir: Path, layout: dict, weights, summary: dict, main: boo
         if bad:
             raise RunFailed(f"refusing to write model.pt: the model holds non-finite weights ({', '.join(bad[:3])})")
         if hf_config is not None:
-            _hf_directory(tmp_hf, tmp_st, hf_config)
+            _hf_directory(tmp_hf, None if sharded else tmp_st, hf_config)
             shutil.rmtree(run_dir / "hf", ignore_errors=True)  # (this run's own, from a launch that ended here)
             os.replace(tmp_hf, run_dir / "hf")
         os.replace(tmp_st, run_dir / "model.safetensors")
@@ -138,9 +145,12 @@ def write_results(run_dir: Path, layout: dict, weights, summary: dict, main: boo
         raise RunFailed(write_error("model.pt and summary.json", run_dir, size, e)) from None
 
 
-def _hf_directory(path: Path, weights: Path, config) -> None:
+def _hf_directory(path: Path, weights: Path | None, config) -> None:
     """A directory from_pretrained loads: the model's config.json and its weights (a hard link to
-    model.safetensors where the file system allows, else a copy)."""
+    model.safetensors where the file system allows, else a copy; None: its shards are there already)."""
+    if weights is None:
+        config.save_pretrained(str(path))
+        return
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir()
     config.save_pretrained(str(path))

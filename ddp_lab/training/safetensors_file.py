@@ -65,3 +65,48 @@ class SafetensorsFile:
 
     def close(self) -> None:
         self.file.close()
+
+
+def layout_bytes(layout: dict) -> int:
+    """The bytes of a state_dict's tensors, a tied one once."""
+    return sum(t.numel() * t.element_size() for t in {id(t): t for t in layout.values()}.values())
+
+
+class SafetensorsShards:
+    """save_pretrained's sharded layout in `folder`: model-0000k-of-0000n.safetensors of at most `max_bytes` each
+    (a larger tensor alone in its file), in the layout's order, and model.safetensors.index.json naming each
+    tensor's file (a tied tensor under its first name, as save_pretrained does); put, finish and close as
+    SafetensorsFile's, a tensor at a time."""
+
+    def __init__(self, folder: Path, layout: dict, max_bytes: int, metadata: dict | None = None):
+        groups: list[dict] = [{}]
+        seen, size, total = set(), 0, 0
+        for name, t in layout.items():
+            if id(t) in seen:
+                continue
+            seen.add(id(t))
+            n = t.numel() * t.element_size()
+            if groups[-1] and size + n > max_bytes:
+                groups.append({})
+                size = 0
+            groups[-1][name] = t
+            size, total = size + n, total + n
+        self.folder = Path(folder)
+        names = [f"model-{k + 1:05d}-of-{len(groups):05d}.safetensors" for k in range(len(groups))]
+        self.files = [SafetensorsFile(self.folder / name, group, metadata) for name, group in zip(names, groups)]
+        self.file_of = {n: f for f, group in zip(self.files, groups) for n in group}
+        self.index = {"metadata": {"total_size": total},
+                      "weight_map": {n: name for name, group in zip(names, groups) for n in group}}
+
+    def put(self, name: str, t: torch.Tensor) -> None:
+        if name in self.file_of:  # (not: a tied tensor's second name)
+            self.file_of[name].put(name, t)
+
+    def finish(self) -> None:
+        for f in self.files:
+            f.finish()
+        (self.folder / "model.safetensors.index.json").write_text(json.dumps(self.index, indent=2) + "\n")
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()

@@ -228,7 +228,8 @@ class Trainer:
                          {k: summary[k] for k in (headline, "train_loss", "samples_per_sec")})
         self.log.scalars(memory_scalars(summary), self.step)  # every rank's model state and peak memory
         write_results(self.run_dir, self.sync.state_layout(self.model), self.sync.each_weight(self.model), summary,
-                      self.env.is_main, config_of(self.model))  # (a transformers model's: hf/ too)
+                      self.env.is_main, config_of(self.model),  # (a transformers model's: hf/ too)
+                      self.parts.info.hf_max_shard_mb)
         self.log.print(final_line(summary, headline))
         return summary
 

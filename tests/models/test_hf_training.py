@@ -19,7 +19,7 @@ from tests.multiproc import run_in_processes
 transformers = pytest.importorskip("transformers")
 
 MODES = {"ddp": ["sync=ddp"], "zero1": ["sync=zero", "sync.zero_stage=1"], "zero2": ["sync=zero", "sync.zero_stage=2"],
-         "zero3": ["sync=zero", "sync.zero_stage=3"], "fsdp": ["sync=fsdp"],
+         "zero3": ["sync=zero", "sync.zero_stage=3"], "fsdp": ["sync=fsdp", "model.max_shard_mb=1"],  # (hf/ in files)
          "hsdp": ["sync=fsdp", "sync.islands=2"],
          # one island of 2 ranks, fsdp inside, DiLoCo across with outer lr 1 and no momentum: DDP's steps
          "islands": ["sync=diloco", "sync.islands=2", "sync/inner=fsdp", "sync.outer_lr=1.0",
@@ -107,6 +107,11 @@ def test_stage_3_and_fsdp_build_it_a_unit_at_a_time_from_the_directory(tuned):
 
 def test_the_exported_directory_loads_with_from_pretrained_and_equals_model_pt(tuned):
     tmp, _ = tuned
+    assert [p.name for p in (tmp / "ddp" / "hf").glob("*.safetensors")] == ["model.safetensors"]
+    shards = sorted(p.name for p in (tmp / "fsdp" / "hf").glob("*.safetensors"))  # (model.max_shard_mb=1)
+    assert len(shards) >= 3 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors", shards
+    assert all((tmp / "fsdp" / "hf" / s).stat().st_size <= 10**6 + 10**5 for s in shards)  # (a header beside)
+    assert (tmp / "fsdp" / "hf" / "model.safetensors.index.json").is_file()
     for mode in ("ddp", "fsdp"):
         loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp / mode / "hf").state_dict()
         saved = _weights(tmp / mode)

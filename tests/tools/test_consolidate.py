@@ -70,6 +70,11 @@ def test_a_transformers_models_directory_loads_with_from_pretrained(runs):
     loaded = transformers.AutoModelForCausalLM.from_pretrained(out).state_dict()
     want = torch.load(tmp / "hf_zero3" / "model.pt", weights_only=True)
     assert all(torch.equal(loaded[k], want[k]) for k in want)
+    sharded = consolidate(tmp / "hf_zero3", tmp / "hf_sharded", max_shard_mb=1)  # (as save_pretrained above a size)
+    shards = sorted(p.name for p in sharded.glob("*.safetensors"))
+    assert len(shards) >= 2 and (sharded / "model.safetensors.index.json").is_file(), shards
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(sharded).state_dict()
+    assert all(torch.equal(loaded[k], want[k]) for k in want)
 
 
 def test_the_command_refuses_to_write_over_and_names_what_is_not_a_checkpoint(runs, tmp_path):
