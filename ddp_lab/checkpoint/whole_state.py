@@ -27,7 +27,21 @@ def _load(file: Path) -> dict:
     return torch.load(file, map_location="cpu", mmap=True, weights_only=True)
 
 
-class CheckpointWeights(Mapping):
+class _ReadByName(Mapping):
+    """A Mapping whose keys are those of `self.known`, each value read when asked (__getitem__)."""
+    known: dict
+
+    def __contains__(self, name) -> bool:
+        return name in self.known
+
+    def __iter__(self):
+        return iter(self.known)
+
+    def __len__(self) -> int:
+        return len(self.known)
+
+
+class CheckpointWeights(_ReadByName):
     """A checkpoint's weights by name (every name; tied names share one tensor), each read whole when asked: what
     is held at once is the zero stage 3 unit last asked for, or one tensor. `layout`: name -> a meta tensor of its
     shape and dtype; `tensors()`: each once, in turn."""
@@ -48,7 +62,7 @@ class CheckpointWeights(Mapping):
         self.unit_of = {n: (i, j) for i, (params, _, _) in enumerate(self.units)
                         for j, (names, _) in enumerate(params) for n in names}
         self.held: tuple[int, list] = (-1, [])  # (the zero stage 3 unit last read, its parameters)
-        self.layout = self._layout()
+        self.layout = self.known = self._layout()
 
     @property
     def zero3(self) -> bool:
@@ -100,15 +114,6 @@ class CheckpointWeights(Mapping):
             return torch.cat([w[name] for w in self.ranks])
         raise KeyError(name)
 
-    def __contains__(self, name) -> bool:
-        return name in self.layout
-
-    def __iter__(self):
-        return iter(self.layout)
-
-    def __len__(self) -> int:
-        return len(self.layout)
-
     def tensors(self):
         """(name, whole tensor), each once, a unit or a tensor at a time."""
         for i, (params, _, _) in enumerate(self.units):
@@ -123,7 +128,7 @@ class CheckpointWeights(Mapping):
         return {name: self[name] for name in self}
 
 
-class CheckpointOptimizerState(Mapping):
+class CheckpointOptimizerState(_ReadByName):
     """A checkpoint's optimizer state by parameter name (any of its names), each read whole when asked:
     {"exp_avg": tensor, "step": ...}. Read by the layout the checkpoint records (`optimizer_layout`: each
     optimizer parameter's model parameters, and how a rank holds it: whole, a flat chunk of them, or rows); what
@@ -140,8 +145,8 @@ class CheckpointOptimizerState(Mapping):
             first = _load(step_dir / rank_file(0))
             over = int(first.get("shards_over", read_meta(step_dir)["world_size"]))
             self.states = [first["optimizer"]] + [_load(step_dir / rank_file(r))["optimizer"] for r in range(1, over)]
-        self.entry_of = {n: (i, j) for i, entry in enumerate(self.layout)
-                         for j, (names, _) in enumerate(entry["params"]) for n in names}
+        self.entry_of = self.known = {n: (i, j) for i, entry in enumerate(self.layout)
+                                      for j, (names, _) in enumerate(entry["params"]) for n in names}
         self.held: tuple[int, list] = (-1, [])  # (the optimizer parameter last read, its model parameters' states)
 
     def _entry(self, i: int) -> list[dict]:
@@ -170,15 +175,6 @@ class CheckpointOptimizerState(Mapping):
     def __getitem__(self, name: str) -> dict:
         i, j = self.entry_of[name]
         return self._entry(i)[j]
-
-    def __contains__(self, name) -> bool:
-        return name in self.entry_of
-
-    def __iter__(self):
-        return iter(self.entry_of)
-
-    def __len__(self) -> int:
-        return len(self.entry_of)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
