@@ -25,7 +25,7 @@ NOT_HASHED = {
     "model": ("_target_", "crop_unused_border", "pad_channels_to", "pretrained",  # (the weights it started from)
               "max_shard_mb"),  # (how hf/ is written)
     "data": ("root", "cache_dir", "download", "loader", "num_workers"),
-    "sync": ("poll",),
+    "sync": ("poll", "lighthouse", "island", "min_islands", "island_timeout_s"),  # (torchft islands: where, who)
 }
 TRAINER_HASHED = ("epochs", "grad_accum", "amp", "loss")
 # Models that compute the same function with the same weights (tested in float64):

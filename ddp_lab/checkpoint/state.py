@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 
+from ddp_lab.checkpoint.compat import config_diff, config_hash
 from ddp_lab.checkpoint.reshard import stepped
 from ddp_lab.checkpoint.rng import rng_state, set_rng_state
 from ddp_lab.config import ConfigError
@@ -45,15 +46,40 @@ def shared_state(parts, model: dict) -> dict:
 
 def states(parts) -> tuple[dict | None, dict]:
     """(what rank 0 saves, None on the others; what this rank saves): every rank calls it at the same step."""
+    model, own = _model_and_own(parts)
+    if not parts.env.is_main:
+        return None, own
+    return _shared(parts, model), own
+
+
+def _model_and_own(parts) -> tuple[dict, dict]:
+    """(the model's state as state.pt holds it, this rank's own state; sharded weights: its shards in the own)."""
     sync, own = parts.sync, own_state(parts)
-    sharded = sync.caps.sharding == 3  # the weights are cut N ways: each rank saves its own
-    if sharded:
+    if sync.caps.sharding == 3:  # the weights are cut N ways: each rank saves its own
         model, own["weights"] = sync.sharded_state(parts.model)
     else:
         model = sync.model_state_dict(parts.model)  # (every rank calls it)
-    if not parts.env.is_main:
-        return None, own
-    return {**shared_state(parts, model), **({"weights_sharded": True} if sharded else {})}, own
+    return model, own
+
+
+def _shared(parts, model: dict) -> dict:
+    return {**shared_state(parts, model), **({"weights_sharded": True} if parts.sync.caps.sharding == 3 else {})}
+
+
+def peer_state(parts, config: dict) -> dict:
+    """What this rank gives the rank of the same number in a joining island (sync.fault_tolerance=torchft): its
+    checkpoint in memory, the shared part too (every island's rank sends its own at once), and the `config`
+    that must match (checkpoint/compat.py's hashed part)."""
+    model, own = _model_and_own(parts)
+    return {"config": config, "shared": _shared(parts, model), "own": own}
+
+
+def restore_from_peer(parts, state: dict, config: dict) -> None:
+    """A peer's peer_state put back into this rank's parts, as a resume would; another config refused."""
+    if config_hash(state["config"]) != config_hash(config):
+        raise ConfigError("this island's config differs from the islands it joins (" +
+                          "; ".join(config_diff(state["config"], config)) + "): launch it with theirs")
+    restore(parts, state["shared"], state["own"])
 
 
 def own_state(parts) -> dict:

@@ -277,6 +277,23 @@ class ReplicaSync:
     def load_state_dict(self, shared: dict, own: dict | None) -> None:
         """Resume; own is None at another world size (the rule: docs/bandwidth.md)."""
 
+    def join(self, send: Callable[[], dict], take: Callable[[dict], None], step: int) -> dict | None:
+        """Before the first step, meet the other replica groups (sync.fault_tolerance=torchft: islands/
+        replica_group.py), taking a peer's state through `take` where this one is behind (returns what the heal
+        took), giving its own through `send` to a joiner later; elsewhere nothing."""
+        return None
+
+    def counted(self, step: int) -> None:
+        """Step `step` is taken and counted by the trainer (its state is a checkpoint's at `step`): torchft islands
+        meet here at a round's start (islands/replica_group.py), an island behind taking a peer's state."""
+
+    def summary_fields(self) -> dict:
+        """What summary.json adds for this strategy (torchft islands: the membership over time)."""
+        return {}
+
+    def close(self) -> None:
+        """Let go of what outlives a step (torchft's Manager and its servers)."""
+
     def describe(self) -> str:
         return "none"
 

@@ -55,6 +55,7 @@ from ddp_lab.models.meta_init import (
     reinitialise_whole,
 )
 from ddp_lab.sync import ReplicaSync, SyncContext, build_sync
+from ddp_lab.sync.islands.replica_group import data_part
 from ddp_lab.sync.periodic import PeriodicOptions
 from ddp_lab.sync.sharded.common import return_freed_blocks
 from ddp_lab.sync.sharded.grad_scaler import ShardedGradScaler
@@ -263,11 +264,11 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
     amp = resolve_amp(t.amp, env.device)
     log.info(amp_reason(t.amp, amp, env.device))
     position.phase("loading data")  # every stretch of a rank's life is named (telemetry/position.py)
+    opts = sync_strategies.options_of(cfg.sync)  # the chosen strategy's keys (sync/registry.py)
     work = build_workload(cfg.data, env, cfg.seed, model=cfg.model, loss=t.get("loss"), grad_accum=t.grad_accum,
-                          channels_last=t.channels_last)
+                          channels_last=t.channels_last, part=data_part(opts, env))
     plan = Plan.of(t, cfg.optim, work.train_loader)
     progress = Progress(plan.total_steps, env.world_size)
-    opts = sync_strategies.options_of(cfg.sync)  # the chosen strategy's keys (sync/registry.py)
     every_step = sync_strategies.every_step_options(opts)  # (islands: the strategy inside)
     caps = sync_strategies.capabilities(opts, env.device)  # (the strategy's, before it is built)
     # stage 3 and fsdp gather bf16 weights under trainer.amp=bf16 (sync.param_dtype=amp)

@@ -268,11 +268,14 @@ def choose_loader(cfg, train, test, device: torch.device) -> str:
 
 
 def build_loaders(cfg, train, test, rank: int, world_size: int, device: torch.device, seed: int,
-                  channels_last: bool = False):
-    """(train loader, test loader) for this rank over the datasets `cfg` (the data group) built."""
-    batch = per_rank_batch(cfg.batch_size, world_size)
+                  channels_last: bool = False, part: tuple[int, int] | None = None):
+    """(train loader, test loader) for this rank over the datasets `cfg` (the data group) built. The training
+    set is cut into `part`'s parts (part, parts), else world_size (islands under torchft: each island its own
+    part of data.batch_size, the held-out set still this job's ranks')."""
+    train_rank, parts = part or (rank, world_size)
+    batch = per_rank_batch(cfg.batch_size, parts)
     check_one_batch_fits(cfg.batch_size, len(train), cfg, train.tokens if isinstance(train, TokenWindows) else None)
-    sampler = DistributedSampler(range(len(train)), num_replicas=world_size, rank=rank,
+    sampler = DistributedSampler(range(len(train)), num_replicas=parts, rank=train_rank,
                                  shuffle=True, seed=seed, drop_last=False)
     test_idx = eval_indices(len(test), rank, world_size)
     if choose_loader(cfg, train, test, device) == "device":

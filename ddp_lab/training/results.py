@@ -56,6 +56,9 @@ def run_summary(parts) -> dict:
         # trainer.max_steps ended the run before its epochs did (the closing line counts steps)
         "max_steps_cut": parts.plan.cut,
         "world_sizes": progress.world_sizes,
+        # how often torchrun started each rank's process again (--max-restarts)
+        "restarts_by_rank": [int(x) for x in by_rank(int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)), env)],
+        **sync.summary_fields(),  # (torchft islands: the island, its membership over time, rounds dropped)
         "backend": env.backend if env.distributed else "none",
         "comm_threads": env.comm_threads, "device": env.device.type,
         "model": info.model, "data": info.data,

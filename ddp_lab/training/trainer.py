@@ -13,11 +13,12 @@ import json
 import logging
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 from tqdm import tqdm
 
-from ddp_lab.checkpoint.state import restore, states
+from ddp_lab.checkpoint.state import peer_state, restore, restore_from_peer, states
 from ddp_lab.distributed import DistEnv
 from ddp_lab.guards.preemption import Preemption, Terminated
 from ddp_lab.models.calling import call
@@ -55,10 +56,17 @@ class Trainer:
             self.load_state_dict(self.resumed.shared, self.resumed.own)
             # the loaded tensors go (a sharded rank's own weights: as many bytes as its shards)
             self.resumed = self.resumed._replace(shared={}, own={})
+        position.phase("joining the other islands")  # (torchft islands: a restarted one is healed from a peer)
+        config = self.checkpointer.subset  # (what must match, as for a checkpoint)
+        healed = self.sync.join(partial(peer_state, p, config), partial(restore_from_peer, p, config=config), self.step)
         # resumed at step S: an earlier attempt's events after S are hidden in TensorBoard
         self.log = RunLogger(self.run_dir, self.env.is_main, purge_step=self.step + 1 if self.resumed else None)
         if self.resumed is not None:
             self.log.print(self.resumed.describe(self.step, self._position(), self.env.world_size))
+        if healed is not None:
+            self.log.print(f"rejoined from a peer island at step {self.step} ({self._position()}): its weights, "
+                           f"optimizer and outer state, schedule and data position, taken in {healed['seconds']:.1f} "
+                           f"s; nothing read from disk")
         if not self._already_complete():
             self.checkpointer.record_launch()  # from here on, this launch writes into run_dir
 
@@ -104,6 +112,7 @@ class Trainer:
             self._run_batch(micro)
             self.progress.step += 1
             self.progress.batches_done += len(micro)
+            self.sync.counted(self.step)  # (torchft islands: a round's start, where the islands present meet)
             bar.update()
             self.callbacks.step_end(self)  # logging, evaluation, checkpoint, faults, preemption
         bar.close()
@@ -236,4 +245,6 @@ class Trainer:
     def close(self) -> None:
         self.profiler.close()
         self.log.close()
+        if self.sync is not None:
+            self.sync.close()  # (torchft's Manager and its servers)
         self.sync = self.forward = None  # DDP's Python comm hook before the process group: else aborts at exit

@@ -38,8 +38,9 @@ def num_classes(train) -> int:
 
 
 def build_workload(data, env: DistEnv, seed: int, *, model, loss=None, grad_accum: int = 1,
-                   channels_last: bool = False) -> Workload:
-    """data's datasets, loaders and task. The rest are the checks': the model (its group) must take the
+                   channels_last: bool = False, part: tuple[int, int] | None = None) -> Workload:
+    """data's datasets, loaders and task (`part`: this rank's part of the training set, and how many, where
+    they are not the world's: data.build_loaders). The rest are the checks': the model (its group) must take the
     data, trainer.loss (`loss`) its outputs, and each rank's shard must hold trainer.grad_accum batches."""
     train, test = build_datasets(data)
     x, y = example(train)
@@ -53,7 +54,7 @@ def build_workload(data, env: DistEnv, seed: int, *, model, loss=None, grad_accu
             check_loss(loss["_target_"], task, out, y)
     channels_last = channels_last and not isinstance(x, Mapping) and x.dim() == 3  # memory layouts are for images
     train_loader, test_loader = build_loaders(data, train, test, env.rank, env.world_size, env.device,
-                                              seed, channels_last)
+                                              seed, channels_last, part)
     k = grad_accum
     if len(train_loader) < k:
         raise ConfigError(f"trainer.grad_accum={k} takes {k} batches per optimizer step, but each rank has only "

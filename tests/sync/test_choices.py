@@ -158,7 +158,8 @@ OWN_KEYS = {
                  "powersgd_start_step"],
     "local_sgd": ["every", "islands", "inner", "local_sgd_start_step"],
     "diloco": ["every", "islands", "inner", "compress", "outer_lr", "outer_momentum", "overlap", "overlap_mix",
-               "fragments", "overlap_update", "eager_proxy", "rounding"],
+               "fragments", "overlap_update", "eager_proxy", "rounding", "fault_tolerance", "lighthouse", "island",
+               "max_islands", "min_islands", "island_timeout_s"],
     "zero": ["param_dtype", "reduce_dtype", "zero_stage", "bucket_cap_mb", "prefetch"],
     "fsdp": ["param_dtype", "reduce_dtype", "islands"],
 }

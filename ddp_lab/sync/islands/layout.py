@@ -58,8 +58,13 @@ class Islands:
     # the inner strategy shards the weights (zero stage 3, fsdp): each rank's outer gradient is of its own
     # shard, already 1/K of the island's, so it crosses whole and nothing is gathered inside
     sharded_inside: bool = False
+    # sync.fault_tolerance=torchft: this island as a torchft replica group (replica_group.py), whose Manager
+    # averages across the islands present; `count` is then the islands planned, `across.group` None
+    replicas: object = None
 
     def describe(self) -> str:
+        if self.replicas is not None:
+            return f"island {self.index} of {self.count} planned, {self.size} rank(s), torchft"
         return f"{self.count} islands of {self.size}"
 
 
@@ -81,6 +86,14 @@ def build_islands(spec: str, env: DistEnv) -> Islands:
     return Islands(k, n, index, member,
                    dataclasses.replace(env, rank=member, world_size=k, group=insides[index]),
                    dataclasses.replace(env, rank=index, world_size=n, group=acrosses[member]))
+
+
+def replica_islands(cfg, env: DistEnv, replicas) -> Islands:
+    """sync.fault_tolerance=torchft: this torchrun job is the island (its default group), the across group is
+    torchft's, made anew at every quorum."""
+    return Islands(env.world_size, cfg.max_islands, replicas.island, env.rank, env,
+                   dataclasses.replace(env, rank=replicas.island, world_size=cfg.max_islands, group=None),
+                   replicas=replicas)
 
 
 def _same_host_layout(env: DistEnv, k: int) -> None:
@@ -134,7 +147,10 @@ def start_island_mean(flat: torch.Tensor, islands: Islands, compress: str, dtype
     padded = torch.zeros(k * c, dtype=torch.float32, device=flat.device)
     padded[:flat.numel()] = flat
     mine = padded[member * c:(member + 1) * c]
-    if compress in QUANTIZED:
+    if islands.replicas is not None:  # torchft: the mean over the islands present (fp32, compress refused)
+        chunk = mine.clone()
+        first, across, calls = islands.replicas.mean(chunk), chunk.numel() * 4, 1
+    elif compress in QUANTIZED:
         chunk = mine.clone()
         first, across = start_quantized_mean(chunk, compress, islands.across.group, residual, generator)
         calls = 2

@@ -19,9 +19,11 @@ import dataclasses
 
 from torch import nn
 
+from ddp_lab.config import RunFailed
 from ddp_lab.distributed import DistEnv
 from ddp_lab.sync.base import NO_CONTEXT, Capabilities, ReplicaSync, SyncContext, broadcast_from_rank0
-from ddp_lab.sync.islands.layout import build_islands
+from ddp_lab.sync.islands.layout import build_islands, replica_islands
+from ddp_lab.sync.islands.replica_group import ReplicaGroup, fault_tolerant
 
 
 def island_caps(inner: Capabilities) -> Capabilities:
@@ -35,7 +37,12 @@ class IslandSync(ReplicaSync):
     def __init__(self, model: nn.Module, env: DistEnv, cfg, inner_cls: type, outer_cls: type,
                  ctx: SyncContext = NO_CONTEXT):
         self.model, self.env, self.cfg = model, env, cfg
-        self.islands = build_islands(cfg.islands, env)
+        self.replicas = None
+        if fault_tolerant(cfg):  # this job is the island; torchft's Manager finds the others (replica_group.py)
+            self.replicas = ReplicaGroup(cfg, env.rank, env.world_size, quorum_timeout_s=10 * cfg.island_timeout_s)
+            self.islands = replica_islands(cfg, env, self.replicas)
+        else:
+            self.islands = build_islands(cfg.islands, env)
         if ctx.init is None:  # (a meta-device build: every rank replays the same initialisation)
             broadcast_from_rank0(model)  # every island from rank 0's weights (DDP would start each from its own)
         # (zero lays optim.no_decay's parameters out in chunks of their own as it builds; stage 3 and fsdp build
@@ -162,7 +169,8 @@ class IslandSync(ReplicaSync):
 
     def state_dict(self) -> dict:
         return {**self.outer.state_dict(), "islands": [self.islands.count, self.islands.size],
-                **({"inner": inner} if (inner := self.inner.state_dict()) else {})}
+                **({"inner": inner} if (inner := self.inner.state_dict()) else {}),
+                **({"replicas": self.replicas.state_dict()} if self.replicas is not None else {})}
 
     def own_state_dict(self) -> dict:
         return self.outer.own_state_dict()
@@ -171,8 +179,31 @@ class IslandSync(ReplicaSync):
         if shared.get("islands", [self.islands.count, self.islands.size]) != [self.islands.count, self.islands.size]:
             own = None  # (another layout: each rank's in-flight chunks and residuals are another rank's)
         self.outer.load_state_dict(shared, own)
+        if self.replicas is not None:
+            self.replicas.load_state_dict(shared.get("replicas", {}))
         if "inner" in shared:
             self.inner.load_state_dict(shared["inner"], None)
+
+    # sync.fault_tolerance=torchft: the islands present, a joiner healed from a peer ------------------
+    def join(self, send, take, step: int) -> dict | None:
+        return None if self.replicas is None else self.replicas.join(send, take, step)
+
+    def counted(self, step: int) -> None:
+        if self.replicas is not None and self.outer.synced_at(step):  # the next round's islands
+            healed = self.replicas.start_round(step)
+            if healed is not None and healed["step"] != step:  # (islands step in lockstep: the data position holds)
+                raise RunFailed(f"island {self.replicas.island} was healed at step {step} from a peer at step "
+                                f"{healed['step']}: the islands left lockstep; resume the job from a checkpoint")
+
+    def summary_fields(self) -> dict:
+        if self.replicas is None:
+            return {}
+        r = self.replicas
+        return {"island": r.island, "membership": r.membership, "rounds_dropped": r.rounds_dropped}
+
+    def close(self) -> None:
+        if self.replicas is not None:
+            self.replicas.close()
 
     def describe(self) -> str:
         return f"islands({self.islands.describe()}: {self.inner.describe()} inside, {self.outer.describe()} across)"

@@ -112,6 +112,12 @@ class DiLoCoSync(LocalSGDSync):
         # int8, int4 with sync.rounding=feedback: what rounding left out, per fragment (each rank's own)
         self.rounding = cfg.rounding if cfg.compress in QUANTIZED else "nearest"
         self.residuals = [Residual() for _ in self.fragments] if self.rounding == "feedback" else None
+        # sync.fault_tolerance=torchft: the islands present vote on each round (islands/replica_group.py)
+        self.replicas = islands.replicas if islands is not None else None
+        if self.replicas is not None and self.buffers:
+            raise ConfigError(f"sync.fault_tolerance=torchft does not average floating buffers (this model's "
+                              f"{len(self.buffers)}, BatchNorm's statistics) across islands yet: use a model "
+                              f"without them, or sync.fault_tolerance=none")
 
     # ------------------------------------------------------------ sync.overlap > 0 or sync.fragments > 1
     def due(self, f: int, step: int) -> bool:
@@ -217,6 +223,8 @@ class DiLoCoSync(LocalSGDSync):
         travelled: every rank sends again what it sent, and the sum is the same to the bit.)"""
         mean, sent = self._mean(f), self.sent[f]
         self.sent[f] = None
+        if self.replicas is not None and not self.replicas.commit(sent.step):
+            return  # (an island lost in the exchange: no outer step, the next one spans both rounds)
         lo, hi = self.fragments[f]
         offset = 0
         for a in self.anchor[lo:hi]:

@@ -96,8 +96,27 @@ class DiLoCoOptions(PeriodicOptions):
                         ok=lambda v: v in ("nearest", "feedback", "stochastic"),
                         rule="nearest, feedback or stochastic")
 
+    fault_tolerance: str = key("none", "none | torchft: each island its own torchrun job and a torchft replica "
+                                       "group, found through a Lighthouse: a lost island leaves the next round, "
+                                       "the others go on, and it rejoins from a peer (docs/failures.md)",
+                               ok=lambda v: v in ("none", "torchft"), rule="none or torchft")
+    lighthouse: str = key("", "sync.fault_tolerance=torchft: the Lighthouse's address, http://HOST:PORT (empty: "
+                              "$TORCHFT_LIGHTHOUSE)")
+    island: int = key(-1, "sync.fault_tolerance=torchft: this job's island, 0 .. sync.max_islands-1 (-1: "
+                          "$DDP_LAB_ISLAND)", at_least=-1)
+    max_islands: int = key(0, "sync.fault_tolerance=torchft: the islands the run is planned for; the training data "
+                              "is cut into as many parts, island i reading part i (an absent island's part is "
+                              "skipped while it is away)", at_least=0)
+    min_islands: int = key(1, "sync.fault_tolerance=torchft: the fewest islands a round commits with (torchft's "
+                              "min_replica_size)", at_least=1)
+    island_timeout_s: float = key(30.0, "sync.fault_tolerance=torchft: how long an exchange across islands or a "
+                                        "rejoin's transfer waits before the round is given up",
+                                  ok=positive_finite, rule="a positive number")
+
     def check(self, name: str) -> None:
         super().check(name)
+        if self.fault_tolerance == "torchft":
+            self._check_fault_tolerant()
         if self.algo != "builtin" and (self.compress in QUANTIZED or self.overlap or self.fragments > 1):
             raise ConfigError(f"sync.algo={self.algo}: DiLoCo's int8/int4, overlap and fragments run on torch's "
                               f"collectives: use sync.algo=builtin")
@@ -115,3 +134,23 @@ class DiLoCoOptions(PeriodicOptions):
         if self.overlap and self.overlap >= self.every:
             raise ConfigError(f"sync.overlap={self.overlap} must be less than sync.every={self.every}: the outer "
                               f"step lands before the next synchronisation")
+
+    def _check_fault_tolerant(self) -> None:
+        """sync.fault_tolerance=torchft: islands are torchrun jobs, blocking DiLoCo rounds cross them (for now)."""
+        if str(self.islands) != "host":
+            raise ConfigError(f"sync.fault_tolerance=torchft makes each torchrun job an island: set sync.islands=host, "
+                              f"not sync.islands={self.islands}")
+        if self.max_islands < 1:
+            raise ConfigError("sync.fault_tolerance=torchft cuts the training data for the islands planned: set "
+                              "sync.max_islands to their number (e.g. sync.max_islands=3)")
+        if self.min_islands > self.max_islands:
+            raise ConfigError(f"sync.min_islands={self.min_islands} is more than sync.max_islands="
+                              f"{self.max_islands}: no round could commit")
+        if self.island >= self.max_islands:
+            raise ConfigError(f"sync.island={self.island} is not one of the {self.max_islands} islands planned: use "
+                              f"0 .. {self.max_islands - 1}")
+        for k, v, plain in (("compress", self.compress, "none"), ("overlap", self.overlap, 0),
+                            ("fragments", self.fragments, 1)):
+            if v != plain and str(v) != str(plain):
+                raise ConfigError(f"sync.fault_tolerance=torchft runs blocking DiLoCo rounds: sync.{k}={v} is not "
+                                  f"made fault tolerant yet; leave sync.{k} out")

@@ -1,0 +1,162 @@
+"""sync.fault_tolerance=torchft: each island a torchft replica group, so that a lost island costs the others a
+round, not a restart.
+
+Each island is its own torchrun job (its own rendezvous; its default process group is the island's K ranks,
+the inner strategy's). The islands find each other through torchft's Lighthouse, and torchft's Manager makes
+the across group anew at every quorum: rank j of every island present. A DiLoCo round (sync.every inner steps)
+runs as
+
+    quorum    at the round's start: the islands present (those heartbeating to the Lighthouse); an island
+              behind them (a restarted one) is healed here from a peer, its whole trainer state as a checkpoint
+              holds it, sent over HTTP by the peer's rank of the same number (sharded inside: shard by shard)
+    steps     sync.every inner steps, nothing across islands
+    exchange  the outer gradient averaged over the islands present (torchft's DYNAMIC rule: the mean of those
+              that are there, each island's part of the data counted once)
+    commit    every island votes (torchft's should_commit); a round whose exchange failed (an island died
+              in it) is not committed anywhere: no outer step, each island keeps its weights, and the next
+              round's outer gradient spans both rounds, so nothing the survivors learnt is dropped
+
+The data: island i reads part i of the training set cut for sync.max_islands (its rank j: part i*K+j of
+M*K); an absent island's part is skipped while it is away, the others' parts are untouched. What torchft
+does not: the trainer's whole state in the heal (the data position, DiLoCo's anchor and outer momentum, the
+schedule), a joiner refused in one line where its config differs, and the membership in summary.json.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from datetime import timedelta
+from typing import Callable
+
+from ddp_lab.config import ConfigError
+from ddp_lab.telemetry import position
+
+log = logging.getLogger("ddp_lab")
+
+ISLAND_ENV = "DDP_LAB_ISLAND"  # this job's island where sync.island is left at -1 (the cluster tool sets it)
+
+
+def island_index(cfg) -> int:
+    """This job's island: sync.island, else $DDP_LAB_ISLAND; refused in one line when neither says."""
+    if cfg.island >= 0:
+        return int(cfg.island)
+    found = os.environ.get(ISLAND_ENV, "")
+    if not found.isdigit() or int(found) >= cfg.max_islands:
+        raise ConfigError(f"sync.fault_tolerance=torchft: which island is this job? set sync.island (0 .. "
+                          f"{cfg.max_islands - 1}) or {ISLAND_ENV}" + (f" (it holds {found!r})" if found else ""))
+    return int(found)
+
+
+def fault_tolerant(cfg) -> bool:
+    return getattr(cfg, "fault_tolerance", "none") == "torchft"
+
+
+def data_part(cfg, env) -> tuple[int, int] | None:
+    """(part, parts) of the training set this rank reads under sync.fault_tolerance=torchft (island i's rank j:
+    part i*K+j of M*K); None elsewhere (the world's rank of world_size)."""
+    if not fault_tolerant(cfg):
+        return None
+    return island_index(cfg) * env.world_size + env.rank, cfg.max_islands * env.world_size
+
+
+class ReplicaGroup:
+    """This island as a torchft replica group (on this rank: its Manager, its across process group)."""
+
+    def __init__(self, cfg, rank: int, ranks: int, quorum_timeout_s: float):
+        os.environ.setdefault("RUST_LOG", "warn")  # (torchft's Rust side logs every quorum at info)
+        for name in ("torchft", "torchft_quorums", "torchft_commits", "torchft_errors"):
+            logging.getLogger(name).setLevel(logging.WARNING)  # (ours says what changes: membership, heals)
+        try:
+            from torchft import Manager
+            from torchft.process_group import ProcessGroupGloo
+        except ImportError:
+            raise ConfigError("sync.fault_tolerance=torchft needs torchft: pip install torchft (or pip install -e "
+                              "'.[ft]')") from None
+        self.island = island_index(cfg)
+        lighthouse = cfg.lighthouse or os.environ.get("TORCHFT_LIGHTHOUSE", "")
+        if not lighthouse:
+            raise ConfigError("sync.fault_tolerance=torchft: where is the Lighthouse? set sync.lighthouse=http://HOST:"
+                              "PORT or TORCHFT_LIGHTHOUSE (start one with: torchft_lighthouse --min_replicas 1)")
+        timeout = timedelta(seconds=cfg.island_timeout_s)
+        self.pg = ProcessGroupGloo(timeout=timeout)
+        try:
+            self.manager = Manager(pg=self.pg, load_state_dict=None, state_dict=None, min_replica_size=cfg.min_islands,
+                                   use_async_quorum=False,  # (a joiner is healed before its first step)
+                                   timeout=timeout, quorum_timeout=timedelta(seconds=quorum_timeout_s),
+                                   connect_timeout=timeout, rank=rank, world_size=ranks, lighthouse_addr=lighthouse,
+                                   # (every island builds the same weights from the seed: no transfer at step 0)
+                                   replica_id=f"island{self.island}", init_sync=False)
+        except RuntimeError as e:  # (rank 0's connection to the Lighthouse; the others wait for rank 0's server)
+            why = str(e).split(";")[0]
+            raise ConfigError(f"sync.fault_tolerance=torchft: no Lighthouse answers at {lighthouse} ({why}): start "
+                              f"one (torchft_lighthouse --min_replicas 1) or fix sync.lighthouse") from None
+        self.planned, self.quorum_timeout_s = cfg.max_islands, quorum_timeout_s
+        self.present = 0  # islands in the last quorum
+        self.membership: list[dict] = []  # {"step", "islands"} at every change (summary.json)
+        self.rounds_dropped = 0  # rounds not committed (an island lost in them)
+        self.healed: dict | None = None  # what the last heal took: {"step": the trainer's, "seconds"}
+
+    def join(self, send: Callable[[], dict], take: Callable[[dict], None], step: int) -> dict | None:
+        """The first quorum, before this island's first step: a restarted island (behind the others) takes a
+        peer's state here (`take`); `send` is what this island gives a joiner. A launch not behind anyone (a
+        fresh start, or the whole job resumed from its checkpoints) waits for the islands planned, up to the
+        quorum timeout, then goes on with those present (a late one joins from a peer). Returns the heal, or
+        None."""
+        def taken(state: dict) -> None:
+            t0 = time.perf_counter()
+            take(state)
+            self.healed = {"step": state["shared"]["step"], "seconds": time.perf_counter() - t0}
+        self.manager.register_state_dict_fn("ddp_lab", taken, send)
+        healed = self.start_round(step, noted=False)
+        deadline = time.monotonic() + self.quorum_timeout_s
+        while healed is None and self.present < self.planned and time.monotonic() < deadline:
+            time.sleep(0.2)
+            healed = self.start_round(step, noted=False)
+        at = step if healed is None else healed["step"]
+        self.membership.append({"step": at, "islands": self.present})
+        log.info("islands present: %d of the %d planned at step %d%s", self.present, self.planned, at,
+                 "" if healed is None else "; this one healed from a peer")
+        if self.present < self.planned:
+            log.warning("islands present: %d of the %d planned; the others join from a peer when they come",
+                        self.present, self.planned)
+        return healed
+
+    def start_round(self, step: int, noted: bool = True) -> dict | None:
+        """The quorum at a round's start (healing this island if it is behind); a change of membership noted."""
+        self.healed = None
+        with position.collective("quorum of islands"):
+            self.manager.start_quorum()
+        n, before = self.manager.num_participants(), self.present
+        self.present = n
+        if noted and n != before:
+            log.info("islands present: %d at step %d (were %d)", n, step, before)
+            self.membership.append({"step": step, "islands": n})
+        return self.healed
+
+    def state_dict(self) -> dict:
+        """The rounds committed (torchft's step: an island with fewer is behind, and is healed), checkpointed so
+        that a job resumed whole starts every island level."""
+        return {"rounds_committed": self.manager.current_step()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "rounds_committed" in state:
+            self.manager.load_state_dict({"step": int(state["rounds_committed"]),
+                                          "batches_committed": self.manager.batches_committed()})
+
+    def mean(self, flat):
+        """flat <- its mean over the islands present, under way (torchft's Work: wait() returns False where the
+        exchange failed; the round then does not commit)."""
+        return self.manager.allreduce(flat)
+
+    def commit(self, step: int) -> bool:
+        """Whether every island present may take this round's outer step (all exchanged, enough islands)."""
+        ok = self.manager.should_commit()
+        if not ok:
+            self.rounds_dropped += 1
+            log.warning("round ending at step %d not committed (an island was lost in its exchange, or fewer than "
+                        "sync.min_islands are present): no outer step; this island keeps its weights", step)
+        return ok
+
+    def close(self) -> None:
+        self.manager.shutdown(wait=False)

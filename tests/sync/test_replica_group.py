@@ -1,0 +1,138 @@
+"""sync.fault_tolerance=torchft (ddp_lab/sync/islands/replica_group.py): islands as torchft replica groups.
+
+The system test runs a Lighthouse and three islands, each its own torchrun job; one island's rank is killed
+mid-run and torchrun starts it again: the other two go on without a restart, the killed one rejoins from a
+peer (no checkpoint read), and all three end with the same weights; then the whole job resumes from its
+checkpoints and ends alike again. The rest are the refusals, each one line.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from ddp_lab.config import ConfigError
+from ddp_lab.sync import check
+from ddp_lab.sync.islands.replica_group import ReplicaGroup, data_part
+from ddp_lab.sync.periodic.periodic_options import DiLoCoOptions
+from tests.conftest import free_port
+
+torchft = pytest.importorskip("torchft")
+
+FT = dict(islands="host", fault_tolerance="torchft", max_islands=3)
+
+
+@pytest.mark.parametrize("change, says", [
+    (dict(islands="none"), "set sync.islands=host"),
+    (dict(islands="2"), "set sync.islands=host"),
+    (dict(max_islands=0), "set sync.max_islands to their number"),
+    (dict(min_islands=4), "sync.min_islands=4 is more than sync.max_islands=3"),
+    (dict(island=3), "sync.island=3 is not one of the 3 islands planned"),
+    (dict(compress="int4"), "sync.compress=int4 is not made fault tolerant yet"),
+    (dict(overlap=1), "sync.overlap=1 is not made fault tolerant yet"),
+    (dict(fragments=2), "sync.fragments=2 is not made fault tolerant yet"),
+])
+def test_what_torchft_islands_cannot_run_is_refused_in_one_line(change, says):
+    with pytest.raises(ConfigError, match=re.escape(says)) as e:
+        check(DiLoCoOptions(**{**FT, **change}))
+    assert "\n" not in str(e.value)
+
+
+def test_each_island_reads_its_own_part_of_the_data(monkeypatch):
+    env = type("Env", (), {"rank": 1, "world_size": 2})()
+    assert data_part(DiLoCoOptions(**FT, island=2), env) == (5, 6)  # island 2's rank 1 of 3 islands x 2 ranks
+    monkeypatch.setenv("DDP_LAB_ISLAND", "1")
+    assert data_part(DiLoCoOptions(**FT), env) == (3, 6)
+    assert data_part(DiLoCoOptions(), env) is None  # not torchft: the world's rank
+    monkeypatch.delenv("DDP_LAB_ISLAND")
+    with pytest.raises(ConfigError, match="which island is this job"):
+        data_part(DiLoCoOptions(**FT), env)
+
+
+def test_no_lighthouse_is_refused_in_one_line(monkeypatch):
+    port = free_port()
+    store = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)  # (torchrun's)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.delenv("TORCHFT_LIGHTHOUSE", raising=False)
+    with pytest.raises(ConfigError, match="where is the Lighthouse"):
+        ReplicaGroup(DiLoCoOptions(**FT, island=0), 0, 1, 10)
+    dead = f"http://127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=f"no Lighthouse answers at {re.escape(dead)}") as e:
+        ReplicaGroup(DiLoCoOptions(**FT, island=0, lighthouse=dead, island_timeout_s=1), 0, 1, 10)
+    assert "\n" not in str(e.value) and time.monotonic() - t0 < 10
+    del store
+
+
+# ------------------------------------------------------------------------------ the system test
+def _lighthouse(port: int) -> subprocess.Popen:
+    exe = os.path.join(os.path.dirname(sys.executable), "torchft_lighthouse")
+    return subprocess.Popen([exe, "--min_replicas", "1", "--join_timeout_ms", "10000", "--heartbeat_timeout_ms",
+                             "2000", "--bind", f"[::]:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _islands(tmp_path, data_root, port: int, steps: int, tag: str, extra=(), faults=None) -> list[subprocess.Popen]:
+    """Three islands, each a torchrun job of one rank (torchrun starts a dead rank once more)."""
+    procs = []
+    for i in range(3):
+        env = {**os.environ, "DDP_LAB_FAULT": (faults or {}).get(i, ""), "PYTHONUNBUFFERED": "1"}
+        log = open(tmp_path / f"{tag}-{i}.log", "w")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "ddp_lab.distributed.torchrun", "--standalone", "--nproc_per_node=1",
+             "--max-restarts=1", "-m", "ddp_lab.train", "sync=diloco", "sync.islands=host",
+             "sync.fault_tolerance=torchft", "sync.max_islands=3", f"sync.island={i}", "sync.every=4",
+             "sync.island_timeout_s=10", f"sync.lighthouse=http://127.0.0.1:{port}", f"data.root={data_root}",
+             f"data.cache_dir={tmp_path / 'cache'}", "data.batch_size=48", "trainer.epochs=100",
+             f"trainer.max_steps={steps}", "trainer.eval_every_steps=40", "trainer.ckpt_every_steps=40",
+             "trainer.amp=off", "trainer.progress=false", "trainer.warmup_steps=1",
+             f"hydra.run.dir={tmp_path / str(i)}",
+             *extra], stdout=log, stderr=subprocess.STDOUT, env=env))
+    return procs
+
+
+def _ended(procs, timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    return [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+
+
+@pytest.mark.system
+def test_a_killed_island_rejoins_from_a_peer_while_the_others_go_on(tmp_path, tiny_fmnist):
+    port = free_port()
+    lighthouse = _lighthouse(port)
+    try:
+        # island 2's rank is killed after step 6; the others pace their steps so that it is back mid-run
+        procs = _islands(tmp_path, tiny_fmnist, port, 80, "run", faults={
+            0: "rank=0,step=1,kind=pace=0.15", 1: "rank=0,step=1,kind=pace=0.15", 2: "rank=0,step=6,kind=kill"})
+        assert _ended(procs, 240) == [0, 0, 0], [(tmp_path / f"run-{i}.log").read_text()[-2000:] for i in range(3)]
+        summaries = [json.loads((tmp_path / str(i) / "summary.json").read_text()) for i in range(3)]
+        logs = [(tmp_path / f"run-{i}.log").read_text() for i in range(3)]
+        for i in (0, 1):  # never restarted (the same torchrun job, its rank started once), one round dropped at most
+            assert summaries[i]["restarts_by_rank"] == [0]
+            assert summaries[i]["rounds_dropped"] <= 1, logs[i][-2000:]
+            present = [m["islands"] for m in summaries[i]["membership"]]
+            assert present[0] == 3 and 2 in present and present[-1] == 3, summaries[i]["membership"]
+            assert summaries[i]["steps"] == 80
+        assert summaries[2]["restarts_by_rank"] == [1]
+        healed = re.search(r"rejoined from a peer island at step (\d+) .*nothing read from disk", logs[2])
+        assert healed and 8 <= int(healed.group(1)) < 80, logs[2][-2000:]
+        assert "resumed from" not in logs[2]  # (no checkpoint read: its state came from a peer)
+        weights = [torch.load(tmp_path / str(i) / "model.pt") for i in range(3)]
+        assert all(torch.equal(weights[0][k], w[k]) for w in weights[1:] for k in weights[0])
+
+        # the whole job stopped and started again: each island resumes from its own checkpoint, no heal
+        procs = _islands(tmp_path, tiny_fmnist, port, 88, "resume", extra=["trainer.resume=auto"])
+        assert _ended(procs, 240) == [0, 0, 0], [(tmp_path / f"resume-{i}.log").read_text()[-2000:] for i in range(3)]
+        logs = [(tmp_path / f"resume-{i}.log").read_text() for i in range(3)]
+        assert all("resumed from" in t and "step 80" in t and "rejoined" not in t for t in logs)
+        weights = [torch.load(tmp_path / str(i) / "model.pt") for i in range(3)]
+        assert all(torch.equal(weights[0][k], w[k]) for w in weights[1:] for k in weights[0])
+        assert json.loads((tmp_path / "0" / "summary.json").read_text())["steps"] == 88
+    finally:
+        lighthouse.kill()
