@@ -50,25 +50,33 @@ class Trainer:
         self.stepped = False  # whether this process has taken a step yet
         self.saved_step, self.saved_path = -1, None  # the newest checkpoint this launch wrote
         self.last_eval: tuple[int, dict] = (-1, {})  # (step, figures) of the newest evaluation
+        said = self._resume_and_join()  # last: it overwrites state (and RNG) built above
+        # resumed at step S: an earlier attempt's events after S are hidden in TensorBoard
+        self.log = RunLogger(self.run_dir, self.env.is_main, purge_step=self.step + 1 if self.resumed else None)
+        for line in said:
+            self.log.print(line)
+        if not self._already_complete():
+            self.checkpointer.record_launch()  # from here on, this launch writes into run_dir
+
+    def _resume_and_join(self) -> list[str]:
+        """This launch's state: a checkpoint's where it continues a run, then a peer's where it is an island
+        behind the others (sync.fault_tolerance=torchft); the lines that say so."""
         position.phase("resuming")
-        self.resumed = self.checkpointer.resume()  # last: it overwrites state (and RNG) built above
+        self.resumed, said = self.checkpointer.resume(), []
         if self.resumed is not None:
             self.load_state_dict(self.resumed.shared, self.resumed.own)
             # the loaded tensors go (a sharded rank's own weights: as many bytes as its shards)
             self.resumed = self.resumed._replace(shared={}, own={})
-        position.phase("joining the other islands")  # (torchft islands: a restarted one is healed from a peer)
+            said.append(self.resumed.describe(self.step, self._position(), self.env.world_size))
+        position.phase("joining the other islands")
         config = self.checkpointer.subset  # (what must match, as for a checkpoint)
-        healed = self.sync.join(partial(peer_state, p, config), partial(restore_from_peer, p, config=config), self.step)
-        # resumed at step S: an earlier attempt's events after S are hidden in TensorBoard
-        self.log = RunLogger(self.run_dir, self.env.is_main, purge_step=self.step + 1 if self.resumed else None)
-        if self.resumed is not None:
-            self.log.print(self.resumed.describe(self.step, self._position(), self.env.world_size))
+        healed = self.sync.join(partial(peer_state, self.parts, config),
+                                partial(restore_from_peer, self.parts, config=config), self.step)
         if healed is not None:
-            self.log.print(f"rejoined from a peer island at step {self.step} ({self._position()}): its weights, "
-                           f"optimizer and outer state, schedule and data position, taken in {healed['seconds']:.1f} "
-                           f"s; nothing read from disk")
-        if not self._already_complete():
-            self.checkpointer.record_launch()  # from here on, this launch writes into run_dir
+            said.append(f"rejoined from a peer island at step {self.step} ({self._position()}): its weights, "
+                        f"optimizer and outer state, schedule and data position, taken in {healed['seconds']:.1f} s"
+                        + ("" if self.resumed else "; nothing read from disk"))
+        return said
 
     @classmethod
     def from_config(cls, cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None) -> Trainer:

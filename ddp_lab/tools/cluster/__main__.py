@@ -1,4 +1,4 @@
-"""`python -m ddp_lab.tools.cluster up|down|status|run|exec|link|kill`: see ddp_lab.tools.cluster."""
+"""`python -m ddp_lab.tools.cluster up|down|status|run|exec|link|kill|rejoin`: see ddp_lab.tools.cluster."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +8,7 @@ import sys
 
 from ddp_lab.tools.cluster import memory_limit, names, network
 from ddp_lab.tools.cluster.commands import ClusterError
-from ddp_lab.tools.cluster.launch import Job, in_host
+from ddp_lab.tools.cluster.launch import Job, in_host, read_job_record, write_job_record
 from ddp_lab.tools.cluster.shaping import DEFAULT_MTU, format_rate
 
 
@@ -41,6 +41,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     run.add_argument("--port", type=int, default=None, help="rendezvous port on host 0 (default random)")
     run.add_argument("--grace-s", type=float, default=60,
                      help="after a host fails, seconds the others get to end before SIGTERM")
+    run.add_argument("--rejoin-after-s", type=float, default=None,
+                     help="islands (sync.fault_tolerance=torchft): start a failed host's agent again after this "
+                          "many seconds, into the running job")
     run.add_argument("command", nargs=argparse.REMAINDER, help="after --: e.g. -m ddp_lab.train")
     ex = sub.add_parser("exec", help="run a command inside one host: exec HOST -- <command>")
     ex.add_argument("host", help="a host name, e.g. lab-0")
@@ -50,7 +53,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     link.add_argument("state", choices=["down", "up"])
     kill = sub.add_parser("kill", help="SIGKILL every process inside a host (a host lost at once)")
     kill.add_argument("host", help="a host name, e.g. lab-2")
-    for s in (up, down, run, ex, link, kill):
+    rejoin = sub.add_parser("rejoin", help="islands (sync.fault_tolerance=torchft): start a killed host's agent "
+                                           "again, into the job that is running")
+    rejoin.add_argument("host", help="a host name, e.g. lab-2")
+    for s in (up, down, run, ex, link, kill, rejoin):
         s.add_argument("--name", default=names.DEFAULT_NAME,
                        help=f"cluster name (default {names.DEFAULT_NAME})")
     args = p.parse_args(argv)
@@ -124,15 +130,28 @@ def run_job(args) -> int:
         network.host_named(cluster, name)  # one line if there is no such host
     job = Job(cluster, args.command, args.nproc_per_host, args.max_restarts, args.hosts,
               args.run_id, args.port, min_hosts=parse_nnodes(args.nnodes, used), only=only,
-              rdzv_conf=parse_conf(args.rdzv_conf))
+              rdzv_conf=parse_conf(args.rdzv_conf), rejoin_after_s=args.rejoin_after_s)
+    if job.islands and only is None:  # (what `rejoin HOST` starts again)
+        write_job_record(args.name, job)
+    return run_to_the_end(job, args.grace_s)
 
+
+def rejoin_job(args) -> int:
+    """An island's agent started again into the running job that `run` recorded."""
+    cluster, rec = ready_cluster(args.name), read_job_record(args.name)
+    job = Job(cluster, rec["command"], rec["nproc_per_host"], rec["max_restarts"], rec["hosts"], rec["run_id"],
+              rec["port"], only=[network.host_named(cluster, args.host).name])
+    return run_to_the_end(job, 60)
+
+
+def run_to_the_end(job: Job, grace_s: float) -> int:
     def forward(signum, frame):
         job.signal(signum)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, forward)
     job.start()
-    rc = job.wait(grace_s=args.grace_s)
+    rc = job.wait(grace_s=grace_s)
     return rc if rc >= 0 else 128 - rc  # an agent killed by signal S: 128 + S, as a shell says
 
 
@@ -149,6 +168,8 @@ def main(argv=None) -> int:
             show(network.clusters())
         elif args.action == "run":
             return run_job(args)
+        elif args.action == "rejoin":
+            return rejoin_job(args)
         elif args.action == "link":
             host = network.set_link(ready_cluster(args.name), args.host, args.state == "up")
             print(f"{host.name}: link {args.state}")

@@ -16,10 +16,17 @@ as waiting, and they restart their workers once more (not counted as a
 restart) to take it in. Host 0 serves the rendezvous, so it is the one host
 the job cannot lose (torchrun's c10d backend; an etcd rendezvous would not
 have that single point).
+
+Islands under torchft (`islands`, when the command says sync.fault_tolerance=torchft): each host is its
+own torchrun job (standalone: its own rendezvous), its island DDP_LAB_ISLAND = the host's index, its run
+directory <run id>-island<i>; a torchft Lighthouse runs on host 0 (TORCHFT_LIGHTHOUSE, the job's port),
+so that is again the host the job cannot lose. A host that fails does not stop the others (they go on
+without it); `rejoin` starts its agent again into the running job (the job's record: job_record()).
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import signal
@@ -28,10 +35,11 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TextIO
 
 from ddp_lab.tools.cluster import memory_limit
-from ddp_lab.tools.cluster.commands import descendants
+from ddp_lab.tools.cluster.commands import ClusterError, descendants
 from ddp_lab.tools.cluster.network import HOST_LINK, Cluster, Host, host_named, links_down
 from ddp_lab.tools.cluster.sharing import share
 
@@ -46,6 +54,10 @@ SET_HOSTNAME = ("import os,socket,sys; socket.sethostname(sys.argv[1]); sys.argv
 JOIN_CGROUP = ("import os,sys; c = sys.argv[1]; c and open(c, 'w').write(str(os.getpid())); "
                "os.execvp(sys.argv[2], sys.argv[2:])")
 TERM_GRACE_S = 30  # after SIGTERM, as torchrun waits for its workers, then SIGKILL
+JOBS = Path("/run/ddplab")  # an islands job's record, by cluster (rejoin reads it)
+FAULT_TOLERANT = "sync.fault_tolerance=torchft"  # the override that makes each host an island (see above)
+# the Lighthouse's timeouts: a quiet island is dropped after 2 s; a quorum waits up to 10 s for one heartbeating
+LIGHTHOUSE_OPTIONS = ["--min_replicas", "1", "--heartbeat_timeout_ms", "2000", "--join_timeout_ms", "10000"]
 IDLE_S = 5  # an agent without workers after another host failed: stopped after this
 
 
@@ -79,8 +91,11 @@ class Job:
                  port: int | None = None, env: dict | None = None, cwd: str | None = None,
                  out: TextIO | None = sys.stdout, err: TextIO | None = sys.stderr,
                  min_hosts: int | None = None, only: list[str] | None = None,
-                 rdzv_conf: dict | None = None):
+                 rdzv_conf: dict | None = None, rejoin_after_s: float | None = None):
         self.cluster, self.command = cluster, list(command)
+        self.islands = FAULT_TOLERANT in self.command  # each host its own job, a torchft island
+        self.lighthouse: subprocess.Popen | None = None
+        self.rejoin_after_s = rejoin_after_s  # islands: a failed host's agent started again after this
         self.hosts = cluster.hosts[:hosts] if hosts else list(cluster.hosts)
         self.min_hosts = min_hosts or len(self.hosts)  # below len(hosts): elastic
         # only: start agents on these hosts alone (one that rejoins a running job)
@@ -113,7 +128,22 @@ class Job:
     def elastic(self) -> bool:
         return self.min_hosts < len(self.hosts)
 
-    def torchrun(self, host: Host) -> list[str]:
+    def island_env(self, host: Host) -> dict:
+        """Islands: this host's island, its run directory's name and where the Lighthouse listens."""
+        if not self.islands:
+            return {}
+        i = self.hosts.index(host)
+        return {"DDP_LAB_ISLAND": str(i), "DDP_LAB_RUN_ID": f"{self.run_id}-island{i}",
+                "TORCHFT_LIGHTHOUSE": f"http://{self.hosts[0].address}:{self.port}"}
+
+    def torchrun(self, host: Host, again: bool = False) -> list[str]:
+        if self.islands:  # (its own job: a rendezvous of its own inside the host)
+            # (started again: into its run directory, from its newest checkpoint if any, then healed from a peer)
+            resume = ["trainer.resume=auto"] if again and not any(a.startswith("trainer.resume=") for a in
+                                                                   self.command) else []
+            return [sys.executable, "-m", "ddp_lab.distributed.torchrun", "--standalone",
+                    f"--nproc-per-node={self.nproc_per_host}", f"--max-restarts={self.max_restarts}", *self.command,
+                    *resume]
         nnodes = f"{self.min_hosts}:{len(self.hosts)}" if self.elastic else str(len(self.hosts))
         conf = ",".join(f"{k}={v}" for k, v in {"is_host": host == self.hosts[0], **self.rdzv_conf}.items())
         return [sys.executable, "-m", "ddp_lab.distributed.torchrun", f"--nnodes={nnodes}",
@@ -124,11 +154,14 @@ class Job:
     def start(self) -> Job:
         self.oom_kills_before = {h.name: memory_limit.oom_kills(h.netns) for h in self.hosts}
         env, note = self.environment()
-        self._say(f"ddp_lab.tools.cluster: {note}; run id {self.run_id}, rendezvous "
-                  f"{self.hosts[0].name}:{self.port}" + (f", {self.min_hosts} to {len(self.hosts)} "
-                                                          "hosts (elastic)" if self.elastic else ""))
+        where = (f"a torchft Lighthouse on {self.hosts[0].name}:{self.port}, each host an island" if self.islands
+                 else f"rendezvous {self.hosts[0].name}:{self.port}")
+        self._say(f"ddp_lab.tools.cluster: {note}; run id {self.run_id}, {where}" +
+                  (f", {self.min_hosts} to {len(self.hosts)} hosts (elastic)" if self.elastic else ""))
+        if self.islands and self.starting == self.hosts:  # (a rejoin finds the job's Lighthouse running)
+            self._start_lighthouse(env)
         for host in self.starting:
-            self._start_agent(host, env)
+            self._start_agent(host, env, again=self.starting != self.hosts)
         return self
 
     def join(self, host_name: str) -> Agent:
@@ -138,11 +171,22 @@ class Job:
         if any(a.host == host and a.proc.poll() is None for a in self.agents):
             raise ValueError(f"{host_name} already runs an agent of this job")
         self._say(f"ddp_lab.tools.cluster: {host_name} joins run {self.run_id}")
-        return self._start_agent(host, self.environment()[0])
+        return self._start_agent(host, self.environment()[0], again=True)
 
-    def _start_agent(self, host: Host, env: dict) -> Agent:
+    def _start_lighthouse(self, env: dict) -> None:
+        exe = os.path.join(os.path.dirname(sys.executable), "torchft_lighthouse")
+        if not os.path.exists(exe):
+            raise ClusterError(f"{FAULT_TOLERANT} needs torchft's Lighthouse ({exe}): pip install torchft")
+        self.lighthouse = subprocess.Popen(
+            in_host(self.hosts[0], [exe, *LIGHTHOUSE_OPTIONS, "--bind", f"[::]:{self.port}"]),
+            env={**env, "RUST_LOG": "warn"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+        time.sleep(0.5)  # (listening before the first island asks)
+
+    def _start_agent(self, host: Host, env: dict, again: bool = False) -> Agent:
         # Own session: a Ctrl-C at the terminal reaches the agents once, forwarded by us.
-        proc = subprocess.Popen(in_host(host, self.torchrun(host)), env=env, cwd=self.cwd, text=True,
+        env = {**env, **self.island_env(host)}
+        proc = subprocess.Popen(in_host(host, self.torchrun(host, again)), env=env, cwd=self.cwd, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True, errors="replace")
         agent = Agent(host, proc)
@@ -198,7 +242,9 @@ class Job:
         while None in self.poll():
             now = time.monotonic()
             failed = [a.ended_at for a in self.agents if a.proc.returncode not in (None, 0)]
-            if failed and not self.elastic:
+            if self.islands and self.rejoin_after_s is not None:
+                self._rejoin_the_lost(now)
+            if failed and not self.elastic and not self.islands:  # (islands go on without a lost one)
                 self._stop_the_stuck(now)
                 if now > min(failed) + grace_s and None in self.poll():
                     self._say(f"ddp_lab.tools.cluster: a host failed {grace_s:g} s ago and the others "
@@ -211,6 +257,10 @@ class Job:
         for a in self.agents:
             for t in a.readers:
                 t.join(timeout=5)
+        self._stop_lighthouse()
+        if self.islands:  # each island's last agent says (a lost one started again by rejoin ended with its own)
+            last = {a.host.name: a.proc.returncode for a in self.agents}
+            return next((rc for rc in last.values() if rc), 0)
         failed = sorted((a.ended_at, i) for i, a in enumerate(self.agents) if a.proc.returncode)
         if self.elastic and any(a.proc.returncode == 0 for a in self.agents):
             return 0
@@ -245,6 +295,20 @@ class Job:
                       "agent still waits (on a host it cannot reach?): stopping it")
             self.stop(stuck, term_grace_s=IDLE_S)
 
+    def _rejoin_the_lost(self, now: float) -> None:
+        """Islands: start again the agent of a host whose last agent failed rejoin_after_s ago (as a scheduler
+        replaces a lost machine), while another island still runs."""
+        last = {a.host.name: a for a in self.agents}
+        running = any(a.proc.returncode is None for a in last.values())
+        for name, a in last.items():
+            if running and a.proc.returncode not in (None, 0) and now > a.ended_at + self.rejoin_after_s:
+                self.join(name)
+
+    def _stop_lighthouse(self) -> None:
+        if self.lighthouse is not None and self.lighthouse.poll() is None:
+            self.lighthouse.kill()
+            self.lighthouse.wait()
+
     def stop(self, indices: list[int] | None = None, term_grace_s: float = TERM_GRACE_S) -> None:
         """SIGTERM the agents (all by default) still running, SIGKILL what is left after term_grace_s."""
         chosen = [(i, self.agents[i]) for i in (range(len(self.agents)) if indices is None else indices)]
@@ -261,6 +325,8 @@ class Job:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
                 a.proc.wait()
+        if indices is None:
+            self._stop_lighthouse()
         self.poll()
 
     def worker_pids(self, host_index: int) -> list[int]:
@@ -273,6 +339,26 @@ class Job:
         with self._lock:
             text = "".join(line for a in agents for line in a.lines)
         return text + "".join(self.notes) if host_index is None else text
+
+
+def job_record_path(cluster: str) -> Path:
+    return JOBS / f"{cluster}-islands-job.json"
+
+
+def write_job_record(cluster: str, job: Job) -> None:
+    """An islands job's launch, for `rejoin HOST` to start one host's agent again into it."""
+    JOBS.mkdir(parents=True, exist_ok=True)
+    job_record_path(cluster).write_text(json.dumps({
+        "command": job.command, "nproc_per_host": job.nproc_per_host, "max_restarts": job.max_restarts,
+        "hosts": len(job.hosts), "run_id": job.run_id, "port": job.port}))
+
+
+def read_job_record(cluster: str) -> dict:
+    path = job_record_path(cluster)
+    if not path.exists():
+        raise ClusterError(f"no islands job was run on cluster {cluster}: start one with `run -- -m ddp_lab.train "
+                           f"... {FAULT_TOLERANT}` first")
+    return json.loads(path.read_text())
 
 
 def after_out_of_memory(command: list[str]) -> str:
