@@ -29,6 +29,8 @@ import time
 from datetime import timedelta
 from typing import Callable
 
+import torch.distributed as dist
+
 from ddp_lab.config import ConfigError
 from ddp_lab.telemetry import position
 
@@ -60,6 +62,18 @@ def data_part(cfg, env) -> tuple[int, int] | None:
     return island_index(cfg) * env.world_size + env.rank, cfg.max_islands * env.world_size
 
 
+def _forget_the_last_attempt(rank: int) -> None:
+    """torchrun's store outlives a restart's workers and still holds the last attempt's Manager address, which
+    the island's other ranks would read and wait on (30 s, then fail): rank 0 deletes it before anyone reads."""
+    from torchft.manager import MANAGER_ADDR_KEY, REPLICA_ID_KEY
+    if rank == 0:
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              wait_for_workers=False)
+        for k in (MANAGER_ADDR_KEY, REPLICA_ID_KEY):
+            store.delete_key(k)
+    dist.barrier()  # (the island's own process group)
+
+
 class ReplicaGroup:
     """This island as a torchft replica group (on this rank: its Manager, its across process group)."""
 
@@ -80,6 +94,8 @@ class ReplicaGroup:
                               "PORT or TORCHFT_LIGHTHOUSE (start one with: torchft_lighthouse --min_replicas 1)")
         timeout = timedelta(seconds=cfg.island_timeout_s)
         self.pg = ProcessGroupGloo(timeout=timeout)
+        if ranks > 1:
+            _forget_the_last_attempt(rank)
         try:
             self.manager = Manager(pg=self.pg, load_state_dict=None, state_dict=None, min_replica_size=cfg.min_islands,
                                    use_async_quorum=False,  # (a joiner is healed before its first step)
