@@ -78,16 +78,17 @@ def _lighthouse(port: int) -> subprocess.Popen:
                              "2000", "--bind", f"[::]:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _islands(tmp_path, data_root, port: int, steps: int, tag: str, extra=(), faults=None) -> list[subprocess.Popen]:
-    """Three islands, each a torchrun job of one rank (torchrun starts a dead rank once more)."""
+def _islands(tmp_path, data_root, port: int, steps: int, tag: str, extra=(), faults=None, islands: int = 3,
+             ranks: int = 1) -> list[subprocess.Popen]:
+    """Islands, each a torchrun job of `ranks` ranks (torchrun starts a dead rank's island once more)."""
     procs = []
-    for i in range(3):
+    for i in range(islands):
         env = {**os.environ, "DDP_LAB_FAULT": (faults or {}).get(i, ""), "PYTHONUNBUFFERED": "1"}
         log = open(tmp_path / f"{tag}-{i}.log", "w")
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "ddp_lab.distributed.torchrun", "--standalone", "--nproc_per_node=1",
+            [sys.executable, "-m", "ddp_lab.distributed.torchrun", "--standalone", f"--nproc_per_node={ranks}",
              "--max-restarts=1", "-m", "ddp_lab.train", "sync=diloco", "sync.islands=host",
-             "sync.fault_tolerance=torchft", "sync.max_islands=3", f"sync.island={i}", "sync.every=4",
+             "sync.fault_tolerance=torchft", f"sync.max_islands={islands}", f"sync.island={i}", "sync.every=4",
              "sync.island_timeout_s=10", f"sync.lighthouse=http://127.0.0.1:{port}", f"data.root={data_root}",
              f"data.cache_dir={tmp_path / 'cache'}", "data.batch_size=48", "trainer.epochs=100",
              f"trainer.max_steps={steps}", "trainer.eval_every_steps=40", "trainer.ckpt_every_steps=40",
@@ -134,5 +135,25 @@ def test_a_killed_island_rejoins_from_a_peer_while_the_others_go_on(tmp_path, ti
         weights = [torch.load(tmp_path / str(i) / "model.pt") for i in range(3)]
         assert all(torch.equal(weights[0][k], w[k]) for w in weights[1:] for k in weights[0])
         assert json.loads((tmp_path / "0" / "summary.json").read_text())["steps"] == 88
+    finally:
+        lighthouse.kill()
+
+
+@pytest.mark.system
+def test_an_island_of_two_ranks_restarts_whole_and_heals_shard_by_shard(tmp_path, tiny_fmnist):
+    """One rank of a 2-rank island (zero inside: each rank its shard of AdamW's state) dies: torchrun starts the
+    island's both ranks again (torchft's unit), each healed from the same rank of the other island."""
+    port = free_port()
+    lighthouse = _lighthouse(port)
+    try:
+        procs = _islands(tmp_path, tiny_fmnist, port, 60, "run", islands=2, ranks=2,
+                         extra=["sync/inner=zero", "optim=adamw", "optim.lr=0.001"],
+                         faults={0: "rank=0,step=1,kind=pace=0.2", 1: "rank=1,step=6,kind=kill"})
+        assert _ended(procs, 240) == [0, 0], [(tmp_path / f"run-{i}.log").read_text()[-2000:] for i in range(2)]
+        summaries = [json.loads((tmp_path / str(i) / "summary.json").read_text()) for i in range(2)]
+        assert summaries[0]["restarts_by_rank"] == [0, 0] and summaries[1]["restarts_by_rank"] == [1, 1]
+        assert "rejoined from a peer island" in (tmp_path / "run-1.log").read_text()
+        weights = [torch.load(tmp_path / str(i) / "model.pt") for i in range(2)]
+        assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     finally:
         lighthouse.kill()
