@@ -291,6 +291,10 @@ class ReplicaSync:
         """What summary.json adds for this strategy (torchft islands: the membership over time)."""
         return {}
 
+    def scalars(self) -> dict[str, float]:
+        """What TensorBoard shows of this strategy at a logged step (torchft islands: the islands present)."""
+        return {}
+
     def close(self) -> None:
         """Let go of what outlives a step (torchft's Manager and its servers)."""
 

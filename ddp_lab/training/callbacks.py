@@ -114,7 +114,7 @@ class LogWhenDue(StepCallback):
     def step_end(self, tr) -> None:
         if tr.schedule.log_after_step(tr.step):
             tr.log.scalars({"loss/train_step": tr.last_loss.item(), "lr": tr.scheduler.get_last_lr()[0],
-                            **tr.measure.log_step()}, tr.step)
+                            **tr.measure.log_step(), **tr.sync.scalars()}, tr.step)
 
 
 class EvaluateWhenDue(StepCallback):

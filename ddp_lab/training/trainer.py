@@ -74,8 +74,9 @@ class Trainer:
                                 partial(restore_from_peer, self.parts, config=config), self.step)
         if healed is not None:
             said.append(f"rejoined from a peer island at step {self.step} ({self._position()}): its weights, "
-                        f"optimizer and outer state, schedule and data position, taken in {healed['seconds']:.1f} s"
-                        + ("" if self.resumed else "; nothing read from disk"))
+                        f"optimizer and outer state, schedule and data position, {healed['seconds']:.1f} s after it "
+                        f"asked (the others' next round, the transfer)" + ("" if self.resumed else
+                                                                           "; nothing read from disk"))
         return said
 
     @classmethod

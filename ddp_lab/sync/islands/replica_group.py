@@ -107,25 +107,26 @@ class ReplicaGroup:
             why = str(e).split(";")[0]
             raise ConfigError(f"sync.fault_tolerance=torchft: no Lighthouse answers at {lighthouse} ({why}): start "
                               f"one (torchft_lighthouse --min_replicas 1) or fix sync.lighthouse") from None
-        self.planned, self.quorum_timeout_s = cfg.max_islands, quorum_timeout_s
+        self.planned, self.waits_s = cfg.max_islands, cfg.island_timeout_s
         self.present = 0  # islands in the last quorum
         self.membership: list[dict] = []  # {"step", "islands"} at every change (summary.json)
         self.rounds_dropped = 0  # rounds not committed (an island lost in them)
         self.healed: dict | None = None  # what the last heal took: {"step": the trainer's, "seconds"}
+        self.asked_at = 0.0  # when this island last asked for a quorum
 
     def join(self, send: Callable[[], dict], take: Callable[[dict], None], step: int) -> dict | None:
         """The first quorum, before this island's first step: a restarted island (behind the others) takes a
         peer's state here (`take`); `send` is what this island gives a joiner. A launch not behind anyone (a
-        fresh start, or the whole job resumed from its checkpoints) waits for the islands planned, up to the
-        quorum timeout, then goes on with those present (a late one joins from a peer). Returns the heal, or
-        None."""
+        fresh start, or the whole job resumed from its checkpoints) waits for the islands planned, up to
+        sync.island_timeout_s, then goes on with those present (a late one joins from a peer). Returns the heal,
+        or None."""
         def taken(state: dict) -> None:
-            t0 = time.perf_counter()
             take(state)
-            self.healed = {"step": state["shared"]["step"], "seconds": time.perf_counter() - t0}
+            self.healed = {"step": state["shared"]["step"], "seconds": time.perf_counter() - self.asked_at}
         self.manager.register_state_dict_fn("ddp_lab", taken, send)
+        self.asked_at = time.perf_counter()  # (a heal's time: the wait for the others' round, the transfer)
         healed = self.start_round(step, noted=False)
-        deadline = time.monotonic() + self.quorum_timeout_s
+        deadline = time.monotonic() + self.waits_s
         while healed is None and self.present < self.planned and time.monotonic() < deadline:
             time.sleep(0.2)
             healed = self.start_round(step, noted=False)
@@ -141,6 +142,8 @@ class ReplicaGroup:
     def start_round(self, step: int, noted: bool = True) -> dict | None:
         """The quorum at a round's start (healing this island if it is behind); a change of membership noted."""
         self.healed = None
+        if noted:
+            self.asked_at = time.perf_counter()
         with position.collective("quorum of islands"):
             self.manager.start_quorum()
         n, before = self.manager.num_participants(), self.present

@@ -201,6 +201,9 @@ class IslandSync(ReplicaSync):
         r = self.replicas
         return {"island": r.island, "membership": r.membership, "rounds_dropped": r.rounds_dropped}
 
+    def scalars(self) -> dict[str, float]:
+        return {} if self.replicas is None else {"islands/present": self.replicas.present}
+
     def close(self) -> None:
         if self.replicas is not None:
             self.replicas.close()
