@@ -223,6 +223,11 @@ class ReplicaSync:
     # Weights that differ between the ranks (local_sgd, diloco) -------------
     # Every other strategy keeps the ranks' weights identical: these are no-ops.
 
+    def agreed(self) -> bool:
+        """Whether the optimizer may step now (sync=ft_ddp: every torchft island present exchanged this step's
+        gradients); elsewhere always."""
+        return True
+
     def after_step(self, step: int) -> None:
         """After optimizer step `step` (1-based, the run's count)."""
 

@@ -38,8 +38,12 @@ CUDA = torch.device("cuda", 0)
 # The algorithms a strategy cannot run on refused by its check(); every other strategy takes all of ALGORITHMS.
 TAKES = {"powersgd": ("builtin",),  # torch's PowerSGD hook
          "zero": ("builtin", "ring_textbook", "direct"),  # those with a reduce-scatter and an all-gather
-         "fsdp": ("builtin",)}  # torch's FSDP2
-STRATEGIES = ["auto", "ddp", "flat", "per_param", "powersgd", "local_sgd", "diloco", "zero", "fsdp"]
+         "fsdp": ("builtin",),  # torch's FSDP2
+         "ft_ddp": ("builtin",)}  # torch's collectives on each island's group, torchft's across
+STRATEGIES = ["auto", "ddp", "flat", "per_param", "powersgd", "local_sgd", "diloco", "ft_ddp", "zero", "fsdp"]
+# valid at their defaults (ft_ddp needs the islands planned: sync.max_islands)
+DEFAULTS_VALID = [n for n in STRATEGIES if n != "ft_ddp"]
+PLANNED = {"ft_ddp": {"max_islands": 2}}  # (what a strategy needs besides its defaults)
 
 
 def takes(name: str) -> tuple[str, ...]:
@@ -53,7 +57,12 @@ def test_the_registry_holds_every_strategy_and_the_guides_algorithms():
     assert [n for n, s in REGISTRY.items() if s.inside is not None] == ["ddp", "flat", "zero", "fsdp"]
 
 
-@pytest.mark.parametrize("name", STRATEGIES)
+def test_ft_ddp_at_its_defaults_asks_for_the_islands_planned():
+    with pytest.raises(ConfigError, match="set sync.max_islands to their number"):
+        check(REGISTRY["ft_ddp"].options())
+
+
+@pytest.mark.parametrize("name", DEFAULTS_VALID)
 def test_every_strategy_is_valid_at_its_defaults_and_named_by_its_options(name):
     opts = REGISTRY[name].options()
     check(opts)
@@ -66,7 +75,7 @@ def test_every_strategy_is_valid_at_its_defaults_and_named_by_its_options(name):
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_each_strategy_takes_the_algorithms_it_can_run_and_refuses_the_others_in_one_line(name):
     for algo in ALGORITHMS:
-        opts = sync_cfg(name, algo)
+        opts = sync_cfg(name, algo, **PLANNED.get(name, {}))
         if algo in takes(name):
             check(opts)
             continue
@@ -133,7 +142,8 @@ def test_a_wire_format_a_strategy_does_not_send_is_off_its_list(compose_train, n
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_each_preset_is_its_dataclass_at_its_defaults(compose_train, name):
     algo = next(a for a in ("ring", "ring_textbook", "builtin") if a in takes(name))
-    cfg = compose_train([f"sync={name}", f"sync.algo={algo}"])
+    planned = [f"sync.{k}={v}" for k, v in PLANNED.get(name, {}).items()]
+    cfg = compose_train([f"sync={name}", f"sync.algo={algo}", *planned])
     assert OmegaConf.get_type(cfg.sync) is REGISTRY[name].options
     opts = options_of(cfg.sync)
     check(opts)
@@ -141,7 +151,7 @@ def test_each_preset_is_its_dataclass_at_its_defaults(compose_train, name):
     if isinstance(opts, PeriodicOptions):  # the strategy inside islands composed too: ddp's, at its defaults
         assert opts.inner == inner_options("ddp") == DDPOptions()
         opts = dataclasses.replace(opts, inner=None)
-    assert opts == REGISTRY[name].options(algo=algo)  # every other key at the dataclass's default
+    assert opts == REGISTRY[name].options(algo=algo, **PLANNED.get(name, {}))  # every other key at its default
 
 
 def test_the_default_strategy_is_auto(compose_train):
@@ -149,6 +159,7 @@ def test_the_default_strategy_is_auto(compose_train):
 
 
 # Each strategy's own keys, besides those of every strategy (SyncOptions).
+TORCHFT = ["fault_tolerance", "lighthouse", "island", "max_islands", "min_islands", "island_timeout_s"]
 OWN_KEYS = {
     "auto": ["compress"],
     "ddp": ["compress", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph"],
@@ -156,10 +167,10 @@ OWN_KEYS = {
     "per_param": ["compress"],
     "powersgd": ["compress", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "powersgd_rank",
                  "powersgd_start_step"],
-    "local_sgd": ["every", "islands", "inner", "local_sgd_start_step"],
-    "diloco": ["every", "islands", "inner", "compress", "outer_lr", "outer_momentum", "overlap", "overlap_mix",
-               "fragments", "overlap_update", "eager_proxy", "rounding", "fault_tolerance", "lighthouse", "island",
-               "max_islands", "min_islands", "island_timeout_s"],
+    "local_sgd": ["every", "islands", "inner", *TORCHFT, "local_sgd_start_step"],
+    "diloco": ["every", "islands", "inner", *TORCHFT, "compress", "outer_lr", "outer_momentum", "overlap",
+               "overlap_mix", "fragments", "overlap_update", "eager_proxy", "rounding"],
+    "ft_ddp": ["every", "islands", "inner", *TORCHFT],
     "zero": ["param_dtype", "reduce_dtype", "zero_stage", "bucket_cap_mb", "prefetch"],
     "fsdp": ["param_dtype", "reduce_dtype", "islands"],
 }

@@ -20,7 +20,8 @@ import torch
 from ddp_lab.config import ConfigError
 from ddp_lab.sync import check
 from ddp_lab.sync.islands.replica_group import ReplicaGroup, data_part
-from ddp_lab.sync.periodic.periodic_options import DiLoCoOptions
+from ddp_lab.sync.periodic.periodic_options import DiLoCoOptions, FTDDPOptions, LocalSGDOptions
+from ddp_lab.sync.registry import inner_options
 from tests.conftest import free_port
 
 torchft = pytest.importorskip("torchft")
@@ -37,10 +38,15 @@ FT = dict(islands="host", fault_tolerance="torchft", max_islands=3)
     (dict(compress="int4"), "sync.compress=int4 is not made fault tolerant yet"),
     (dict(overlap=1), "sync.overlap=1 is not made fault tolerant yet"),
     (dict(fragments=2), "sync.fragments=2 is not made fault tolerant yet"),
+    (dict(options=LocalSGDOptions), "sync=local_sgd is not made fault tolerant yet"),
+    (dict(options=FTDDPOptions, every=2), "sync=ft_ddp averages the gradients every step"),
+    (dict(options=FTDDPOptions, fault_tolerance="none"), "sync=ft_ddp is DDP across torchft islands"),
+    (dict(options=FTDDPOptions, inner=inner_options("zero")), "not sync/inner=zero"),
 ])
 def test_what_torchft_islands_cannot_run_is_refused_in_one_line(change, says):
+    options = change.pop("options", DiLoCoOptions)
     with pytest.raises(ConfigError, match=re.escape(says)) as e:
-        check(DiLoCoOptions(**{**FT, **change}))
+        check(options(**{**FT, **change}))
     assert "\n" not in str(e.value)
 
 
@@ -79,7 +85,7 @@ def _lighthouse(port: int) -> subprocess.Popen:
 
 
 def _islands(tmp_path, data_root, port: int, steps: int, tag: str, extra=(), faults=None, islands: int = 3,
-             ranks: int = 1) -> list[subprocess.Popen]:
+             ranks: int = 1, sync: str = "diloco") -> list[subprocess.Popen]:
     """Islands, each a torchrun job of `ranks` ranks (torchrun starts a dead rank's island once more)."""
     procs = []
     for i in range(islands):
@@ -87,8 +93,9 @@ def _islands(tmp_path, data_root, port: int, steps: int, tag: str, extra=(), fau
         log = open(tmp_path / f"{tag}-{i}.log", "w")
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "ddp_lab.distributed.torchrun", "--standalone", f"--nproc_per_node={ranks}",
-             "--max-restarts=1", "-m", "ddp_lab.train", "sync=diloco", "sync.islands=host",
-             "sync.fault_tolerance=torchft", f"sync.max_islands={islands}", f"sync.island={i}", "sync.every=4",
+             "--max-restarts=1", "-m", "ddp_lab.train", f"sync={sync}", "sync.islands=host",
+             "sync.fault_tolerance=torchft", f"sync.max_islands={islands}", f"sync.island={i}",
+             *(["sync.every=4"] if sync == "diloco" else []),
              "sync.island_timeout_s=10", f"sync.lighthouse=http://127.0.0.1:{port}", f"data.root={data_root}",
              f"data.cache_dir={tmp_path / 'cache'}", "data.batch_size=48", "trainer.epochs=100",
              f"trainer.max_steps={steps}", "trainer.eval_every_steps=40", "trainer.ckpt_every_steps=40",
@@ -104,12 +111,13 @@ def _ended(procs, timeout: float) -> list[int]:
 
 
 @pytest.mark.system
-def test_a_killed_island_rejoins_from_a_peer_while_the_others_go_on(tmp_path, tiny_fmnist):
+@pytest.mark.parametrize("sync", ["diloco", "ft_ddp"])
+def test_a_killed_island_rejoins_from_a_peer_while_the_others_go_on(tmp_path, tiny_fmnist, sync):
     port = free_port()
     lighthouse = _lighthouse(port)
     try:
         # island 2's rank is killed after step 6; the others pace their steps so that it is back mid-run
-        procs = _islands(tmp_path, tiny_fmnist, port, 80, "run", faults={
+        procs = _islands(tmp_path, tiny_fmnist, port, 80, "run", sync=sync, faults={
             0: "rank=0,step=1,kind=pace=0.15", 1: "rank=0,step=1,kind=pace=0.15", 2: "rank=0,step=6,kind=kill"})
         assert _ended(procs, 240) == [0, 0, 0], [(tmp_path / f"run-{i}.log").read_text()[-2000:] for i in range(3)]
         summaries = [json.loads((tmp_path / str(i) / "summary.json").read_text()) for i in range(3)]
@@ -126,6 +134,8 @@ def test_a_killed_island_rejoins_from_a_peer_while_the_others_go_on(tmp_path, ti
         assert "resumed from" not in logs[2]  # (no checkpoint read: its state came from a peer)
         weights = [torch.load(tmp_path / str(i) / "model.pt") for i in range(3)]
         assert all(torch.equal(weights[0][k], w[k]) for w in weights[1:] for k in weights[0])
+        if sync == "ft_ddp":
+            return
 
         # the whole job stopped and started again: each island resumes from its own checkpoint, no heal
         procs = _islands(tmp_path, tiny_fmnist, port, 88, "resume", extra=["trainer.resume=auto"])
@@ -157,3 +167,28 @@ def test_an_island_of_two_ranks_restarts_whole_and_heals_shard_by_shard(tmp_path
         assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     finally:
         lighthouse.kill()
+
+
+@pytest.mark.system
+def test_ft_ddp_with_every_island_present_is_ddp_over_all_ranks(tmp_path, tiny_fmnist):
+    """2 islands of one rank under sync=ft_ddp take DDP's steps at 2 ranks (the same data parts, AdamW)."""
+    port = free_port()
+    lighthouse = _lighthouse(port)
+    try:
+        procs = _islands(tmp_path, tiny_fmnist, port, 12, "ft", islands=2, sync="ft_ddp", extra=["optim=adamw"])
+        assert _ended(procs, 240) == [0, 0], [(tmp_path / f"ft-{i}.log").read_text()[-2000:] for i in range(2)]
+    finally:
+        lighthouse.kill()
+    ddp = tmp_path / "ddp"
+    log = open(tmp_path / "ddp.log", "w")
+    rc = subprocess.run(
+        [sys.executable, "-m", "ddp_lab.distributed.torchrun", "--standalone", "--nproc_per_node=2", "-m",
+         "ddp_lab.train", "sync=ddp", f"data.root={tiny_fmnist}", f"data.cache_dir={tmp_path / 'cache'}",
+         "data.batch_size=48", "trainer.epochs=100", "trainer.max_steps=12", "trainer.eval_every_steps=40",
+         "trainer.ckpt_every_steps=40", "trainer.amp=off", "trainer.progress=false", "trainer.warmup_steps=1",
+         "optim=adamw", f"hydra.run.dir={ddp}"], stdout=log, stderr=subprocess.STDOUT, timeout=240).returncode
+    assert rc == 0, (tmp_path / "ddp.log").read_text()[-2000:]
+    ft, plain = torch.load(tmp_path / "0" / "model.pt"), torch.load(ddp / "model.pt")
+    assert all(torch.allclose(ft[k], plain[k], atol=1e-5, rtol=0) for k in plain)
+    s = json.loads((tmp_path / "0" / "summary.json").read_text())
+    assert s["steps"] == 12 and s["rounds_dropped"] == 0  # (every step taken: the optimizer stepped 12 times)

@@ -168,13 +168,16 @@ class ReplicaGroup:
         exchange failed; the round then does not commit)."""
         return self.manager.allreduce(flat)
 
-    def commit(self, step: int) -> bool:
-        """Whether every island present may take this round's outer step (all exchanged, enough islands)."""
+    def commit(self, step: int, what: str = "round") -> bool:
+        """Whether every island present may take this round's outer step, or (ft_ddp) this step (all exchanged,
+        enough islands)."""
         ok = self.manager.should_commit()
         if not ok:
             self.rounds_dropped += 1
-            log.warning("round ending at step %d not committed (an island was lost in its exchange, or fewer than "
-                        "sync.min_islands are present): no outer step; this island keeps its weights", step)
+            log.warning("%s ending at step %d not committed (an island was lost in its exchange, or fewer than "
+                        "sync.min_islands are present): %s", what, step,
+                        "no outer step; this island keeps its weights" if what == "round" else "its gradients are "
+                        "dropped, the weights stay")
         return ok
 
     def close(self) -> None:

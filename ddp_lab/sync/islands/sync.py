@@ -123,6 +123,10 @@ class IslandSync(ReplicaSync):
 
     def after_backward(self) -> None:
         self.inner.after_backward()
+        self.outer.after_backward()  # (ft_ddp: the island's gradients across; the periodic ones: nothing)
+
+    def agreed(self) -> bool:
+        return self.outer.agreed()
 
     # the weights across islands: the outer strategy ----------------------------------------------
     def after_step(self, step: int) -> None:

@@ -26,6 +26,24 @@ class PeriodicOptions(SyncOptions):
     inner: Any = key(None, "sync.islands: the every-step strategy inside each island, chosen with "
                            "sync/inner=<name> (ddp, flat, zero, fsdp), its keys under sync.inner.<key>")
 
+    fault_tolerance: str = key("none", "none | torchft: each island its own torchrun job and a torchft replica "
+                                       "group, found through a Lighthouse: a lost island leaves the next round "
+                                       "(diloco) or step (ft_ddp), the others go on, and it rejoins from a peer "
+                                       "(docs/failures.md)",
+                               ok=lambda v: v in ("none", "torchft"), rule="none or torchft")
+    lighthouse: str = key("", "sync.fault_tolerance=torchft: the Lighthouse's address, http://HOST:PORT (empty: "
+                              "$TORCHFT_LIGHTHOUSE)")
+    island: int = key(-1, "sync.fault_tolerance=torchft: this job's island, 0 .. sync.max_islands-1 (-1: "
+                          "$DDP_LAB_ISLAND)", at_least=-1)
+    max_islands: int = key(0, "sync.fault_tolerance=torchft: the islands the run is planned for; the training data "
+                              "is cut into as many parts, island i reading part i (an absent island's part is "
+                              "skipped while it is away)", at_least=0)
+    min_islands: int = key(1, "sync.fault_tolerance=torchft: the fewest islands a round commits with (torchft's "
+                              "min_replica_size)", at_least=1)
+    island_timeout_s: float = key(30.0, "sync.fault_tolerance=torchft: how long an exchange across islands or a "
+                                        "rejoin's transfer waits before the round is given up",
+                                  ok=positive_finite, rule="a positive number")
+
     def inside(self) -> SyncOptions:
         """The inner strategy's options (sync/inner; ddp's at their defaults where none was composed)."""
         from ddp_lab.sync.registry import inner_options
@@ -37,6 +55,8 @@ class PeriodicOptions(SyncOptions):
         if str(getattr(self.inside(), "islands", "none")) != "none":  # (fsdp's HSDP, inside an island)
             raise ConfigError(f"sync.inner.islands={self.inside().islands}: islands are made by sync.islands, not "
                               f"by the strategy inside them: leave sync.inner.islands out")
+        if self.fault_tolerance == "torchft":
+            self._check_fault_tolerant()
         if str(self.islands) == "none":
             if inner != DEFAULT_INNER:
                 raise ConfigError(f"sync/inner={inner} is the strategy inside islands, and sync.islands=none makes "
@@ -47,6 +67,21 @@ class PeriodicOptions(SyncOptions):
                 raise ConfigError(f"sync.islands={self.islands} runs torch's collectives on each island's process "
                                   f"group: use {where}=builtin, not {where}={algo}")
 
+    def _check_fault_tolerant(self) -> None:
+        """sync.fault_tolerance=torchft: islands are torchrun jobs, a periodic strategy or DDP crosses them."""
+        if str(self.islands) != "host":
+            raise ConfigError(f"sync.fault_tolerance=torchft makes each torchrun job an island: set sync.islands=host, "
+                              f"not sync.islands={self.islands}")
+        if self.max_islands < 1:
+            raise ConfigError("sync.fault_tolerance=torchft cuts the training data for the islands planned: set "
+                              "sync.max_islands to their number (e.g. sync.max_islands=3)")
+        if self.min_islands > self.max_islands:
+            raise ConfigError(f"sync.min_islands={self.min_islands} is more than sync.max_islands="
+                              f"{self.max_islands}: no round could commit")
+        if self.island >= self.max_islands:
+            raise ConfigError(f"sync.island={self.island} is not one of the {self.max_islands} islands planned: use "
+                              f"0 .. {self.max_islands - 1}")
+
 
 @dataclass
 class LocalSGDOptions(PeriodicOptions):
@@ -55,6 +90,9 @@ class LocalSGDOptions(PeriodicOptions):
 
     def check(self, name: str) -> None:
         super().check(name)
+        if self.fault_tolerance == "torchft":
+            raise ConfigError("sync=local_sgd is not made fault tolerant yet: use sync=diloco (rounds) or sync=ft_ddp "
+                              "(every step) with sync.fault_tolerance=torchft")
         if str(self.islands) != "none" and self.local_sgd_start_step:
             raise ConfigError(f"sync.local_sgd_start_step={self.local_sgd_start_step} averages gradients over every "
                               f"rank for its first steps, which islands leave to sync.inner: use "
@@ -96,27 +134,14 @@ class DiLoCoOptions(PeriodicOptions):
                         ok=lambda v: v in ("nearest", "feedback", "stochastic"),
                         rule="nearest, feedback or stochastic")
 
-    fault_tolerance: str = key("none", "none | torchft: each island its own torchrun job and a torchft replica "
-                                       "group, found through a Lighthouse: a lost island leaves the next round, "
-                                       "the others go on, and it rejoins from a peer (docs/failures.md)",
-                               ok=lambda v: v in ("none", "torchft"), rule="none or torchft")
-    lighthouse: str = key("", "sync.fault_tolerance=torchft: the Lighthouse's address, http://HOST:PORT (empty: "
-                              "$TORCHFT_LIGHTHOUSE)")
-    island: int = key(-1, "sync.fault_tolerance=torchft: this job's island, 0 .. sync.max_islands-1 (-1: "
-                          "$DDP_LAB_ISLAND)", at_least=-1)
-    max_islands: int = key(0, "sync.fault_tolerance=torchft: the islands the run is planned for; the training data "
-                              "is cut into as many parts, island i reading part i (an absent island's part is "
-                              "skipped while it is away)", at_least=0)
-    min_islands: int = key(1, "sync.fault_tolerance=torchft: the fewest islands a round commits with (torchft's "
-                              "min_replica_size)", at_least=1)
-    island_timeout_s: float = key(30.0, "sync.fault_tolerance=torchft: how long an exchange across islands or a "
-                                        "rejoin's transfer waits before the round is given up",
-                                  ok=positive_finite, rule="a positive number")
-
     def check(self, name: str) -> None:
         super().check(name)
         if self.fault_tolerance == "torchft":
-            self._check_fault_tolerant()
+            for k, v, plain in (("compress", self.compress, "none"), ("overlap", self.overlap, 0),
+                                ("fragments", self.fragments, 1)):
+                if str(v) != str(plain):
+                    raise ConfigError(f"sync.fault_tolerance=torchft runs blocking DiLoCo rounds: sync.{k}={v} is "
+                                      f"not made fault tolerant yet; leave sync.{k} out")
         if self.algo != "builtin" and (self.compress in QUANTIZED or self.overlap or self.fragments > 1):
             raise ConfigError(f"sync.algo={self.algo}: DiLoCo's int8/int4, overlap and fragments run on torch's "
                               f"collectives: use sync.algo=builtin")
@@ -135,22 +160,30 @@ class DiLoCoOptions(PeriodicOptions):
             raise ConfigError(f"sync.overlap={self.overlap} must be less than sync.every={self.every}: the outer "
                               f"step lands before the next synchronisation")
 
-    def _check_fault_tolerant(self) -> None:
-        """sync.fault_tolerance=torchft: islands are torchrun jobs, blocking DiLoCo rounds cross them (for now)."""
-        if str(self.islands) != "host":
-            raise ConfigError(f"sync.fault_tolerance=torchft makes each torchrun job an island: set sync.islands=host, "
-                              f"not sync.islands={self.islands}")
-        if self.max_islands < 1:
-            raise ConfigError("sync.fault_tolerance=torchft cuts the training data for the islands planned: set "
-                              "sync.max_islands to their number (e.g. sync.max_islands=3)")
-        if self.min_islands > self.max_islands:
-            raise ConfigError(f"sync.min_islands={self.min_islands} is more than sync.max_islands="
-                              f"{self.max_islands}: no round could commit")
-        if self.island >= self.max_islands:
-            raise ConfigError(f"sync.island={self.island} is not one of the {self.max_islands} islands planned: use "
-                              f"0 .. {self.max_islands - 1}")
-        for k, v, plain in (("compress", self.compress, "none"), ("overlap", self.overlap, 0),
-                            ("fragments", self.fragments, 1)):
-            if v != plain and str(v) != str(plain):
-                raise ConfigError(f"sync.fault_tolerance=torchft runs blocking DiLoCo rounds: sync.{k}={v} is not "
-                                  f"made fault tolerant yet; leave sync.{k} out")
+
+@dataclass
+class FTDDPOptions(PeriodicOptions):
+    """sync=ft_ddp: DDP across torchft islands (sync/periodic/ft_ddp.py): islands, torchft and a step a round."""
+
+    every: int = key(1, "steps between exchanges across islands: 1, every step (ft_ddp averages gradients)",
+                     at_least=1)
+    islands: str = key("host", ISLANDS_HELP + "; ft_ddp: host, each torchrun job an island",
+                       ok=islands_spec_ok, rule="none, host or a positive integer")
+    fault_tolerance: str = key("torchft", "ft_ddp: torchft (its islands are torchft replica groups)",
+                               ok=lambda v: v in ("none", "torchft"), rule="none or torchft")
+
+    def check(self, name: str) -> None:
+        self.refuse_algo(name, ("builtin",), "is not run across torchft islands (torch's collectives inside each, "
+                                             "torchft's across)")
+        if self.fault_tolerance != "torchft":
+            raise ConfigError("sync=ft_ddp is DDP across torchft islands: keep sync.fault_tolerance=torchft (without "
+                              "torchft, DDP over every rank is sync=ddp)")
+        if self.every != 1:
+            raise ConfigError(f"sync=ft_ddp averages the gradients every step: leave sync.every out (not "
+                              f"{self.every}); rounds of several steps are sync=diloco")
+        super().check(name)
+        from ddp_lab.sync.registry import name_of
+        if name_of(self.inside()) not in ("ddp", "flat"):
+            raise ConfigError(f"sync=ft_ddp runs sync/inner=ddp or flat inside its islands, not "
+                              f"sync/inner={name_of(self.inside())} (sharded state inside is not made fault "
+                              f"tolerant yet: use sync=diloco)")

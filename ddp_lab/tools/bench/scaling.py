@@ -201,10 +201,11 @@ def parse_args(argv=None):
         p.error(f"--syncs={','.join(args.syncs)!r}: each must be mode/algo, e.g. ddp/builtin,flat/ring")
     from ddp_lab.collectives import ALGORITHMS
     from ddp_lab.sync import REGISTRY
+    modes = [m for m in REGISTRY if m != "ft_ddp"]  # (one torchrun job: no torchft islands)
     for sync in args.syncs:
         mode, algo = sync.split("/")
-        if mode not in REGISTRY or algo not in ALGORITHMS:
-            p.error(f"--syncs: {sync!r} is not strategy/algo with strategy one of {', '.join(REGISTRY)} "
+        if mode not in modes or algo not in ALGORITHMS:
+            p.error(f"--syncs: {sync!r} is not strategy/algo with strategy one of {', '.join(modes)} "
                     f"and algo one of {', '.join(ALGORITHMS)}")
     if "strong" in args.kinds:
         bad = [w for w in args.worlds if args.global_batch % w]

@@ -14,7 +14,7 @@ from ddp_lab.tools.cluster.shaping import DEFAULT_MTU, format_rate
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m ddp_lab.tools.cluster", description=__doc__.split(":")[0])
-    sub = p.add_subparsers(dest="action", required=True)
+    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     up = sub.add_parser("up", help="create hosts NAME-0..NAME-(N-1) with links shaped to RATE")
     up.add_argument("--hosts", type=int, required=True, help="number of hosts")
     up.add_argument("--rate", required=True, help="each link's rate, both ways: 1gbit, 200mbit, ...")
