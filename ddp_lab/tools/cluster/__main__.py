@@ -8,7 +8,7 @@ import sys
 
 from ddp_lab.tools.cluster import memory_limit, names, network
 from ddp_lab.tools.cluster.commands import ClusterError
-from ddp_lab.tools.cluster.launch import Job, in_host, read_job_record, write_job_record
+from ddp_lab.tools.cluster.launch import Job, forget_job_record, in_host, read_job_record, write_job_record
 from ddp_lab.tools.cluster.shaping import DEFAULT_MTU, format_rate
 
 
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
             mem = None if args.mem is None else memory_limit.host_limit(args.mem)
             show([network.create(args.name, args.hosts, args.rate, args.mtu, mem)])
         elif args.action == "down":
-            removed = network.destroy(args.name)
+            removed = network.destroy(args.name) + forget_job_record(args.name)
             print("\n".join(f"removed {r}" for r in removed) or f"no cluster named {args.name}")
         elif args.action == "status":
             show(network.clusters())

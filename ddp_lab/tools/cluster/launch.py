@@ -353,6 +353,15 @@ def write_job_record(cluster: str, job: Job) -> None:
         "hosts": len(job.hosts), "run_id": job.run_id, "port": job.port}))
 
 
+def forget_job_record(cluster: str) -> list[str]:
+    """`down`: the cluster's islands job record goes with it; what was removed, as lines to print."""
+    path = job_record_path(cluster)
+    if not path.exists():
+        return []
+    path.unlink()
+    return [f"file {path}"]
+
+
 def read_job_record(cluster: str) -> dict:
     path = job_record_path(cluster)
     if not path.exists():
