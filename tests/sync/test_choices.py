@@ -250,7 +250,7 @@ def test_overlap_and_fragments_are_diloco_s_keys_alone(compose_train, mode, key)
 
 
 def test_fragments_cut_the_parameters_into_runs_of_about_equal_size():
-    from ddp_lab.sync.periodic.diloco import fragment_bounds
+    from ddp_lab.sync.periodic.fragments import fragment_bounds
     assert fragment_bounds([48, 8, 8, 24, 3], 1) == [(0, 5)]
     assert fragment_bounds([48, 8, 8, 24, 3], 2) == [(0, 1), (1, 5)]  # 48 | 43
     assert fragment_bounds([10] * 6, 3) == [(0, 2), (2, 4), (4, 6)]

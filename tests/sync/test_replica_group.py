@@ -19,7 +19,7 @@ import torch
 
 from ddp_lab.config import ConfigError
 from ddp_lab.sync import check
-from ddp_lab.sync.islands.replica_group import ReplicaGroup, data_part
+from ddp_lab.sync.islands.replica_group import ReplicaGroup, data_part, refuse_floating_buffers
 from ddp_lab.sync.periodic.periodic_options import DiLoCoOptions, FTDDPOptions, LocalSGDOptions
 from ddp_lab.sync.registry import inner_options
 from tests.conftest import free_port
@@ -59,6 +59,12 @@ def test_each_island_reads_its_own_part_of_the_data(monkeypatch):
     monkeypatch.delenv("DDP_LAB_ISLAND")
     with pytest.raises(ConfigError, match="which island is this job"):
         data_part(DiLoCoOptions(**FT), env)
+
+
+def test_a_model_with_batchnorm_statistics_is_refused_across_torchft_islands():
+    with pytest.raises(ConfigError, match="does not average floating buffers \\(this model's 2, BatchNorm"):
+        refuse_floating_buffers(torch.nn.BatchNorm1d(4))  # (running mean and variance; the batch count is an integer)
+    refuse_floating_buffers(torch.nn.Linear(4, 4))  # (no buffers: taken)
 
 
 def test_no_lighthouse_is_refused_in_one_line(monkeypatch):

@@ -62,6 +62,15 @@ def data_part(cfg, env) -> tuple[int, int] | None:
     return island_index(cfg) * env.world_size + env.rank, cfg.max_islands * env.world_size
 
 
+def refuse_floating_buffers(model) -> None:
+    """What crosses torchft islands is the trained tensors alone: BatchNorm's statistics would drift apart."""
+    n = sum(b.is_floating_point() for b in model.buffers())
+    if n:
+        raise ConfigError(f"sync.fault_tolerance=torchft does not average floating buffers (this model's {n}, "
+                          f"BatchNorm's statistics) across islands yet: use a model without them, or "
+                          f"sync.fault_tolerance=none")
+
+
 def _forget_the_last_attempt(rank: int) -> None:
     """torchrun's store outlives a restart's workers and still holds the last attempt's Manager address, which
     the island's other ranks would read and wait on (30 s, then fail): rank 0 deletes it before anyone reads."""

@@ -5,6 +5,7 @@ so the ranks' weights drift apart and each rank's are checkpointed (Capabilities
 * diloco.py: average the change in weights and apply it with an outer Nesterov SGD, optionally
   quantized (sync.compress=int8|int4), in the background (sync.overlap) or in fragments;
 * ft_ddp.py: DDP across torchft islands, the gradients every step (a step a round);
+* fragments.py: the runs of parameters DiLoCo's fragments synchronise;
 * options.py: their keys (sync.every, sync.islands and the strategy inside them; each one's own).
 """
 from __future__ import annotations

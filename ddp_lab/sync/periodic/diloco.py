@@ -74,6 +74,7 @@ from ddp_lab.config import ConfigError
 from ddp_lab.distributed import DistEnv
 from ddp_lab.sync.base import NO_CONTEXT, SyncContext
 from ddp_lab.sync.every_step.averaging import COMPRESS_DTYPES
+from ddp_lab.sync.periodic.fragments import fragment_bounds
 from ddp_lab.sync.periodic.local_sgd import LocalSGDSync, average_into, kept
 from ddp_lab.sync.periodic.periodic_options import DiLoCoOptions
 from ddp_lab.telemetry import position
@@ -114,10 +115,6 @@ class DiLoCoSync(LocalSGDSync):
         self.residuals = [Residual() for _ in self.fragments] if self.rounding == "feedback" else None
         # sync.fault_tolerance=torchft: the islands present vote on each round (islands/replica_group.py)
         self.replicas = islands.replicas if islands is not None else None
-        if self.replicas is not None and self.buffers:
-            raise ConfigError(f"sync.fault_tolerance=torchft does not average floating buffers (this model's "
-                              f"{len(self.buffers)}, BatchNorm's statistics) across islands yet: use a model "
-                              f"without them, or sync.fault_tolerance=none")
 
     # ------------------------------------------------------------ sync.overlap > 0 or sync.fragments > 1
     def due(self, f: int, step: int) -> bool:
@@ -405,18 +402,3 @@ class _Landed:
 
 
 _DONE = _Landed()
-
-
-def fragment_bounds(sizes: list[int], fragments: int) -> list[tuple[int, int]]:
-    """[lo, hi) runs of the parameters (their element counts `sizes`, in order) cut into `fragments` of about
-    equal size: fragment f begins at the first parameter where the running total reaches f/F of the whole
-    (or where the parameters left are just enough for one each)."""
-    if fragments > len(sizes):
-        raise ConfigError(f"sync.fragments={fragments} is more than the model's {len(sizes)} trainable parameter "
-                          f"tensors: use at most {len(sizes)}")
-    total, cuts = sum(sizes), [0]
-    for i in range(1, len(sizes)):
-        left = fragments - len(cuts)
-        if left and (sum(sizes[:i]) >= len(cuts) * total / fragments or len(sizes) - i == left):
-            cuts.append(i)
-    return list(zip(cuts, cuts[1:] + [len(sizes)]))

@@ -33,9 +33,6 @@ class FTDDPSync(ReplicaSync):
                               "sync.fault_tolerance=torchft")
         self.cfg, self.replicas = cfg, ctx.islands.replicas
         self.params = [p for p in model.parameters() if p.requires_grad]
-        if any(b.is_floating_point() for b in model.buffers()):
-            raise ConfigError("sync=ft_ddp does not average floating buffers (BatchNorm's statistics) across "
-                              "islands yet: use a model without them")
         self.step, self.ok = 0, True  # (ok: this step's exchange was agreed by every island present)
 
     @torch.no_grad()

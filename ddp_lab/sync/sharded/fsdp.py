@@ -44,11 +44,8 @@ from ddp_lab.sync.base import (
     SyncContext,
     broadcast_buffers_each_step,
     broadcast_from_rank0,
-    layout_of,
-    param_names,
-    state_named,
-    weight_of,
 )
+from ddp_lab.sync.by_name import layout_of, param_names, state_named, weight_of
 from ddp_lab.sync.islands.layout import ISLANDS_HELP, island_shape, islands_spec_ok
 from ddp_lab.sync.sharded.common import (
     REDUCE_DTYPES,

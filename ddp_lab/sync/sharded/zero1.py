@@ -67,11 +67,8 @@ from ddp_lab.sync.base import (
     SyncContext,
     broadcast_buffers_each_step,
     broadcast_from_rank0,
-    layout_of,
-    param_names,
-    plain_name,
-    state_named,
 )
+from ddp_lab.sync.by_name import layout_of, param_names, plain_name, state_named
 from ddp_lab.sync.options import Algo
 from ddp_lab.sync.sharded.common import ALGOS, ShardedOptions, clip_sharded, trainable_parameters, views_into
 from ddp_lab.telemetry import position

@@ -55,7 +55,8 @@ from ddp_lab.collectives import (
     ring_textbook_all_gather,
 )
 from ddp_lab.models.meta_init import make_the_rest_real, swap_parameters
-from ddp_lab.sync.base import NO_CONTEXT, Capabilities, SyncContext, weight_of
+from ddp_lab.sync.base import NO_CONTEXT, Capabilities, SyncContext
+from ddp_lab.sync.by_name import weight_of
 from ddp_lab.sync.sharded.common import REDUCE_DTYPES, load_whole_part, return_freed_blocks, state_names
 from ddp_lab.sync.sharded.flat_unit import Unit, units_of
 from ddp_lab.sync.sharded.outside_use import check_first_forward
