@@ -117,8 +117,10 @@ def _ended(procs, timeout: float) -> list[int]:
 
 
 @pytest.mark.system
-@pytest.mark.parametrize("sync", ["diloco", "ft_ddp"])
-def test_a_killed_island_rejoins_from_a_peer_while_the_others_go_on(tmp_path, tiny_fmnist, sync):
+def test_a_killed_island_rejoins_from_a_peer_while_the_others_go_on(tmp_path, tiny_fmnist):
+    """Under sync=ft_ddp (a quorum every step); DiLoCo's rounds are the emulated hosts' test
+    (tests/tools/cluster/test_islands_torchft.py) and the 2-rank island's below."""
+    sync = "ft_ddp"
     port = free_port()
     lighthouse = _lighthouse(port)
     try:
@@ -140,11 +142,9 @@ def test_a_killed_island_rejoins_from_a_peer_while_the_others_go_on(tmp_path, ti
         assert "resumed from" not in logs[2]  # (no checkpoint read: its state came from a peer)
         weights = [torch.load(tmp_path / str(i) / "model.pt") for i in range(3)]
         assert all(torch.equal(weights[0][k], w[k]) for w in weights[1:] for k in weights[0])
-        if sync == "ft_ddp":
-            return
 
         # the whole job stopped and started again: each island resumes from its own checkpoint, no heal
-        procs = _islands(tmp_path, tiny_fmnist, port, 88, "resume", extra=["trainer.resume=auto"])
+        procs = _islands(tmp_path, tiny_fmnist, port, 88, "resume", sync=sync, extra=["trainer.resume=auto"])
         assert _ended(procs, 240) == [0, 0, 0], [(tmp_path / f"resume-{i}.log").read_text()[-2000:] for i in range(3)]
         logs = [(tmp_path / f"resume-{i}.log").read_text() for i in range(3)]
         assert all("resumed from" in t and "step 80" in t and "rejoined" not in t for t in logs)
