@@ -1,9 +1,10 @@
 """sync.fault_tolerance=torchft (ddp_lab/sync/islands/replica_group.py): islands as torchft replica groups.
 
-The system test runs a Lighthouse and three islands, each its own torchrun job; one island's rank is killed
-mid-run and torchrun starts it again: the other two go on without a restart, the killed one rejoins from a
-peer (no checkpoint read), and all three end with the same weights; then the whole job resumes from its
-checkpoints and ends alike again. The rest are the refusals, each one line.
+The system tests run a Lighthouse and islands, each its own torchrun job; one island's rank is killed
+mid-run and torchrun starts it again: the others go on without a restart, the killed one rejoins from a
+peer (no checkpoint read), and all end with the same weights; then the whole job resumes from its
+checkpoints and ends alike again. The rest: a round's wait for sync.min_islands, and the refusals, each one
+line.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import time
 import pytest
 import torch
 
-from ddp_lab.config import ConfigError
+from ddp_lab.config import ConfigError, RunFailed
 from ddp_lab.sync import check
 from ddp_lab.sync.islands.replica_group import ReplicaGroup, data_part, refuse_floating_buffers
 from ddp_lab.sync.periodic.periodic_options import DiLoCoOptions, FTDDPOptions, LocalSGDOptions
@@ -81,6 +82,66 @@ def test_no_lighthouse_is_refused_in_one_line(monkeypatch):
         ReplicaGroup(DiLoCoOptions(**FT, island=0, lighthouse=dead, island_timeout_s=1), 0, 1, 10)
     assert "\n" not in str(e.value) and time.monotonic() - t0 < 10
     del store
+
+
+class _Quorums:
+    """A Manager whose quorums hold these many islands, one after another (the last one repeated), the first
+    `failing` of them failed (a heal whose peer ended as it sent)."""
+
+    def __init__(self, *counts: int, failing: int = 0):
+        self.counts, self.asked, self.failing = counts, 0, failing
+
+    def start_quorum(self) -> None:
+        self.asked += 1
+
+    def num_participants(self) -> int:
+        return self.counts[min(self.asked, len(self.counts)) - 1]
+
+    def errored(self):
+        return RuntimeError("both buffer length (0) and count (-1) must not be 0") if self.asked <= self.failing \
+            else None
+
+    def register_state_dict_fn(self, *_) -> None:
+        pass
+
+
+def _group(manager: _Quorums, fewest: int = 1, within_s: float = 30, asked: bool = False) -> ReplicaGroup:
+    g = object.__new__(ReplicaGroup)  # (no Lighthouse: the quorums above)
+    g.manager, g.fewest, g.enough_within_s, g.island, g.planned, g.waits_s = manager, fewest, within_s, 2, 3, 0.5
+    g.present, g.membership, g.healed, g.asked_at = 3, [], None, 0.0
+    g.transport = type("Transport", (), {"asked": asked})()  # (whether a peer was asked for its state)
+    return g
+
+
+def test_an_island_behind_whose_heal_failed_stops_rather_than_train_on_alone():
+    g = _group(_Quorums(3, 1, failing=1), asked=True)  # (the others ended as they sent; then it is alone)
+    with pytest.raises(RunFailed, match=r"^island 2: behind the others, it was not healed from a peer \(both buffer "
+                                        r"length \(0\) and count \(-1\) must not be 0\): stopping rather than train "
+                                        r"on from its own checkpoint \(started again while the others run, it asks "
+                                        r"once more\)$"):
+        g.join(dict, print, 192)
+    assert g.manager.asked > 2  # (asked again for sync.island_timeout_s)
+    g = _group(_Quorums(3, 3, failing=1))  # a fresh start's failed first quorum (no heal asked): asked again
+    assert g.join(dict, print, 0) is None and g.manager.asked == 2 and g.membership == [{"step": 0, "islands": 3}]
+
+
+def test_a_round_with_fewer_than_min_islands_waits_for_more(caplog):
+    g = _group(_Quorums(1, 1, 2), fewest=2)
+    assert g.start_round(16) is None
+    assert g.manager.asked == 3 and g.present == 2 and g.membership == [{"step": 16, "islands": 2}]
+    assert "islands present: 1 at step 16, fewer than sync.min_islands=2: waiting up to 30 s for more" in caplog.text
+    g = _group(_Quorums(1))  # (the default, sync.min_islands=1: one island goes on alone)
+    g.start_round(24)
+    assert g.manager.asked == 1 and g.membership == [{"step": 24, "islands": 1}]
+
+
+def test_fewer_than_min_islands_for_too_long_stops_in_one_line():
+    g = _group(_Quorums(1), fewest=2, within_s=0.6)
+    with pytest.raises(RunFailed, match=r"^island 2: 1 island\(s\) present at step 16, fewer than sync.min_islands=2, "
+                                        r"for 0.6 s: stopping \(its newest checkpoint resumes it; start the lost "
+                                        r"islands again, or lower sync.min_islands\)$"):
+        g.start_round(16)
+    assert g.manager.asked == 3  # (asked again every half second)
 
 
 # ------------------------------------------------------------------------------ the system test

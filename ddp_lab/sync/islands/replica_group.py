@@ -16,6 +16,10 @@ runs as
               in it) is not committed anywhere: no outer step, each island keeps its weights, and the next
               round's outer gradient spans both rounds, so nothing the survivors learnt is dropped
 
+Fewer islands than sync.min_islands at a round's start: the round waits for more (a quorum asked again every
+half second) up to 10 x sync.island_timeout_s, then the island stops in one line; it never trains rounds that
+cannot commit.
+
 The data: island i reads part i of the training set cut for sync.max_islands (its rank j: part i*K+j of
 M*K); an absent island's part is skipped while it is away, the others' parts are untouched. What torchft
 does not: the trainer's whole state in the heal (the data position, DiLoCo's anchor and outer momentum, the
@@ -31,7 +35,7 @@ from typing import Callable
 
 import torch.distributed as dist
 
-from ddp_lab.config import ConfigError
+from ddp_lab.config import ConfigError, RunFailed
 from ddp_lab.telemetry import position
 
 log = logging.getLogger("ddp_lab")
@@ -83,6 +87,19 @@ def _forget_the_last_attempt(rank: int) -> None:
     dist.barrier()  # (the island's own process group)
 
 
+def _noting_transport(timeout: timedelta):
+    """torchft's HTTP transport of a heal's state, noting whether this island asked a peer for it."""
+    from torchft.checkpointing.http_transport import HTTPTransport
+
+    class Noting(HTTPTransport):
+        asked = False
+
+        def recv_checkpoint(self, *args, **kwargs):
+            self.asked = True
+            return super().recv_checkpoint(*args, **kwargs)
+    return Noting(timeout=timeout, num_chunks=0)
+
+
 class ReplicaGroup:
     """This island as a torchft replica group (on this rank: its Manager, its across process group)."""
 
@@ -103,6 +120,7 @@ class ReplicaGroup:
                               "PORT or TORCHFT_LIGHTHOUSE (start one with: torchft_lighthouse --min_replicas 1)")
         timeout = timedelta(seconds=cfg.island_timeout_s)
         self.pg = ProcessGroupGloo(timeout=timeout)
+        self.transport = _noting_transport(timeout)
         if ranks > 1:
             _forget_the_last_attempt(rank)
         try:
@@ -111,12 +129,14 @@ class ReplicaGroup:
                                    timeout=timeout, quorum_timeout=timedelta(seconds=quorum_timeout_s),
                                    connect_timeout=timeout, rank=rank, world_size=ranks, lighthouse_addr=lighthouse,
                                    # (every island builds the same weights from the seed: no transfer at step 0)
-                                   replica_id=f"island{self.island}", init_sync=False)
+                                   replica_id=f"island{self.island}", init_sync=False,
+                                   checkpoint_transport=self.transport)
         except RuntimeError as e:  # (rank 0's connection to the Lighthouse; the others wait for rank 0's server)
             why = str(e).split(";")[0]
             raise ConfigError(f"sync.fault_tolerance=torchft: no Lighthouse answers at {lighthouse} ({why}): start "
                               f"one (torchft_lighthouse --min_replicas 1) or fix sync.lighthouse") from None
-        self.planned, self.waits_s = cfg.max_islands, cfg.island_timeout_s
+        self.planned, self.waits_s, self.fewest = cfg.max_islands, cfg.island_timeout_s, cfg.min_islands
+        self.enough_within_s = quorum_timeout_s  # (fewer than sync.min_islands: how long a round waits for more)
         self.present = 0  # islands in the last quorum
         self.membership: list[dict] = []  # {"step", "islands"} at every change (summary.json)
         self.rounds_dropped = 0  # rounds not committed (an island lost in them)
@@ -127,18 +147,27 @@ class ReplicaGroup:
         """The first quorum, before this island's first step: a restarted island (behind the others) takes a
         peer's state here (`take`); `send` is what this island gives a joiner. A launch not behind anyone (a
         fresh start, or the whole job resumed from its checkpoints) waits for the islands planned, up to
-        sync.island_timeout_s, then goes on with those present (a late one joins from a peer). Returns the heal,
-        or None."""
+        sync.island_timeout_s, then goes on with those present (a late one joins from a peer). A quorum or heal
+        that failed (the peer ended as it sent) is asked again up to then, and after that the island stops: it
+        never trains on from a state behind the others'. Returns the heal, or None."""
         def taken(state: dict) -> None:
             take(state)
             self.healed = {"step": state["shared"]["step"], "seconds": time.perf_counter() - self.asked_at}
         self.manager.register_state_dict_fn("ddp_lab", taken, send)
         self.asked_at = time.perf_counter()  # (a heal's time: the wait for the others' round, the transfer)
-        healed = self.start_round(step, noted=False)
+        healed, why = self.start_round(step, noted=False), None
         deadline = time.monotonic() + self.waits_s
-        while healed is None and self.present < self.planned and time.monotonic() < deadline:
+        while healed is None and time.monotonic() < deadline:
+            failed = self.manager.errored()
+            if failed is None and self.present >= self.planned:
+                break
+            why = why or (failed and str(getattr(failed, "original_exception", failed)).splitlines()[0][:200])
             time.sleep(0.2)
             healed = self.start_round(step, noted=False)
+        if healed is None and self.transport.asked:  # (behind the others: a peer began to send, and failed)
+            raise RunFailed(f"island {self.island}: behind the others, it was not healed from a peer ({why}): "
+                            "stopping rather than train on from its own checkpoint (started again while the others "
+                            "run, it asks once more)")
         at = step if healed is None else healed["step"]
         self.membership.append({"step": at, "islands": self.present})
         log.info("islands present: %d of the %d planned at step %d%s", self.present, self.planned, at,
@@ -149,13 +178,26 @@ class ReplicaGroup:
         return healed
 
     def start_round(self, step: int, noted: bool = True) -> dict | None:
-        """The quorum at a round's start (healing this island if it is behind); a change of membership noted."""
-        self.healed = None
+        """The quorum at a round's start (healing this island if it is behind, waiting while fewer than
+        sync.min_islands are present); a change of membership noted."""
+        self.healed, before = None, self.present
         if noted:
             self.asked_at = time.perf_counter()
+        deadline, warned = time.monotonic() + self.enough_within_s, False
         with position.collective("quorum of islands"):
             self.manager.start_quorum()
-        n, before = self.manager.num_participants(), self.present
+            while (n := self.manager.num_participants()) < self.fewest:
+                if time.monotonic() > deadline:
+                    raise RunFailed(f"island {self.island}: {n} island(s) present at step {step}, fewer than "
+                                    f"sync.min_islands={self.fewest}, for {self.enough_within_s:g} s: stopping (its "
+                                    "newest checkpoint resumes it; start the lost islands again, or lower "
+                                    "sync.min_islands)")
+                if not warned:
+                    log.warning("islands present: %d at step %d, fewer than sync.min_islands=%d: waiting up to %g s "
+                                "for more", n, step, self.fewest, self.enough_within_s)
+                    warned = True
+                time.sleep(0.5)
+                self.manager.start_quorum()
         self.present = n
         if noted and n != before:
             log.info("islands present: %d at step %d (were %d)", n, step, before)

@@ -38,8 +38,9 @@ class PeriodicOptions(SyncOptions):
     max_islands: int = key(0, "sync.fault_tolerance=torchft: the islands the run is planned for; the training data "
                               "is cut into as many parts, island i reading part i (an absent island's part is "
                               "skipped while it is away)", at_least=0)
-    min_islands: int = key(1, "sync.fault_tolerance=torchft: the fewest islands a round commits with (torchft's "
-                              "min_replica_size)", at_least=1)
+    min_islands: int = key(1, "sync.fault_tolerance=torchft: the fewest islands a round runs with (torchft's "
+                              "min_replica_size); with fewer it waits for more, up to 10 x sync.island_timeout_s, "
+                              "then the island stops", at_least=1)
     island_timeout_s: float = key(30.0, "sync.fault_tolerance=torchft: how long an exchange across islands or a "
                                         "rejoin's transfer waits before the round is given up",
                                   ok=positive_finite, rule="a positive number")
