@@ -15,7 +15,9 @@ Every PUBLISH_S it reads the place the training thread marked
   last seen; at `dist.timeout_s` it writes this rank's Python stacks to
   `<run dir>/stacks/rank<N>.txt`, prints one line naming them and ends the
   process (exit 1), so torchrun stops the job. (The process group's own
-  timeout is set a little later, so that this line is what users read.)
+  timeout is set a little later, so that this line is what users read.) A
+  wait that a timeout of its own ends first (torchft's, across islands) is
+  given that much more;
 * when the training thread has made no progress outside any collective for
   `dist.timeout_s` (a read from a dead network filesystem, a stuck disk, a
   deadlock), the same, naming this rank and its phase. The first step of a
@@ -106,7 +108,7 @@ class Watchdog:
                     published = place
                 waited = time.monotonic() - here.entered
                 if here.inside:
-                    if waited >= self.timeout_s:
+                    if waited >= self.timeout_s + here.own_timeout_s:
                         self._give_up(stall.stall_report, waited)
                     if 0 < self.warn_s <= waited and warned_for != (place, here.entered):
                         warned_for = (place, here.entered)

@@ -39,9 +39,10 @@ class Place:
         self.seq = 0  # collectives entered so far
         self.entered = time.monotonic()  # the last mark: progress
         self.since = time.time()  # the same, as wall time (other ranks read it)
+        self.own_timeout_s = 0.0  # the collective's own timeout (torchft's, across islands): the watchdog waits longer
 
-    def mark(self, phase: str, inside: bool = False, collective: bool = False) -> None:
-        self.phase, self.inside, self.collective = phase, inside, collective
+    def mark(self, phase: str, inside: bool = False, collective: bool = False, own_timeout_s: float = 0.0) -> None:
+        self.phase, self.inside, self.collective, self.own_timeout_s = phase, inside, collective, own_timeout_s
         self.entered, self.since = time.monotonic(), time.time()
 
     def as_dict(self) -> dict:
@@ -101,11 +102,12 @@ def progress() -> None:
 
 
 @contextmanager
-def collective(name: str):
+def collective(name: str, own_timeout_s: float = 0.0):
     """Mark the enclosed block as a wait for every rank (see the module docstring).
-    If it raises, the rank stays marked as inside: that is where it stopped."""
+    If it raises, the rank stays marked as inside: that is where it stopped. own_timeout_s: the wait
+    ends by a timeout of its own first (torchft's, across islands): the watchdog allows that much more."""
     HERE.seq += 1
-    HERE.mark(name, inside=True, collective=True)
+    HERE.mark(name, inside=True, collective=True, own_timeout_s=own_timeout_s)
     yield
     HERE.inside = False
     progress()

@@ -86,6 +86,30 @@ def test_a_first_compile_has_no_timeout_of_its_own(tmp_path):
     assert proc.returncode == 0 and "still here" in proc.stdout, proc.stderr
 
 
+INSIDE = """
+import sys, time
+from ddp_lab.guards import watchdog
+from ddp_lab.telemetry import position
+watchdog.PUBLISH_S = 0.05
+position.at_step(8)
+watchdog.Watchdog(None, 0, 1, sys.argv[2], warn_s=0, timeout_s=0.5).start()
+with position.collective("weight sync", own_timeout_s=float(sys.argv[1])):
+    time.sleep(2)
+print("still here", flush=True)
+"""
+
+
+def test_a_wait_with_a_timeout_of_its_own_is_given_that_much_more(tmp_path):
+    # torchft's exchange across islands ends by its own timeout: the watchdog's comes after it
+    mine = subprocess.run([sys.executable, "-c", INSIDE, "2.5", str(tmp_path)], capture_output=True, text=True,
+                          timeout=60)
+    assert mine.returncode == 0 and "still here" in mine.stdout, mine.stderr
+    plain = subprocess.run([sys.executable, "-c", INSIDE, "0", str(tmp_path)], capture_output=True, text=True,
+                           timeout=60)
+    assert plain.returncode == 1 and "still here" not in plain.stdout
+    assert "waited" in plain.stderr and "in weight sync at step 8" in plain.stderr, plain.stderr
+
+
 ORPHAN = """
 import os, sys, time
 from ddp_lab.guards import watchdog

@@ -108,7 +108,7 @@ class _Quorums:
 def _group(manager: _Quorums, fewest: int = 1, within_s: float = 30, asked: bool = False) -> ReplicaGroup:
     g = object.__new__(ReplicaGroup)  # (no Lighthouse: the quorums above)
     g.manager, g.fewest, g.enough_within_s, g.island, g.planned, g.waits_s = manager, fewest, within_s, 2, 3, 0.5
-    g.present, g.membership, g.healed, g.asked_at = 3, [], None, 0.0
+    g.present, g.membership, g.healed, g.asked_at, g.quorum_s = 3, [], None, 0.0, 60.0
     g.transport = type("Transport", (), {"asked": asked})()  # (whether a peer was asked for its state)
     return g
 

@@ -137,6 +137,10 @@ class ReplicaGroup:
                               f"one (torchft_lighthouse --min_replicas 1) or fix sync.lighthouse") from None
         self.planned, self.waits_s, self.fewest = cfg.max_islands, cfg.island_timeout_s, cfg.min_islands
         self.enough_within_s = quorum_timeout_s  # (fewer than sync.min_islands: how long a round waits for more)
+        # the timeouts that end torchft's waits first (the watchdog's dist.timeout_s comes after them): an
+        # exchange and its vote; a round's start (more islands, one quorum, a heal)
+        self.exchange_s = 2 * cfg.island_timeout_s
+        self.quorum_s = 2 * quorum_timeout_s + cfg.island_timeout_s
         self.present = 0  # islands in the last quorum
         self.membership: list[dict] = []  # {"step", "islands"} at every change (summary.json)
         self.rounds_dropped = 0  # rounds not committed (an island lost in them)
@@ -184,7 +188,7 @@ class ReplicaGroup:
         if noted:
             self.asked_at = time.perf_counter()
         deadline, warned = time.monotonic() + self.enough_within_s, False
-        with position.collective("quorum of islands"):
+        with position.collective("quorum of islands", own_timeout_s=self.quorum_s):
             self.manager.start_quorum()
             while (n := self.manager.num_participants()) < self.fewest:
                 if time.monotonic() > deadline:

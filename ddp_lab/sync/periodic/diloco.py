@@ -125,7 +125,7 @@ class DiLoCoSync(LocalSGDSync):
         if not self.streaming:
             return super().after_step(step)
         self.step = step
-        with position.collective("weight sync"), self._timed():
+        with position.collective("weight sync", own_timeout_s=self.across_s()), self._timed():
             for f, sent in enumerate(self.sent):
                 if sent is not None and step == sent.step + self.overlap:
                     self._land(f, self.mix)
@@ -247,7 +247,7 @@ class DiLoCoSync(LocalSGDSync):
         the rest of this rank's progress, landed at once (nothing a rank learnt is dropped)."""
         if not self.streaming:
             return super().finish(step)
-        with position.collective("weight sync"):
+        with position.collective("weight sync", own_timeout_s=self.across_s()):
             for f, sent in enumerate(self.sent):
                 if sent is not None and sent.step == step:  # sent at this very step: it lands as blocking DiLoCo's
                     self.sent[f] = sent._replace(proxy=None)

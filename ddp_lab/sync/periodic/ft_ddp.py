@@ -40,7 +40,7 @@ class FTDDPSync(ReplicaSync):
         """The island's mean gradients (the inner strategy's) <- their mean over the islands present; the vote."""
         grads = [p.grad for p in self.params if p.grad is not None]
         flat = torch.cat([g.reshape(-1).float() for g in grads])
-        with position.collective("gradient sync across islands"), self._timed():
+        with position.collective("gradient sync across islands", own_timeout_s=self.replicas.exchange_s), self._timed():
             self.replicas.mean(flat).wait()
         self.count(flat.numel() * flat.element_size(), across=True)
         offset = 0

@@ -76,8 +76,14 @@ class LocalSGDSync(FlatSync):
         if not self.synced_at(step):
             return
         if step > self.start:
-            with position.collective("weight sync"), self._timed():
+            with position.collective("weight sync", own_timeout_s=self.across_s()), self._timed():
                 self.synchronise()
+
+    def across_s(self) -> float:
+        """What the watchdog allows a sync beyond dist.timeout_s: across torchft islands (diloco's replicas),
+        torchft's own timeouts end the wait first."""
+        replicas = getattr(self, "replicas", None)
+        return replicas.exchange_s if replicas is not None else 0.0
 
     def synchronise(self) -> None:
         """Every rank's weights <- the mean of the ranks' weights."""
@@ -107,7 +113,7 @@ class LocalSGDSync(FlatSync):
 
     def finish(self, step: int) -> None:
         if not self.synced_at(step):
-            with position.collective("weight sync"):
+            with position.collective("weight sync", own_timeout_s=self.across_s()):
                 self.synchronise()
 
     @contextlib.contextmanager

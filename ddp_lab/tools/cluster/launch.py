@@ -21,7 +21,9 @@ Islands under torchft (`islands`, when the command says sync.fault_tolerance=tor
 own torchrun job (standalone: its own rendezvous), its island DDP_LAB_ISLAND = the host's index, its run
 directory <run id>-island<i>; a torchft Lighthouse runs on host 0 (TORCHFT_LIGHTHOUSE, the job's port),
 so that is again the host the job cannot lose. A host that fails does not stop the others (they go on
-without it); `rejoin` starts its agent again into the running job (the job's record: job_record()).
+without it); `rejoin` starts its agent again into the running job (the job's record: job_record()). The
+job's exit status is each island's last agent's, but for one that failed after another completed the run
+(too late to rejoin it: islands_rc()).
 """
 from __future__ import annotations
 
@@ -258,9 +260,12 @@ class Job:
             for t in a.readers:
                 t.join(timeout=5)
         self._stop_lighthouse()
-        if self.islands:  # each island's last agent says (a lost one started again by rejoin ended with its own)
-            last = {a.host.name: a.proc.returncode for a in self.agents}
-            return next((rc for rc in last.values() if rc), 0)
+        if self.islands:
+            rc, late = islands_rc(self.agents)
+            if late:
+                self._say(f"ddp_lab.tools.cluster: {', '.join(late)} failed after other islands had completed the "
+                          "run (too late to rejoin it): the completed islands' results stand")
+            return rc
         failed = sorted((a.ended_at, i) for i, a in enumerate(self.agents) if a.proc.returncode)
         if self.elastic and any(a.proc.returncode == 0 for a in self.agents):
             return 0
@@ -339,6 +344,16 @@ class Job:
         with self._lock:
             text = "".join(line for a in agents for line in a.lines)
         return text + "".join(self.notes) if host_index is None else text
+
+
+def islands_rc(agents) -> tuple[int, list[str]]:
+    """An islands job's exit status: each island's last agent says (a lost one started again ended with its
+    own), but an island that failed after another had completed the run came too late to rejoin it (no peer
+    left to heal it) and does not fail the job. Returns the status and those late islands."""
+    last = {a.host.name: a for a in agents}
+    done = min((a.ended_at for a in last.values() if a.proc.returncode == 0), default=None)
+    late = [n for n, a in last.items() if a.proc.returncode and done is not None and a.ended_at >= done]
+    return next((a.proc.returncode for n, a in last.items() if a.proc.returncode and n not in late), 0), late
 
 
 def job_record_path(cluster: str) -> Path:

@@ -1,18 +1,35 @@
 """Islands under torchft on emulated hosts (sync.fault_tolerance=torchft): each host its own torchrun job, a
-Lighthouse on host 0; a host lost at once leaves the others stepping, and it rejoins from a peer."""
+Lighthouse on host 0; a host lost at once leaves the others stepping, and it rejoins from a peer. And the
+islands job's exit status."""
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from ddp_lab.tools.cluster import emulated, running
+from ddp_lab.tools.cluster.launch import islands_rc
 from ddp_lab.tools.cluster.network import kill_processes
 from tests.conftest import tiny_overrides
 from tests.helpers.cluster import wait_for
 from tests.tools.cluster.conftest import namespaces_or_skip, unique_name
 
-pytestmark = pytest.mark.system
 pytest.importorskip("torchft")
+
+
+def _agent(host: str, rc: int | None, ended_at: float):
+    return SimpleNamespace(host=SimpleNamespace(name=host), proc=SimpleNamespace(returncode=rc), ended_at=ended_at)
+
+
+def test_an_island_too_late_to_rejoin_does_not_fail_the_job():
+    # lab-2 lost at 10 s (rc 137), started again, failed at 32 s as the others had ended at 30 and 31 s
+    late = [_agent("lab-0", 0, 30), _agent("lab-1", 0, 31), _agent("lab-2", 137, 10), _agent("lab-2", 1, 32)]
+    assert islands_rc(late) == (0, ["lab-2"])
+    # its last agent failed while the others ran: the job fails with its status
+    lost = [_agent("lab-0", 0, 30), _agent("lab-1", 0, 31), _agent("lab-2", 137, 10), _agent("lab-2", 1, 20)]
+    assert islands_rc(lost) == (1, [])
+    assert islands_rc([_agent("lab-0", 1, 5), _agent("lab-1", 1, 6)]) == (1, [])  # (none completed)
+    assert islands_rc([_agent("lab-0", 0, 5), _agent("lab-1", 0, 6)]) == (0, [])
 
 
 @pytest.fixture
@@ -22,6 +39,7 @@ def three_hosts():
         yield cluster
 
 
+@pytest.mark.system
 def test_a_lost_host_costs_the_others_a_round_and_rejoins_from_a_peer(three_hosts, tiny_fmnist, tmp_path):
     overrides = [o for o in tiny_overrides(tiny_fmnist, tmp_path / "run")
                  if not o.startswith(("data.batch_size=", "trainer.epochs=", "hydra.run.dir="))]
