@@ -10,7 +10,9 @@ KILL_EVERY s a host is lost at once (`cluster kill`, hosts 1 and 2 in turn; host
            (every host from its newest checkpoint), as a scheduler would, until it ends
 and both without losses (the controls). REPS rounds (seed = round), the four runs interleaved in each. Each run
 appends a JSON line to runs.jsonl (wall time, kills, launches, membership, the validation curve against the
-wall time since the first launch); table.py makes the table, the predictions and the plot.
+wall time since the first launch); the runs' logs stay in a temporary folder (printed at the end), from which
+`table.py --events` keeps the lines that time each recovery (events.txt); table.py makes the tables, the
+cost model's predictions and the plot.
 Usage (from the repository root, as root): [VENV=.venv] python <this folder>/run.py [REPS [KILL_EVERY [DELAY]]]
 """
 import json
@@ -125,7 +127,10 @@ def main() -> None:
                 run(mode, kill, rep, out)
     finally:
         subprocess.run(cluster("down"), capture_output=True)
-        shutil.rmtree(out, ignore_errors=True)
+        for d in out.iterdir():  # the runs go, their logs stay (table.py --events reads them)
+            if d.is_dir():
+                shutil.rmtree(d, ignore_errors=True)
+        print(f"the runs' logs: {out}")
 
 
 if __name__ == "__main__":
