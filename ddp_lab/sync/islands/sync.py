@@ -197,8 +197,9 @@ class IslandSync(ReplicaSync):
         if self.replicas is not None and self.outer.synced_at(step):  # the next round's islands
             healed = self.replicas.start_round(step)
             if healed is not None and healed["step"] != step:  # (islands step in lockstep: the data position holds)
-                raise RunFailed(f"island {self.replicas.island} was healed at step {step} from a peer at step "
-                                f"{healed['step']}: the islands left lockstep; resume the job from a checkpoint")
+                raise RunFailed(f"island {self.replicas.island} fell behind the others (its step {step}, theirs "
+                                f"{healed['step']}: cut off from them?): stopping; started again (torchrun "
+                                "--max-restarts, `cluster rejoin`) it rejoins from a peer")
 
     def summary_fields(self) -> dict:
         if self.replicas is None:

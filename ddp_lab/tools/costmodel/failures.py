@@ -5,15 +5,17 @@
     python -m ddp_lab.tools.costmodel.failures --steps 360 --step-ms 310 --startup-s 12 --mtbf-s 40 \\
         --detect-s 10 --ckpt-every 48 --islands 3 --periodic
 
-With nothing lost the run takes W0 = startup + steps x step. Each failure costs it a fixed time c, and
-failures come every MTBF seconds of wall time, lost time included:
+With nothing lost the run takes W0 = startup + steps x step. Each failure costs it a time c, and failures
+come every MTBF seconds of wall time, lost time included:
 
     W = W0 + n(W) c      n(W) = W / MTBF at random (so W = W0 / (1 - c / MTBF)),
-                         or the kills before the end when a host is lost every MTBF s from the launch (--periodic)
+                         or the losses before the end when a host is lost every MTBF s from the launch (--periodic)
 
 - **restart** (today's torchrun job: every host stops, the job is launched again, every rank resumes the
-  newest checkpoint): c = detect + relaunch + startup + (ckpt_every / 2) x step, the last term the steps
-  since that checkpoint computed again (half an interval on average).
+  newest checkpoint): c = detect + relaunch + restart + (ckpt_every / 2) x step, the last term the steps
+  since that checkpoint computed again (half an interval on average). On a schedule the losses fall at
+  known points of the checkpoint interval, and a loss may come while the job starts again: --periodic
+  replays the run loss by loss instead (restart_wall_s).
 - **torchft** islands (sync.fault_tolerance=torchft: the others go on, the lost island rejoins from a
   peer): c = max(detect, heartbeat) + heal for the survivors. The failed round's exchange is dropped, not
   its compute; the next quorum comes once the Lighthouse stops hearing the lost island (its heartbeat
@@ -41,7 +43,7 @@ class Work:
     """The run without failures, and how it is launched again."""
     steps: int               # optimizer steps to the end (or to a target)
     step_s: float            # wall seconds a step with nothing lost, evaluations and checkpoints included
-    startup_s: float         # a launch to its first step (a resume's checkpoint load included)
+    startup_s: float         # the first launch to its first step
     ckpt_every: int = 0      # steps between checkpoints (0: none, a restart starts over)
     save_s: float = 0.0      # what one checkpoint adds to the step it ends (Young's interval)
     islands: int = 1         # torchft: islands of equal batch share
@@ -58,11 +60,35 @@ class Recovery:
     relaunch_s: float = 0.0  # until the lost host (restart: the job) is launched again, e.g. a scheduler's delay
     heartbeat_s: float = 2.0  # torchft: the Lighthouse's heartbeat timeout (ddp_lab.tools.cluster's: 2 s)
     heal_s: float = 0.5      # torchft: a quorum that moves the whole state from a peer
+    restart_s: float | None = None  # a launch again to its first step, the resume included (None: startup_s)
+
+
+def _restart_s(w: Work, r: Recovery) -> float:
+    return w.startup_s if r.restart_s is None else r.restart_s
 
 
 def restart_cost_s(w: Work, r: Recovery) -> float:
     redo = w.ckpt_every / 2 if w.ckpt_every else w.steps / 2  # (no checkpoints: on average half the run again)
-    return r.detect_s + r.relaunch_s + w.startup_s + redo * w.step_s
+    return r.detect_s + r.relaunch_s + _restart_s(w, r) + redo * w.step_s
+
+
+def restart_wall_s(w: Work, r: Recovery, steps: int) -> tuple[float, int]:
+    """Checkpoint-restart to `steps` with a host lost every r.mtbf_s from the launch, replayed loss by loss:
+    (wall seconds, losses met). Each loss sends the job back to its newest checkpoint; one that comes while the
+    job starts again costs that start."""
+    t, done, n = w.startup_s, 0.0, 0  # t: when the job steps again from `done`
+    while True:
+        loss = (n + 1) * r.mtbf_s
+        end = t + (steps - done) * w.step_s
+        if end <= loss:
+            return end, n
+        if loss > t:  # (stepping when lost: back to the newest checkpoint)
+            done += (loss - t) / w.step_s
+            done = math.floor(done / w.ckpt_every) * w.ckpt_every if w.ckpt_every else 0.0
+        n += 1
+        t = loss + r.detect_s + r.relaunch_s + _restart_s(w, r)
+        if n > 10_000:
+            return math.inf, n  # (each loss comes before the job steps again: it never ends)
 
 
 def torchft_cost_s(w: Work, r: Recovery) -> float:
@@ -99,12 +125,16 @@ def predict(w: Work, r: Recovery, target_steps: int | None = None) -> list[Outco
     steps = target_steps or w.steps
     w0 = w.startup_s + steps * w.step_s
     rows = [Outcome("no failures", w0, 0.0, steps, steps)]
-    n = failures_within(w0, restart_cost_s(w, r), r)
-    rows.append(Outcome("restart", w0 + n * restart_cost_s(w, r), n, steps, steps))
+    if r.periodic:
+        wall, n = restart_wall_s(w, r, steps)
+        rows.append(Outcome("restart", wall, float(n), steps, steps))
+    else:
+        n = failures_within(w0, restart_cost_s(w, r), r)
+        rows.append(Outcome("restart", w0 + n * restart_cost_s(w, r), n, steps, steps))
     if w.islands < 2:
         return rows  # (torchft's islands go on without one of them: one island is the whole run)
     c = torchft_cost_s(w, r)
-    away_steps = (r.relaunch_s + w.startup_s + r.heal_s) / w.step_s  # an island's absence, in the others' steps
+    away_steps = (r.relaunch_s + _restart_s(w, r) + r.heal_s) / w.step_s  # an island's absence, in steps
     n, extra = failures_within(w0, c, r), 0.0
     lost = min(n * away_steps, steps) / max(w.islands, 1)  # steps' worth of samples left untrained
     if target_steps:  # a target needs as many samples: that many steps more, and the failures in their time
@@ -129,7 +159,8 @@ def check(w: Work, r: Recovery) -> None:
     for name, v in (("--steps", w.steps), ("--step-ms", w.step_s), ("--mtbf-s", r.mtbf_s)):
         if not v > 0:
             raise ConfigError(f"{name} {v:g}: give a positive number")
-    for name, v in (("--startup-s", w.startup_s), ("--ckpt-every", w.ckpt_every), ("--save-s", w.save_s),
+    for name, v in (("--startup-s", w.startup_s), ("--restart-s", r.restart_s or 0.0), ("--ckpt-every", w.ckpt_every),
+                    ("--save-s", w.save_s),
                     ("--detect-s", r.detect_s), ("--relaunch-s", r.relaunch_s), ("--heartbeat-s", r.heartbeat_s),
                     ("--heal-s", r.heal_s)):
         if v < 0:
@@ -144,7 +175,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, required=True, help="optimizer steps to the end")
     p.add_argument("--step-ms", type=float, required=True, help="a step's wall time with nothing lost, "
                    "evaluations and checkpoints included (summary.json: train_s / steps)")
-    p.add_argument("--startup-s", type=float, required=True, help="a launch to its first step")
+    p.add_argument("--startup-s", type=float, required=True, help="the first launch to its first step")
+    p.add_argument("--restart-s", type=float, help="a launch again to its first step, the resume included "
+                   "(default: --startup-s)")
     p.add_argument("--mtbf-s", type=float, required=True, help="mean time between failures of any host")
     p.add_argument("--periodic", action="store_true", help="a host lost every --mtbf-s from the launch")
     p.add_argument("--ckpt-every", type=int, default=0, help="steps between checkpoints (trainer.ckpt_every_steps)")
@@ -159,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--heal-s", type=float, default=0.5, help="torchft: a heal's quorum")
     a = p.parse_args(argv)
     w = Work(a.steps, a.step_ms / 1000, a.startup_s, a.ckpt_every, a.save_s, a.islands)
-    r = Recovery(a.mtbf_s, a.periodic, a.detect_s, a.relaunch_s, a.heartbeat_s, a.heal_s)
+    r = Recovery(a.mtbf_s, a.periodic, a.detect_s, a.relaunch_s, a.heartbeat_s, a.heal_s, a.restart_s)
     try:
         check(w, r)
         if a.target_step is not None and not 0 < a.target_step <= a.steps:
@@ -168,13 +201,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"ddp_lab.tools.costmodel.failures: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     print(f"a failure costs restart {restart_cost_s(w, r):.1f} s, torchft's survivors {torchft_cost_s(w, r):.1f} s"
-          f" (and 1/{w.islands} of the batch for {r.relaunch_s + w.startup_s + r.heal_s:.1f} s)")
+          f" (and 1/{w.islands} of the batch for {r.relaunch_s + _restart_s(w, r) + r.heal_s:.1f} s)")
     what = f"to the target (step {a.target_step})" if a.target_step else f"to step {a.steps}"
     print(f"{'mode':<12} {'failures':>8} {'wall s ' + what:>28} {'x none':>7} {'useful steps/s':>15}")
     rows = predict(w, r, a.target_step)
     for o in rows:
-        if math.isinf(o.failures):
-            print(f"{o.mode:<12} {'inf':>8} {'never ends: a failure costs more than the MTBF':>28}")
+        if math.isinf(o.wall_s):
+            print(f"{o.mode:<12} {'inf':>8} {'never ends: it loses ground faster than it gains':>28}")
             continue
         print(f"{o.mode:<12} {o.failures:>8.1f} {o.wall_s:>28.1f} {o.wall_s / rows[0].wall_s:>7.2f} "
               f"{o.goodput:>15.3f}")

@@ -34,12 +34,22 @@ def test_losses_at_random_stretch_the_run_by_one_over_one_minus_the_lost_fractio
     assert math.isinf(f.failures_within(90.0, 100.0, r))  # each loss costs the time between two: it never ends
 
 
+def test_restart_on_a_schedule_is_replayed_loss_by_loss():
+    # a loss every 40 s, 24 s to start again: 40 steps gained between losses, a checkpoint every 48: never saved
+    assert f.restart_wall_s(WORK, EVERY_40, 240)[0] == math.inf
+    # a checkpoint every 24: back to step 48, 72, 96, ... 216 (each loss 16 s after the job stepped again)
+    assert f.restart_wall_s(f.Work(240, 0.4, 20.0, ckpt_every=24), EVERY_40, 240) == (pytest.approx(353.6), 8)
+    # a loss while the job starts costs that start: lost at 12 s of a 15 s start, stepping again at 17 s
+    assert f.restart_wall_s(f.Work(10, 0.1, 15.0), f.Recovery(mtbf_s=12.0, periodic=True, detect_s=0, restart_s=5),
+                            10) == (pytest.approx(18), 1)
+
+
 def test_restart_and_torchft_to_the_end_and_to_a_target():
     rows = {o.mode: o for o in f.predict(WORK, EVERY_40)}
     assert rows["no failures"].wall_s == pytest.approx(116.0)
-    c = 33.6
-    assert rows["restart"].failures == f.failures_within(116.0, c, EVERY_40)
-    assert rows["restart"].wall_s == pytest.approx(116 + rows["restart"].failures * c)
+    assert rows["restart"].wall_s == math.inf
+    random = {o.mode: o for o in f.predict(WORK, f.Recovery(mtbf_s=100.0, detect_s=1.0, relaunch_s=3.0))}
+    assert random["restart"].wall_s == pytest.approx(116 / (1 - 33.6 / 100))  # (at random: the formula)
     ft = rows["torchft"]
     assert ft.failures == 3 and ft.wall_s == pytest.approx(116 + 3 * 2.5)  # losses at 40, 80, 120 s; ends at 123.5
     away = (3 + 20 + 0.5) / 0.4  # an island's absence in steps: its third of the batch untrained meanwhile
@@ -78,8 +88,8 @@ def test_the_command_prints_each_mode_and_says_when_restart_never_ends(capsys):
             "--islands", "3", "--relaunch-s", "3", "--save-s", "0.5", "--periodic"])
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "a failure costs restart 33.6 s, torchft's survivors 2.5 s (and 1/3 of the batch for 23.5 s)"
-    assert out[3].split() == ["restart", "inf", "never", "ends:", "a", "failure", "costs", "more", "than", "the",
-                              "MTBF"]
+    assert out[3].split() == ["restart", "inf", "never", "ends:", "it", "loses", "ground", "faster", "than", "it",
+                              "gains"]
     assert out[4].split()[:3] == ["torchft", "4.0", "126.0"]  # losses at 30, 60, 90, 120 s, 2.5 s each
     assert out[5] == "Young's checkpoint interval: 14 steps (sqrt(2 x 0.5 s x 30 s))"
     with pytest.raises(ConfigError):
