@@ -8,7 +8,8 @@ import sys
 
 from ddp_lab.tools.cluster import memory_limit, names, network
 from ddp_lab.tools.cluster.commands import ClusterError
-from ddp_lab.tools.cluster.launch import Job, forget_job_record, in_host, read_job_record, write_job_record
+from ddp_lab.tools.cluster.islands_job import forget_job_record, read_job_record, write_job_record
+from ddp_lab.tools.cluster.launch import Job, in_host
 from ddp_lab.tools.cluster.shaping import DEFAULT_MTU, format_rate
 
 

@@ -21,14 +21,13 @@ Islands under torchft (`islands`, when the command says sync.fault_tolerance=tor
 own torchrun job (standalone: its own rendezvous), its island DDP_LAB_ISLAND = the host's index, its run
 directory <run id>-island<i>; a torchft Lighthouse runs on host 0 (TORCHFT_LIGHTHOUSE, the job's port),
 so that is again the host the job cannot lose. A host that fails does not stop the others (they go on
-without it); `rejoin` starts its agent again into the running job (the job's record: job_record()). The
+without it); `rejoin` starts its agent again into the running job (the job's record: islands_job.py). The
 job's exit status is each island's last agent's, but for one that failed after another completed the run
-(too late to rejoin it: islands_rc()).
+(too late to rejoin it: islands_job.py).
 """
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import signal
@@ -37,11 +36,11 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TextIO
 
 from ddp_lab.tools.cluster import memory_limit
 from ddp_lab.tools.cluster.commands import ClusterError, descendants
+from ddp_lab.tools.cluster.islands_job import FAULT_TOLERANT, islands_rc
 from ddp_lab.tools.cluster.network import HOST_LINK, Cluster, Host, host_named, links_down
 from ddp_lab.tools.cluster.sharing import share
 
@@ -56,8 +55,6 @@ SET_HOSTNAME = ("import os,socket,sys; socket.sethostname(sys.argv[1]); sys.argv
 JOIN_CGROUP = ("import os,sys; c = sys.argv[1]; c and open(c, 'w').write(str(os.getpid())); "
                "os.execvp(sys.argv[2], sys.argv[2:])")
 TERM_GRACE_S = 30  # after SIGTERM, as torchrun waits for its workers, then SIGKILL
-JOBS = Path("/run/ddplab")  # an islands job's record, by cluster (rejoin reads it)
-FAULT_TOLERANT = "sync.fault_tolerance=torchft"  # the override that makes each host an island (see above)
 # the Lighthouse's timeouts: a quiet island is dropped after 2 s; a quorum waits up to 10 s for one heartbeating
 LIGHTHOUSE_OPTIONS = ["--min_replicas", "1", "--heartbeat_timeout_ms", "2000", "--join_timeout_ms", "10000"]
 IDLE_S = 5  # an agent without workers after another host failed: stopped after this
@@ -344,45 +341,6 @@ class Job:
         with self._lock:
             text = "".join(line for a in agents for line in a.lines)
         return text + "".join(self.notes) if host_index is None else text
-
-
-def islands_rc(agents) -> tuple[int, list[str]]:
-    """An islands job's exit status: each island's last agent says (a lost one started again ended with its
-    own), but an island that failed after another had completed the run came too late to rejoin it (no peer
-    left to heal it) and does not fail the job. Returns the status and those late islands."""
-    last = {a.host.name: a for a in agents}
-    done = min((a.ended_at for a in last.values() if a.proc.returncode == 0), default=None)
-    late = [n for n, a in last.items() if a.proc.returncode and done is not None and a.ended_at >= done]
-    return next((a.proc.returncode for n, a in last.items() if a.proc.returncode and n not in late), 0), late
-
-
-def job_record_path(cluster: str) -> Path:
-    return JOBS / f"{cluster}-islands-job.json"
-
-
-def write_job_record(cluster: str, job: Job) -> None:
-    """An islands job's launch, for `rejoin HOST` to start one host's agent again into it."""
-    JOBS.mkdir(parents=True, exist_ok=True)
-    job_record_path(cluster).write_text(json.dumps({
-        "command": job.command, "nproc_per_host": job.nproc_per_host, "max_restarts": job.max_restarts,
-        "hosts": len(job.hosts), "run_id": job.run_id, "port": job.port}))
-
-
-def forget_job_record(cluster: str) -> list[str]:
-    """`down`: the cluster's islands job record goes with it; what was removed, as lines to print."""
-    path = job_record_path(cluster)
-    if not path.exists():
-        return []
-    path.unlink()
-    return [f"file {path}"]
-
-
-def read_job_record(cluster: str) -> dict:
-    path = job_record_path(cluster)
-    if not path.exists():
-        raise ClusterError(f"no islands job was run on cluster {cluster}: start one with `run -- -m ddp_lab.train "
-                           f"... {FAULT_TOLERANT}` first")
-    return json.loads(path.read_text())
 
 
 def after_out_of_memory(command: list[str]) -> str:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ddp_lab.tools.cluster import emulated, running
-from ddp_lab.tools.cluster.launch import islands_rc
+from ddp_lab.tools.cluster.islands_job import islands_rc
 from ddp_lab.tools.cluster.network import kill_processes
 from tests.conftest import tiny_overrides
 from tests.helpers.cluster import wait_for
