@@ -20,7 +20,7 @@ come every MTBF seconds of wall time, lost time included:
   peer): c = max(detect, heartbeat) + heal for the survivors. The failed round's exchange is dropped, not
   its compute; the next quorum comes once the Lighthouse stops hearing the lost island (its heartbeat
   timeout, running while the survivors detect), and the heal holds one quorum while the state moves. They
-  pay in samples instead: while an island is away (relaunch + startup + heal), 1/islands of each step's
+  pay in samples instead: while an island is away (relaunch + restart + heal), 1/islands of each step's
   batch goes untrained, and a target takes that many steps more (progress counted in samples, as a small
   batch learns).
 
@@ -136,14 +136,14 @@ def predict(w: Work, r: Recovery, target_steps: int | None = None) -> list[Outco
     c = torchft_cost_s(w, r)
     away_steps = (r.relaunch_s + _restart_s(w, r) + r.heal_s) / w.step_s  # an island's absence, in steps
     n, extra = failures_within(w0, c, r), 0.0
-    lost = min(n * away_steps, steps) / max(w.islands, 1)  # steps' worth of samples left untrained
+    lost = min(n * away_steps, steps) / w.islands  # steps' worth of samples left untrained
     if target_steps:  # a target needs as many samples: that many steps more, and the failures in their time
         for _ in range(50):  # (a fixed point: each step more may meet another failure)
             if math.isinf(n) or abs(lost - extra) < 1e-9:
                 break
             extra = lost
             n = failures_within(w0 + extra * w.step_s, c, r)
-            lost = min(n * away_steps, steps + extra) / max(w.islands, 1)
+            lost = min(n * away_steps, steps + extra) / w.islands
         rows.append(Outcome("torchft", w0 + extra * w.step_s + n * c, n, steps + extra, steps))
     else:
         rows.append(Outcome("torchft", w0 + n * c, n, steps, steps - lost))
@@ -160,9 +160,8 @@ def check(w: Work, r: Recovery) -> None:
         if not v > 0:
             raise ConfigError(f"{name} {v:g}: give a positive number")
     for name, v in (("--startup-s", w.startup_s), ("--restart-s", r.restart_s or 0.0), ("--ckpt-every", w.ckpt_every),
-                    ("--save-s", w.save_s),
-                    ("--detect-s", r.detect_s), ("--relaunch-s", r.relaunch_s), ("--heartbeat-s", r.heartbeat_s),
-                    ("--heal-s", r.heal_s)):
+                    ("--save-s", w.save_s), ("--detect-s", r.detect_s), ("--relaunch-s", r.relaunch_s),
+                    ("--heartbeat-s", r.heartbeat_s), ("--heal-s", r.heal_s)):
         if v < 0:
             raise ConfigError(f"{name} {v:g}: give 0 or more")
     if w.islands < 1:
