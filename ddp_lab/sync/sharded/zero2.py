@@ -10,7 +10,7 @@ chunk's gradient (added to it, under accumulation). A chunk's gradient is made t
 after the optimizer step (zero_grad sets it to None), as FSDP2 does: between steps a rank holds no
 gradient, and in the backward only those of the buckets landed so far, while the activations
 still held shrink. (Kept whole between steps, they were what held stage 3's peak above fsdp's:
-docs/results/2026-12-02_zen5-2c_stage3-peak.) Under trainer.grad_accum every micro-batch is
+measured in docs/memory.md, stage 3's peak.) Under trainer.grad_accum every micro-batch is
 reduce-scattered (the gradients never exist whole between micro-batches): k times the gradient
 bytes of one step, as DeepSpeed's stage 2.
 """

@@ -26,7 +26,7 @@ come every MTBF seconds of wall time, lost time included:
 
 Young's interval minimises restart's loss: sqrt(2 x save x MTBF) of wall time between checkpoints (J. W.
 Young, "A first order approximation to the optimum checkpoint interval", CACM 1974).
-Measured against runs: docs/results/2026-12-03_zen5-2c_repeated-losses/.
+Measured against runs (why the medians hold and single runs do not): docs/costmodel.md, "Pricing lost hosts".
 """
 from __future__ import annotations
 
