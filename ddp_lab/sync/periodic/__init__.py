@@ -4,6 +4,8 @@ so the ranks' weights drift apart and each rank's are checkpointed (Capabilities
 * local_sgd.py: average the weights (post-local SGD after sync.local_sgd_start_step steps);
 * diloco.py: average the change in weights and apply it with an outer Nesterov SGD, optionally
   quantized (sync.compress=int8|int4), in the background (sync.overlap) or in fragments;
+* diloco_state.py: what a DiLoCo rank checkpoints (anchor, outer momentum, what travels) and how it comes back;
+* in_flight.py: an outer gradient on its way (sync.overlap, fragments);
 * ft_ddp.py: DDP across torchft islands, the gradients every step (a step a round);
 * fragments.py: the runs of parameters DiLoCo's fragments synchronise;
 * options.py: their keys (sync.every, sync.islands and the strategy inside them; each one's own).

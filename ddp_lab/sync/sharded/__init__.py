@@ -6,6 +6,7 @@ after).
 * zero1.py: ZeRO stage 1, and the layout, schedule and all-gather stages 2 and 3 build on; sync=zero's keys;
 * zero2.py: stage 2, zero1's with the gradients reduce-scattered and dropped;
 * zero3.py: stage 3, zero2's with the weights in units gathered one at a time;
+* zero3_state.py: stage 3's weights out (model.pt, checkpoints) and back in (any world size), never whole;
 * flat_unit.py: a unit's weights as stage 3 holds them, flat buffers by kind and this rank's pieces;
 * fsdp.py: torch's FSDP2 (fully_shard) on the same units; sync.islands makes it HSDP;
 * units.py: which modules stage 3 and fsdp gather one at a time, for any module tree;
