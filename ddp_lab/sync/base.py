@@ -78,6 +78,7 @@ class SyncContext:
     param_dtype: torch.dtype | None = None  # stage 3, fsdp under trainer.amp=bf16: the weights gathered in it
     islands: object = None  # islands/layout.py's Islands: a periodic strategy running across them
     trained: Callable[[], list] | None = None  # the tensors a periodic strategy averages (sharded inside: shards)
+    identity: str = ""  # torchft islands: a hash of the config's hashed keys and the code, alike on every island
 
 
 NO_CONTEXT = SyncContext()

@@ -29,6 +29,7 @@ whose value could not be found is null, never guessed.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -106,6 +107,16 @@ def machine_short_name(facts: dict) -> str:
         words = [w for w in re.split(r"[^a-z0-9]+", gpus[0].lower()) if w and w != "nvidia"]
         name += f"-{words[0] if words else 'gpu'}x{len(gpus)}"
     return name
+
+
+def code_version(package_dir: Path = PACKAGE_DIR) -> str:
+    """ddp_lab's code as it runs (a digest of its .py files, so a checkout, a wheel or an edited copy alike) and
+    torch's version: what islands that average each other's weights must share."""
+    digest = hashlib.sha256()
+    for path in sorted(package_dir.rglob("*.py")):
+        digest.update(path.relative_to(package_dir).as_posix().encode() + b"\0" + path.read_bytes())
+    import torch  # (the record tools import this module without torch)
+    return f"ddp_lab {digest.hexdigest()[:12]}, torch {torch.__version__}"
 
 
 def git_state(package_dir: Path = PACKAGE_DIR) -> tuple[str | None, bool | None, list[str] | None]:

@@ -37,7 +37,7 @@ import torch
 from omegaconf import OmegaConf
 
 from ddp_lab import sync as sync_strategies
-from ddp_lab.checkpoint import Checkpointer
+from ddp_lab.checkpoint import Checkpointer, config_subset
 from ddp_lab.checkpoint.pretrained import PretrainedWeights, load_whole
 from ddp_lab.config import ConfigError, schema
 from ddp_lab.distributed import DistEnv
@@ -55,7 +55,7 @@ from ddp_lab.models.meta_init import (
     reinitialise_whole,
 )
 from ddp_lab.sync import ReplicaSync, SyncContext, build_sync
-from ddp_lab.sync.islands.replica_group import data_part
+from ddp_lab.sync.islands.replica_group import data_part, fault_tolerant, island_identity
 from ddp_lab.sync.periodic import PeriodicOptions
 from ddp_lab.sync.sharded.common import return_freed_blocks
 from ddp_lab.sync.sharded.grad_scaler import ShardedGradScaler
@@ -300,7 +300,9 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
         log.info("activation checkpointing: %d module(s) recompute their forward in the backward (%s, ...)",
                  len(checkpointed), type(checkpointed[0]).__name__)
     no_decay = no_decay_names(model, cfg.optim.get("no_decay", "none"))
-    sync = build_sync(opts, torch.compile(model) if compiled else model, env, SyncContext(init, no_decay, gathered))
+    identity = island_identity(config_subset(cfg)) if fault_tolerant(opts) else ""  # (torchft islands alike)
+    ctx = SyncContext(init, no_decay, gathered, identity=identity)
+    sync = build_sync(opts, torch.compile(model) if compiled else model, env, ctx)
     refuse_whole_tensor_optimizers(cfg.optim, sync)
     built_mb = (before_build, peak_memory_mb(env.device))  # (made and sharded: zero 3's and fsdp's a unit at a time)
     if env.is_main:  # (every rank's: summary.json)

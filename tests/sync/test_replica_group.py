@@ -20,7 +20,14 @@ import torch
 
 from ddp_lab.config import ConfigError, RunFailed
 from ddp_lab.sync import check
-from ddp_lab.sync.islands.replica_group import ReplicaGroup, data_part, refuse_floating_buffers
+from ddp_lab.sync.islands.replica_group import (
+    ReplicaGroup,
+    _Checked,
+    data_part,
+    island_identity,
+    refuse_floating_buffers,
+    refuse_unlike,
+)
 from ddp_lab.sync.periodic.periodic_options import DiLoCoOptions, FTDDPOptions, LocalSGDOptions
 from ddp_lab.sync.registry import inner_options
 from tests.conftest import free_port
@@ -144,6 +151,46 @@ def test_fewer_than_min_islands_for_too_long_stops_in_one_line():
     assert g.manager.asked == 3  # (asked again every half second)
 
 
+def test_an_island_unlike_the_others_stops_in_one_line_and_they_go_on():
+    ids = ["7a1.island0:u0", "7a1.island1:u1", "c3f.island2:u2"]  # (as torchft's quorum lists them)
+    for island in (0, 1):
+        refuse_unlike(island, ids)
+    with pytest.raises(RunFailed, match=r"^island 2: its config or code differs from that of island\(s\) 0, 1 "
+                                        r"\(identity c3f against 7a1: a hash of the config's hashed keys, ddp_lab's "
+                                        r"files and torch's version\): stopping; launch it with their overrides, "
+                                        r"ddp_lab and torch$"):
+        refuse_unlike(2, ids)
+    ids = ["c3f.island1:u1", "7a1.island0:u0"]  # a tie: the side of the lowest-numbered island stays
+    refuse_unlike(0, ids)
+    with pytest.raises(RunFailed, match=r"^island 1: .* of island\(s\) 0 \(identity c3f against 7a1"):
+        refuse_unlike(1, ids)
+    refuse_unlike(1, ["c3f.island1:u1", "c3f.island0:u0", "c3f.island2:u2"])  # all alike
+
+    class Client:  # (torchft's Manager client: the check rides on its quorum, before a heal or an exchange)
+        port = 29
+
+        def _quorum(self, **_):
+            return type("Quorum", (), {"replica_ids": ids})()
+    with pytest.raises(RunFailed, match="^island 1: "):
+        _Checked(Client(), 1)._quorum(step=0)
+    assert _Checked(Client(), 0)._quorum(step=0).replica_ids == ids and _Checked(Client(), 0).port == 29
+
+
+def test_the_identity_holds_the_config_that_must_match_and_the_code(compose_train, tmp_path):
+    from ddp_lab.telemetry.provenance import code_version
+    ft = ["sync=diloco", "sync.islands=host", "sync.fault_tolerance=torchft", "sync.max_islands=2"]
+    from ddp_lab.checkpoint import config_subset
+    one = island_identity(config_subset(compose_train(ft + ["sync.island=0"])))
+    assert island_identity(config_subset(compose_train(ft + ["sync.island=1", "sync.lighthouse=http://x:1"]))) == one
+    assert island_identity(config_subset(compose_train(ft + ["sync.island=1", "optim.lr=0.01"]))) != one
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
+    before = code_version(tmp_path / "pkg")
+    assert before.endswith(f", torch {torch.__version__}") and code_version(tmp_path / "pkg") == before
+    (tmp_path / "pkg" / "a.py").write_text("x = 2\n")
+    assert code_version(tmp_path / "pkg") != before
+
+
 # ------------------------------------------------------------------------------ the system test
 def _lighthouse(port: int) -> subprocess.Popen:
     exe = os.path.join(os.path.dirname(sys.executable), "torchft_lighthouse")
@@ -152,15 +199,16 @@ def _lighthouse(port: int) -> subprocess.Popen:
 
 
 def _islands(tmp_path, data_root, port: int, steps: int, tag: str, extra=(), faults=None, islands: int = 3,
-             ranks: int = 1, sync: str = "diloco") -> list[subprocess.Popen]:
-    """Islands, each a torchrun job of `ranks` ranks (torchrun starts a dead rank's island once more)."""
+             ranks: int = 1, sync: str = "diloco", own=None, restarts: int = 1) -> list[subprocess.Popen]:
+    """Islands, each a torchrun job of `ranks` ranks (torchrun starts a dead rank's island once more); `own`:
+    overrides of some islands alone, by island."""
     procs = []
     for i in range(islands):
         env = {**os.environ, "DDP_LAB_FAULT": (faults or {}).get(i, ""), "PYTHONUNBUFFERED": "1"}
         log = open(tmp_path / f"{tag}-{i}.log", "w")
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "ddp_lab.distributed.torchrun", "--standalone", f"--nproc_per_node={ranks}",
-             "--max-restarts=1", "-m", "ddp_lab.train", f"sync={sync}", "sync.islands=host",
+             f"--max-restarts={restarts}", "-m", "ddp_lab.train", f"sync={sync}", "sync.islands=host",
              "sync.fault_tolerance=torchft", f"sync.max_islands={islands}", f"sync.island={i}",
              *(["sync.every=4"] if sync == "diloco" else []),
              "sync.island_timeout_s=10", f"sync.lighthouse=http://127.0.0.1:{port}", f"data.root={data_root}",
@@ -168,7 +216,7 @@ def _islands(tmp_path, data_root, port: int, steps: int, tag: str, extra=(), fau
              f"trainer.max_steps={steps}", "trainer.eval_every_steps=40", "trainer.ckpt_every_steps=40",
              "trainer.amp=off", "trainer.progress=false", "trainer.warmup_steps=1",
              f"hydra.run.dir={tmp_path / str(i)}",
-             *extra], stdout=log, stderr=subprocess.STDOUT, env=env))
+             *extra, *(own or {}).get(i, ())], stdout=log, stderr=subprocess.STDOUT, env=env))
     return procs
 
 
@@ -200,6 +248,8 @@ def test_a_killed_island_rejoins_from_a_peer_while_the_others_go_on(tmp_path, ti
         assert summaries[2]["restarts_by_rank"] == [1]
         healed = re.search(r"rejoined from a peer island at step (\d+) .*nothing read from disk", logs[2])
         assert healed and 8 <= int(healed.group(1)) < 80, logs[2][-2000:]
+        epoch, batch = divmod(int(healed.group(1)), 11)  # the others' data position (171 samples a part, 16 a batch)
+        assert (f"epoch {epoch + 1}, batch {batch}" if batch else f"end of epoch {epoch}") in healed.group(0)
         assert "resumed from" not in logs[2]  # (no checkpoint read: its state came from a peer)
         weights = [torch.load(tmp_path / str(i) / "model.pt") for i in range(3)]
         assert all(torch.equal(weights[0][k], w[k]) for w in weights[1:] for k in weights[0])
@@ -212,6 +262,23 @@ def test_a_killed_island_rejoins_from_a_peer_while_the_others_go_on(tmp_path, ti
         weights = [torch.load(tmp_path / str(i) / "model.pt") for i in range(3)]
         assert all(torch.equal(weights[0][k], w[k]) for w in weights[1:] for k in weights[0])
         assert json.loads((tmp_path / "0" / "summary.json").read_text())["steps"] == 88
+    finally:
+        lighthouse.kill()
+
+
+@pytest.mark.system
+def test_an_island_launched_with_another_config_stops_in_one_line_and_the_other_trains_on(tmp_path, tiny_fmnist):
+    """Its identity (config and code, in torchft's replica id) is checked as the first quorum arrives."""
+    port = free_port()
+    lighthouse = _lighthouse(port)
+    try:
+        procs = _islands(tmp_path, tiny_fmnist, port, 12, "run", islands=2, own={1: ["optim.lr=0.01"]}, restarts=0)
+        assert _ended(procs, 180) == [0, 1]
+        log = (tmp_path / "run-1.log").read_text()
+        assert re.search(r"ddp_lab: error: island 1: its config or code differs from that of island\(s\) 0 "
+                         r"\(identity \w{12} against \w{12}: .*\): stopping; launch it with their overrides, ddp_lab "
+                         r"and torch\n", log), log[-2000:]
+        assert json.loads((tmp_path / "0" / "summary.json").read_text())["steps"] == 12
     finally:
         lighthouse.kill()
 

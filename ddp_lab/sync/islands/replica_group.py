@@ -23,7 +23,8 @@ cannot commit.
 The data: island i reads part i of the training set cut for sync.max_islands (its rank j: part i*K+j of
 M*K); an absent island's part is skipped while it is away, the others' parts are untouched. What torchft
 does not: the trainer's whole state in the heal (the data position, DiLoCo's anchor and outer momentum, the
-schedule), a joiner refused in one line where its config differs, and the membership in summary.json.
+schedule), an island refused in one line where its config or code differs from the others' (refuse_unlike),
+and the membership in summary.json.
 """
 from __future__ import annotations
 
@@ -66,6 +67,34 @@ def data_part(cfg, env) -> tuple[int, int] | None:
     return island_index(cfg) * env.world_size + env.rank, cfg.max_islands * env.world_size
 
 
+def island_identity(config: dict) -> str:
+    """What every island present must share, hashed: `config`, the config's hashed part (what a checkpoint must
+    match to resume: checkpoint/compat.py's config_subset), and the code that runs it (ddp_lab's files, torch's
+    version)."""
+    from ddp_lab.checkpoint.compat import config_hash
+    from ddp_lab.telemetry.provenance import code_version
+    return config_hash({**config, "code": code_version()})[:12]
+
+
+def refuse_unlike(island: int, replica_ids: list[str]) -> None:
+    """The islands of a quorum run one config and one code: each carries its identity in its torchft replica id
+    (`<identity>.island<N>:<uuid>`). An island unlike most of them (a tie: unlike the lowest-numbered island's
+    side) stops in one line before it exchanges anything; the others go on without it."""
+    held: dict[str, list[int]] = {}
+    for rid in replica_ids:
+        ident, _, n = rid.split(":")[0].rpartition(".island")
+        held.setdefault(ident, []).append(int(n) if n.isdigit() else -1)
+    if len(held) < 2:
+        return
+    like = max(held, key=lambda i: (len(held[i]), -min(held[i])))
+    mine = next((i for i, ns in held.items() if island in ns), like)
+    if mine != like:
+        them = ", ".join(map(str, sorted(held[like])))
+        raise RunFailed(f"island {island}: its config or code differs from that of island(s) {them} (identity "
+                        f"{mine or '-'} against {like or '-'}: a hash of the config's hashed keys, ddp_lab's files and "
+                        "torch's version): stopping; launch it with their overrides, ddp_lab and torch")
+
+
 def refuse_floating_buffers(model) -> None:
     """What crosses torchft islands is the trained tensors alone: BatchNorm's statistics would drift apart."""
     n = sum(b.is_floating_point() for b in model.buffers())
@@ -100,10 +129,26 @@ def _noting_transport(timeout: timedelta):
     return Noting(timeout=timeout, num_chunks=0)
 
 
+class _Checked:
+    """torchft's Manager client, each quorum's islands checked alike (refuse_unlike) as the quorum arrives:
+    before a heal or an exchange with them."""
+
+    def __init__(self, client, island: int):
+        self._client, self._island = client, island
+
+    def _quorum(self, *args, **kwargs):
+        quorum = self._client._quorum(*args, **kwargs)
+        refuse_unlike(self._island, list(quorum.replica_ids))
+        return quorum
+
+    def __getattr__(self, name: str):
+        return getattr(self._client, name)
+
+
 class ReplicaGroup:
     """This island as a torchft replica group (on this rank: its Manager, its across process group)."""
 
-    def __init__(self, cfg, rank: int, ranks: int, quorum_timeout_s: float):
+    def __init__(self, cfg, rank: int, ranks: int, quorum_timeout_s: float, identity: str = ""):
         os.environ.setdefault("RUST_LOG", "warn")  # (torchft's Rust side logs every quorum at info)
         for name in ("torchft", "torchft_quorums", "torchft_commits", "torchft_errors"):
             logging.getLogger(name).setLevel(logging.WARNING)  # (ours says what changes: membership, heals)
@@ -129,12 +174,13 @@ class ReplicaGroup:
                                    timeout=timeout, quorum_timeout=timedelta(seconds=quorum_timeout_s),
                                    connect_timeout=timeout, rank=rank, world_size=ranks, lighthouse_addr=lighthouse,
                                    # (every island builds the same weights from the seed: no transfer at step 0)
-                                   replica_id=f"island{self.island}", init_sync=False,
+                                   replica_id=f"{identity}.island{self.island}", init_sync=False,
                                    checkpoint_transport=self.transport)
         except RuntimeError as e:  # (rank 0's connection to the Lighthouse; the others wait for rank 0's server)
             why = str(e).split(";")[0]
             raise ConfigError(f"sync.fault_tolerance=torchft: no Lighthouse answers at {lighthouse} ({why}): start "
                               f"one (torchft_lighthouse --min_replicas 1) or fix sync.lighthouse") from None
+        self.manager._client = _Checked(self.manager._client, self.island)
         self.planned, self.waits_s, self.fewest = cfg.max_islands, cfg.island_timeout_s, cfg.min_islands
         self.enough_within_s = quorum_timeout_s  # (fewer than sync.min_islands: how long a round waits for more)
         # the timeouts that end torchft's waits first (the watchdog's dist.timeout_s comes after them): an

@@ -40,7 +40,7 @@ class IslandSync(ReplicaSync):
         self.replicas = None
         if fault_tolerant(cfg):  # this job is the island; torchft's Manager finds the others (replica_group.py)
             refuse_floating_buffers(model)
-            self.replicas = ReplicaGroup(cfg, env.rank, env.world_size, quorum_timeout_s=10 * cfg.island_timeout_s)
+            self.replicas = ReplicaGroup(cfg, env.rank, env.world_size, 10 * cfg.island_timeout_s, ctx.identity)
             self.islands = replica_islands(cfg, env, self.replicas)
         else:
             self.islands = build_islands(cfg.islands, env)
