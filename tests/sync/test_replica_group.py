@@ -46,7 +46,7 @@ FT = dict(islands="host", fault_tolerance="torchft", max_islands=3)
     (dict(compress="int4"), "sync.compress=int4 is not made fault tolerant yet"),
     (dict(overlap=1), "sync.overlap=1 is not made fault tolerant yet"),
     (dict(fragments=2), "sync.fragments=2 is not made fault tolerant yet"),
-    (dict(options=LocalSGDOptions), "sync=local_sgd is not made fault tolerant yet"),
+    (dict(options=LocalSGDOptions, local_sgd_start_step=4), "sync.local_sgd_start_step=4 averages gradients over"),
     (dict(options=FTDDPOptions, every=2), "sync=ft_ddp averages the gradients every step"),
     (dict(options=FTDDPOptions, fault_tolerance="none"), "sync=ft_ddp is DDP across torchft islands"),
     (dict(options=FTDDPOptions, inner=inner_options("zero")), "not sync/inner=zero"),
@@ -151,6 +151,22 @@ def test_fewer_than_min_islands_for_too_long_stops_in_one_line():
     assert g.manager.asked == 3  # (asked again every half second)
 
 
+def test_a_local_sgd_round_an_island_was_lost_in_leaves_each_islands_weights_as_they_were():
+    from types import SimpleNamespace
+
+    from ddp_lab.sync.periodic.local_sgd import LocalSGDSync
+    s = object.__new__(LocalSGDSync)  # (its exchange and vote stood in for: the weights' fate is the point)
+    w = [torch.ones(3), torch.full((2,), 5.0)]
+    s._trained, s.floating_buffers, s.step, votes = (lambda: w), [], 8, []
+    s._average = lambda flat: flat.mul_(0.5)  # (the islands' mean, as far as the exchange got)
+    s.replicas = SimpleNamespace(commit=lambda step: votes.append(step) or False)
+    s.synchronise()
+    assert votes == [8] and w[0].tolist() == [1.0] * 3 and w[1].tolist() == [5.0] * 2
+    s.replicas = SimpleNamespace(commit=lambda step: True)
+    s.synchronise()
+    assert w[0].tolist() == [0.5] * 3 and w[1].tolist() == [2.5] * 2
+
+
 def test_an_island_unlike_the_others_stops_in_one_line_and_they_go_on():
     ids = ["7a1.island0:u0", "7a1.island1:u1", "c3f.island2:u2"]  # (as torchft's quorum lists them)
     for island in (0, 1):
@@ -210,7 +226,7 @@ def _islands(tmp_path, data_root, port: int, steps: int, tag: str, extra=(), fau
             [sys.executable, "-m", "ddp_lab.distributed.torchrun", "--standalone", f"--nproc_per_node={ranks}",
              f"--max-restarts={restarts}", "-m", "ddp_lab.train", f"sync={sync}", "sync.islands=host",
              "sync.fault_tolerance=torchft", f"sync.max_islands={islands}", f"sync.island={i}",
-             *(["sync.every=4"] if sync == "diloco" else []),
+             *(["sync.every=4"] if sync in ("diloco", "local_sgd") else []),
              "sync.island_timeout_s=10", f"sync.lighthouse=http://127.0.0.1:{port}", f"data.root={data_root}",
              f"data.cache_dir={tmp_path / 'cache'}", "data.batch_size=48", "trainer.epochs=100",
              f"trainer.max_steps={steps}", "trainer.eval_every_steps=40", "trainer.ckpt_every_steps=40",
@@ -304,12 +320,14 @@ def test_an_island_of_two_ranks_restarts_whole_and_heals_shard_by_shard(tmp_path
 
 
 @pytest.mark.system
-def test_ft_ddp_with_every_island_present_is_ddp_over_all_ranks(tmp_path, tiny_fmnist):
-    """2 islands of one rank under sync=ft_ddp take DDP's steps at 2 ranks (the same data parts, AdamW)."""
+@pytest.mark.parametrize("sync,plain", [("ft_ddp", ["sync=ddp"]), ("local_sgd", ["sync=local_sgd", "sync.every=4"])])
+def test_with_every_island_present_torchft_islands_train_as_the_ranks_of_one_job(tmp_path, tiny_fmnist, sync, plain):
+    """2 islands of one rank take the steps of one job's 2 ranks (the same data parts, AdamW): sync=ft_ddp DDP's,
+    local_sgd's weights averaged every 4 steps."""
     port = free_port()
     lighthouse = _lighthouse(port)
     try:
-        procs = _islands(tmp_path, tiny_fmnist, port, 12, "ft", islands=2, sync="ft_ddp", extra=["optim=adamw"])
+        procs = _islands(tmp_path, tiny_fmnist, port, 12, "ft", islands=2, sync=sync, extra=["optim=adamw"])
         assert _ended(procs, 240) == [0, 0], [(tmp_path / f"ft-{i}.log").read_text()[-2000:] for i in range(2)]
     finally:
         lighthouse.kill()
@@ -317,7 +335,7 @@ def test_ft_ddp_with_every_island_present_is_ddp_over_all_ranks(tmp_path, tiny_f
     log = open(tmp_path / "ddp.log", "w")
     rc = subprocess.run(
         [sys.executable, "-m", "ddp_lab.distributed.torchrun", "--standalone", "--nproc_per_node=2", "-m",
-         "ddp_lab.train", "sync=ddp", f"data.root={tiny_fmnist}", f"data.cache_dir={tmp_path / 'cache'}",
+         "ddp_lab.train", *plain, f"data.root={tiny_fmnist}", f"data.cache_dir={tmp_path / 'cache'}",
          "data.batch_size=48", "trainer.epochs=100", "trainer.max_steps=12", "trainer.eval_every_steps=40",
          "trainer.ckpt_every_steps=40", "trainer.amp=off", "trainer.progress=false", "trainer.warmup_steps=1",
          "optim=adamw", f"hydra.run.dir={ddp}"], stdout=log, stderr=subprocess.STDOUT, timeout=240).returncode

@@ -16,6 +16,8 @@ runs as
               in it) is not committed anywhere: no outer step, each island keeps its weights, and the next
               round's outer gradient spans both rounds, so nothing the survivors learnt is dropped
 
+A local SGD round (sync=local_sgd) is the same with the weights averaged and kept where the round commits.
+
 Fewer islands than sync.min_islands at a round's start: the round waits for more (a quorum asked again every
 half second) up to 10 x sync.island_timeout_s, then the island stops in one line; it never trains rounds that
 cannot commit.

@@ -103,8 +103,6 @@ class DiLoCoSync(DiLoCoState, LocalSGDSync):
         # int8, int4 with sync.rounding=feedback: what rounding left out, per fragment (each rank's own)
         self.rounding = cfg.rounding if cfg.compress in QUANTIZED else "nearest"
         self.residuals = [Residual() for _ in self.fragments] if self.rounding == "feedback" else None
-        # sync.fault_tolerance=torchft: the islands present vote on each round (islands/replica_group.py)
-        self.replicas = islands.replicas if islands is not None else None
 
     # ------------------------------------------------------------ sync.overlap > 0 or sync.fragments > 1
     def due(self, f: int, step: int) -> bool:

@@ -22,6 +22,7 @@ run ends with a synchronisation (`finish`).
 from __future__ import annotations
 
 import contextlib
+from typing import Callable
 
 import torch
 from torch import nn
@@ -44,6 +45,8 @@ class LocalSGDSync(FlatSync):
         islands, trained = ctx.islands, ctx.trained
         super().__init__(model, env, cfg, gradients=islands is None, buffer_mb=0, overlap=False)
         self.islands = islands
+        # sync.fault_tolerance=torchft: the islands present meet at each round's start and vote on its exchange
+        self.replicas = islands.replicas if islands is not None else None
         self.every = cfg.every
         self.start = cfg.local_sgd_start_step if isinstance(cfg, LocalSGDOptions) else 0  # (diloco: no such start)
         self.step = 0  # optimizer steps taken, the run's count (checkpointed)
@@ -82,12 +85,12 @@ class LocalSGDSync(FlatSync):
     def across_s(self) -> float:
         """What the watchdog allows a sync beyond dist.timeout_s: across torchft islands (diloco's replicas),
         torchft's own timeouts end the wait first."""
-        replicas = getattr(self, "replicas", None)
-        return replicas.exchange_s if replicas is not None else 0.0
+        return self.replicas.exchange_s if self.replicas is not None else 0.0
 
     def synchronise(self) -> None:
-        """Every rank's weights <- the mean of the ranks' weights."""
-        average_into(self.weights, self._average)
+        """Every rank's weights <- the mean of the ranks' weights; across torchft islands where the round commits
+        (one an island was lost in leaves each island's weights as they were)."""
+        average_into(self.weights, self._average, lambda: self.replicas is None or self.replicas.commit(self.step))
 
     def _average(self, flat: torch.Tensor) -> None:
         """flat <- its mean over the ranks; across islands, over the islands (this rank's chunk of it, then
@@ -125,8 +128,8 @@ class LocalSGDSync(FlatSync):
             return
         with kept(self.weights):
             with position.collective("weight sync for evaluation"):
-                with self.uncounted():
-                    self.synchronise()
+                with self.uncounted():  # (no vote across torchft islands: the weights are put back after)
+                    average_into(self.weights, self._average)
             yield
 
     def state_dict(self) -> dict:
@@ -141,10 +144,12 @@ class LocalSGDSync(FlatSync):
 
 
 @torch.no_grad()
-def average_into(tensors: list[torch.Tensor], average) -> None:
-    """tensors <- the mean over ranks, through one flat buffer and `average` (in place on 1-D)."""
+def average_into(tensors: list[torch.Tensor], average, keep: Callable[[], bool] = lambda: True) -> None:
+    """tensors <- the mean over ranks, through one flat buffer and `average` (in place on 1-D), if `keep()`."""
     flat = torch.cat([t.reshape(-1) for t in tensors])
     average(flat)
+    if not keep():
+        return
     offset = 0
     for t in tensors:
         t.copy_(flat[offset:offset + t.numel()].view(t.shape))

@@ -28,8 +28,8 @@ class PeriodicOptions(SyncOptions):
 
     fault_tolerance: str = key("none", "none | torchft: each island its own torchrun job and a torchft replica "
                                        "group, found through a Lighthouse: a lost island leaves the next round "
-                                       "(diloco) or step (ft_ddp), the others go on, and it rejoins from a peer "
-                                       "(docs/failures.md)",
+                                       "(diloco, local_sgd) or step (ft_ddp), the others go on, and it rejoins "
+                                       "from a peer (docs/failures.md)",
                                ok=lambda v: v in ("none", "torchft"), rule="none or torchft")
     lighthouse: str = key("", "sync.fault_tolerance=torchft: the Lighthouse's address, http://HOST:PORT (empty: "
                               "$TORCHFT_LIGHTHOUSE)")
@@ -91,9 +91,6 @@ class LocalSGDOptions(PeriodicOptions):
 
     def check(self, name: str) -> None:
         super().check(name)
-        if self.fault_tolerance == "torchft":
-            raise ConfigError("sync=local_sgd is not made fault tolerant yet: use sync=diloco (rounds) or sync=ft_ddp "
-                              "(every step) with sync.fault_tolerance=torchft")
         if str(self.islands) != "none" and self.local_sgd_start_step:
             raise ConfigError(f"sync.local_sgd_start_step={self.local_sgd_start_step} averages gradients over every "
                               f"rank for its first steps, which islands leave to sync.inner: use "
