@@ -119,6 +119,8 @@ def show(clusters: list[network.Cluster]) -> None:
             mem = f"mem {h.mem_bytes / 2**30:.2f} GiB " if h.mem_bytes else ""
             print(f"  {h.name:<16} {h.address:<15} {rate:<8} mtu {h.mtu or '-':<5} tcp {h.tcp or '-':<6} "
                   f"{mem}(netns {h.netns})")
+        if c.switch_address:
+            print(f"  {'(switch)':<16} {c.switch_address:<15} the bridge, where islands' Lighthouse runs")
 
 
 def run_job(args) -> int:

@@ -19,11 +19,12 @@ have that single point).
 
 Islands under torchft (`islands`, when the command says sync.fault_tolerance=torchft): each host is its
 own torchrun job (standalone: its own rendezvous), its island DDP_LAB_ISLAND = the host's index, its run
-directory <run id>-island<i>; a torchft Lighthouse runs on host 0 (TORCHFT_LIGHTHOUSE, the job's port),
-so that is again the host the job cannot lose. A host that fails does not stop the others (they go on
-without it); `rejoin` starts its agent again into the running job (the job's record: islands_job.py). The
-job's exit status is each island's last agent's, but for one that failed after another completed the run
-(too late to rejoin it: islands_job.py).
+directory <run id>-island<i>; a torchft Lighthouse runs on the switch (the bridge's address,
+TORCHFT_LIGHTHOUSE, the job's port), a machine of its own that no host takes along when it is lost (on a
+cluster made before the switch had an address: on host 0, then the host the job cannot lose). A host that
+fails does not stop the others (they go on without it); `rejoin` starts its agent again into the running
+job (the job's record: islands_job.py). The job's exit status is each island's last agent's, but for one
+that failed after another completed the run (too late to rejoin it: islands_job.py).
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from ddp_lab.tools.cluster import memory_limit
+from ddp_lab.tools.cluster import memory_limit, names
 from ddp_lab.tools.cluster.commands import ClusterError, descendants
 from ddp_lab.tools.cluster.islands_job import FAULT_TOLERANT, islands_rc
 from ddp_lab.tools.cluster.network import HOST_LINK, Cluster, Host, host_named, links_down
@@ -133,7 +134,12 @@ class Job:
             return {}
         i = self.hosts.index(host)
         return {"DDP_LAB_ISLAND": str(i), "DDP_LAB_RUN_ID": f"{self.run_id}-island{i}",
-                "TORCHFT_LIGHTHOUSE": f"http://{self.hosts[0].address}:{self.port}"}
+                "TORCHFT_LIGHTHOUSE": f"http://{self.lighthouse_address}:{self.port}"}
+
+    @property
+    def lighthouse_address(self) -> str:
+        """Where the islands' Lighthouse listens: the switch, or host 0 on a cluster older than its address."""
+        return self.cluster.switch_address or self.hosts[0].address
 
     def torchrun(self, host: Host, again: bool = False) -> list[str]:
         if self.islands:  # (its own job: a rendezvous of its own inside the host)
@@ -153,7 +159,9 @@ class Job:
     def start(self) -> Job:
         self.oom_kills_before = {h.name: memory_limit.oom_kills(h.netns) for h in self.hosts}
         env, note = self.environment()
-        where = (f"a torchft Lighthouse on {self.hosts[0].name}:{self.port}, each host an island" if self.islands
+        on = "the switch" if self.cluster.switch_address else self.hosts[0].name
+        where = (f"a torchft Lighthouse on {on} ({self.lighthouse_address}:{self.port}), each host an island"
+                 if self.islands
                  else f"rendezvous {self.hosts[0].name}:{self.port}")
         self._say(f"ddp_lab.tools.cluster: {note}; run id {self.run_id}, {where}" +
                   (f", {self.min_hosts} to {len(self.hosts)} hosts (elastic)" if self.elastic else ""))
@@ -176,8 +184,10 @@ class Job:
         exe = os.path.join(os.path.dirname(sys.executable), "torchft_lighthouse")
         if not os.path.exists(exe):
             raise ClusterError(f"{FAULT_TOLERANT} needs torchft's Lighthouse ({exe}): pip install torchft")
+        serve = [exe, *LIGHTHOUSE_OPTIONS, "--bind", f"[::]:{self.port}"]
         self.lighthouse = subprocess.Popen(
-            in_host(self.hosts[0], [exe, *LIGHTHOUSE_OPTIONS, "--bind", f"[::]:{self.port}"]),
+            ["ip", "netns", "exec", names.switch_netns(self.cluster.name), *serve] if self.cluster.switch_address
+            else in_host(self.hosts[0], serve),
             env={**env, "RUST_LOG": "warn"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)
         time.sleep(0.5)  # (listening before the first island asks)

@@ -1,8 +1,11 @@
 """Emulated hosts on one machine: a network namespace each, linked through a bridge.
 
     host namespace ddplab-NAME-i          switch namespace ddplab-NAME-sw
-    lo, eth0 10.213.X.(i+1)/24  <-veth->  v<i> --- br0 (the bridge) --- v<j> ...
+    lo, eth0 10.213.X.(i+1)/24  <-veth->  v<i> --- br0 (the bridge) 10.213.X.254 --- v<j> ...
     tbf on eth0: what host i sends        tbf on v<i>: what host i receives
+
+The bridge's own address is where the switch namespace serves the hosts as a machine of its own: torchft
+islands' Lighthouse runs there (launch.py), so that no host the job may lose takes it along.
 
 The bridge sits in a namespace of its own, so nothing is added to the
 machine's own network: no link, no address, no route. The hosts' subnet is a
@@ -28,6 +31,7 @@ SUBNETS = [ipaddress.ip_network(f"10.213.{x}.0/24") for x in range(256)]
 BRIDGE = "br0"
 HOST_LINK = "eth0"
 MAX_HOSTS = 250
+SWITCH_HOST = 254  # the bridge's address in the hosts' /24
 
 
 @dataclass
@@ -47,6 +51,7 @@ class Cluster:
     hosts: list[Host]
     complete: bool = True  # False: parts are missing (an interrupted up); run down
     problems: list[str] = field(default_factory=list)
+    switch_address: str | None = None  # the bridge's (None: a cluster made before it had one)
 
     @property
     def rate_bits(self) -> int | None:
@@ -59,8 +64,8 @@ class Cluster:
         return mtus.pop() if len(mtus) == 1 else None
 
 
-def _host_address(netns: str) -> str | None:
-    out = ip("-j", "-4", "addr", "show", "dev", HOST_LINK, netns=netns, check=False)
+def _host_address(netns: str, device: str = HOST_LINK) -> str | None:
+    out = ip("-j", "-4", "addr", "show", "dev", device, netns=netns, check=False)
     for link in json.loads(out or "[]"):
         for a in link.get("addr_info", []):
             return a["local"]
@@ -95,7 +100,8 @@ def find(cluster: str) -> Cluster | None:
         hosts.append(Host(names.host_name(cluster, i), netns, address or "-", rate,
                           shaping.congestion_control(netns, HOST_LINK), _mtu(netns, HOST_LINK),
                           memory_limit.limit_of(netns)))
-    return Cluster(cluster, hosts, not problems, problems)
+    switch = names.switch_netns(cluster)
+    return Cluster(cluster, hosts, not problems, problems, _host_address(switch, BRIDGE) if switch in found else None)
 
 
 def clusters() -> list[Cluster]:
@@ -146,6 +152,7 @@ def create(cluster: str, hosts: int, rate: str, mtu: int = shaping.DEFAULT_MTU, 
         ip("netns", "add", switch)
         ip("link", "add", BRIDGE, "type", "bridge", netns=switch)
         ip("link", "set", BRIDGE, "up", netns=switch)
+        ip("addr", "add", f"{subnet.network_address + SWITCH_HOST}/{subnet.prefixlen}", "dev", BRIDGE, netns=switch)
         addresses = {}
         for i in range(hosts):
             netns, port = names.host_netns(cluster, i), f"v{i}"

@@ -1,6 +1,6 @@
-"""Islands under torchft on emulated hosts (sync.fault_tolerance=torchft): each host its own torchrun job, a
-Lighthouse on host 0; a host lost at once leaves the others stepping, and it rejoins from a peer. And the
-islands job's exit status."""
+"""Islands under torchft on emulated hosts (sync.fault_tolerance=torchft): each host its own torchrun job, the
+Lighthouse on the switch; a host lost at once (host 0, where the rendezvous of a job of one torchrun would be)
+leaves the others stepping, and it rejoins from a peer. And the islands job's exit status."""
 import json
 from types import SimpleNamespace
 
@@ -47,23 +47,24 @@ def test_a_lost_host_costs_the_others_a_round_and_rejoins_from_a_peer(three_host
                "trainer.eval_every_steps=100", "trainer.amp=off", "sync=diloco", "sync.islands=host", "sync.every=4",
                "sync.fault_tolerance=torchft", "sync.max_islands=3", "sync.island_timeout_s=10",
                f"hydra.run.dir={tmp_path}/island${{oc.env:DDP_LAB_ISLAND}}"]
-    lost = three_hosts.hosts[2]
+    lost = three_hosts.hosts[0]
     # every island paces its steps (0.1 s at least) so that the lost one is back well before the end
     with running(three_hosts, command, out=None, err=None,
                  env={"DDP_LAB_FAULT": "rank=0,step=1,kind=pace=0.1"}) as job:
         wait_for(lambda: job.output().count("islands present: 3 of the 3 planned") == 3, job, "the islands' quorum")
-        wait_for(lambda: "epoch 2/100" in job.output(0), job, "epoch 2 (step 20)")
+        wait_for(lambda: "epoch 2/100" in job.output(1), job, "epoch 2 (step 20)")
         assert kill_processes(lost)  # its agent and worker, at once
-        wait_for(lambda: job.poll()[2] is not None, job, "the lost host's agent to end")
-        wait_for(lambda: "islands present: 2" in job.output(0), job, "a quorum without it")
+        wait_for(lambda: job.poll()[0] is not None, job, "the lost host's agent to end")
+        wait_for(lambda: "islands present: 2" in job.output(1), job, "a quorum without it")
         job.join(lost.name)  # (as `cluster rejoin HOST`, or `cluster run --rejoin-after-s S`)
         wait_for(lambda: "rejoined from a peer island" in job.output(), job, "the rejoin", timeout=180)
         rc = job.wait(timeout=300)
     out = job.output()
     assert rc == 0, out[-3000:]
-    assert "a torchft Lighthouse on" in out and f"{lost.name} joins run" in out
+    assert f"a torchft Lighthouse on the switch ({three_hosts.switch_address}:" in out  # (no host took it along)
+    assert f"{lost.name} joins run" in out
     summaries = [json.loads((tmp_path / f"island{i}" / "summary.json").read_text()) for i in range(3)]
-    for s in summaries[:2]:  # the survivors: never restarted, a round dropped at most, 3 -> 2 -> 3 islands
+    for s in summaries[1:]:  # the survivors: never restarted, a round dropped at most, 3 -> 2 -> 3 islands
         assert s["restarts_by_rank"] == [0] and s["rounds_dropped"] <= 1 and s["steps"] == 200
         present = [m["islands"] for m in s["membership"]]
         assert present[0] == 3 and 2 in present and present[-1] == 3, s["membership"]
