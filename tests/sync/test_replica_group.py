@@ -29,7 +29,6 @@ from ddp_lab.sync.islands.replica_group import (
     refuse_unlike,
 )
 from ddp_lab.sync.periodic.periodic_options import DiLoCoOptions, FTDDPOptions, LocalSGDOptions
-from ddp_lab.sync.registry import inner_options
 from tests.conftest import free_port
 
 torchft = pytest.importorskip("torchft")
@@ -49,7 +48,6 @@ FT = dict(islands="host", fault_tolerance="torchft", max_islands=3)
     (dict(options=LocalSGDOptions, local_sgd_start_step=4), "sync.local_sgd_start_step=4 averages gradients over"),
     (dict(options=FTDDPOptions, every=2), "sync=ft_ddp averages the gradients every step"),
     (dict(options=FTDDPOptions, fault_tolerance="none"), "sync=ft_ddp is DDP across torchft islands"),
-    (dict(options=FTDDPOptions, inner=inner_options("zero")), "not sync/inner=zero"),
 ])
 def test_what_torchft_islands_cannot_run_is_refused_in_one_line(change, says):
     options = change.pop("options", DiLoCoOptions)
@@ -320,21 +318,29 @@ def test_an_island_of_two_ranks_restarts_whole_and_heals_shard_by_shard(tmp_path
 
 
 @pytest.mark.system
-@pytest.mark.parametrize("sync,plain", [("ft_ddp", ["sync=ddp"]), ("local_sgd", ["sync=local_sgd", "sync.every=4"])])
-def test_with_every_island_present_torchft_islands_train_as_the_ranks_of_one_job(tmp_path, tiny_fmnist, sync, plain):
-    """2 islands of one rank take the steps of one job's 2 ranks (the same data parts, AdamW): sync=ft_ddp DDP's,
-    local_sgd's weights averaged every 4 steps."""
+@pytest.mark.parametrize("sync,inside,ranks,plain", [
+    ("ft_ddp", [], 1, ["sync=ddp"]),
+    ("local_sgd", [], 1, ["sync=local_sgd", "sync.every=4"]),
+    ("ft_ddp", ["sync/inner=fsdp"], 2, ["sync=fsdp"]),  # fault-tolerant HSDP: each rank's shard across
+    ("ft_ddp", ["sync/inner=zero", "sync.inner.zero_stage=2"], 2, ["sync=zero", "sync.zero_stage=2"]),
+], ids=["ft_ddp", "local_sgd", "ft_ddp fsdp inside", "ft_ddp zero2 inside"])
+def test_with_every_island_present_torchft_islands_train_as_the_ranks_of_one_job(tmp_path, tiny_fmnist, sync,
+                                                                                    inside, ranks, plain):
+    """2 islands of `ranks` take the steps of one job's 2 x `ranks` ranks (the same data parts, AdamW): sync=ft_ddp
+    DDP's (with fsdp or zero inside, theirs: each rank's shard of the gradients averaged across), local_sgd's
+    weights averaged every 4 steps."""
     port = free_port()
     lighthouse = _lighthouse(port)
     try:
-        procs = _islands(tmp_path, tiny_fmnist, port, 12, "ft", islands=2, sync=sync, extra=["optim=adamw"])
+        procs = _islands(tmp_path, tiny_fmnist, port, 12, "ft", islands=2, sync=sync, ranks=ranks,
+                         extra=["optim=adamw", *inside])
         assert _ended(procs, 240) == [0, 0], [(tmp_path / f"ft-{i}.log").read_text()[-2000:] for i in range(2)]
     finally:
         lighthouse.kill()
     ddp = tmp_path / "ddp"
     log = open(tmp_path / "ddp.log", "w")
     rc = subprocess.run(
-        [sys.executable, "-m", "ddp_lab.distributed.torchrun", "--standalone", "--nproc_per_node=2", "-m",
+        [sys.executable, "-m", "ddp_lab.distributed.torchrun", "--standalone", f"--nproc_per_node={2 * ranks}", "-m",
          "ddp_lab.train", *plain, f"data.root={tiny_fmnist}", f"data.cache_dir={tmp_path / 'cache'}",
          "data.batch_size=48", "trainer.epochs=100", "trainer.max_steps=12", "trainer.eval_every_steps=40",
          "trainer.ckpt_every_steps=40", "trainer.amp=off", "trainer.progress=false", "trainer.warmup_steps=1",

@@ -52,10 +52,12 @@ class IslandSync(ReplicaSync):
         if inner_cls.caps.sharding == 3:  # the weights sharded inside: the outer strategy works on this rank's shards
             self.inner = inner_cls(model, self.islands.inside, cfg.inside(), inner_ctx)
             self.islands = dataclasses.replace(self.islands, sharded_inside=True)
-            self.outer = outer_cls(model, self.islands.across, cfg,
-                                   SyncContext(islands=self.islands, trained=self.inner.trained_shards))
-        else:
-            self.outer = outer_cls(model, self.islands.across, cfg, SyncContext(islands=self.islands))
+            self.outer = outer_cls(model, self.islands.across, cfg, SyncContext(
+                islands=self.islands, trained=self.inner.parameters if outer_cls.averages == "gradients"
+                else self.inner.trained_shards))
+        else:  # (ft_ddp averages the gradients of what the optimizer steps: zero's its shards of them)
+            stepped = (lambda: self.inner.parameters()) if outer_cls.averages == "gradients" else None
+            self.outer = outer_cls(model, self.islands.across, cfg, SyncContext(islands=self.islands, trained=stepped))
             self.inner = inner_cls(model, self.islands.inside, cfg.inside(), inner_ctx)
         self.module = self.inner.module
         self.comm_timing = self.inner.comm_timing

@@ -1,7 +1,8 @@
 """sync=ft_ddp: DDP across torchft islands, every step (torchft's fault-tolerant DDP).
 
-Inside each island the inner strategy (sync/inner=ddp or flat) averages the gradients over the island's K
-ranks, as DDP does; then each rank's gradients are averaged over the islands present through torchft's
+Inside each island the inner strategy averages the gradients over the island's K ranks: whole (sync/inner=ddp
+or flat, as DDP does) or each rank its shard of them (sync/inner=zero or fsdp: fault-tolerant HSDP); then the
+gradients of what each rank's optimizer steps are averaged over the islands present through torchft's
 Manager (islands/replica_group.py: rank j of every island, the mean of those that are there), and the
 optimizer steps only where every island present voted for the step (`agreed`, torchft's should_commit). A
 step whose exchange failed (an island died in it) is taken nowhere: its gradients are dropped, the weights
@@ -25,6 +26,7 @@ from ddp_lab.telemetry import position
 
 
 class FTDDPSync(ReplicaSync):
+    averages = "gradients"  # (of what the optimizer steps: the island strategy hands them over as ctx.trained)
 
     def __init__(self, model: nn.Module, env: DistEnv, cfg: FTDDPOptions, ctx: SyncContext = NO_CONTEXT):
         super().__init__(model, env)
@@ -32,13 +34,15 @@ class FTDDPSync(ReplicaSync):
             raise ConfigError("sync=ft_ddp runs across torchft islands: set sync.islands=host and "
                               "sync.fault_tolerance=torchft")
         self.cfg, self.replicas = cfg, ctx.islands.replicas
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        mine = [p for p in model.parameters() if p.requires_grad]
+        self.stepped = ctx.trained or (lambda: mine)  # what the optimizer steps (sharded inside: this rank's shards)
         self.step, self.ok = 0, True  # (ok: this step's exchange was agreed by every island present)
 
     @torch.no_grad()
     def after_backward(self) -> None:
         """The island's mean gradients (the inner strategy's) <- their mean over the islands present; the vote."""
-        grads = [p.grad for p in self.params if p.grad is not None]
+        grads = [p.grad for p in self.stepped() if p.grad is not None]
+        grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]  # (fsdp's DTensors: this rank's rows)
         flat = torch.cat([g.reshape(-1).float() for g in grads])
         with position.collective("gradient sync across islands", own_timeout_s=self.replicas.exchange_s), self._timed():
             self.replicas.mean(flat).wait()

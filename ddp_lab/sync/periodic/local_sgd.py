@@ -38,6 +38,7 @@ from ddp_lab.telemetry import position
 
 class LocalSGDSync(FlatSync):
     caps = Capabilities(diverges=True, grads_set_to_none=False)  # (flat's buffer kept)
+    averages = "weights"  # (across islands: the trained tensors, this rank's shards of them under stage 3 or fsdp)
 
     def __init__(self, model: nn.Module, env: DistEnv, cfg: PeriodicOptions, ctx: SyncContext = NO_CONTEXT):
         # rank 0's weights everywhere; gradient buffers for synchronous steps (none across islands: env is

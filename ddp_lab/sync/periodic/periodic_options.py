@@ -180,8 +180,3 @@ class FTDDPOptions(PeriodicOptions):
             raise ConfigError(f"sync=ft_ddp averages the gradients every step: leave sync.every out (not "
                               f"{self.every}); rounds of several steps are sync=diloco")
         super().check(name)
-        from ddp_lab.sync.registry import name_of
-        if name_of(self.inside()) not in ("ddp", "flat"):
-            raise ConfigError(f"sync=ft_ddp runs sync/inner=ddp or flat inside its islands, not "
-                              f"sync/inner={name_of(self.inside())} (sharded state inside is not made fault "
-                              f"tolerant yet: use sync=diloco)")
