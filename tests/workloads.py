@@ -85,6 +85,12 @@ def dict_blobs(num_train: int = 512, num_test: int = 128):
     return _Dicts(train), _Dicts(test)
 
 
+def bn_conv(classes: int = 10) -> nn.Module:
+    """A small convolutional net with BatchNorm for 28 x 28 grey images (Fashion-MNIST): floating buffers."""
+    return nn.Sequential(nn.Conv2d(1, 8, 5, stride=2), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, stride=2),
+                         nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 5 * 5, classes))
+
+
 def dead_relus(dim: int = 8, classes: int = 4) -> nn.Module:
     """linear() with every hidden unit dead from the start, as a learning rate too high leaves
     a network: it can learn only the class frequencies (its last bias), and stays at chance."""

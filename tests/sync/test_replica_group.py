@@ -67,8 +67,8 @@ def test_each_island_reads_its_own_part_of_the_data(monkeypatch):
         data_part(DiLoCoOptions(**FT), env)
 
 
-def test_a_model_with_batchnorm_statistics_is_refused_across_torchft_islands():
-    with pytest.raises(ConfigError, match="does not average floating buffers \\(this model's 2, BatchNorm"):
+def test_a_model_with_batchnorm_statistics_is_refused_by_ft_ddp():
+    with pytest.raises(ConfigError, match="^sync=ft_ddp does not average floating buffers \\(this model's 2, "):
         refuse_floating_buffers(torch.nn.BatchNorm1d(4))  # (running mean and variance; the batch count is an integer)
     refuse_floating_buffers(torch.nn.Linear(4, 4))  # (no buffers: taken)
 
@@ -229,6 +229,7 @@ def _islands(tmp_path, data_root, port: int, steps: int, tag: str, extra=(), fau
              f"data.cache_dir={tmp_path / 'cache'}", "data.batch_size=48", "trainer.epochs=100",
              f"trainer.max_steps={steps}", "trainer.eval_every_steps=40", "trainer.ckpt_every_steps=40",
              "trainer.amp=off", "trainer.progress=false", "trainer.warmup_steps=1",
+             "trainer.threads=1",  # (an island of one rank would take every core: torchrun sets 1 thread for 2+)
              f"hydra.run.dir={tmp_path / str(i)}",
              *extra, *(own or {}).get(i, ())], stdout=log, stderr=subprocess.STDOUT, env=env))
     return procs
@@ -317,18 +318,22 @@ def test_an_island_of_two_ranks_restarts_whole_and_heals_shard_by_shard(tmp_path
         lighthouse.kill()
 
 
+BN_CONV = ["model=custom", "model._target_=tests.workloads.bn_conv"]
+
+
 @pytest.mark.system
 @pytest.mark.parametrize("sync,inside,ranks,plain", [
     ("ft_ddp", [], 1, ["sync=ddp"]),
     ("local_sgd", [], 1, ["sync=local_sgd", "sync.every=4"]),
+    ("diloco", BN_CONV, 1, ["sync=diloco", "sync.every=4", *BN_CONV]),  # BatchNorm's statistics averaged
     ("ft_ddp", ["sync/inner=fsdp"], 2, ["sync=fsdp"]),  # fault-tolerant HSDP: each rank's shard across
     ("ft_ddp", ["sync/inner=zero", "sync.inner.zero_stage=2"], 2, ["sync=zero", "sync.zero_stage=2"]),
-], ids=["ft_ddp", "local_sgd", "ft_ddp fsdp inside", "ft_ddp zero2 inside"])
+], ids=["ft_ddp", "local_sgd", "diloco batchnorm", "ft_ddp fsdp inside", "ft_ddp zero2 inside"])
 def test_with_every_island_present_torchft_islands_train_as_the_ranks_of_one_job(tmp_path, tiny_fmnist, sync,
                                                                                     inside, ranks, plain):
     """2 islands of `ranks` take the steps of one job's 2 x `ranks` ranks (the same data parts, AdamW): sync=ft_ddp
     DDP's (with fsdp or zero inside, theirs: each rank's shard of the gradients averaged across), local_sgd's
-    weights averaged every 4 steps."""
+    weights averaged every 4 steps, diloco's rounds with a model's BatchNorm statistics averaged in them."""
     port = free_port()
     lighthouse = _lighthouse(port)
     try:
@@ -344,6 +349,7 @@ def test_with_every_island_present_torchft_islands_train_as_the_ranks_of_one_job
          "ddp_lab.train", *plain, f"data.root={tiny_fmnist}", f"data.cache_dir={tmp_path / 'cache'}",
          "data.batch_size=48", "trainer.epochs=100", "trainer.max_steps=12", "trainer.eval_every_steps=40",
          "trainer.ckpt_every_steps=40", "trainer.amp=off", "trainer.progress=false", "trainer.warmup_steps=1",
+         "trainer.threads=1",
          "optim=adamw", f"hydra.run.dir={ddp}"], stdout=log, stderr=subprocess.STDOUT, timeout=240).returncode
     assert rc == 0, (tmp_path / "ddp.log").read_text()[-2000:]
     ft, plain = torch.load(tmp_path / "0" / "model.pt"), torch.load(ddp / "model.pt")

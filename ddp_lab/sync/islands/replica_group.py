@@ -98,12 +98,12 @@ def refuse_unlike(island: int, replica_ids: list[str]) -> None:
 
 
 def refuse_floating_buffers(model) -> None:
-    """What crosses torchft islands is the trained tensors alone: BatchNorm's statistics would drift apart."""
+    """sync=ft_ddp averages the gradients alone across islands: BatchNorm's statistics would drift apart."""
     n = sum(b.is_floating_point() for b in model.buffers())
     if n:
-        raise ConfigError(f"sync.fault_tolerance=torchft does not average floating buffers (this model's {n}, "
-                          f"BatchNorm's statistics) across islands yet: use a model without them, or "
-                          f"sync.fault_tolerance=none")
+        raise ConfigError(f"sync=ft_ddp does not average floating buffers (this model's {n}, BatchNorm's "
+                          f"statistics) across islands: use sync=diloco or local_sgd (their rounds average them), "
+                          f"or a model without them")
 
 
 def _forget_the_last_attempt(rank: int) -> None:

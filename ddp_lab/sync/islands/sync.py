@@ -39,7 +39,8 @@ class IslandSync(ReplicaSync):
         self.model, self.env, self.cfg = model, env, cfg
         self.replicas = None
         if fault_tolerant(cfg):  # this job is the island; torchft's Manager finds the others (replica_group.py)
-            refuse_floating_buffers(model)
+            if outer_cls.averages == "gradients":  # (ft_ddp; the periodic ones average the buffers in their rounds)
+                refuse_floating_buffers(model)
             self.replicas = ReplicaGroup(cfg, env.rank, env.world_size, 10 * cfg.island_timeout_s, ctx.identity)
             self.islands = replica_islands(cfg, env, self.replicas)
         else:

@@ -208,6 +208,7 @@ class DiLoCoSync(DiLoCoState, LocalSGDSync):
         travelled: every rank sends again what it sent, and the sum is the same to the bit.)"""
         mean, sent = self._mean(f), self.sent[f]
         self.sent[f] = None
+        buffers = self._buffers_mean() if f == 0 else None  # (once a round; across torchft islands the vote covers it)
         if self.replicas is not None and not self.replicas.commit(sent.step):
             return  # (an island lost in the exchange: no outer step, the next one spans both rounds)
         lo, hi = self.fragments[f]
@@ -226,8 +227,8 @@ class DiLoCoSync(DiLoCoState, LocalSGDSync):
             a.grad = None
         if self.paper_proxy:
             self.last[f] = (mean, sent.outer_grad.float())
-        if f == 0:  # once a round
-            self._average_buffers(0.0 if sent.proxy is not None else mix)
+        if buffers is not None:
+            self._take_buffers(buffers, 0.0 if sent.proxy is not None else mix)
 
     def finish(self, step: int) -> None:
         """Every rank ends on the anchor: what was sent at this step lands at once (as blocking DiLoCo's), what
@@ -259,22 +260,33 @@ class DiLoCoSync(DiLoCoState, LocalSGDSync):
         self._land(0, 0.0)
 
     @torch.no_grad()
-    def _average_buffers(self, mix: float = 0.0) -> None:
+    def _buffers_mean(self) -> list[torch.Tensor] | None:
         """BatchNorm's statistics averaged as they are (never rounded by sync.compress, over every rank of
-        every island), kept with the anchor; each rank keeps `mix` of its own, as its weights do."""
-        if self.buffers:
-            mean = [b.detach().clone() for b in self.buffers]
-            average_into(mean, self._average_everywhere)
-            for a, b, m in zip(self.anchor_buffers, self.buffers, mean):
-                a.copy_(m)
-                b.mul_(mix).add_(m, alpha=1 - mix)
+        every island); None without any."""
+        if not self.buffers:
+            return None
+        mean = [b.detach().clone() for b in self.buffers]
+        average_into(mean, self._average_everywhere)
+        return mean
+
+    @torch.no_grad()
+    def _take_buffers(self, mean: list[torch.Tensor], mix: float) -> None:
+        """The buffers' mean kept with the anchor; each rank keeps `mix` of its own, as its weights do."""
+        for a, b, m in zip(self.anchor_buffers, self.buffers, mean):
+            a.copy_(m)
+            b.mul_(mix).add_(m, alpha=1 - mix)
 
     def _average_everywhere(self, flat: torch.Tensor) -> None:
         if self.islands is None:
             return self._average_exact(flat)
+        nbytes = flat.numel() * flat.element_size()
+        if self.replicas is not None:  # torchft: the island's mean (its own world), then the islands present's
+            dist.all_reduce(flat)
+            self.replicas.mean(flat.div_(self.islands.size)).wait()
+            return self.count(nbytes, across=True)
         dist.all_reduce(flat)  # (the whole world: buffers are small, and sync.inner=flat leaves them apart)
         flat.div_(self.islands.count * self.islands.size)
-        self.count(flat.numel() * flat.element_size(), across=True)
+        self.count(nbytes, across=True)
 
     @contextlib.contextmanager
     def consensus(self):
