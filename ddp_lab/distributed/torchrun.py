@@ -27,6 +27,7 @@ internals differ from those named below (torch_parts; 2.14 has them), ends as pl
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import time
 
@@ -120,9 +121,15 @@ def install() -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
+    gc.disable()  # (as ddp_lab.train: the collector would walk the objects torch makes as it imports, again and again)
     install()
     from torch.distributed import run
-    run.main(argv)
+    gc.freeze()
+    gc.enable()
+    try:
+        run.main(argv)
+    finally:
+        gc.freeze()  # (nor walk them all once more as the agent exits)
 
 
 if __name__ == "__main__":
