@@ -182,6 +182,7 @@ class ReplicaGroup:
             why = str(e).split(";")[0]
             raise ConfigError(f"sync.fault_tolerance=torchft: no Lighthouse answers at {lighthouse} ({why}): start "
                               f"one (torchft_lighthouse --min_replicas 1) or fix sync.lighthouse") from None
+        # (torchft 0.2's Manager asks its quorums through _client, a private attribute: no public hook sees them)
         self.manager._client = _Checked(self.manager._client, self.island)
         self.planned, self.waits_s, self.fewest = cfg.max_islands, cfg.island_timeout_s, cfg.min_islands
         self.enough_within_s = quorum_timeout_s  # (fewer than sync.min_islands: how long a round waits for more)

@@ -42,7 +42,9 @@ class FTDDPSync(ReplicaSync):
     def after_backward(self) -> None:
         """The island's mean gradients (the inner strategy's) <- their mean over the islands present; the vote."""
         grads = [p.grad for p in self.stepped() if p.grad is not None]
-        grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]  # (fsdp's DTensors: this rank's rows)
+        # fsdp's DTensors: this rank's rows (sharded/fsdp.py's local(), written out: importing it here would
+        # register zero and fsdp before the periodic strategies, and reorder every list of strategies)
+        grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
         flat = torch.cat([g.reshape(-1).float() for g in grads])
         with position.collective("gradient sync across islands", own_timeout_s=self.replicas.exchange_s), self._timed():
             self.replicas.mean(flat).wait()
