@@ -100,7 +100,8 @@ class ReplicaSync:
         # and the collectives that carried them, each paying the link's latency once
         self.wire_bytes = 0
         self.collectives = 0
-        self.wire_bytes_across = 0  # sync.islands: those of wire_bytes that crossed between islands
+        self.wire_bytes_across = 0  # sync.islands, HSDP: those of wire_bytes that crossed between islands,
+        self.collectives_across = 0  # in so many of the collectives
         # the ranks one copy of a sharded state is cut over (zero, fsdp): the world's, or an island's (islands,
         # HSDP), noted in each rank's checkpoint (checkpoint/state.py)
         self.shards_over = env.world_size
@@ -132,20 +133,21 @@ class ReplicaSync:
         self.wire_bytes += nbytes
         self.collectives += collectives
         self.wire_bytes_across += nbytes if across else 0
+        self.collectives_across += collectives if across else 0
 
     def counts(self) -> dict[str, int]:
         """What this launch handed to the network so far (summary.json's *_to_target, checkpoints)."""
         return {"wire_bytes": self.wire_bytes, "collectives": self.collectives,
-                "wire_bytes_across": self.wire_bytes_across}
+                "wire_bytes_across": self.wire_bytes_across, "collectives_across": self.collectives_across}
 
     @contextlib.contextmanager
     def uncounted(self):
         """Collectives that are not a training step's (an evaluation's, a checkpoint's): not counted."""
-        was = self.wire_bytes, self.collectives, self.wire_bytes_across
+        was = self.wire_bytes, self.collectives, self.wire_bytes_across, self.collectives_across
         try:
             yield
         finally:
-            self.wire_bytes, self.collectives, self.wire_bytes_across = was
+            self.wire_bytes, self.collectives, self.wire_bytes_across, self.collectives_across = was
 
     @contextlib.contextmanager
     def _timed(self):

@@ -38,7 +38,7 @@ class TimeToTarget:
                               f"{task_name}: set trainer.target_loss instead")
         self.carried_s = 0.0  # earlier launches' wall time
         # and what they sent (sync.counts() is this launch's)
-        self.carried = {"wire_bytes": 0, "collectives": 0, "wire_bytes_across": 0}
+        self.carried = {"wire_bytes": 0, "collectives": 0, "wire_bytes_across": 0, "collectives_across": 0}
         self.eval_s = 0.0
         self.reached: dict | None = None  # {"step", "seconds"} of the evaluation that reached it
         self._t0: float | None = None
@@ -87,7 +87,8 @@ class TimeToTarget:
                 "eval_s_to_target": r.get("eval_s") if r else None,  # (None: reached before it was kept)
                 "wire_bytes_to_target": r.get("wire_bytes") if r else None,
                 "collectives_to_target": r.get("collectives") if r else None,  # (None: reached before they were)
-                "wire_bytes_across_to_target": r.get("wire_bytes_across") if r else None,  # (sync.islands)
+                "wire_bytes_across_to_target": r.get("wire_bytes_across") if r else None,  # (sync.islands, HSDP)
+                "collectives_across_to_target": r.get("collectives_across") if r else None,
                 "train_s": self.elapsed_s(), "eval_s": self.eval_s}
 
     def _sent(self, sent: dict | None) -> dict[str, int]:

@@ -180,6 +180,7 @@ def test_two_islands_of_two_take_the_steps_of_their_reference(runs, inner):
     # (sharded inside, rank 0's own shard crosses: stage 3's half of each Linear's flat unit, 56 + 26 numbers;
     # fsdp's rows, 8 of 16 and 2 of 3 of each weight and bias: 48 + 8 + 32 + 2)
     assert ranks[0]["wire_bytes_across"] == 3 * 4 * {"fsdp": 90}.get(inner, 82)
+    assert ranks[0]["collectives_across"] == ROUNDS  # (one all-reduce a sync: the cost model's latency count)
     if inner in ("ddp", "flat"):  # (zero, fsdp: reduce-scatters and all-gathers, as they count them)
         assert ranks[0]["wire_bytes"] == 3 * 82 * 4 + 3 * 164 * 4 + H * ROUNDS * 163 * 4
     else:
@@ -196,6 +197,7 @@ def test_hsdp_two_islands_of_two_take_ddps_steps(runs):
     assert hsdp[0]["describe"] == "fsdp/builtin (HSDP: 2 islands of 2)"
     # across: each rank's half of the 163 gradients (the root unit's Linear(6,16) and Linear(16,3), as counted)
     assert hsdp[0]["wire_bytes_across"] == H * ROUNDS * (163 * 4 // 2)
+    assert hsdp[0]["collectives_across"] == 2 * H * ROUNDS  # (each Linear a unit: two all-reduces across a step)
 
 
 def _eager_int4(rank: int, world_size: int) -> dict:
@@ -210,6 +212,7 @@ def test_islands_with_eager_int4_feedback_agree_inside_and_send_a_quarter_across
     # a half (82 numbers) in 4 bits: 2 blocks of 64 over 2 islands, 1 block a rank: 32 bytes of codes + 4 of scale
     # each way, 2 x 36 bytes a sync
     assert ranks[0]["wire_bytes_across"] == 3 * 2 * 36
+    assert ranks[0]["collectives_across"] == 3 * 2  # (the codes' all-to-all, then the mean's all-gather)
     assert "overlap 1 eager" in ranks[0]["describe"] and "+int4" in ranks[0]["describe"]
 
 

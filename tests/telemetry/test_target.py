@@ -67,7 +67,8 @@ def test_the_evaluations_bytes_and_collectives_up_to_the_target_are_kept_across_
     t = SimpleNamespace(target_acc=0.0, target_loss=2.0, eval_every_steps=4, stop_at_target=True)
 
     def sent(nbytes, calls):
-        return {"wire_bytes": nbytes, "collectives": calls, "wire_bytes_across": 0}
+        return {"wire_bytes": nbytes, "collectives": calls, "wire_bytes_across": nbytes // 2,
+                "collectives_across": calls // 4}  # (islands, HSDP: a part of them between islands)
     first = TimeToTarget(t, "language_model")
     first.start()
     assert not first.evaluated({"loss/val": 2.5}, "val", 1.5, 4, sent=sent(4000, 8))
@@ -80,10 +81,11 @@ def test_the_evaluations_bytes_and_collectives_up_to_the_target_are_kept_across_
     s = second.summary()
     assert s["steps_to_target"] == 12 and s["eval_s_to_target"] == 2.25
     assert s["wire_bytes_to_target"] == 9000 and s["collectives_to_target"] == 24
+    assert s["wire_bytes_across_to_target"] == 4500 and s["collectives_across_to_target"] == 6
     assert not second.evaluated({"loss/val": 1.5}, "val", 1.0, 16, sent=sent(5000, 16))  # the first one counts
     assert second.summary()["wire_bytes_to_target"] == 9000 and second.summary()["eval_s"] == 3.25
     old = dict(state, reached={"step": 4, "seconds": 3.0})  # a checkpoint from before these were kept
-    del old["wire_bytes"], old["collectives"]
+    del old["wire_bytes"], old["collectives"], old["wire_bytes_across"], old["collectives_across"]
     third = TimeToTarget(t, "language_model")
     third.load_state_dict(old)
     assert third.summary()["eval_s_to_target"] is None and third.summary()["wire_bytes_to_target"] is None

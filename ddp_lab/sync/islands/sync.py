@@ -90,6 +90,10 @@ class IslandSync(ReplicaSync):
         return self.outer.wire_bytes_across
 
     @property
+    def collectives_across(self) -> int:
+        return self.outer.collectives_across
+
+    @property
     def comm_seconds(self) -> float:
         return self.inner.comm_seconds + self.outer.comm_seconds
 

@@ -14,7 +14,7 @@ import statistics
 COLUMNS = ["strategy", "seed", "sync", "world_size", "target", "target_reached", "steps_to_target",
            "time_to_target_s", "eval_s_to_target", "train_to_target_s", "vs_ddp", "wire_bytes_per_step",
            "wire_bytes_to_target", "bytes_vs_ddp", "collectives_per_step", "collectives_to_target",
-           "wire_bytes_across_per_step", "wire_bytes_across_to_target",
+           "wire_bytes_across_per_step", "wire_bytes_across_to_target", "collectives_across_to_target",
            "final", "step_ms", "eval_s", "steps", "every",
            "predicted_time_to_target_s", "prediction_error", "diverged_at_step"]
 
@@ -32,6 +32,7 @@ def row(strategy: str, seed, s: dict, every: int, headline: str) -> dict:
             # sync.islands: the bytes that crossed between islands (the rest stayed inside)
             "wire_bytes_across_per_step": s.get("wire_bytes_across_per_step"),
             "wire_bytes_across_to_target": s.get("wire_bytes_across_to_target"),
+            "collectives_across_to_target": s.get("collectives_across_to_target"),
             "final": s[headline], "step_ms": s["step_ms"], "eval_s": s["eval_s"], "steps": s["steps"],
             "every": every}
 

@@ -6,8 +6,9 @@
         --strategies ddp,diloco:sync.every=16 --epochs 1 -- model=gpt data=text optim=adamw
 
 Each strategy (`--strategies`, sync presets: ddp, powersgd, local_sgd,
-diloco, each with overrides of its own after colons, e.g.
-diloco:sync.outer_momentum=0.5) trains the same model from the same seed for the same budget
+diloco, zero, fsdp, each with overrides of its own after colons, e.g.
+diloco:sync.outer_momentum=0.5, fsdp:sync.islands=host for HSDP) trains
+the same model from the same seed for the same budget
 (`--epochs`), evaluated every `--eval-every` steps, with
 `trainer.stop_at_target=false`: the run notes when it reached the target and
 trains on, so the final figures after the same budget are compared too.
@@ -54,7 +55,7 @@ from ddp_lab.tools.figures import pyplot
 # ddp_lab.tools.costmodel (which import torch) are imported where a flag needs them,
 # so --help and a bad argument answer within a second rather than in 3.
 
-STRATEGIES = ("ddp", "powersgd", "local_sgd", "diloco")  # each a sync strategy (ddp_lab/sync/registry.py)
+STRATEGIES = ("ddp", "powersgd", "local_sgd", "diloco", "zero", "fsdp")  # sync presets (ddp_lab/sync/registry.py)
 
 
 def parse_args(argv=None):

@@ -28,10 +28,13 @@ are priced on it and taken out first: what is left is compute (DDP's loopback
 all-reduce partly overlapped its backward, so this takes out a little too
 much there; an overlapped DiLoCo's is hidden and left in).
 
-Islands (sync.islands, "N islands of K" in the sync description) talk inside over the same loopback the
-loopback run had, so only what crossed between islands is added (`wire_bytes_across_to_target`): each
-island's K ranks send their chunks over the host's one link at once, priced as one all-reduce of K chunks
-among the N islands, on `across` (a fit of the link at one rank a host) where given.
+Islands (sync.islands, "N islands of K" in the sync description: IslandSync's periodic strategy across, or
+HSDP's gradient shards every step) talk inside over the same loopback the loopback run had, so only what
+crossed between islands is added (`wire_bytes_across_to_target`): each island's K ranks send their chunks
+over the host's one link at once, priced as one all-reduce of K chunks among the N islands, on `across` (a
+fit of the link at one rank a host) where given, each collective across at its latency
+(`collectives_across_to_target`: HSDP one a unit a step; a race.csv from before they were counted charges
+DiLoCo one a synchronisation, two in 4 bits).
 
 At another rate the link's seconds per byte scale as 1/rate: `by_rate` prices
 each strategy across rates, so a user reads at which bandwidth each starts
@@ -63,7 +66,8 @@ def time_to_target_s(loopback: dict, link: Params, world: int, local: Params | N
     if islands:  # only the outer gradients cross, K chunks at once over each island's link
         count, size = islands
         sent = float(loopback["wire_bytes_across_to_target"]) * size
-        calls = 2 * syncs if "+int" in (loopback.get("sync") or "") else syncs
+        calls = float(loopback.get("collectives_across_to_target") or
+                      (2 * syncs if "+int" in (loopback.get("sync") or "") else syncs))
         world, link, local = count, across or link, None  # (the inside stays on loopback, as measured)
 
     def per_sync(on: Params) -> float:  # the bytes at its bandwidth, every collective at its latency
@@ -82,8 +86,9 @@ def overlap_of(row: dict) -> int:
 
 
 def islands_of(row: dict) -> tuple[int, int] | None:
-    """(islands, ranks each) of a race's row under sync.islands, from its sync description; None if none."""
-    m = re.search(r"islands\((\d+) islands of (\d+)", row.get("sync") or "")
+    """(islands, ranks each) of a race's row under sync.islands (IslandSync's "islands(N islands of K: ...",
+    fsdp's "(HSDP: N islands of K)"), from its sync description; None if none."""
+    m = re.search(r"(?:islands\(|HSDP: )(\d+) islands of (\d+)", row.get("sync") or "")
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 

@@ -111,10 +111,24 @@ def test_islands_pay_only_what_crosses_between_them_on_the_link_across():
     assert time_to_target_s(row, LINK, 4) == pytest.approx(40.0 + 15 * (2 * 1e-4 + 8000 * 8e-8 + 2e-4))
 
 
+def test_hsdp_pays_its_gradient_shards_across_every_step_one_latency_a_unit():
+    """HSDP (sync=fsdp sync.islands=host, 2 islands of 2): each rank's shard of the gradients crossed every step
+    (50 kB a rank to the target), the island's 2 shards at once, in one all-reduce a unit (5 units, 100 steps:
+    500 collectives across); the reduce-scatters and gathers inside stayed on loopback."""
+    across = Params(alpha=2e-4, beta=4e-7, gamma=0.0)
+    row = {"steps_to_target": "100", "time_to_target_s": "30.0", "wire_bytes_per_step": "9000000", "every": "1",
+           "wire_bytes_to_target": "900000000", "wire_bytes_across_to_target": "50000",
+           "collectives_across_to_target": "500", "step_ms": "0", "sync": "fsdp/builtin (HSDP: 2 islands of 2)"}
+    per_step = 2 * 1 * 2e-4 + 2 * 1 / 2 * (2 * 50000 / 100) * 4e-7 + 4 * (2 * 1 * 2e-4)  # (4 more latencies)
+    assert time_to_target_s(row, LINK, 4, None, across) == pytest.approx(30.0 + 100 * per_step)
+    flat = {**row, "sync": "fsdp/builtin"}  # (plain fsdp: every byte over the link among the 4 ranks)
+    assert time_to_target_s(flat, LINK, 4, None, across) > time_to_target_s(row, LINK, 4, None, across) + 30
+
+
 @pytest.mark.parametrize("argv,says", [
     (["--target-acc", "0.9"], "give --hosts N --rate R"),
     (["--ranks", "2"], "give one target"),
-    (["--ranks", "2", "--target-acc", "0.9", "--strategies", "ddp,zero"], "zero not among"),
+    (["--ranks", "2", "--target-acc", "0.9", "--strategies", "ddp,zero3"], "zero3 not among"),
     (["--hosts", "2", "--target-acc", "0.9"], "--hosts and --rate go together"),
     (["--ranks", "2", "--target-acc", "0.9", "--fit", "f.csv"], "--fit and --steps-from go together"),
     (["--ranks", "2", "--target-acc", "0.9", "--loopback-fit", "f.csv"], "--loopback-fit goes with --fit"),
