@@ -148,8 +148,16 @@ def reshard_zero_state(states: list[dict], sizes: list[int], rank: int, world_si
                 rows = my_rows(lambda q, i=i, key=key: states[q]["state"][i][key], size, len(states), rank, world_size)
                 state[i][key] = padded(rows, -(-size // world_size))
             else:  # AdamW's step count: the same on every rank
-                state[i][key] = value
+                state[i][key] = unmapped(value)
     return {"state": state, "param_groups": states[0]["param_groups"]}
+
+
+def unmapped(value):
+    """A tensor read from a mapped checkpoint, copied (anything else as it is). Kept as it is, even a scalar holds
+    its whole file mapped and every page the rank read from it resident for the rest of the run (torch's optimizer
+    keeps AdamW's step tensor as given): a 57M-parameter GPT under stage 3 resumed from 2 ranks on 3 peaked at
+    1,399 MiB on rank 0, 1,176 without."""
+    return value.clone() if isinstance(value, torch.Tensor) else value
 
 
 def fresh_rng_state(seed: int, step: int, rank: int) -> dict:

@@ -197,3 +197,57 @@ def test_shards_that_do_not_fit_this_run_are_refused_in_one_line():
                                           r"steps 1 shard\(s\) a rank, this run 3\): resume it with the "
                                           r"sync.zero_stage and sync.bucket_cap_mb that wrote it$"):
         restore(tr, {"world_size": 2}, own)
+
+
+def _mapped(paths) -> list[str]:
+    """Which of `paths` this process has mapped now (/proc/self/maps)."""
+    maps = open("/proc/self/maps").read()
+    return [str(p) for p in paths if str(p) in maps]
+
+
+def test_a_zero_state_cut_again_from_mapped_files_leaves_none_of_them_mapped(tmp_path):
+    """Every old rank's optimizer state is read mapped (only the rows taken are read); once loaded, the files go:
+    a tensor of theirs kept (AdamW's step count, before) holds its file mapped and the pages read resident for
+    the rest of the run."""
+    import gc
+
+    from ddp_lab.checkpoint.reshard import reshard_zero_state
+    paths = [tmp_path / f"rank{r}.pt" for r in range(2)]
+    for path, state in zip(paths, _zero_states(torch.arange(1.0, 11.0), 2)):
+        torch.save(state, path)
+    states = [torch.load(p, weights_only=True, mmap=True) for p in paths]
+    assert _mapped(paths) == [str(p) for p in paths]
+    pieces = torch.nn.Parameter(torch.zeros(4))
+    optimizer = torch.optim.AdamW([pieces])
+    optimizer.load_state_dict(reshard_zero_state(states, [10], 0, 3))
+    del states
+    gc.collect()
+    assert _mapped(paths) == [] and optimizer.state[pieces]["step"].item() == 5.0
+
+
+def _fsdp_state_from_mapped_files(rank: int, world_size: int, tmp: str) -> list[str]:
+    import gc
+
+    from ddp_lab.distributed import DistEnv
+    from ddp_lab.sync import build_sync
+    from tests.sync import sync_cfg
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    sync = build_sync(sync_cfg("fsdp"), model, DistEnv(rank, world_size, 0, CPU, "gloo"))
+    optimizer = torch.optim.AdamW(sync.param_groups())
+    sync.module(torch.ones(4, 6)).sum().backward()
+    sync.after_backward()
+    optimizer.step()
+    paths = [f"{tmp}/rank{r}.pt" for r in range(world_size)]
+    torch.save(optimizer.state_dict(), paths[rank])
+    torch.distributed.barrier()
+    states = [torch.load(p, weights_only=True, mmap=True) for p in paths]
+    optimizer.load_state_dict(sync.reshard_optimizer_state(states, optimizer))
+    del states
+    gc.collect()
+    return _mapped(paths)
+
+
+def test_an_fsdp_state_cut_again_from_mapped_files_leaves_none_of_them_mapped(tmp_path):
+    from tests.multiproc import run_in_processes
+    assert run_in_processes(_fsdp_state_from_mapped_files, 2, str(tmp_path), timeout=120) == [[], []]

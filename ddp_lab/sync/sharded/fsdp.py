@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_lab.checkpoint.reshard import my_rows, stepped
+from ddp_lab.checkpoint.reshard import my_rows, stepped, unmapped
 from ddp_lab.config import ConfigError
 from ddp_lab.config.keys import key
 from ddp_lab.distributed import DistEnv
@@ -286,7 +286,7 @@ class FSDPSync(ReplicaSync):
             state[i] = {}
             for name, value in states[0]["state"].get(i, {}).items():
                 if not (isinstance(value, torch.Tensor) and value.dim() > 0):  # AdamW's step: every rank's
-                    state[i][name] = value
+                    state[i][name] = unmapped(value)
                     continue
                 state[i][name] = self._rows_of([local(s["state"][i][name]) for s in states], p, name, i)
         return {"state": state, "param_groups": states[0]["param_groups"]}
