@@ -23,6 +23,7 @@ RECORDED = [
     ("2026-11-29_zen4-2c_memory-wall-8-hosts", "fsdp, 7 hosts", 1793.5, 2048, 1829.7),
     ("2026-12-02_xeon-amx-2c_hf-llama-8-hosts", "fsdp, 8 hosts of 2.0 GiB", 1608, 2048, 1667),
     ("2026-12-02_xeon-amx-2c_hf-llama-8-hosts", "fsdp, 8 hosts of 1.6 GiB", 1.57 * 1024, 1638.4, None),
+    ("2026-12-03_zen5-2c_stage3-10-hosts-resume", "zero3, the 403M GPT, resumed on 10 hosts", 1704.1, 2080, 1804.9),
     ("issue: the 403M GPT with AdamW, 8 hosts", "fsdp", 1792, 2080, 1863),
     ("issue: the 403M GPT with AdamW, 8 hosts", "zero3", 1.94 * 1024, 2080, None),
 ]
