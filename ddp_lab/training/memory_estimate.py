@@ -197,9 +197,11 @@ def _to_fake_cpu(net: torch.nn.Module, weights: torch.dtype | None = None) -> No
 
 def activation_bytes(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, task,
                      checkpointed: list[torch.nn.Module] = (), autocast: torch.dtype | None = None,
-                     weights: torch.dtype | None = None) -> int:
-    """Bytes autograd saves for the backward of one sample like (x, y): the forward and
-    loss of two on the meta device, halved; each saved tensor counted once, the parameters not at all.
+                     weights: torch.dtype | None = None, batch: int = 1) -> int:
+    """Bytes autograd saves for the backward of `batch` samples like (x, y): the forward and loss of 2 and of 4
+    on the meta device, what 2 more samples add a sample, and once what both save alike (the loss's scalars;
+    under autocast the weights' bf16 casts, as large for any batch: counted a sample, they made a bf16 DDP run's
+    estimate 0.16 GiB high on gpt2 at 4 samples); each saved tensor counted once, the parameters not at all.
     `checkpointed` (trainer.activation_checkpointing's modules): of those, their inputs only, and the
     largest one's own saved tensors once (what its recompute holds in the backward). `autocast` (bf16
     under trainer.amp=bf16): the forward under CPU autocast, on fake CPU tensors (net is changed to them), the
@@ -209,10 +211,12 @@ def activation_bytes(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, tas
     with FakeTensorMode() if on_fake else contextlib.nullcontext():
         if on_fake:
             _to_fake_cpu(net, weights)
-        return _saved_bytes(net, x, y, task, checkpointed, autocast)
+        two, four = (_saved_bytes(net, x, y, task, checkpointed, autocast, n) for n in (2, 4))
+    per_sample = (four - two) / 2
+    return round(max(0.0, two - 2 * per_sample) + batch * per_sample)
 
 
-def _saved_bytes(net, x, y, task, checkpointed, autocast) -> int:
+def _saved_bytes(net, x, y, task, checkpointed, autocast, samples: int) -> int:
     params = {id(p) for p in net.parameters()}
     saved: dict[int, int] = {}
     inside: dict[int, dict[int, int]] = {id(m): {} for m in checkpointed}
@@ -239,11 +243,11 @@ def _saved_bytes(net, x, y, task, checkpointed, autocast) -> int:
         running.pop()
 
     hooks = [h for m in checkpointed for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
-    # two samples, not one: BatchNorm refuses to train on a batch of one value per channel
+    # (2 samples or more: BatchNorm refuses to train on a batch of one value per channel)
     device = "meta" if autocast is None and not isinstance(x, dict) else "cpu"
-    xm = ({k: torch.zeros(2, *v.shape, dtype=v.dtype, device=device) for k, v in x.items()} if isinstance(x, dict)
-          else torch.empty(2, *x.shape, dtype=x.dtype, device=device))
-    ym = xm[LABELS] if isinstance(x, dict) else torch.empty(2, *y.shape, dtype=y.dtype, device=device)
+    xm = ({k: torch.zeros(samples, *v.shape, dtype=v.dtype, device=device) for k, v in x.items()}
+          if isinstance(x, dict) else torch.empty(samples, *x.shape, dtype=x.dtype, device=device))
+    ym = xm[LABELS] if isinstance(x, dict) else torch.empty(samples, *y.shape, dtype=y.dtype, device=device)
     try:
         with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _FusedAttention(), \
                 torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
@@ -252,7 +256,7 @@ def _saved_bytes(net, x, y, task, checkpointed, autocast) -> int:
         for h in hooks:
             h.remove()
     recompute = max((sum(v.values()) for v in inside.values()), default=0)
-    return (sum(saved.values()) + recompute) // 2
+    return sum(saved.values()) + recompute
 
 
 def estimate(model, optim, x: torch.Tensor, y: torch.Tensor, task, batch: int, shards: int = 1,
@@ -267,23 +271,23 @@ def estimate(model, optim, x: torch.Tensor, y: torch.Tensor, task, batch: int, s
     weights = sum(p.numel() * p.element_size() for p in net.parameters())
     kept, name = optimizer_state(optim)
     fails = (RuntimeError, ValueError, TypeError, NotImplementedError, AssertionError, IndexError)
-    per_sample = None
+    activations = None
     if autocast is not None:  # (a twin: activation_bytes makes its model fake CPU tensors)
         try:
             with torch.device("meta"):
                 twin = build_model(model)
-            per_sample = activation_bytes(twin, x, y, task, checkpointed_units(twin, sync, checkpointing), autocast,
-                                          gathered)
+            activations = activation_bytes(twin, x, y, task, checkpointed_units(twin, sync, checkpointing),
+                                           autocast, gathered, batch)
         except fails as e:  # a model that keeps meta tensors of its own: counted as in fp32 below
             log.info("memory estimate: activations counted in fp32 (%s)",
                      str(e).strip().splitlines()[0] if str(e) else e)
-    if per_sample is None:
+    if activations is None:
         try:
-            per_sample = activation_bytes(net, x, y, task, checkpointed_units(net, sync, checkpointing))
+            activations = activation_bytes(net, x, y, task, checkpointed_units(net, sync, checkpointing), batch=batch)
         except fails as e:  # on meta
             log.info("memory estimate: activations not counted (%s)", str(e).strip().splitlines()[0] if str(e) else e)
-            per_sample = 0
+            activations = 0
     optimizer = kept * -(-weights // shards)  # zero: this rank's shard's (the last one padded)
-    return Estimate(n, weights, optimizer, per_sample * batch, batch, name, shards if stage >= 2 else 1,
+    return Estimate(n, weights, optimizer, activations, batch, name, shards if stage >= 2 else 1,
                     shards if stage == 3 else 1, transient_bytes(net, weights, stage, sync), runtime,
                     sync_state_bytes(sync, weights, shards if stage == 3 else 1))

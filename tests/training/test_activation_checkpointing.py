@@ -68,7 +68,13 @@ def test_under_bf16_autocast_the_estimate_counts_what_autocast_saves():
         with torch.device("meta"):
             return gpt(vocab_size=256, block_size=256, n_layer=2, n_head=4, n_embd=256)
     ids = torch.zeros(256, dtype=torch.long)
-    fp32 = activation_bytes(net(), ids, ids, LANGUAGE_MODEL)
-    bf16 = activation_bytes(net(), ids, ids, LANGUAGE_MODEL, autocast=torch.bfloat16)
-    # the matmuls' inputs and outputs in bf16, the norms', softmax's and the loss's in fp32
+
+    def count(batch, **autocast):
+        return activation_bytes(net(), ids, ids, LANGUAGE_MODEL, batch=batch, **autocast)
+    fp32, bf16 = count(9) - count(1), count(9, autocast=torch.bfloat16) - count(1, autocast=torch.bfloat16)
+    # a sample: the matmuls' inputs and outputs in bf16, the norms', softmax's and the loss's in fp32
     assert 0.5 * fp32 < bf16 < 0.8 * fp32, (bf16, fp32)
+    # once, whatever the batch: the bf16 casts of the 2 blocks' Linear weights (12 x 256 x 256) and of the
+    # tied embedding the head multiplies by (256 x 256); a few kB beside (the loss's scalars among them)
+    once = count(1, autocast=torch.bfloat16) - bf16 / 8
+    assert 0 <= once - 2 * (2 * 12 * 256 * 256 + 256 * 256) < 4096, once

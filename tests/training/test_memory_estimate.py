@@ -41,9 +41,9 @@ def test_activations_are_what_autograd_saves_and_attention_is_linear_in_the_cont
     with torch.device("meta"):
         mlp = linear()  # 8 -> 32 -> ReLU -> 4
     # per sample: the input (8 floats), the hidden ReLU output (32: saved once, by ReLU and the
-    # second layer alike), the log-probabilities (4), the target (an int64), and the loss's
-    # scalar weight shared by the batch of two (2 bytes a sample)
-    assert activation_bytes(mlp, torch.zeros(8), torch.tensor(0), CLASSIFICATION) == (8 + 32 + 4) * 4 + 8 + 2
+    # second layer alike), the log-probabilities (4), the target (an int64); once: the loss's scalar weight
+    assert activation_bytes(mlp, torch.zeros(8), torch.tensor(0), CLASSIFICATION) == (8 + 32 + 4) * 4 + 8 + 4
+    assert activation_bytes(mlp, torch.zeros(8), torch.tensor(0), CLASSIFICATION, batch=5) == 5 * 184 + 4
     per_sample = {}
     for t in (1024, 4096):
         with torch.device("meta"):
@@ -60,8 +60,8 @@ def test_model_state_counts_weights_gradients_and_adams_moments(compose_train):
     e = estimate(*_groups(_gpt(compose_train)), TOKENS, TOKENS, LANGUAGE_MODEL, batch=32)
     assert (e.parameters, e.weight_bytes, e.optimizer_bytes) == (834_304, 834_304 * 4, 834_304 * 8)
     assert e.state_bytes == 834_304 * 16 and e.optimizer == "AdamW"
-    one = estimate(*_groups(_gpt(compose_train)), TOKENS, TOKENS, LANGUAGE_MODEL, 1)
-    assert e.activation_bytes == 32 * one.activation_bytes
+    one, two = (estimate(*_groups(_gpt(compose_train)), TOKENS, TOKENS, LANGUAGE_MODEL, n) for n in (1, 2))
+    assert e.activation_bytes - one.activation_bytes == 31 * (two.activation_bytes - one.activation_bytes)
     assert e.total_bytes == e.state_bytes + e.activation_bytes
 
 
@@ -169,7 +169,8 @@ def test_under_zero_a_rank_counts_its_shard_of_the_optimizer_state(compose_train
 def test_the_trainer_refuses_a_run_that_cannot_fit_before_any_step(compose_train, tmp_path, monkeypatch):
     (tmp_path / "c.txt").write_bytes(bytes(range(256)) * 40)  # 10,240 bytes
     monkeypatch.setattr(fit_check, "mem_available", lambda n: (64 * 2**20, 1, "MemAvailable"))  # 64 MiB
-    cfg = _gpt(compose_train, f"data.path={tmp_path}/c.txt", "data.batch_size=32", "trainer.compile=false")
+    cfg = _gpt(compose_train, f"data.path={tmp_path}/c.txt", "data.batch_size=32", "trainer.compile=false",
+               "trainer.amp=off")  # (fp32 on any CPU: amp=auto is bf16 where the CPU has it)
     schema.check(cfg)
     with pytest.raises(ConfigError, match=r"^model=gpt needs about 0\.08 GiB per rank, more than the 0\.06 GiB"):
         Trainer.from_config(cfg, DistEnv(0, 1, 0, CPU, "none"), tmp_path).close()
