@@ -41,7 +41,7 @@ launch() {  # label hosts overrides...
   grep -h "memory estimate\|resumed\|ms/step\|step [0-9]*/\|error\|killed\|limit\|checkpoint" "$out/$label.log" \
     | head -20 | sed "s|^|  $label: |" | tee -a "$here/runs.txt"
   summary | tee -a "$here/runs.txt"
-  cp "$out/$label.log" "$here/$label.log"
+  cp "$out/$label.log" "$here/$label.log"  # (cut from the record after 84f02ca: docs/ kept small)
 }
 "$py" -m ddp_lab.tools.cluster down --name s3ten > /dev/null 2>&1
 "$py" -m ddp_lab.tools.cluster up --name s3ten --hosts 10 --rate 10gbit --mem 2080m > "$here/cluster.txt"
