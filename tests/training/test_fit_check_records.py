@@ -24,6 +24,9 @@ RECORDED = [
     ("2026-12-02_xeon-amx-2c_hf-llama-8-hosts", "fsdp, 8 hosts of 2.0 GiB", 1608, 2048, 1667),
     ("2026-12-02_xeon-amx-2c_hf-llama-8-hosts", "fsdp, 8 hosts of 1.6 GiB", 1.57 * 1024, 1638.4, None),
     ("2026-12-03_zen5-2c_stage3-10-hosts-resume", "zero3, the 403M GPT, resumed on 10 hosts", 1704.1, 2080, 1804.9),
+    ("2026-12-03_zen5-2c_peak-calibration", "ResNet-18, ddp, 2 ranks", 1034.3, None, 1098.3),
+    ("2026-12-03_zen5-2c_peak-calibration", "gpt2 ctx 128 fp32, zero3, 2 ranks", 1789.7, None, 1599.1),
+    ("2026-12-03_zen5-2c_peak-calibration", "Llama vocabulary 32,000, fsdp, 2 ranks", 1078.0, None, 1203.2),
     ("issue: the 403M GPT with AdamW, 8 hosts", "fsdp", 1792, 2080, 1863),
     ("issue: the 403M GPT with AdamW, 8 hosts", "zero3", 1.94 * 1024, 2080, None),
 ]
