@@ -6,9 +6,11 @@ Per rank, in the parameters' dtype (float32):
     model state   parameters x (weight + gradient + the optimizer's state): Adam and AdamW
                   keep two moments (8 bytes a parameter), SGD with momentum one (4), plain
                   SGD none; any other optimizer is counted as Adam (most of torch's keep less)
-    activations   what autograd keeps for the backward of one batch: one sample's forward
-                  and loss run on the meta device (shapes only: no memory, no arithmetic),
-                  the tensors it saves added up, times the samples per rank. Attention's
+    activations   what autograd keeps for the backward of one batch: the forward and loss of
+                  2 and of 4 samples run on the meta device (shapes only: no memory, no
+                  arithmetic), the tensors they save added up: what 2 more add is a sample's,
+                  times the samples per rank, the rest once (autocast's casts of the weights,
+                  the loss's scalars). Attention's
                   T x T score matrices count only where the kernel keeps them: torch's math
                   kernel does, the fused CPU kernel (what a CPU run of model=gpt gets)
                   keeps one number per row. Measured against a CPU step of model=gpt
