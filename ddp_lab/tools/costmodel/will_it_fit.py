@@ -11,7 +11,8 @@ each, it prints for DDP and ZeRO stages 1, 2 and 3:
   parameter, stage 1 4 + 4 + K/N, stage 2 4 + (4 + K)/N, stage 3 (8 + K)/N, K the optimizer's
   bytes of state), the activations of a rank's batch (ddp_lab.training.memory_estimate, the same
   for every strategy; under trainer.amp=bf16, or auto on a machine that runs bf16, as autocast makes
-  them, as the run's own check counts them), the transient buffers (stage 3: the units gathered and the reduce-scatters
+  them, as the run's own check counts them: the bf16 casts of the weights too, but under stage 3, whose
+  weights are gathered in bf16 already), the transient buffers (stage 3: the units gathered and the reduce-scatters
   in flight; below it one more gradient-sized buffer: the same module's transient_bytes), the
   runtime (--runtime: this process's memory once it has loaded the data, about what a rank holds
   before the model) and whether their sum, the predicted peak, fits in --memory;
@@ -102,16 +103,18 @@ def wire_bytes(strategy: str, grad_bytes: int) -> int:
     return grad_bytes * 3 // 2 if strategy == "zero3" else grad_bytes
 
 
-def table(params: int, state: int, activations: int, ranks: int, memory: int, link_bits: int | None,
+def table(params: int, state: int, activations: int | dict, ranks: int, memory: int, link_bits: int | None,
           alpha: float, compute_ms: float | None, reduce_scatter: str = "ring", transient: dict | None = None,
           runtime: int = 0) -> list[dict]:
-    """A row per strategy; transient: its bytes by strategy (none: 0), runtime: the process's own."""
+    """A row per strategy; activations: the same for every strategy, or by strategy; transient: its bytes by
+    strategy (none: 0), runtime: the process's own."""
     from ddp_lab.training.fit_check import fits  # (the trainer's rule; torch only here)
     rows = []
     for s in STRATEGIES:
         held = model_state_bytes(params, state, ranks, s)
-        peak = runtime + held + activations + (transient or {}).get(s, 0)
-        row = {"strategy": s, "model_state_bytes": held, "total_bytes": held + activations, "peak_bytes": peak,
+        acts = activations[s] if isinstance(activations, dict) else activations
+        peak = runtime + held + acts + (transient or {}).get(s, 0)
+        row = {"strategy": s, "model_state_bytes": held, "total_bytes": held + acts, "peak_bytes": peak,
                "fits": fits(peak, memory), "wire_bytes": wire_bytes(s, 4 * params)}
         if link_bits:
             comm = wire_seconds(s, ranks, 4 * params, alpha, 8 / link_bits, 0.0, reduce_scatter)
@@ -123,8 +126,8 @@ def table(params: int, state: int, activations: int, ranks: int, memory: int, li
 
 
 def describe(cfg, ranks: int, batch: int | None):
-    """(parameters, optimizer state tensors per parameter, its name, activation bytes per rank, samples per
-    rank, transient bytes by strategy) of cfg; the model is checked against the data first, as the
+    """(parameters, optimizer state tensors per parameter, its name, activation bytes per rank by strategy,
+    samples per rank, transient bytes by strategy) of cfg; the model is checked against the data first, as the
     training checks it."""
     import torch
 
@@ -140,15 +143,20 @@ def describe(cfg, ranks: int, batch: int | None):
     check_fits_data(cfg.model, cfg.data, x, y, task, num_classes(train) if task.correct_name else 0)
     per_rank = batch or max(1, cfg.data.batch_size // ranks)
     opts = options_of(cfg.sync)
-    # (estimate: stage 1; under autocast with the weights in fp32, as stages 0-2 hold them: for stage 3's bf16
-    # gathers an upper bound, the casts of the weights counted as saved activations)
-    e = estimate(cfg.model, cfg.optim, x, y, task, per_rank, sync=options_at(opts, 1),
-                 checkpointing=cfg.trainer.activation_checkpointing, autocast=autocast_of(cfg))
+    # (under autocast, with the weights in fp32 as stages 0-2 hold them: their bf16 casts saved for the backward)
+    autocast, checkpointing = autocast_of(cfg), cfg.trainer.activation_checkpointing
+    e = estimate(cfg.model, cfg.optim, x, y, task, per_rank, sync=options_at(opts, 1), checkpointing=checkpointing,
+                 autocast=autocast)
+    acts = dict.fromkeys(STRATEGIES, e.activation_bytes)
+    if autocast is not None and ranks > 1 and options_at(opts, 3).param_dtype == "amp":
+        # stage 3 gathers the weights in bf16 (sync.param_dtype=amp): no casts to save, as the run's check counts
+        acts["zero3"] = estimate(cfg.model, cfg.optim, x, y, task, per_rank, sync=options_at(opts, 3),
+                                 checkpointing=checkpointing, autocast=autocast, gathered=autocast).activation_bytes
     with torch.device("meta"):
         net = build_model(cfg.model)
     transient = {s: transient_bytes(net, e.weight_bytes, stage, options_at(opts, stage) if ranks > 1 else None)
                  for s, stage in zip(STRATEGIES, (0, 1, 2, 3))}
-    return e.parameters, optimizer_state(cfg.optim)[0], e.optimizer, e.activation_bytes, per_rank, transient
+    return e.parameters, optimizer_state(cfg.optim)[0], e.optimizer, acts, per_rank, transient
 
 
 def compose(overrides: list[str]):
@@ -218,9 +226,11 @@ def main(argv: list[str] | None = None) -> None:
     rows = table(params, state, acts, args.ranks, memory, link, args.alpha_us * 1e-6, args.compute_ms, rs,
                  transient, runtime)
     under = " under bf16 autocast" if autocast_of(cfg) is not None else ""
+    if acts["zero3"] != acts["ddp"]:
+        under += f" (stage 3's, its weights gathered in bf16: {acts['zero3'] / GiB:.2f})"
     print(f"model={cfg.model.get('name') or cfg.model['_target_']}: {params:,} parameters; {name} keeps {state} "
           f"tensor(s) a parameter; {args.ranks} ranks, {memory / GiB:.2f} GiB each; activations "
-          f"{acts / GiB:.2f} GiB for {batch} sample(s) a rank{under}; runtime {runtime / GiB:.2f} GiB")
+          f"{acts['ddp'] / GiB:.2f} GiB for {batch} sample(s) a rank{under}; runtime {runtime / GiB:.2f} GiB")
     if link:
         print("reduce-scatter priced as " + ("gloo runs torch's: an all-reduce, twice a ring's bytes "
                                             "(sync.algo=ring_textbook sends a ring's)" if rs == "all-reduce"

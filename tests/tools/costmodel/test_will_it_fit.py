@@ -84,7 +84,12 @@ def test_activations_are_counted_under_autocast_as_the_runs_own_check_counts_the
     cfg = compose_train([*data, "trainer.amp=bf16"])
     x, y = example(build_datasets(cfg.data)[0])
     run = estimate(cfg.model, cfg.optim, x, y, choose_task("auto", y, None), 4, autocast=torch.bfloat16)
-    assert acts["bf16"] == run.activation_bytes != acts["off"] > 0, acts
+    assert acts["bf16"]["ddp"] == run.activation_bytes != acts["off"]["ddp"] > 0, acts
+    # stage 3 gathers bf16 weights (sync.param_dtype=amp): the run's check counts no casts of them, nor does this
+    gathered = estimate(cfg.model, cfg.optim, x, y, choose_task("auto", y, None), 4, autocast=torch.bfloat16,
+                        gathered=torch.bfloat16)
+    assert acts["bf16"]["zero3"] == gathered.activation_bytes < acts["bf16"]["ddp"], acts
+    assert acts["off"]["zero3"] == acts["off"]["ddp"]
 
 
 def test_the_command_line(tiny_fmnist, tmp_path, capsys):
