@@ -13,7 +13,12 @@ from pathlib import Path
 
 from ddp_lab.telemetry.provenance import command_line, write_record
 
-PEERS = {"plain_ddp": None, "with_fabric": "lightning_fabric", "with_accelerate": "accelerate"}  # and what each needs
+# and the packages each needs (one of them)
+PEERS = {"plain_ddp": (), "with_fabric": ("lightning_fabric", "lightning"), "with_accelerate": ("accelerate",)}
+
+
+def installed(system: str) -> bool:
+    return not PEERS[system] or any(importlib.util.find_spec(m) is not None for m in PEERS[system])
 
 
 def command(system: str, nproc: int, run_dir: Path, a) -> list[str]:
@@ -96,9 +101,9 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [s for s in systems if s != "ddp_lab" and s not in PEERS and s not in a.variants]
     if unknown:
         sys.exit(f"--systems: {', '.join(unknown)} unknown; choose among ddp_lab, {', '.join(PEERS)}")
-    missing = [s for s in systems if PEERS.get(s) and importlib.util.find_spec(PEERS[s]) is None]
+    missing = [s for s in systems if s in PEERS and not installed(s)]
     if missing:
-        print(f"left out, not installed: {', '.join(f'{s} ({PEERS[s]})' for s in missing)}", flush=True)
+        print(f"left out, not installed: {', '.join(f'{s} ({PEERS[s][0]})' for s in missing)}", flush=True)
         systems = [s for s in systems if s not in missing]
     if (a.out / "results.json").exists():
         sys.exit(f"{a.out} already holds a race (results.json): give another --out")

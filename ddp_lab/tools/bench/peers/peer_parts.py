@@ -4,7 +4,8 @@ optimizer and loss ddp_lab's own config makes of the same overrides, and the ste
 A peer composes ddp_lab's config from the race's overrides (model=gpt_small data=text ...), builds
 the module with ddp_lab's own builder from the run's seed, the two datasets, and the optimizer the
 optim group names (its lr, weight decay, momentum); everything after that is the peer's own:
-DistributedSampler and DataLoader, the wrapper, autocast, clipping, the step.
+DistributedSampler and DataLoader, the wrapper, autocast, clipping, the step. On a machine with
+GPUs each rank takes the GPU of its local rank (NCCL), as ddp_lab does; else the CPU (gloo).
 """
 from __future__ import annotations
 
@@ -56,24 +57,40 @@ def cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, -2).float(), y.flatten())
 
 
+def device() -> torch.device:
+    """This rank's GPU (its local rank's) where CUDA is, else the CPU."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    torch.cuda.set_device(dev)
+    return dev
+
+
 def per_rank_batch(cfg) -> int:
     return cfg.data.batch_size // int(os.environ.get("WORLD_SIZE", 1))
 
 
 class StepClock:
-    """ddp_lab's measure (summary.json's step_ms): the wall time of the steps after the warm-up ones."""
+    """ddp_lab's measure (summary.json's step_ms): the wall time of the steps after the warm-up ones,
+    queued GPU work included at both ends (as ddp_lab's Clock)."""
 
     def __init__(self, warmup: int):
         self.warmup, self.done, self.t0 = warmup, 0, None
 
+    @staticmethod
+    def now() -> float:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
     def step_done(self) -> None:
         self.done += 1
         if self.done == self.warmup:
-            self.t0 = time.perf_counter()
+            self.t0 = self.now()
 
     def write(self, out: Path, loss: torch.Tensor, **extra) -> None:
         measured = self.done - self.warmup
-        step_ms = 1000 * (time.perf_counter() - self.t0) / measured if measured > 0 else float("nan")
+        step_ms = 1000 * (self.now() - self.t0) / measured if measured > 0 else float("nan")
         if int(os.environ.get("RANK", 0)) == 0:
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps({"step_ms": step_ms, "steps": self.done, "loss": float(loss), **extra}))

@@ -6,21 +6,24 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from ddp_lab.tools.bench.peers.peer_parts import StepClock, arguments, batches, build, compose, per_rank_batch
+from ddp_lab.tools.bench.peers import peer_parts as peer
 
 
 def main() -> None:
-    a = arguments("plain_ddp")
-    cfg = compose(a.overrides)
-    dist.init_process_group("gloo")
-    model, train, optimizer, loss_fn, bf16 = build(cfg)
-    model = DDP(model)
+    a = peer.arguments("plain_ddp")
+    cfg = peer.compose(a.overrides)
+    dev = peer.device()
+    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+    model, train, optimizer, loss_fn, bf16 = peer.build(cfg)
+    model = DDP(model.to(dev), device_ids=[dev] if dev.type == "cuda" else None)
     opt = optimizer(model.parameters())
     sampler = DistributedSampler(train, seed=cfg.seed)
-    loader = DataLoader(train, batch_size=per_rank_batch(cfg), sampler=sampler, drop_last=True)
-    clip, clock = cfg.optim.get("clip_grad_norm", 0.0), StepClock(a.warmup)
-    for x, y in batches(loader, sampler, a.steps):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+    loader = DataLoader(train, batch_size=peer.per_rank_batch(cfg), sampler=sampler, drop_last=True,
+                        pin_memory=dev.type == "cuda")
+    clip, clock = cfg.optim.get("clip_grad_norm", 0.0), peer.StepClock(a.warmup)
+    for x, y in peer.batches(loader, sampler, a.steps):
+        x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
             loss = loss_fn(model(x), y)
         loss.backward()
         if clip > 0:

@@ -2,7 +2,12 @@
 torchrun --nproc_per_node=2 -m ddp_lab.tools.bench.peers.with_fabric --out r.json model=gpt_small ..."""
 import os
 
-from lightning_fabric import Fabric
+import torch
+
+try:
+    from lightning_fabric import Fabric
+except ImportError:  # the same Fabric, shipped inside the `lightning` package
+    from lightning.fabric import Fabric
 from torch.utils.data import DataLoader, DistributedSampler
 
 from ddp_lab.tools.bench.peers.peer_parts import StepClock, arguments, batches, build, compose, per_rank_batch
@@ -11,7 +16,8 @@ from ddp_lab.tools.bench.peers.peer_parts import StepClock, arguments, batches, 
 def main() -> None:
     a = arguments("with_fabric")
     cfg = compose(a.overrides)
-    fabric = Fabric(accelerator="cpu", strategy="ddp", devices=int(os.environ["LOCAL_WORLD_SIZE"]),
+    fabric = Fabric(accelerator="cuda" if torch.cuda.is_available() else "cpu", strategy="ddp",
+                    devices=int(os.environ["LOCAL_WORLD_SIZE"]),
                     precision="bf16-mixed" if cfg.trainer.amp == "bf16" else "32-true")
     fabric.launch()
     model, train, optimizer, loss_fn, _ = build(cfg)
