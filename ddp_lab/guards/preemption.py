@@ -142,6 +142,11 @@ class Preemption:
             self._deadline.start()
 
     def _give_up(self) -> None:
+        if position.HERE.phase == "starting":  # torchrun's SIGTERM to the others when one rank fails to start
+            self._no_save(f"{self.signal} came before its first step, and no step came within "
+                          f"trainer.preempt_save_s={self.budget_s:g}: nothing new to save (if another rank "
+                          f"failed first, its error says why)")
+            return
         self._no_save(f"the save did not end within trainer.preempt_save_s={self.budget_s:g} "
                       f"of {self.proposer or self.signal}")
 

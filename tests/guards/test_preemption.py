@@ -101,19 +101,26 @@ def test_a_rank_that_never_reads_the_step_stops_the_proposer_at_once(monkeypatch
     assert "ranks 1, 2 did not answer within 0.5 s, dead or stuck" in capsys.readouterr().err
 
 
-def test_the_deadline_ends_the_process_without_a_save(tmp_path):
-    """The step never ends (a stuck disk, a dead peer): out at trainer.preempt_save_s."""
+@pytest.mark.parametrize("where", ["in a step", "starting"])
+def test_the_deadline_ends_the_process_without_a_save(tmp_path, where):
+    """The step never ends (a stuck disk, a dead peer), or never begins (torchrun's SIGTERM to the
+    ranks still starting when one failed): out at trainer.preempt_save_s, saying which."""
     code = ("import signal, time\n"
             "from ddp_lab.guards.preemption import Preemption\n"
-            "Preemption(0, 0.5).install()\n"
+            "from ddp_lab.telemetry import position\n"
+            + ("position.at_step(3); position.phase('forward/backward')\n" if where == "in a step" else "")
+            + "Preemption(0, 0.5).install()\n"
             "signal.raise_signal(signal.SIGTERM)\n"
             "time.sleep(30)\n")
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 143, proc.stderr
     assert time.monotonic() - started < 15
-    assert ("the save did not end within trainer.preempt_save_s=0.5 of SIGTERM; exiting "
-            "without a checkpoint (the previous one is the resume point)") in proc.stderr
+    said = ("rank 0 stopped at step 3 in forward/backward: the save did not end within trainer.preempt_save_s=0.5 "
+            "of SIGTERM" if where == "in a step" else
+            "rank 0 stopped at step 0 while starting: SIGTERM came before its first step, and no step came within "
+            "trainer.preempt_save_s=0.5: nothing new to save (if another rank failed first, its error says why)")
+    assert said + "; exiting without a checkpoint (the previous one is the resume point)" in proc.stderr
 
 
 def test_without_a_signal_a_step_costs_no_store_access():
