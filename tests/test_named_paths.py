@@ -50,6 +50,8 @@ NOT_OURS = {
     ("docs/your_model.md", "conf/model/net.yaml"), ("docs/your_model.md", "conf/data/mine.yaml"),
     # keys in torchrun's store, not files
     ("ddp_lab/distributed/rendezvous.py", "ddp_lab/attempt"), ("ddp_lab/distributed/torchrun.py", "ddp_lab/closed"),
+    # the link the GPU check makes to conf/ on a machine where ddp_lab is not installed
+    ("scripts/gpu_check.sh", "ddp_lab/conf"),
 }
 
 
