@@ -198,7 +198,7 @@ def write_record(folder: str | Path, command: str | None, extra: dict | None = N
         record["command_note"] = "called from Python, not from the command line"
     record.update(extra or {})
     with open(path, "x") as f:  # "x": refuse to replace an earlier run's record
-        json.dump(record, f, indent=2, default=str)
+        json.dump(record, f, indent=1, default=str)
         f.write("\n")
     return path
 
