@@ -30,6 +30,7 @@ from ddp_lab.config.keys import TRI_STATE, choices, key, one_of, positive_finite
 EVERY_K = re.compile(r"^every_[1-9][0-9]*$")  # trainer.activation_checkpointing=every_2
 Amp = choices("Amp", "auto bf16 fp16 off")
 Measure = choices("Measure", "full light off")
+HostMalloc = choices("HostMalloc", "auto lean glibc")
 Backend = choices("Backend", "auto gloo nccl")
 Device = choices("Device", "auto cpu cuda")
 CommThreads = choices("CommThreads", "auto realtime normal")
@@ -55,6 +56,10 @@ class TrainerConfig:
                                "can build kernels) | true | false", ok=one_of(TRI_STATE),
                        rule="one of auto, true, false")
     threads: int = key(0, "torch threads per rank (0: keep the default; torchrun sets 1)", at_least=0)
+    host_malloc: HostMalloc = key(HostMalloc.auto, "glibc's malloc on CPU ranks: auto (lean where stage 3 or fsdp "
+                                                   "shards) | lean (freed blocks of 1 MiB+ returned: "
+                                                   "lower peak, page faults) | glibc (its default: sharded steps "
+                                                   "faster, peak higher)")
     grad_accum: int = key(1, "micro-batches per optimizer step (no communication between them)", at_least=1)
     loss: Any = key({"_target_": None}, "the training loss by _target_: a class (torch.nn.HuberLoss) built with "
                                         "the other keys (+trainer.loss.delta=0.5), or a function of (outputs, "

@@ -66,7 +66,7 @@ from ddp_lab.telemetry.profiling import StepProfiler
 from ddp_lab.telemetry.step_measure import StepMeasure
 from ddp_lab.telemetry.stragglers import StepTimer
 from ddp_lab.telemetry.target import TimeToTarget
-from ddp_lab.training import activation_checkpointing
+from ddp_lab.training import activation_checkpointing, host_malloc
 from ddp_lab.training import callbacks as cb
 from ddp_lab.training.fast_path import amp_reason, autocast, resolve_amp, resolve_compile
 from ddp_lab.training.fit_check import check_fits_memory
@@ -261,6 +261,7 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
     preemption = preemption or Preemption(env.rank, t.preempt_save_s)  # not installed: never asks to save
     if t.threads > 0:  # (0: keep torch's, torchrun's 1)
         torch.set_num_threads(t.threads)
+    host_malloc.choose(str(t.host_malloc))  # before the data and the model take their memory
     amp = resolve_amp(t.amp, env.device)
     log.info(amp_reason(t.amp, amp, env.device))
     position.phase("loading data")  # every stretch of a rank's life is named (telemetry/position.py)
@@ -279,7 +280,8 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
                                refuse=t.get("memory_check", True),  # a CPU run: refused if it cannot fit
                                sync=opts if env.distributed else None,
                                checkpointing=t.activation_checkpointing,
-                               autocast=torch.bfloat16 if amp == "bf16" else None, gathered=gathered)
+                               autocast=torch.bfloat16 if amp == "bf16" else None, gathered=gathered,
+                               freed_kept=host_malloc.keeps_freed_gathers(t.host_malloc, env.device))
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     position.phase("building the model")
     before_build = memory_now_mb(env.device)

@@ -132,7 +132,7 @@ def state_shards(sync, env: DistEnv) -> int:
 def check_fits_memory(model, optim, env: DistEnv, x: torch.Tensor, y: torch.Tensor, task, batch: int, *,
                       stage: int = 0, refuse: bool = True, available: int | None = None,
                       sync=None, checkpointing: str = "none", autocast: torch.dtype | None = None,
-                      gathered: torch.dtype | None = None) -> Estimate | None:
+                      gathered: torch.dtype | None = None, freed_kept: bool = False) -> Estimate | None:
     """Refuse (`refuse`: trainer.memory_check) or warn about a CPU run whose estimate is more than the
     memory available to each rank; warn where it takes most of it. None where not checked.
     model, optim: their config groups; stage: sync.zero_stage under sync=zero (0: nothing sharded).
@@ -140,7 +140,7 @@ def check_fits_memory(model, optim, env: DistEnv, x: torch.Tensor, y: torch.Tens
     if env.device.type != "cpu":
         return None
     e, refusal = _check_this_rank(model, optim, env, x, y, task, batch, stage, available, sync, checkpointing,
-                                  autocast, gathered)
+                                  autocast, gathered, freed_kept)
     if refuse and env.distributed and dist.is_initialized():
         refusing = _refusing_ranks(refusal is not None, env)
         if refusal is None and refusing:
@@ -154,7 +154,7 @@ def check_fits_memory(model, optim, env: DistEnv, x: torch.Tensor, y: torch.Tens
 
 
 def _check_this_rank(model, optim, env, x, y, task, batch, stage, available, sync, checkpointing, autocast,
-                     gathered) -> tuple[Estimate | None, str | None]:
+                     gathered, freed_kept=False) -> tuple[Estimate | None, str | None]:
     """(this rank's estimate, or None where not made; the refusal's line where it does not fit, else None),
     the estimate logged and, where it takes most of the memory, warned about on rank 0."""
     found = mem_available(env.world_size) if available is None else \
@@ -163,7 +163,7 @@ def _check_this_rank(model, optim, env, x, y, task, batch, stage, available, syn
         return None, None
     try:
         e = estimate(model, optim, x, y, task, batch, state_shards(sync, env) if stage else 1, stage, sync,
-                     runtime_bytes(), checkpointing, autocast, gathered)
+                     runtime_bytes(), checkpointing, autocast, gathered, freed_kept)
     except Exception as err:  # a user's model that cannot be built on meta (it reads values, loads weights)
         log.info("memory estimate: not made (the model cannot be built on the meta device: %s)", err)
         return None, None

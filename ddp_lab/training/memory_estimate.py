@@ -103,8 +103,10 @@ def checkpointed_units(net: torch.nn.Module, sync, checkpointing: str) -> list[t
     return chosen(net, checkpointing, units.shard_units, units.unit_mb)
 
 
-def transient_bytes(net: torch.nn.Module, weights: int, stage: int, sync) -> int:
-    """The transient of the module docstring for this model under this sync (its options, or None)."""
+def transient_bytes(net: torch.nn.Module, weights: int, stage: int, sync, freed_kept: bool = False) -> int:
+    """The transient of the module docstring for this model under this sync (its options, or None);
+    `freed_kept`: trainer.host_malloc=glibc on CPU, where the freed gathers of a sharded model stay in the
+    process: its weights and gradients priced whole (gpt2's stage 3 peaked 1.56x higher there)."""
     if sync is None:  # (one process: no sync's buffers)
         return 0
     opts = every_step_options(sync)  # (islands: the strategy inside, which holds the buffers)
@@ -118,7 +120,7 @@ def transient_bytes(net: torch.nn.Module, weights: int, stage: int, sync) -> int
     largest = max((sum(p.numel() * p.element_size() for p in m.parameters()) for m in units), default=0)
     root = sum(p.numel() * p.element_size() for p in net.parameters() if id(p) not in in_units)
     kind = "fsdp" if isinstance(opts, FSDPOptions) else opts.algo
-    return TRANSIENT_UNITS.get(kind, 7) * largest + root
+    return TRANSIENT_UNITS.get(kind, 7) * largest + root + (2 * weights if freed_kept else 0)
 
 
 def sync_state_bytes(sync, weights: int, shards: int) -> int:
@@ -263,10 +265,12 @@ def _saved_bytes(net, x, y, task, checkpointed, autocast, samples: int) -> int:
 
 def estimate(model, optim, x: torch.Tensor, y: torch.Tensor, task, batch: int, shards: int = 1,
              stage: int = 1, sync=None, runtime: int = 0, checkpointing: str = "none",
-             autocast: torch.dtype | None = None, gathered: torch.dtype | None = None) -> Estimate:
+             autocast: torch.dtype | None = None, gathered: torch.dtype | None = None,
+             freed_kept: bool = False) -> Estimate:
     """The estimate for `batch` samples per rank like (x, y), of the model and optimizer groups,
     with the optimizer state in `shards` parts (sync=zero: the world size), and from stage 2
-    the gradients too; `sync` (its config group) for the transient, `runtime`: the process's bytes."""
+    the gradients too; `sync` (its config group) for the transient, `runtime`: the process's bytes;
+    `freed_kept`: see transient_bytes."""
     with torch.device("meta"):
         net = build_model(model)
     n = sum(p.numel() for p in net.parameters())
@@ -291,5 +295,5 @@ def estimate(model, optim, x: torch.Tensor, y: torch.Tensor, task, batch: int, s
             activations = 0
     optimizer = kept * -(-weights // shards)  # zero: this rank's shard's (the last one padded)
     return Estimate(n, weights, optimizer, activations, batch, name, shards if stage >= 2 else 1,
-                    shards if stage == 3 else 1, transient_bytes(net, weights, stage, sync), runtime,
+                    shards if stage == 3 else 1, transient_bytes(net, weights, stage, sync, freed_kept), runtime,
                     sync_state_bytes(sync, weights, shards if stage == 3 else 1))

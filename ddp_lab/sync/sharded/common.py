@@ -3,9 +3,6 @@ fsdp.py): the collectives they run on, parameters as views into one flat buffer,
 shards, and giving freed gathers back to the kernel (the units stage 3 and fsdp gather: units.py)."""
 from __future__ import annotations
 
-import ctypes
-import logging
-import os
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +14,7 @@ from ddp_lab.config.keys import key
 from ddp_lab.sync.every_step.flat import dense_strides
 from ddp_lab.sync.options import SyncOptions
 from ddp_lab.telemetry import position
+from ddp_lab.training import host_malloc
 
 ALGOS = ("builtin", "ring_textbook", "direct")  # those with a reduce-scatter and an all-gather of their own
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # sync.reduce_dtype (stage 3, fsdp under bf16)
@@ -90,28 +88,9 @@ def load_whole_part(model: nn.Module, whole: dict) -> None:
         for name, value in whole.items():
             state[name].copy_(value)
 
-
-log = logging.getLogger("ddp_lab")
-M_MMAP_THRESHOLD = -3  # glibc's mallopt() parameter
-_MMAP_THRESHOLDS_SET: set[int] = set()  # what this process has told glibc already
-
-
-def return_freed_blocks(device: torch.device, threshold: int = 2**20) -> bool:
-    """Have glibc mmap every CPU block of `threshold` bytes or more, so that freeing one gives it back to
-    the kernel. Its default threshold grows to the largest block freed, after which the weights stage 3
-    and fsdp gather and free stay in the heap: a memory limit then kills what fits on paper (the memory
-    wall's record, linked from docs/memory.md). Left alone on a GPU, off glibc, or where the user set
-    MALLOC_MMAP_THRESHOLD_; whether it was set. Once a process: the meta-device build sets it before the
-    sync that shards the model does."""
-    if device.type != "cpu" or "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return False
-    if threshold in _MMAP_THRESHOLDS_SET:
-        return True
-    try:
-        done = bool(ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, threshold))
-    except (OSError, AttributeError):
-        return False
-    log.info("glibc: blocks of %d bytes or more are mmapped, so freed gathers go back to the kernel", threshold)
-    if done:
-        _MMAP_THRESHOLDS_SET.add(threshold)
-    return done
+def return_freed_blocks(device: torch.device) -> bool:
+    """Have glibc give every freed CPU block of 1 MiB or more back to the kernel (trainer.host_malloc=auto's
+    `lean`, training/host_malloc.py): kept, the weights stage 3 and fsdp gather and free raise the peak, and a
+    memory limit kills what fits on paper (the memory wall's record, linked from docs/memory.md). Whether it is
+    in force. Once a process: the meta-device build sets it before the sync that shards the model does."""
+    return host_malloc.for_sharded(device)

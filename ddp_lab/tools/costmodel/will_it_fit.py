@@ -154,7 +154,8 @@ def describe(cfg, ranks: int, batch: int | None):
                                  checkpointing=checkpointing, autocast=autocast, gathered=autocast).activation_bytes
     with torch.device("meta"):
         net = build_model(cfg.model)
-    transient = {s: transient_bytes(net, e.weight_bytes, stage, options_at(opts, stage) if ranks > 1 else None)
+    kept = str(cfg.trainer.get("host_malloc", "auto")) == "glibc"  # (CPU ranks: the freed gathers kept)
+    transient = {s: transient_bytes(net, e.weight_bytes, stage, options_at(opts, stage) if ranks > 1 else None, kept)
                  for s, stage in zip(STRATEGIES, (0, 1, 2, 3))}
     return e.parameters, optimizer_state(cfg.optim)[0], e.optimizer, acts, per_rank, transient
 
