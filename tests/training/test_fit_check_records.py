@@ -27,6 +27,9 @@ RECORDED = [
     ("2026-12-03_zen5-2c_peak-calibration", "ResNet-18, ddp, 2 ranks", 1034.3, None, 1098.3),
     ("2026-12-03_zen5-2c_peak-calibration", "gpt2 ctx 128 fp32, zero3, 2 ranks", 1789.7, None, 1599.1),
     ("2026-12-03_zen5-2c_peak-calibration", "Llama vocabulary 32,000, fsdp, 2 ranks", 1078.0, None, 1203.2),
+    ("2026-12-04_zen5-2c_host-malloc", "gpt_small, fsdp, 2 hosts (lean)", 950.3, None, 960),
+    # under trainer.host_malloc=glibc: the run's prediction (950.2) and the kept gathers priced since (+82.7)
+    ("2026-12-04_zen5-2c_host-malloc", "gpt_small, fsdp, 2 hosts (glibc)", 950.2 + 82.7, None, 1130),
     ("issue: the 403M GPT with AdamW, 8 hosts", "fsdp", 1792, 2080, 1863),
     ("issue: the 403M GPT with AdamW, 8 hosts", "zero3", 1.94 * 1024, 2080, None),
 ]
