@@ -57,7 +57,6 @@ from ddp_lab.models.meta_init import (
 from ddp_lab.sync import ReplicaSync, SyncContext, build_sync
 from ddp_lab.sync.islands.replica_group import data_part, fault_tolerant, island_identity
 from ddp_lab.sync.periodic import PeriodicOptions
-from ddp_lab.sync.sharded.common import return_freed_blocks
 from ddp_lab.sync.sharded.grad_scaler import ShardedGradScaler
 from ddp_lab.telemetry import position
 from ddp_lab.telemetry.meter import Meter, flops_and_peak
@@ -227,7 +226,7 @@ def build_model_for(cfg, caps, env: DistEnv) -> tuple[torch.nn.Module, MetaInit 
     if not why:
         if env.is_main:
             log.info(built_a_unit_at_a_time(model))
-        return_freed_blocks(env.device)  # (before the scratch copies MetaInit makes and frees, a layer each)
+        host_malloc.for_sharded(env.device)  # (before the scratch copies MetaInit makes and frees, a layer each)
         init = MetaInit(model)
         if cfg.model.get("pretrained"):  # (read a unit at a time, as each is made)
             init.load_from(PretrainedWeights(cfg.model.pretrained))

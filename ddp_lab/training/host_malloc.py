@@ -4,19 +4,18 @@ A tensor's memory on CPU comes from malloc. glibc serves a block of at least its
 with a fresh mmap and gives it back to the system when it is freed, so the next block of that
 size is page-faulted in again, page by page. The threshold starts at 128 KiB and rises, up to
 32 MiB, to the size of a freed mmapped block: glibc's default, after which freed blocks stay in
-the process for the next ones. The regimes (docs/results/2026-12-04_zen5-2c_host-malloc/ measures them):
+the process for the next ones. The regimes (docs/memory.md cites what each costs and saves):
 
 * `auto` (the default): `lean` where stage 3 or fsdp shards the model on a CPU rank, glibc's own
   elsewhere (and wherever MALLOC_MMAP_THRESHOLD_ is set in the environment: the user's choice).
 * `lean`: the threshold fixed at 1 MiB: every larger block goes back to the system when freed.
   Stage 3 and fsdp gather and free each unit's weights and gradients every step; kept, they raise
   the peak (the 403M GPT under stage 3 was killed by a memory limit it fits under this regime).
-  Its price is a page fault for each page of each such block, each step: stage 3 took 1.33x DDP's
-  step on 2 emulated hosts at 1 Gbit/s, fsdp 1.96x (gpt_small with AdamW).
-* `glibc`: glibc's default, never touched: there stage 3 took 1.01x DDP's step, fsdp 1.68x, for peaks
-  4% and 13-18% higher; gpt2's stage 3 peaked 1.56x higher (docs/memory.md). The memory
-  estimate then prices a sharded model's weights and gradients whole (the freed gathers kept).
-  (A threshold fixed at glibc's largest, 32 MiB, was no faster than its dynamic one.)
+  Its price is a page fault for each page of each such block, each step: most of stage 3's step
+  beyond DDP's on CPU.
+* `glibc`: glibc's default, never touched: the faster choice for stage 3 and fsdp where memory does
+  not bind. The memory estimate then prices a sharded model's weights and gradients whole (the freed
+  gathers kept). (A threshold fixed at glibc's largest, 32 MiB, was no faster than its dynamic one.)
 
 Fixing the threshold turns glibc's dynamic one off for the whole process from the moment it is
 set; blocks already allocated stay where they are. Another C library has no mallopt: `auto` leaves

@@ -106,7 +106,7 @@ def checkpointed_units(net: torch.nn.Module, sync, checkpointing: str) -> list[t
 def transient_bytes(net: torch.nn.Module, weights: int, stage: int, sync, freed_kept: bool = False) -> int:
     """The transient of the module docstring for this model under this sync (its options, or None);
     `freed_kept`: trainer.host_malloc=glibc on CPU, where the freed gathers of a sharded model stay in the
-    process: its weights and gradients priced whole (gpt2's stage 3 peaked 1.56x higher there)."""
+    process: its weights and gradients priced whole (docs/memory.md, the host-malloc record)."""
     if sync is None:  # (one process: no sync's buffers)
         return 0
     opts = every_step_options(sync)  # (islands: the strategy inside, which holds the buffers)

@@ -304,10 +304,10 @@ def test_the_schema_takes_stages_one_to_three(compose_train):
 
 FREE_AND_MEASURE = """
 import os, sys, torch
-from ddp_lab.sync.sharded.zero3 import return_freed_blocks
+from ddp_lab.training.host_malloc import for_sharded
 def rss():
     return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-print(return_freed_blocks(torch.device("cpu")) if sys.argv[1] == "set" else None)
+print(for_sharded(torch.device("cpu")) if sys.argv[1] == "set" else None)
 big = torch.ones(6 * 2**20)  # 24 MiB, mmapped and given back: glibc's threshold grows to 24 MiB
 del big
 before = rss()

@@ -1,6 +1,6 @@
 """What the sharded family shares (ZeRO stages 1-3 in zero1.py, zero2.py, zero3.py, and torch's FSDP2 in
 fsdp.py): the collectives they run on, parameters as views into one flat buffer, gradient clipping over
-shards, and giving freed gathers back to the kernel (the units stage 3 and fsdp gather: units.py)."""
+shards. (The units stage 3 and fsdp gather: units.py; their freed gathers given back: training/host_malloc.py.)"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,7 +14,6 @@ from ddp_lab.config.keys import key
 from ddp_lab.sync.every_step.flat import dense_strides
 from ddp_lab.sync.options import SyncOptions
 from ddp_lab.telemetry import position
-from ddp_lab.training import host_malloc
 
 ALGOS = ("builtin", "ring_textbook", "direct")  # those with a reduce-scatter and an all-gather of their own
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # sync.reduce_dtype (stage 3, fsdp under bf16)
@@ -87,10 +86,3 @@ def load_whole_part(model: nn.Module, whole: dict) -> None:
     with torch.no_grad():
         for name, value in whole.items():
             state[name].copy_(value)
-
-def return_freed_blocks(device: torch.device) -> bool:
-    """Have glibc give every freed CPU block of 1 MiB or more back to the kernel (trainer.host_malloc=auto's
-    `lean`, training/host_malloc.py): kept, the weights stage 3 and fsdp gather and free raise the peak, and a
-    memory limit kills what fits on paper (the memory wall's record, linked from docs/memory.md). Whether it is
-    in force. Once a process: the meta-device build sets it before the sync that shards the model does."""
-    return host_malloc.for_sharded(device)

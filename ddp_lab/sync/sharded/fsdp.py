@@ -52,10 +52,10 @@ from ddp_lab.sync.sharded.common import (
     ShardedOptions,
     clip_sharded,
     load_whole_part,
-    return_freed_blocks,
 )
 from ddp_lab.sync.sharded.outside_use import check_first_forward
 from ddp_lab.sync.sharded.units import announce, unit_modules
+from ddp_lab.training import host_malloc
 
 
 @dataclass
@@ -98,7 +98,7 @@ class FSDPSync(ReplicaSync):
         from torch.distributed.fsdp import MixedPrecisionPolicy
         if init is None:  # (a meta-device build: every rank replays the same initialisation)
             broadcast_from_rank0(model, env.group)  # fully_shard keeps each rank's rows of its own tensors
-        return_freed_blocks(env.device)
+        host_malloc.for_sharded(env.device)  # trainer.host_malloc=auto: lean
         with torch.no_grad():
             for p in model.parameters():  # FSDP2 shards contiguous rows only (trainer.channels_last is not)
                 p.data = p.data.contiguous()

@@ -55,13 +55,14 @@ from ddp_lab.collectives import (
 )
 from ddp_lab.models.meta_init import make_the_rest_real, swap_parameters
 from ddp_lab.sync.base import NO_CONTEXT, Capabilities, SyncContext
-from ddp_lab.sync.sharded.common import REDUCE_DTYPES, return_freed_blocks
+from ddp_lab.sync.sharded.common import REDUCE_DTYPES
 from ddp_lab.sync.sharded.flat_unit import Unit, units_of
 from ddp_lab.sync.sharded.outside_use import check_first_forward
 from ddp_lab.sync.sharded.units import announce, unit_modules
 from ddp_lab.sync.sharded.zero2 import Zero2Sync
 from ddp_lab.sync.sharded.zero3_state import UnitState
 from ddp_lab.telemetry import position
+from ddp_lab.training import host_malloc
 
 
 class Zero3Sync(UnitState, Zero2Sync):
@@ -80,7 +81,7 @@ class Zero3Sync(UnitState, Zero2Sync):
         super().__init__(model, env, cfg, ctx)
 
     def _prepare(self) -> None:
-        return_freed_blocks(self.env.device)
+        host_malloc.for_sharded(self.env.device)  # trainer.host_malloc=auto: lean
 
     def _lay_out(self, model: nn.Module, params: list[nn.Parameter]) -> None:
         """Units instead of buckets: each module's its own flat buffers (units_of), freed but while in use;
