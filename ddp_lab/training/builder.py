@@ -40,7 +40,7 @@ from ddp_lab import sync as sync_strategies
 from ddp_lab.checkpoint import Checkpointer, config_subset
 from ddp_lab.checkpoint.pretrained import PretrainedWeights, load_whole
 from ddp_lab.config import ConfigError, schema
-from ddp_lab.distributed import DistEnv
+from ddp_lab.distributed import DistEnv, host_malloc
 from ddp_lab.guards.divergence import LossWatch
 from ddp_lab.guards.faults import Fault
 from ddp_lab.guards.preemption import Preemption
@@ -65,7 +65,7 @@ from ddp_lab.telemetry.profiling import StepProfiler
 from ddp_lab.telemetry.step_measure import StepMeasure
 from ddp_lab.telemetry.stragglers import StepTimer
 from ddp_lab.telemetry.target import TimeToTarget
-from ddp_lab.training import activation_checkpointing, host_malloc
+from ddp_lab.training import activation_checkpointing
 from ddp_lab.training import callbacks as cb
 from ddp_lab.training.fast_path import amp_reason, autocast, resolve_amp, resolve_compile
 from ddp_lab.training.fit_check import check_fits_memory

@@ -304,7 +304,7 @@ def test_the_schema_takes_stages_one_to_three(compose_train):
 
 FREE_AND_MEASURE = """
 import os, sys, torch
-from ddp_lab.training.host_malloc import for_sharded
+from ddp_lab.distributed.host_malloc import for_sharded
 def rss():
     return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 print(for_sharded(torch.device("cpu")) if sys.argv[1] == "set" else None)

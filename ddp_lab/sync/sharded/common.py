@@ -1,6 +1,7 @@
 """What the sharded family shares (ZeRO stages 1-3 in zero1.py, zero2.py, zero3.py, and torch's FSDP2 in
 fsdp.py): the collectives they run on, parameters as views into one flat buffer, gradient clipping over
-shards. (The units stage 3 and fsdp gather: units.py; their freed gathers given back: training/host_malloc.py.)"""
+shards. (The units stage 3 and fsdp gather: units.py; their freed gathers given back:
+distributed/host_malloc.py.)"""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -35,7 +35,7 @@ from torch import nn
 from ddp_lab.checkpoint.reshard import my_rows, stepped, unmapped
 from ddp_lab.config import ConfigError
 from ddp_lab.config.keys import key
-from ddp_lab.distributed import DistEnv
+from ddp_lab.distributed import DistEnv, host_malloc
 from ddp_lab.models.meta_init import MetaInit, real_buffers, real_copy, swap_parameters
 from ddp_lab.sync.base import (
     NO_CONTEXT,
@@ -55,7 +55,6 @@ from ddp_lab.sync.sharded.common import (
 )
 from ddp_lab.sync.sharded.outside_use import check_first_forward
 from ddp_lab.sync.sharded.units import announce, unit_modules
-from ddp_lab.training import host_malloc
 
 
 @dataclass

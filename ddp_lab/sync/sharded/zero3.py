@@ -53,6 +53,7 @@ from ddp_lab.collectives import (
     direct_all_gather,
     ring_textbook_all_gather,
 )
+from ddp_lab.distributed import host_malloc
 from ddp_lab.models.meta_init import make_the_rest_real, swap_parameters
 from ddp_lab.sync.base import NO_CONTEXT, Capabilities, SyncContext
 from ddp_lab.sync.sharded.common import REDUCE_DTYPES
@@ -62,7 +63,6 @@ from ddp_lab.sync.sharded.units import announce, unit_modules
 from ddp_lab.sync.sharded.zero2 import Zero2Sync
 from ddp_lab.sync.sharded.zero3_state import UnitState
 from ddp_lab.telemetry import position
-from ddp_lab.training import host_malloc
 
 
 class Zero3Sync(UnitState, Zero2Sync):

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from ddp_lab.config import ConfigError
-from ddp_lab.training import host_malloc
+from ddp_lab.distributed import host_malloc
 
 FAULTS = """
 import resource, sys, torch
-from ddp_lab.training import host_malloc
+from ddp_lab.distributed import host_malloc
 def faults(regime):  # page faults of 5 blocks of 8 MiB, each written and freed, after 3 more
     host_malloc.choose(regime)
     for i in range(8):
