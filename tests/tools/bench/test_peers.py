@@ -54,3 +54,17 @@ def test_a_peer_builds_the_module_ddp_lab_builds_from_the_seed(compose_train):
     logits = model(x[None])
     assert loss is cross_entropy and loss(logits, y[None]).item() == pytest.approx(
         torch.nn.functional.cross_entropy(logits[0], y).item(), rel=1e-6)
+
+
+def test_a_peers_profile_records_the_steps_after_its_warm_up_as_ddp_labs_does(tmp_path):
+    from ddp_lab.tools.bench import compare_profiles
+    from ddp_lab.tools.bench.peers.peer_parts import StepClock
+
+    clock = StepClock(3, profile_steps=2, out=tmp_path / "summary.json")
+    loss = torch.zeros(())
+    for _ in range(8):
+        loss = torch.randn(4, 4).sum()
+        clock.step_done()
+    clock.write(tmp_path / "summary.json", loss)
+    assert len(compare_profiles.read(str(tmp_path / "profile" / "rank0.json")).steps) == 2
+    assert (tmp_path / "profile" / "rank0.txt").read_text().startswith("The 25 ops with the most self CPU time")

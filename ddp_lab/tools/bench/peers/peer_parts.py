@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ddp_lab.config import targets
+from ddp_lab.telemetry.profiling import StepProfiler
 
 
 def arguments(prog: str) -> argparse.Namespace:
@@ -27,6 +28,9 @@ def arguments(prog: str) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=40, help="optimizer steps in all")
     p.add_argument("--warmup", type=int, default=10, help="steps left out of the step time")
     p.add_argument("--out", type=Path, required=True, help="rank 0 writes its result here (JSON)")
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="record this many steps after the warm-up with torch.profiler, as ddp_lab's "
+                        "trainer.profile does (profile/rank<N>.json and .txt beside --out)")
     p.add_argument("overrides", nargs="*", help="ddp_lab's overrides: the model, data, optim, trainer.amp")
     return p.parse_args()
 
@@ -74,8 +78,12 @@ class StepClock:
     """ddp_lab's measure (summary.json's step_ms): the wall time of the steps after the warm-up ones,
     queued GPU work included at both ends (as ddp_lab's Clock)."""
 
-    def __init__(self, warmup: int):
+    def __init__(self, warmup: int, profile_steps: int = 0, out: Path | None = None):
         self.warmup, self.done, self.t0 = warmup, 0, None
+        # the same timeline and table as ddp_lab's trainer.profile=true with trainer.profile_wait=warmup
+        self.profiler = StepProfiler(profile_steps > 0, warmup, max(1, profile_steps),
+                                     out.parent if out else Path("."), int(os.environ.get("RANK", 0)),
+                                     torch.cuda.is_available())
 
     @staticmethod
     def now() -> float:
@@ -85,15 +93,17 @@ class StepClock:
 
     def step_done(self) -> None:
         self.done += 1
+        self.profiler.step()
         if self.done == self.warmup:
             self.t0 = self.now()
 
     def write(self, out: Path, loss: torch.Tensor, **extra) -> None:
+        self.profiler.close()
         measured = self.done - self.warmup
         step_ms = 1000 * (self.now() - self.t0) / measured if measured > 0 else float("nan")
         if int(os.environ.get("RANK", 0)) == 0:
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps({"step_ms": step_ms, "steps": self.done, "loss": float(loss), **extra}))
+            out.write_text(json.dumps({"step_ms": step_ms, "steps": self.done, "loss": float(loss.detach()), **extra}))
 
 
 def batches(loader, sampler, steps: int):

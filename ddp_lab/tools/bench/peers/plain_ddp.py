@@ -20,7 +20,7 @@ def main() -> None:
     sampler = DistributedSampler(train, seed=cfg.seed)
     loader = DataLoader(train, batch_size=peer.per_rank_batch(cfg), sampler=sampler, drop_last=True,
                         pin_memory=dev.type == "cuda")
-    clip, clock = cfg.optim.get("clip_grad_norm", 0.0), peer.StepClock(a.warmup)
+    clip, clock = cfg.optim.get("clip_grad_norm", 0.0), peer.StepClock(a.warmup, a.profile_steps, a.out)
     for x, y in peer.batches(loader, sampler, a.steps):
         x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):

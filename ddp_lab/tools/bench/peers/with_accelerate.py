@@ -16,7 +16,7 @@ def main() -> None:
     sampler = DistributedSampler(train, seed=cfg.seed)  # (the loader as the others have it, not prepared)
     loader = DataLoader(train, batch_size=per_rank_batch(cfg), sampler=sampler, drop_last=True,
                         pin_memory=acc.device.type == "cuda")
-    clip, clock = cfg.optim.get("clip_grad_norm", 0.0), StepClock(a.warmup)
+    clip, clock = cfg.optim.get("clip_grad_norm", 0.0), StepClock(a.warmup, a.profile_steps, a.out)
     for x, y in batches(loader, sampler, a.steps):
         x, y = x.to(acc.device, non_blocking=True), y.to(acc.device, non_blocking=True)
         with acc.autocast():

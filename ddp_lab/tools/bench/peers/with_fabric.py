@@ -25,7 +25,7 @@ def main() -> None:
     sampler = DistributedSampler(train, seed=cfg.seed)
     loader = DataLoader(train, batch_size=per_rank_batch(cfg), sampler=sampler, drop_last=True)
     loader = fabric.setup_dataloaders(loader, use_distributed_sampler=False)
-    clip, clock = cfg.optim.get("clip_grad_norm", 0.0), StepClock(a.warmup)
+    clip, clock = cfg.optim.get("clip_grad_norm", 0.0), StepClock(a.warmup, a.profile_steps, a.out)
     for x, y in batches(loader, sampler, a.steps):
         loss = loss_fn(model(x), y)  # (Fabric's precision plugin autocasts the forward)
         fabric.backward(loss)
