@@ -52,6 +52,9 @@ class StepTimer:
 
     On CUDA the hooks fire when kernels are queued, not done, so the three
     moments are CUDA events, read at report time: no host sync in the step.
+    An event recorded at every gradient costs the host more than the rest of
+    a small model's step does, so from the second step on only the gradient
+    that came last in the first one records it (the same order every step).
     """
 
     def __init__(self, model: nn.Module, env: DistEnv):
@@ -67,12 +70,14 @@ class StepTimer:
         self._events: list[torch.cuda.Event] = []  # CUDA: this step's start, grads ready, synced
         self._unread: list[list[torch.cuda.Event]] = []  # CUDA: steps not yet added up
         self.last_compute = 0.0  # seconds, the last step's (on CUDA: the last one read)
+        self._latest = self._last = None  # the parameter whose gradient came last: this step's, the first's
 
-    def _grad_ready(self, _param) -> None:
-        if self.cuda and self._events:
-            self._events[1].record()  # each gradient records it again: the last one stays
-        else:
+    def _grad_ready(self, param) -> None:
+        if not self.cuda:
             self.grads_ready = time.perf_counter()
+        elif self._events and (self._last is None or param is self._last):
+            self._events[1].record()  # each gradient (the first step) records it again: the last one stays
+        self._latest = param
 
     def start_step(self) -> None:
         if self.cuda:
@@ -87,6 +92,8 @@ class StepTimer:
         if self.cuda:
             self._events[2].record()
             self._unread.append(self._events)
+            if self._last is None:
+                self._last = self._latest
             return
         self._add(self.grads_ready - self._start, time.perf_counter() - self.grads_ready)
 

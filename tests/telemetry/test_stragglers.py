@@ -46,6 +46,33 @@ def test_compute_ends_when_the_last_gradient_is_ready():
     assert timer.straggler(1.2) is None  # alone, nobody is slower than the others
 
 
+def test_on_cuda_after_the_first_step_only_the_last_gradient_records_an_event(monkeypatch):
+    """Each event recorded costs the host CUDA runtime calls: one a step for the gradients, not one per
+    parameter (the first step learns which comes last). CUDA's events stood in for by counting ones."""
+    recorded = []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            recorded.append(self)
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))  # 4 parameters
+    timer = StepTimer(model, ALONE)
+    timer.cuda = True
+    per_step = []
+    for _ in range(3):
+        before = len(recorded)
+        timer.start_step()
+        model(torch.randn(3, 4)).sum().backward()
+        timer.synced()
+        per_step.append(len(recorded) - before)
+    assert per_step == [2 + 4 + 1, 2 + 1 + 1, 2 + 1 + 1]  # start and "ready at once", the gradients, synced
+    assert timer._last is model[0].weight or timer._last is model[0].bias  # the first layer's: the last reached
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_cuda_the_times_are_events_read_at_report_time():
     gpu = DistEnv(0, 1, 0, torch.device("cuda", 0), "none")
