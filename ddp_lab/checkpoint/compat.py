@@ -15,7 +15,7 @@ from ddp_lab.config import ConfigError
 
 # The parts of the config that change the training math. Left out on
 # purpose (NOT_HASHED): where the data and pretrained weights live and how they are read, how LeNet
-# lays out its arithmetic and how a rank waits for the allreduce (the same
+# lays out its arithmetic, which kernels step the optimizer, how a rank waits for the allreduce (the same
 # function either way), where a model's code lives (_target_); trainer.max_steps
 # (stop early, continue later), logging, resume and checkpoint settings,
 # dist.*. A checkpoint whose meta.json still holds such a key (written before
@@ -25,6 +25,7 @@ NOT_HASHED = {
     "model": ("_target_", "crop_unused_border", "pad_channels_to", "pretrained",  # (the weights it started from)
               "max_shard_mb"),  # (how hf/ is written)
     "data": ("root", "cache_dir", "download", "loader", "num_workers"),
+    "optim": ("implementation",),  # (torch's kernels for the same math)
     "sync": ("poll", "lighthouse", "island", "min_islands", "island_timeout_s"),  # (torchft islands: where, who)
 }
 TRAINER_HASHED = ("epochs", "grad_accum", "amp", "loss")

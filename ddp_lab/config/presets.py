@@ -145,6 +145,11 @@ class OptimConfig:
     elementwise: str = key("auto", "the optimizer treats each element alone (SGD, Adam, AdamW...), so sync=zero "
                                    "may hand it flat chunks of many tensors: auto (torch's known ones) | true | false",
                            ok=one_of(("auto", "true", "false")), rule="one of auto, true, false")
+    implementation: str = key("auto", "the kernels torch's optimizer steps with: auto (fused on a GPU, where torch's "
+                                      "optimizer has them: one launch, and fp16 skips a step without reading the "
+                                      "device; else torch's default) | fused | foreach | for_loop",
+                              ok=one_of(("auto", "fused", "foreach", "for_loop")),
+                              rule="one of auto, fused, foreach, for_loop")
 
 
 @dataclass
@@ -174,7 +179,8 @@ PRESETS = {
 # the keys of each group that ddp_lab reads itself and does not pass to the callable
 OWN_KEYS = {"model": ("name", "pretrained", "max_shard_mb"),
             "data": ("batch_size", "loader", "num_workers", "task", "input_key", "target_key"),
-            "optim": ("schedule", "warmup_epochs", "warmup_steps", "clip_grad_norm", "no_decay", "elementwise")}
+            "optim": ("schedule", "warmup_epochs", "warmup_steps", "clip_grad_norm", "no_decay", "elementwise",
+                      "implementation")}
 
 
 def base_defaults(group: str) -> dict:

@@ -309,7 +309,7 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
     if env.is_main:  # (every rank's: summary.json)
         log.info("model built: rank 0's peak memory so far %.0f MiB, %.0f before the build%s", *built_mb[::-1],
                  f"; it read {init.read_mb:.1f} MiB of the pretrained safetensors" if init and init.read_mb else "")
-    optimizer = build_optimizer(cfg.optim, sync.param_groups())  # (zero: this rank's shard)
+    optimizer = build_optimizer(cfg.optim, sync.param_groups(), env.device)  # (zero: this rank's shard)
     scheduler = build_schedule(optimizer, cfg.optim, plan.steps_per_epoch, plan.total_steps)
     # ranks whose weights or gradients differ after the sync compare losses instead
     apart = sync.caps.diverges

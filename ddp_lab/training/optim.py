@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import fnmatch
+import inspect
 import math
 
+import hydra.utils
 import torch
 from hydra.errors import InstantiationException
 
@@ -51,10 +53,45 @@ def refuse_whole_tensor_optimizers(cfg, sync) -> None:
                       f"rows), or set optim.elementwise=true if it does")
 
 
-def build_optimizer(cfg, params):
-    """The optimizer `cfg._target_` (the optim group) names; the schedule keys are ddp_lab's own."""
+def kernels(cfg, device: torch.device) -> dict:
+    """The arguments optim.implementation adds: auto picks torch's fused kernels on a GPU where the optimizer
+    has them (they also let fp16's loss scaler skip a step without reading the device), else torch's default."""
+    choice = str(cfg.get("implementation", "auto"))
+    target = str(cfg.get("_target_", ""))
     try:
-        return targets.build("optim", cfg, params=params, _convert_="all")  # (param groups: plain dicts)
+        takes = inspect.signature(hydra.utils.get_class(target)).parameters
+    except Exception:  # (not a class: targets.build says so)
+        takes = {}
+    if choice == "auto":
+        fused = device.type == "cuda" and target.startswith("torch.optim.") and "fused" in takes
+        return {"fused": True} if fused else {}
+    argument, value = {"fused": ("fused", True), "foreach": ("foreach", True), "for_loop": ("foreach", False)}[choice]
+    if argument not in takes:
+        raise ConfigError(f"optim.implementation={choice}: {target} takes no {argument!r} argument: leave "
+                          f"optim.implementation=auto")
+    return {argument: value}
+
+
+def keep_kernels(optimizer) -> None:
+    """A checkpoint's optimizer state brings its groups' options, the kernels among them: this launch's stay
+    (a run saved on a CPU resumes fused on a GPU, and the other way round)."""
+    def pre_hook(opt, state_dict):
+        mine = opt.param_groups
+        groups = [{**saved, **{k: now[k] for k in ("fused", "foreach") if k in now}}
+                  for saved, now in zip(state_dict["param_groups"], mine)] + state_dict["param_groups"][len(mine):]
+        return {**state_dict, "param_groups": groups}
+
+    optimizer.register_load_state_dict_pre_hook(pre_hook)
+
+
+def build_optimizer(cfg, params, device: torch.device | None = None):
+    """The optimizer `cfg._target_` (the optim group) names; the schedule keys are ddp_lab's own, the kernels
+    optim.implementation's (kept through a resume)."""
+    try:
+        optimizer = targets.build("optim", cfg, params=params, _convert_="all",  # (param groups: plain dicts)
+                                  **kernels(cfg, device or torch.device("cpu")))
+        keep_kernels(optimizer)
+        return optimizer
     except InstantiationException as e:
         # torch.optim checks its own arguments ("Invalid learning rate: -1.0"): pass that on
         if isinstance(e.__cause__, ValueError):

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from ddp_lab.config import ConfigError
 from ddp_lab.models.gpt import gpt
 from ddp_lab.sync.base import Capabilities
-from ddp_lab.training.optim import build_optimizer, no_decay_names, refuse_whole_tensor_optimizers
+from ddp_lab.training.optim import build_optimizer, kernels, no_decay_names, refuse_whole_tensor_optimizers
 
 GPT = dict(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=16)
 
@@ -54,3 +54,46 @@ def test_zero_refuses_an_optimizer_not_known_to_be_elementwise(target, elementwi
                                           r"sync=fsdp \(whole tensors' rows\), or set optim.elementwise=true "
                                           r"if it does$"):
         refuse_whole_tensor_optimizers(cfg, zero)
+
+
+def optim_cfg(target="torch.optim.AdamW", implementation="auto"):
+    return OmegaConf.create({"_target_": target, "lr": 0.1, "implementation": implementation, "no_decay": "none",
+                             "elementwise": "auto", "schedule": "constant", "warmup_epochs": 0, "warmup_steps": 0,
+                             "clip_grad_norm": 0.0})
+
+
+@pytest.mark.parametrize("target,implementation,device,expected", [
+    ("torch.optim.AdamW", "auto", "cuda", {"fused": True}),  # one launch; fp16 skips a step on the device
+    ("torch.optim.SGD", "auto", "cuda", {"fused": True}),
+    ("torch.optim.AdamW", "auto", "cpu", {}),  # torch's own default where no GPU is
+    ("torch.optim.Adafactor", "auto", "cuda", {}),  # no fused kernels
+    ("torch.optim.AdamW", "foreach", "cpu", {"foreach": True}),
+    ("torch.optim.AdamW", "for_loop", "cuda", {"foreach": False}),
+    ("torch.optim.AdamW", "fused", "cpu", {"fused": True}),
+])
+def test_optim_implementation_picks_torchs_kernels(target, implementation, device, expected):
+    assert kernels(optim_cfg(target, implementation), torch.device(device)) == expected
+
+
+def test_an_implementation_the_optimizer_lacks_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"^optim.implementation=fused: torch.optim.Adafactor takes no 'fused' "
+                                          r"argument: leave optim.implementation=auto$"):
+        kernels(optim_cfg("torch.optim.Adafactor", "fused"), torch.device("cpu"))
+
+
+def test_fused_steps_as_the_loop_does_and_a_resume_keeps_this_launchs_kernels():
+    torch.manual_seed(0)
+    w = torch.randn(64, 8)
+    made = {}
+    for implementation in ("for_loop", "fused"):
+        p = torch.nn.Parameter(w.clone())
+        opt = made[implementation] = build_optimizer(optim_cfg(implementation=implementation), [p])
+        for _ in range(3):
+            p.grad = torch.sin(p.detach() * 3)
+            opt.step()
+    loop, fused = made["for_loop"], made["fused"]
+    assert loop.param_groups[0]["foreach"] is False and fused.param_groups[0]["fused"] is True
+    torch.testing.assert_close(fused.param_groups[0]["params"][0], loop.param_groups[0]["params"][0])
+    fused.load_state_dict(loop.state_dict())  # saved by the loop, resumed fused: fused it stays
+    assert fused.param_groups[0]["fused"] is True and fused.param_groups[0]["foreach"] is None
+    assert fused.state_dict()["state"][0]["step"].item() == 3
