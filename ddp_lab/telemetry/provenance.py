@@ -30,6 +30,7 @@ whose value could not be found is null, never guessed.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import platform
@@ -117,6 +118,26 @@ def code_version(package_dir: Path = PACKAGE_DIR) -> str:
         digest.update(path.relative_to(package_dir).as_posix().encode() + b"\0" + path.read_bytes())
     import torch  # (the record tools import this module without torch)
     return f"ddp_lab {digest.hexdigest()[:12]}, torch {torch.__version__}"
+
+
+def model_code(model) -> str:
+    """A digest of the files that define `model`'s modules, but torch's and ddp_lab's (code_version has those):
+    a user's model file, transformers' modeling file; "" where there are none (or no model)."""
+    if model is None:
+        return ""
+    files = set()
+    for module in model.modules():
+        name = type(module).__module__
+        if name.split(".")[0] in ("torch", "ddp_lab"):
+            continue
+        try:
+            files.add(inspect.getsourcefile(type(module)))
+        except TypeError:  # (a class made at run time: no file to hash)
+            continue
+    digest = hashlib.sha256()
+    for path in sorted(f for f in files if f):
+        digest.update(Path(path).read_bytes())
+    return digest.hexdigest()[:12] if files else ""
 
 
 def git_state(package_dir: Path = PACKAGE_DIR) -> tuple[str | None, bool | None, list[str] | None]:

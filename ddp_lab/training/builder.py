@@ -301,7 +301,7 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
         log.info("activation checkpointing: %d module(s) recompute their forward in the backward (%s, ...)",
                  len(checkpointed), type(checkpointed[0]).__name__)
     no_decay = no_decay_names(model, cfg.optim.get("no_decay", "none"))
-    identity = island_identity(config_subset(cfg)) if fault_tolerant(opts) else ""  # (torchft islands alike)
+    identity = island_identity(config_subset(cfg), model) if fault_tolerant(opts) else ""  # (torchft islands alike)
     ctx = SyncContext(init, no_decay, gathered, identity=identity)
     sync = build_sync(opts, torch.compile(model) if compiled else model, env, ctx)
     refuse_whole_tensor_optimizers(cfg.optim, sync)

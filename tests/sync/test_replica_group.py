@@ -171,8 +171,8 @@ def test_an_island_unlike_the_others_stops_in_one_line_and_they_go_on():
         refuse_unlike(island, ids)
     with pytest.raises(RunFailed, match=r"^island 2: its config or code differs from that of island\(s\) 0, 1 "
                                         r"\(identity c3f against 7a1: a hash of the config's hashed keys, ddp_lab's "
-                                        r"files and torch's version\): stopping; launch it with their overrides, "
-                                        r"ddp_lab and torch$"):
+                                        r"files, torch's version and the model's code\): stopping; launch it with "
+                                        r"their overrides, code and torch$"):
         refuse_unlike(2, ids)
     ids = ["c3f.island1:u1", "7a1.island0:u0"]  # a tie: the side of the lowest-numbered island stays
     refuse_unlike(0, ids)
@@ -293,7 +293,7 @@ def test_an_island_launched_with_another_config_stops_in_one_line_and_the_other_
         assert _ended(procs, 180) == [0, 1]
         log = (tmp_path / "run-1.log").read_text()
         assert re.search(r"ddp_lab: error: island 1: its config or code differs from that of island\(s\) 0 "
-                         r"\(identity \w{12} against \w{12}: .*\): stopping; launch it with their overrides, ddp_lab "
+                         r"\(identity \w{12} against \w{12}: .*\): stopping; launch it with their overrides, code "
                          r"and torch\n", log), log[-2000:]
         assert json.loads((tmp_path / "0" / "summary.json").read_text())["steps"] == 12
     finally:
@@ -358,3 +358,26 @@ def test_with_every_island_present_torchft_islands_train_as_the_ranks_of_one_job
     assert all(torch.allclose(ft[k], plain[k], atol=1e-5, rtol=0) for k in plain)
     s = json.loads((tmp_path / "0" / "summary.json").read_text())
     assert s["steps"] == 12 and s["rounds_dropped"] == 0  # (every step taken: the optimizer stepped 12 times)
+
+
+def test_the_identity_holds_the_model_code_of_a_users_own_files(tmp_path, monkeypatch):
+    """A user's model defined in their own file: islands running two versions of that file are unlike."""
+    import importlib
+
+    from ddp_lab.models.gpt import gpt
+    from ddp_lab.telemetry.provenance import model_code
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    source = ("import torch\n\n\nclass Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+              "        self.body = torch.nn.Linear(4, 2)\n\n    def forward(self, x):\n        return self.body(x){}\n")
+    codes = []
+    for n, tail in enumerate(["", " * 2"]):
+        (tmp_path / f"users_net{n}.py").write_text(source.format(tail))
+        codes.append(model_code(torch.nn.Sequential(importlib.import_module(f"users_net{n}").Net())))
+    assert all(len(c) == 12 for c in codes) and codes[0] != codes[1]
+    assert model_code(gpt(vocab_size=8, block_size=4, n_layer=1, n_head=1, n_embd=8)) == ""  # (code_version's)
+    assert model_code(torch.nn.Linear(2, 2)) == model_code(None) == ""
+    config = {"optim": {"lr": 0.1}}
+    mine = island_identity(config, torch.nn.Sequential(importlib.import_module("users_net0").Net()))
+    assert mine != island_identity(config, torch.nn.Sequential(importlib.import_module("users_net1").Net()))
+    assert mine != island_identity(config) and island_identity(config) == island_identity(config, None)

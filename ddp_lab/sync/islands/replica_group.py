@@ -69,13 +69,13 @@ def data_part(cfg, env) -> tuple[int, int] | None:
     return island_index(cfg) * env.world_size + env.rank, cfg.max_islands * env.world_size
 
 
-def island_identity(config: dict) -> str:
+def island_identity(config: dict, model=None) -> str:
     """What every island present must share, hashed: `config`, the config's hashed part (what a checkpoint must
     match to resume: checkpoint/compat.py's config_subset), and the code that runs it (ddp_lab's files, torch's
-    version)."""
+    version, the files that define `model`'s modules outside torch and ddp_lab: a user's model, transformers')."""
     from ddp_lab.checkpoint.compat import config_hash
-    from ddp_lab.telemetry.provenance import code_version
-    return config_hash({**config, "code": code_version()})[:12]
+    from ddp_lab.telemetry.provenance import code_version, model_code
+    return config_hash({**config, "code": code_version(), "model_code": model_code(model)})[:12]
 
 
 def refuse_unlike(island: int, replica_ids: list[str]) -> None:
@@ -93,8 +93,9 @@ def refuse_unlike(island: int, replica_ids: list[str]) -> None:
     if mine != like:
         them = ", ".join(map(str, sorted(held[like])))
         raise RunFailed(f"island {island}: its config or code differs from that of island(s) {them} (identity "
-                        f"{mine or '-'} against {like or '-'}: a hash of the config's hashed keys, ddp_lab's files and "
-                        "torch's version): stopping; launch it with their overrides, ddp_lab and torch")
+                        f"{mine or '-'} against {like or '-'}: a hash of the config's hashed keys, ddp_lab's files, "
+                        "torch's version and the model's code): stopping; launch it with their overrides, code and "
+                        "torch")
 
 
 def refuse_floating_buffers(model) -> None:
