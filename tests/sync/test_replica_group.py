@@ -301,13 +301,15 @@ def test_an_island_launched_with_another_config_stops_in_one_line_and_the_other_
 
 
 @pytest.mark.system
-def test_an_island_of_two_ranks_restarts_whole_and_heals_shard_by_shard(tmp_path, tiny_fmnist):
+@pytest.mark.parametrize("sync", ["diloco", "ft_ddp"])
+def test_an_island_of_two_ranks_restarts_whole_and_heals_shard_by_shard(tmp_path, tiny_fmnist, sync):
     """One rank of a 2-rank island (zero inside: each rank its shard of AdamW's state) dies: torchrun starts the
-    island's both ranks again (torchft's unit), each healed from the same rank of the other island."""
+    island's both ranks again (torchft's unit), each healed from the same rank of the other island; DiLoCo's
+    rounds, and ft_ddp's every step (fault-tolerant HSDP)."""
     port = free_port()
     lighthouse = _lighthouse(port)
     try:
-        procs = _islands(tmp_path, tiny_fmnist, port, 60, "run", islands=2, ranks=2,
+        procs = _islands(tmp_path, tiny_fmnist, port, 60, "run", islands=2, ranks=2, sync=sync,
                          extra=["sync/inner=zero", "optim=adamw", "optim.lr=0.001"],
                          faults={0: "rank=0,step=1,kind=pace=0.2", 1: "rank=1,step=6,kind=kill"})
         assert _ended(procs, 240) == [0, 0], [(tmp_path / f"run-{i}.log").read_text()[-2000:] for i in range(2)]
