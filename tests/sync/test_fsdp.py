@@ -22,7 +22,8 @@ from tests.multiproc import run_in_processes
 from tests.sync import sync_cfg
 from tests.sync.test_zero import CASES, CPU, STEPS, _model, _train, references
 
-FSDP_CASES = [c for c in CASES if c[4] == "builtin"]  # FSDP2 runs torch's collectives
+# FSDP2 runs torch's collectives, or its reduce-scatter ours (sync.algo=direct: fsdp_direct.py)
+FSDP_CASES = [c for c in CASES if c[4] in ("builtin", "direct")]
 
 
 def _padded_rows_bytes(params, n: int) -> int:
@@ -37,14 +38,14 @@ def _run(rank: int, world_size: int) -> dict:
     mean = torch.empty(3)
     dist.reduce_scatter_tensor(mean, torch.full((3 * world_size,), float(rank + 1)), op=dist.ReduceOp.AVG)
     out["avg"] = mean.tolist()
-    for name, kind, optimizer, micro, _, clip in FSDP_CASES:
+    for name, kind, optimizer, micro, algo, clip in FSDP_CASES:
         mine, ref_opt, ref, flat = references(kind, optimizer, micro, clip, env)
         model = _model(kind)
         if rank > 0:  # only rank 0's initial weights may count: the sync must broadcast them
             with torch.no_grad():
                 for p in model.parameters():
                     p.add_(0.01 * rank)
-        sync = build_sync(sync_cfg("fsdp"), model, env)
+        sync = build_sync(sync_cfg("fsdp", algo), model, env)
         held = []  # the model state after each step, its gradients still there
         opt = _train(sync, kind, optimizer, mine, clip, held)
         whole = {k: t.clone() for k, t in sync.each_weight(model)}  # (a tensor at a time, whole on every rank)
@@ -60,6 +61,8 @@ def _run(rank: int, world_size: int) -> dict:
             "numel": sum(p.numel() for p in params), "wire_bytes": sync.wire_bytes,
             "collectives": sync.collectives, "units": len(sync.units),
             "describe": sync.describe(), "state_dict": sorted(whole),
+            "reduce_scatter": {type(g._reduce_scatter_comm).__name__ for m in model.modules()
+                               if hasattr(m, "_get_fsdp_state") for g in m._get_fsdp_state()._fsdp_param_groups},
             "state_dict_equal": all(torch.equal(whole[k], v) for k, v in named.items())}
     return out
 
@@ -89,7 +92,7 @@ def test_every_case_takes_the_steps_of_one_process(results):
 
 def test_each_rank_holds_its_rows_of_the_model_state(results):
     n, ranks = results
-    for name, kind, optimizer, micro, _, _ in FSDP_CASES:
+    for name, kind, optimizer, micro, algo, _ in FSDP_CASES:
         per_element = {"sgd": 4, "adamw": 8}[optimizer]  # the momentum; AdamW's two moments (fp32)
         assert sum(x[name]["local"] for x in ranks) == ranks[0][name]["numel"], name  # the rows split N ways
         for x in ranks:
@@ -100,7 +103,8 @@ def test_each_rank_holds_its_rows_of_the_model_state(results):
             assert x[name]["model_state"] == {"weights": kept, "grads": kept, "optimizer": state,
                                               "sync": 0, "total": 2 * kept + state}, name
         r = ranks[0][name]
-        assert r["describe"] == "fsdp/builtin"
+        assert r["describe"] == f"fsdp/{algo}"
+        assert r["reduce_scatter"] == {"DirectReduceScatter" if algo == "direct" else "DefaultReduceScatter"}, name
         # as zero stage 3 counts: each micro-batch gathers the weights in the forward and the backward (the
         # GPT's root unit, its tied embedding, once), each step reduce-scatters the gradients once
         assert r["wire_bytes"] > STEPS * (micro * 4 * r["numel"] * (0.75 if kind == "gpt" else 1)
@@ -121,7 +125,8 @@ def test_each_weight_hands_out_the_whole_state_dict(results):
 
 def test_what_fsdp_cannot_do_is_refused_in_one_line(compose_train):
     with pytest.raises(ConfigError, match=r"^sync.algo=ring_textbook cannot run inside torch's FSDP2 \(sync=zero runs "
-                                          r"ring_textbook and direct\): sync=fsdp takes sync.algo=builtin$"):
+                                          r"ring_textbook; direct here is the gradients' reduce-scatter\): sync=fsdp "
+                                          r"takes sync.algo=builtin or direct$"):
         build_sync(sync_cfg("fsdp", "ring_textbook"), lenet(), DistEnv(0, 2, 0, CPU, "gloo"))
     # no cast of the gradients: sync=fsdp takes no sync.compress
     with pytest.raises(TypeError, match=r"^sync=fsdp takes no compress$"):

@@ -53,6 +53,7 @@ from ddp_lab.sync.sharded.common import (
     clip_sharded,
     load_whole_part,
 )
+from ddp_lab.sync.sharded.fsdp_direct import custom_reduce_scatter
 from ddp_lab.sync.sharded.outside_use import check_first_forward
 from ddp_lab.sync.sharded.units import announce, unit_modules
 
@@ -64,8 +65,8 @@ class FSDPOptions(ShardedOptions):
                        rule="none, host or a positive integer")
 
     def check(self, name: str) -> None:
-        self.refuse_algo(name, ("builtin",), "cannot run inside torch's FSDP2 (sync=zero runs ring_textbook and "
-                                            "direct)")
+        self.refuse_algo(name, ("builtin", "direct"), "cannot run inside torch's FSDP2 (sync=zero runs ring_textbook; "
+                                                      "direct here is the gradients' reduce-scatter)")
 
 
 def fully_shard_or_refuse():
@@ -138,6 +139,10 @@ class FSDPSync(ReplicaSync):
         if dist.get_backend() == "gloo" and hasattr(model, "set_force_sum_reduction_for_comms"):
             for m in [*self.units, model]:  # each unit's setting is its own
                 m.set_force_sum_reduction_for_comms(True)
+        if cfg.algo == "direct":  # (half gloo's bytes: fsdp_direct.py)
+            comm = custom_reduce_scatter()
+            for m in [*self.units, model]:
+                m.set_custom_reduce_scatter(comm)
         # bytes handed to collectives, counted as zero stage 3 counts them (unpadded): each micro-batch
         # gathers a unit's weights twice (forward, backward; half an all-reduce's bytes each), the root's
         # once; the step's last micro-batch reduce-scatters the gradients (half an all-reduce's), the
@@ -306,4 +311,5 @@ class FSDPSync(ReplicaSync):
         return mine.clone().to(local(p).device)
 
     def describe(self) -> str:
-        return "fsdp/builtin" + (f" (HSDP: {self.replicas} islands of {self.shards_over})" if self.replicas > 1 else "")
+        hsdp = f" (HSDP: {self.replicas} islands of {self.shards_over})" if self.replicas > 1 else ""
+        return f"fsdp/{self.cfg.algo}{hsdp}"

@@ -1,0 +1,39 @@
+"""sync=fsdp sync.algo=direct: FSDP2's gradient reduce-scatter through ddp_lab's direct collective.
+
+gloo has no reduce-scatter of its own: torch's gloo backend all-reduces the whole buffer and keeps this
+rank's chunk, so each rank sends twice a reduce-scatter's bytes. collectives/direct.py sends each chunk
+straight to the rank that owns it, (n-1)/n of the buffer, and posts its receives first (docs/communication.md).
+FSDP2 takes it through `set_custom_reduce_scatter` (torch >= 2.9), on every unit; it calls it with the padded
+flat gradients of a unit and waits at once (its reduce-scatter is synchronous on CPU). The all-gather stays
+torch's: FSDP2 waits only for a torch Work, and gloo's all-gather sends no more than a gather needs.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ddp_lab.collectives.direct import direct_reduce_scatter
+from ddp_lab.config import ConfigError
+
+
+def custom_reduce_scatter():
+    """A ReduceScatter (FSDP2's interface) running direct_reduce_scatter, or a one-line refusal on a torch without
+    FSDP2's custom comms."""
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+    except ImportError:
+        raise ConfigError(f"sync=fsdp sync.algo=direct needs FSDP2's custom reduce-scatter (torch >= 2.9); this "
+                          f"torch is {torch.__version__}: leave sync.algo=builtin, or use sync=zero") from None
+
+    class DirectReduceScatter(ReduceScatter):
+        def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+            return torch.empty(size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
+                     op, async_op: bool = False) -> None:
+            # (the input is FSDP2's scratch buffer: summed in place, rank r's chunk is the result)
+            output_tensor.copy_(direct_reduce_scatter(input_tensor, group))
+            if op == dist.ReduceOp.AVG:
+                output_tensor.div_(dist.get_world_size(group))
+
+    return DirectReduceScatter()
