@@ -42,7 +42,9 @@ FT = dict(islands="host", fault_tolerance="torchft", max_islands=3)
     (dict(max_islands=0), "set sync.max_islands to their number"),
     (dict(min_islands=4), "sync.min_islands=4 is more than sync.max_islands=3"),
     (dict(island=3), "sync.island=3 is not one of the 3 islands planned"),
-    (dict(compress="int4"), "sync.compress=int4 is not made fault tolerant yet"),
+    (dict(compress="int4"), "sync.compress=int4 is not made fault tolerant (int8/int4 travel by all-to-all and "
+                            "all-gather); use sync.compress=bf16 or none"),
+    (dict(compress="fp16"), "sync.compress=fp16 is not made fault tolerant (fp16 could overflow in that sum)"),
     (dict(overlap=1), "sync.overlap=1 is not made fault tolerant yet"),
     (dict(fragments=2), "sync.fragments=2 is not made fault tolerant yet"),
     (dict(options=LocalSGDOptions, local_sgd_start_step=4), "sync.local_sgd_start_step=4 averages gradients over"),
@@ -330,9 +332,10 @@ BN_CONV = ["model=custom", "model._target_=tests.workloads.bn_conv"]
     ("ft_ddp", [], 1, ["sync=ddp"]),
     ("local_sgd", [], 1, ["sync=local_sgd", "sync.every=4"]),
     ("diloco", BN_CONV, 1, ["sync=diloco", "sync.every=4", *BN_CONV]),  # BatchNorm's statistics averaged
+    ("diloco", ["sync.compress=bf16"], 1, ["sync=diloco", "sync.every=4", "sync.compress=bf16"]),  # half the bytes
     ("ft_ddp", ["sync/inner=fsdp"], 2, ["sync=fsdp"]),  # fault-tolerant HSDP: each rank's shard across
     ("ft_ddp", ["sync/inner=zero", "sync.inner.zero_stage=2"], 2, ["sync=zero", "sync.zero_stage=2"]),
-], ids=["ft_ddp", "local_sgd", "diloco batchnorm", "ft_ddp fsdp inside", "ft_ddp zero2 inside"])
+], ids=["ft_ddp", "local_sgd", "diloco batchnorm", "diloco bf16", "ft_ddp fsdp inside", "ft_ddp zero2 inside"])
 def test_with_every_island_present_torchft_islands_train_as_the_ranks_of_one_job(tmp_path, tiny_fmnist, sync,
                                                                                     inside, ranks, plain):
     """2 islands of `ranks` take the steps of one job's 2 x `ranks` ranks (the same data parts, AdamW): sync=ft_ddp
@@ -360,6 +363,8 @@ def test_with_every_island_present_torchft_islands_train_as_the_ranks_of_one_job
     assert all(torch.allclose(ft[k], plain[k], atol=1e-5, rtol=0) for k in plain)
     s = json.loads((tmp_path / "0" / "summary.json").read_text())
     assert s["steps"] == 12 and s["rounds_dropped"] == 0  # (every step taken: the optimizer stepped 12 times)
+    if ranks == 1:  # what crossed between islands is what one job's ranks send (bf16: 2 bytes a number)
+        assert s["wire_bytes_across_per_step"] == json.loads((ddp / "summary.json").read_text())["wire_bytes_per_step"]
 
 
 def test_the_identity_holds_the_model_code_of_a_users_own_files(tmp_path, monkeypatch):

@@ -147,9 +147,9 @@ def start_island_mean(flat: torch.Tensor, islands: Islands, compress: str, dtype
     padded = torch.zeros(k * c, dtype=torch.float32, device=flat.device)
     padded[:flat.numel()] = flat
     mine = padded[member * c:(member + 1) * c]
-    if islands.replicas is not None:  # torchft: the mean over the islands present (fp32, compress refused)
-        chunk = mine.clone()
-        first, across, calls = islands.replicas.mean(chunk), chunk.numel() * 4, 1
+    if islands.replicas is not None:  # torchft: the mean over the islands present (fp32 or bf16; the rest refused)
+        chunk = mine.to(dtype or torch.float32, copy=True)
+        first, across, calls = islands.replicas.mean(chunk), chunk.numel() * chunk.element_size(), 1
     elif compress in QUANTIZED:
         chunk = mine.clone()
         first, across = start_quantized_mean(chunk, compress, islands.across.group, residual, generator)

@@ -135,8 +135,13 @@ class DiLoCoOptions(PeriodicOptions):
     def check(self, name: str) -> None:
         super().check(name)
         if self.fault_tolerance == "torchft":
-            for k, v, plain in (("compress", self.compress, "none"), ("overlap", self.overlap, 0),
-                                ("fragments", self.fragments, 1)):
+            if str(self.compress) not in ("none", "bf16"):  # (torchft's Manager averages by a sum, then divides)
+                why = ("fp16 could overflow in that sum" if str(self.compress) == "fp16"
+                       else "int8/int4 travel by all-to-all and all-gather")
+                raise ConfigError(f"sync.fault_tolerance=torchft averages the outer gradient with torchft's "
+                                  f"all-reduce (a sum, then divided): sync.compress={self.compress} is not made fault "
+                                  f"tolerant ({why}); use sync.compress=bf16 or none")
+            for k, v, plain in (("overlap", self.overlap, 0), ("fragments", self.fragments, 1)):
                 if str(v) != str(plain):
                     raise ConfigError(f"sync.fault_tolerance=torchft runs blocking DiLoCo rounds: sync.{k}={v} is "
                                       f"not made fault tolerant yet; leave sync.{k} out")
