@@ -38,7 +38,7 @@ CUDA = torch.device("cuda", 0)
 # The algorithms a strategy cannot run on refused by its check(); every other strategy takes all of ALGORITHMS.
 TAKES = {"powersgd": ("builtin",),  # torch's PowerSGD hook
          "zero": ("builtin", "ring_textbook", "direct"),  # those with a reduce-scatter and an all-gather
-         "fsdp": ("builtin",),  # torch's FSDP2
+         "fsdp": ("builtin", "direct"),  # torch's FSDP2; direct: its reduce-scatter ours
          "ft_ddp": ("builtin",)}  # torch's collectives on each island's group, torchft's across
 STRATEGIES = ["auto", "ddp", "flat", "per_param", "powersgd", "local_sgd", "diloco", "ft_ddp", "zero", "fsdp"]
 # valid at their defaults (ft_ddp needs the islands planned: sync.max_islands)
