@@ -29,7 +29,9 @@ def test_lean_gives_every_freed_block_back_and_glibc_keeps_it():
                                   check=True).stdout)
     pages = (8 << 20) // 4096
     assert faults("lean") >= 5 * pages  # each block faulted in afresh
-    assert faults("glibc") < pages / 8  # glibc's threshold grew past the first freed block: kept since
+    # glibc's threshold grew past the first freed block: kept since (one of the five, now and then, faulted in
+    # again: about 1 run in 5 here)
+    assert faults("glibc") < 1.25 * pages
 
 
 def test_the_estimate_prices_the_kept_gathers_of_a_sharded_model_only(compose_train):
