@@ -114,7 +114,7 @@ def runs():
     per-rank DiLoCo; 2 islands of 2 with each inner strategy (INNER's names)."""
     sgd = {"DDP": {"mode": "ddp"}, "one island": {"mode": "diloco", "islands": "4", "outer_lr": 1.0,
                                                   "outer_momentum": 0.0},
-           "hsdp": {"mode": "fsdp", "islands": "2"}}
+           "hsdp": {"mode": "fsdp", "islands": "2"}, "hsdp direct": {"mode": "fsdp", "islands": "2", "algo": "direct"}}
     adamw = {"4 islands": {"mode": "diloco", "islands": "1"}, "per rank": {"mode": "diloco"},
              **{inner: {"mode": "diloco", "islands": "2", **over} for inner, over in INNER.items()}}
     return _by_name(run_in_processes(_train_each, 4, {**{k: (v, "sgd") for k, v in sgd.items()},
@@ -198,6 +198,17 @@ def test_hsdp_two_islands_of_two_take_ddps_steps(runs):
     # across: each rank's half of the 163 gradients (the root unit's Linear(6,16) and Linear(16,3), as counted)
     assert hsdp[0]["wire_bytes_across"] == H * ROUNDS * (163 * 4 // 2)
     assert hsdp[0]["collectives_across"] == 2 * H * ROUNDS  # (each Linear a unit: two all-reduces across a step)
+
+
+def test_hsdp_with_our_reduce_scatter_inside_takes_ddps_steps_too(runs):
+    """sync.algo=direct: FSDP2's reduce-scatter inside each island is ddp_lab's (fsdp_direct.py), the all-reduce
+    across torch's."""
+    hsdp, ddp = runs["hsdp direct"], runs["DDP"]
+    assert _apart(hsdp[0], hsdp[2]) == 0
+    for r in range(4):
+        assert _apart(hsdp[r], ddp[r]) < 1e-5
+    assert hsdp[0]["describe"] == "fsdp/direct (HSDP: 2 islands of 2)"
+    assert hsdp[0]["wire_bytes_across"] == runs["hsdp"][0]["wire_bytes_across"]
 
 
 def _eager_int4(rank: int, world_size: int) -> dict:
