@@ -8,12 +8,14 @@ line.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -25,7 +27,6 @@ from ddp_lab.sync.islands.replica_group import (
     _Checked,
     data_part,
     island_identity,
-    refuse_floating_buffers,
     refuse_unlike,
 )
 from ddp_lab.sync.periodic.periodic_options import DiLoCoOptions, FTDDPOptions, LocalSGDOptions
@@ -67,12 +68,6 @@ def test_each_island_reads_its_own_part_of_the_data(monkeypatch):
     monkeypatch.delenv("DDP_LAB_ISLAND")
     with pytest.raises(ConfigError, match="which island is this job"):
         data_part(DiLoCoOptions(**FT), env)
-
-
-def test_a_model_with_batchnorm_statistics_is_refused_by_ft_ddp():
-    with pytest.raises(ConfigError, match="^sync=ft_ddp does not average floating buffers \\(this model's 2, "):
-        refuse_floating_buffers(torch.nn.BatchNorm1d(4))  # (running mean and variance; the batch count is an integer)
-    refuse_floating_buffers(torch.nn.Linear(4, 4))  # (no buffers: taken)
 
 
 def test_no_lighthouse_is_refused_in_one_line(monkeypatch):
@@ -152,7 +147,6 @@ def test_fewer_than_min_islands_for_too_long_stops_in_one_line():
 
 
 def test_a_local_sgd_round_an_island_was_lost_in_leaves_each_islands_weights_as_they_were():
-    from types import SimpleNamespace
 
     from ddp_lab.sync.periodic.local_sgd import LocalSGDSync
     s = object.__new__(LocalSGDSync)  # (its exchange and vote stood in for: the weights' fate is the point)
@@ -165,6 +159,22 @@ def test_a_local_sgd_round_an_island_was_lost_in_leaves_each_islands_weights_as_
     s.replicas = SimpleNamespace(commit=lambda step: True)
     s.synchronise()
     assert w[0].tolist() == [0.5] * 3 and w[1].tolist() == [2.5] * 2
+
+
+def test_an_ft_ddp_step_an_island_was_lost_in_keeps_each_islands_batchnorm_statistics():
+    """Not agreed: the gradients are dropped (no optimizer step), and each island's BatchNorm statistics stay its
+    own rather than a mean the exchange may not have finished; agreed: both take the mean."""
+    from ddp_lab.sync.periodic.ft_ddp import FTDDPSync
+    s = object.__new__(FTDDPSync)  # (its exchange and vote stood in for)
+    p, stats = torch.nn.Parameter(torch.ones(2)), torch.full((3,), 4.0)
+    s.stepped, s.buffers, s.step, s.wire_bytes_across = (lambda: [p]), [stats], 5, 0
+    s.count, s._timed = (lambda *a, **k: None), contextlib.nullcontext
+    for agreed, grad, kept in ((False, [0.5, 0.5], [4.0] * 3), (True, [0.5, 0.5], [2.0] * 3)):
+        p.grad = torch.ones(2)
+        s.replicas = SimpleNamespace(mean=lambda flat: SimpleNamespace(wait=lambda: flat.mul_(0.5)), exchange_s=1.0,
+                                     commit=lambda step, what, agreed=agreed: agreed)
+        s.after_backward()
+        assert s.agreed() is agreed and p.grad.tolist() == grad and stats.tolist() == kept
 
 
 def test_an_island_unlike_the_others_stops_in_one_line_and_they_go_on():
@@ -332,10 +342,12 @@ BN_CONV = ["model=custom", "model._target_=tests.workloads.bn_conv"]
     ("ft_ddp", [], 1, ["sync=ddp"]),
     ("local_sgd", [], 1, ["sync=local_sgd", "sync.every=4"]),
     ("diloco", BN_CONV, 1, ["sync=diloco", "sync.every=4", *BN_CONV]),  # BatchNorm's statistics averaged
+    ("ft_ddp", BN_CONV, 1, ["sync=ddp", *BN_CONV]),  # the statistics averaged across, as DDP's are not
     ("diloco", ["sync.compress=bf16"], 1, ["sync=diloco", "sync.every=4", "sync.compress=bf16"]),  # half the bytes
     ("ft_ddp", ["sync/inner=fsdp"], 2, ["sync=fsdp"]),  # fault-tolerant HSDP: each rank's shard across
     ("ft_ddp", ["sync/inner=zero", "sync.inner.zero_stage=2"], 2, ["sync=zero", "sync.zero_stage=2"]),
-], ids=["ft_ddp", "local_sgd", "diloco batchnorm", "diloco bf16", "ft_ddp fsdp inside", "ft_ddp zero2 inside"])
+], ids=["ft_ddp", "local_sgd", "diloco batchnorm", "ft_ddp batchnorm", "diloco bf16", "ft_ddp fsdp inside",
+        "ft_ddp zero2 inside"])
 def test_with_every_island_present_torchft_islands_train_as_the_ranks_of_one_job(tmp_path, tiny_fmnist, sync,
                                                                                     inside, ranks, plain):
     """2 islands of `ranks` take the steps of one job's 2 x `ranks` ranks (the same data parts, AdamW): sync=ft_ddp
@@ -360,10 +372,17 @@ def test_with_every_island_present_torchft_islands_train_as_the_ranks_of_one_job
          "optim=adamw", f"hydra.run.dir={ddp}"], stdout=log, stderr=subprocess.STDOUT, timeout=240).returncode
     assert rc == 0, (tmp_path / "ddp.log").read_text()[-2000:]
     ft, plain = torch.load(tmp_path / "0" / "model.pt"), torch.load(ddp / "model.pt")
-    assert all(torch.allclose(ft[k], plain[k], atol=1e-5, rtol=0) for k in plain)
+    # (ft_ddp's BatchNorm statistics: each island's rank 0's averaged across, where DDP keeps its rank 0's; the
+    # weights, trained on batch statistics, are DDP's, and the islands hold the same statistics)
+    averaged = sync == "ft_ddp" and inside == BN_CONV
+    assert all(torch.allclose(ft[k], plain[k], atol=1e-5, rtol=0) for k in plain if not (averaged and "running" in k))
+    if averaged:
+        other = torch.load(tmp_path / "1" / "model.pt")
+        assert all(torch.equal(ft[k], other[k]) for k in ft)
+        assert not torch.equal(ft["1.running_mean"], plain["1.running_mean"])  # (averaged: not DDP's rank 0's)
     s = json.loads((tmp_path / "0" / "summary.json").read_text())
     assert s["steps"] == 12 and s["rounds_dropped"] == 0  # (every step taken: the optimizer stepped 12 times)
-    if ranks == 1:  # what crossed between islands is what one job's ranks send (bf16: 2 bytes a number)
+    if ranks == 1 and not averaged:  # what crossed between islands is what one job's ranks send (bf16: 2 bytes)
         assert s["wire_bytes_across_per_step"] == json.loads((ddp / "summary.json").read_text())["wire_bytes_per_step"]
 
 

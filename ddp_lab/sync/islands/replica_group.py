@@ -98,15 +98,6 @@ def refuse_unlike(island: int, replica_ids: list[str]) -> None:
                         "torch")
 
 
-def refuse_floating_buffers(model) -> None:
-    """sync=ft_ddp averages the gradients alone across islands: BatchNorm's statistics would drift apart."""
-    n = sum(b.is_floating_point() for b in model.buffers())
-    if n:
-        raise ConfigError(f"sync=ft_ddp does not average floating buffers (this model's {n}, BatchNorm's "
-                          f"statistics) across islands: use sync=diloco or local_sgd (their rounds average them), "
-                          f"or a model without them")
-
-
 def _forget_the_last_attempt(rank: int) -> None:
     """torchrun's store outlives a restart's workers and still holds the last attempt's Manager address, which
     the island's other ranks would read and wait on (30 s, then fail): rank 0 deletes it before anyone reads."""

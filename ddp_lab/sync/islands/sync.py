@@ -23,7 +23,7 @@ from ddp_lab.config import RunFailed
 from ddp_lab.distributed import DistEnv
 from ddp_lab.sync.base import NO_CONTEXT, Capabilities, ReplicaSync, SyncContext, broadcast_from_rank0
 from ddp_lab.sync.islands.layout import build_islands, replica_islands
-from ddp_lab.sync.islands.replica_group import ReplicaGroup, fault_tolerant, refuse_floating_buffers
+from ddp_lab.sync.islands.replica_group import ReplicaGroup, fault_tolerant
 
 
 def island_caps(inner: Capabilities) -> Capabilities:
@@ -39,8 +39,6 @@ class IslandSync(ReplicaSync):
         self.model, self.env, self.cfg = model, env, cfg
         self.replicas = None
         if fault_tolerant(cfg):  # this job is the island; torchft's Manager finds the others (replica_group.py)
-            if outer_cls.averages == "gradients":  # (ft_ddp; the periodic ones average the buffers in their rounds)
-                refuse_floating_buffers(model)
             self.replicas = ReplicaGroup(cfg, env.rank, env.world_size, 10 * cfg.island_timeout_s, ctx.identity)
             self.islands = replica_islands(cfg, env, self.replicas)
         else:

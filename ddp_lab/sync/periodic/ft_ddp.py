@@ -9,7 +9,9 @@ step whose exchange failed (an island died in it) is taken nowhere: its gradient
 stay as they were (the same on every island), and the next step's quorum leaves the lost island out; the
 learning-rate schedule goes on. A quorum every step (the Trainer's `counted`), where a restarted island is
 healed from a peer before its first step. With every island present this is DDP over all the ranks
-(tests/sync/test_replica_group.py compares them).
+(tests/sync/test_replica_group.py compares them). Floating buffers (BatchNorm's statistics) ride along in the
+same exchange: each rank's averaged with the same rank's of the other islands (inside an island the inner
+strategy hands rank 0's to the others at the next forward, as DDP does), kept where the step was agreed.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ class FTDDPSync(ReplicaSync):
         self.cfg, self.replicas = cfg, ctx.islands.replicas
         mine = [p for p in model.parameters() if p.requires_grad]
         self.stepped = ctx.trained or (lambda: mine)  # what the optimizer steps (sharded inside: this rank's shards)
+        self.buffers = [b for b in model.buffers() if b.is_floating_point()]  # (BatchNorm's statistics)
         self.step, self.ok = 0, True  # (ok: this step's exchange was agreed by every island present)
 
     @torch.no_grad()
@@ -45,15 +48,15 @@ class FTDDPSync(ReplicaSync):
         # fsdp's DTensors: this rank's rows (sharded/fsdp.py's local(), written out: importing it here would
         # register zero and fsdp before the periodic strategies, and reorder every list of strategies)
         grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
-        flat = torch.cat([g.reshape(-1).float() for g in grads])
+        flat = torch.cat([t.reshape(-1).float() for t in grads + self.buffers])
         with position.collective("gradient sync across islands", own_timeout_s=self.replicas.exchange_s), self._timed():
             self.replicas.mean(flat).wait()
         self.count(flat.numel() * flat.element_size(), across=True)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
         self.ok = self.replicas.commit(self.step + 1, "step")
+        offset = 0
+        for t in grads + (self.buffers if self.ok else []):  # (not agreed: the gradients are dropped anyway)
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
 
     def agreed(self) -> bool:
         return self.ok
