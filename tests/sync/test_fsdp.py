@@ -135,6 +135,14 @@ def test_what_fsdp_cannot_do_is_refused_in_one_line(compose_train):
         compose_train(["sync=fsdp", "sync.compress=bf16"])
 
 
+def test_our_reduce_scatter_stands_in_for_gloos_alone():
+    from ddp_lab.sync.sharded.fsdp_direct import custom_reduce_scatter
+    with pytest.raises(ConfigError, match=r"^sync=fsdp sync.algo=direct stands in for gloo's reduce-scatter \(an "
+                                          r"all-reduce\); nccl has its own: leave sync.algo=builtin$"):
+        custom_reduce_scatter("nccl")
+    assert type(custom_reduce_scatter("gloo")).__name__ == "DirectReduceScatter"
+
+
 def test_fsdp_is_not_compiled(compose_train):
     from ddp_lab.sync import eager_only
     from ddp_lab.training.builder import validate

@@ -140,7 +140,7 @@ class FSDPSync(ReplicaSync):
             for m in [*self.units, model]:  # each unit's setting is its own
                 m.set_force_sum_reduction_for_comms(True)
         if cfg.algo == "direct":  # (half gloo's bytes: fsdp_direct.py)
-            comm = custom_reduce_scatter()
+            comm = custom_reduce_scatter(dist.get_backend())
             for m in [*self.units, model]:
                 m.set_custom_reduce_scatter(comm)
         # bytes handed to collectives, counted as zero stage 3 counts them (unpadded): each micro-batch

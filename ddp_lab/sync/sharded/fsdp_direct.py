@@ -16,9 +16,12 @@ from ddp_lab.collectives.direct import direct_reduce_scatter
 from ddp_lab.config import ConfigError
 
 
-def custom_reduce_scatter():
-    """A ReduceScatter (FSDP2's interface) running direct_reduce_scatter, or a one-line refusal on a torch without
-    FSDP2's custom comms."""
+def custom_reduce_scatter(backend: str):
+    """A ReduceScatter (FSDP2's interface) running direct_reduce_scatter, or a one-line refusal: off gloo (NCCL has
+    a reduce-scatter of its own), or on a torch without FSDP2's custom comms."""
+    if backend != "gloo":
+        raise ConfigError(f"sync=fsdp sync.algo=direct stands in for gloo's reduce-scatter (an all-reduce); {backend} "
+                          f"has its own: leave sync.algo=builtin")
     try:
         from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
     except ImportError:
@@ -31,6 +34,8 @@ def custom_reduce_scatter():
 
         def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
                      op, async_op: bool = False) -> None:
+            if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):  # (PREMUL_SUM: a divide factor ddp_lab never sets)
+                raise ValueError(f"sync.algo=direct sums or averages; FSDP2 asked for {op}")
             # (the input is FSDP2's scratch buffer: summed in place, rank r's chunk is the result)
             output_tensor.copy_(direct_reduce_scatter(input_tensor, group))
             if op == dist.ReduceOp.AVG:
