@@ -36,7 +36,9 @@ class Steps:
 def read(path: str) -> Steps:
     with (gzip.open if path.endswith(".gz") else open)(path, "rt") as f:
         events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
-    steps = sorted((e for e in events if e.get("name", "").startswith("ProfilerStep#")), key=lambda e: e["ts"])
+    # (the host's marks: a CUDA trace marks each step on the GPU's timeline too, as gpu_user_annotation)
+    steps = sorted((e for e in events if e.get("name", "").startswith("ProfilerStep#")
+                    and e.get("cat") != "gpu_user_annotation"), key=lambda e: e["ts"])
     if not steps:
         raise SystemExit(f"{path}: no ProfilerStep in it: a trace of trainer.profile=true or --profile-steps")
     lo, hi = steps[0]["ts"], steps[-1]["ts"] + steps[-1]["dur"]

@@ -34,3 +34,20 @@ def test_the_step_that_does_more_shows_it_and_only_it(tmp_path, capsys):
     assert "3 steps of" in out and "2.00       0.00  aten::linalg_vector_norm" in out
     table = out.split("top-level ops a step: first, second\n")[1].split("host ms")[0]
     assert [line.split()[-1] for line in table.splitlines()] == ["aten::linalg_vector_norm"]
+
+
+def test_a_cuda_traces_gpu_side_step_marks_are_not_counted_as_steps(tmp_path):
+    """A CUDA trace marks each step twice (the host's user_annotation and the GPU's gpu_user_annotation):
+    its steps are the host's."""
+    import json
+    events = []
+    for i in range(2):
+        events += [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "ts": 100 * i, "dur": 90,
+                    "tid": 1},
+                   {"ph": "X", "cat": "gpu_user_annotation", "name": f"ProfilerStep#{i}", "ts": 100 * i + 5,
+                    "dur": 90, "tid": 7},
+                   {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 100 * i + 10, "dur": 20, "tid": 7},
+                   {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 100 * i + 1, "dur": 30, "tid": 1}]
+    (tmp_path / "t.json").write_text(json.dumps({"traceEvents": events}))
+    s = compare_profiles.read(str(tmp_path / "t.json"))
+    assert s.steps == [0.09, 0.09] and s.kernels / len(s.steps) == 1 and s.per_step(s.top, "aten::mm") == 1
