@@ -131,6 +131,7 @@ def describe(cfg, ranks: int, batch: int | None):
     training checks it."""
     import torch
 
+    from ddp_lab.distributed import host_malloc
     from ddp_lab.models import build_model, check_fits_data
     from ddp_lab.sync import options_of
     from ddp_lab.training.data import build_datasets, example
@@ -154,7 +155,8 @@ def describe(cfg, ranks: int, batch: int | None):
                                  checkpointing=checkpointing, autocast=autocast, gathered=autocast).activation_bytes
     with torch.device("meta"):
         net = build_model(cfg.model)
-    kept = str(cfg.trainer.get("host_malloc", "auto")) == "glibc"  # (CPU ranks: the freed gathers kept)
+    kept = host_malloc.keeps_freed_gathers(cfg.trainer.get("host_malloc", "auto"),
+                                           torch.device("cuda" if on_cuda(cfg) else "cpu"))
     transient = {s: transient_bytes(net, e.weight_bytes, stage, options_at(opts, stage) if ranks > 1 else None, kept)
                  for s, stage in zip(STRATEGIES, (0, 1, 2, 3))}
     return e.parameters, optimizer_state(cfg.optim)[0], e.optimizer, acts, per_rank, transient

@@ -92,6 +92,19 @@ def test_activations_are_counted_under_autocast_as_the_runs_own_check_counts_the
     assert acts["off"]["zero3"] == acts["off"]["ddp"]
 
 
+def test_glibcs_regime_prices_a_sharded_models_freed_gathers_on_cpu_ranks_alone(compose_train, tiny_fmnist,
+                                                                                tmp_path):
+    """trainer.host_malloc=glibc keeps stage 3's freed gathers on a CPU rank (the run's check prices them: the
+    weights whole); on a GPU the host's malloc holds no weights, and the estimate is the same."""
+    data = [f"data.root={tiny_fmnist}", f"data.cache_dir={tmp_path}", "model=lenet"]
+    transient = {(m, d): will_it_fit.describe(compose_train([*data, f"trainer.host_malloc={m}", f"dist.device={d}"]),
+                                              2, 4)[5]
+                 for m in ("auto", "glibc") for d in ("cpu", "cuda")}
+    assert transient["glibc", "cpu"]["zero3"] > transient["auto", "cpu"]["zero3"], transient
+    assert transient["glibc", "cpu"]["ddp"] == transient["auto", "cpu"]["ddp"]
+    assert transient["glibc", "cuda"] == transient["auto", "cuda"] == transient["auto", "cpu"]
+
+
 def test_the_command_line(tiny_fmnist, tmp_path, capsys):
     data = [f"data.root={tiny_fmnist}", f"data.cache_dir={tmp_path}", "trainer.amp=off"]
     will_it_fit.main(["--ranks", "2", "--memory", "2500KiB", "--batch", "1", "--runtime", "0", *data])
