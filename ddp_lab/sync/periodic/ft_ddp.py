@@ -54,7 +54,7 @@ class FTDDPSync(ReplicaSync):
         self.count(flat.numel() * flat.element_size(), across=True)
         self.ok = self.replicas.commit(self.step + 1, "step")
         offset = 0
-        for t in grads + (self.buffers if self.ok else []):  # (not agreed: the gradients are dropped anyway)
+        for t in grads + (self.buffers if self.ok else []):  # (not agreed: each island keeps its own statistics)
             t.copy_(flat[offset:offset + t.numel()].view_as(t))
             offset += t.numel()
 
