@@ -22,8 +22,13 @@ from tests.multiproc import run_in_processes
 from tests.sync import sync_cfg
 from tests.sync.test_zero import CASES, CPU, STEPS, _model, _train, references
 
-# FSDP2 runs torch's collectives, or its reduce-scatter ours (sync.algo=direct: fsdp_direct.py)
+# FSDP2 runs torch's collectives, or its reduce-scatter ours (sync.algo=direct: fsdp_direct.py); "+overlap":
+# sync.overlap, its gathers started a unit ahead and (direct) its reduce-scatters left travelling, under
+# accumulation, clipping and the GPT's tied root
 FSDP_CASES = [c for c in CASES if c[4] in ("builtin", "direct")]
+FSDP_CASES += [(f"{name}+overlap", kind, optimizer, micro, f"{algo}+overlap", clip)
+               for name, kind, optimizer, micro, algo, clip in FSDP_CASES
+               if (algo == "direct" and (micro > 1 or clip)) or (algo == "builtin" and kind == "gpt" and not clip)]
 
 
 def _padded_rows_bytes(params, n: int) -> int:
@@ -45,7 +50,7 @@ def _run(rank: int, world_size: int) -> dict:
             with torch.no_grad():
                 for p in model.parameters():
                     p.add_(0.01 * rank)
-        sync = build_sync(sync_cfg("fsdp", algo), model, env)
+        sync = build_sync(sync_cfg("fsdp", algo.split("+")[0], overlap="+overlap" in algo), model, env)
         held = []  # the model state after each step, its gradients still there
         opt = _train(sync, kind, optimizer, mine, clip, held)
         whole = {k: t.clone() for k, t in sync.each_weight(model)}  # (a tensor at a time, whole on every rank)
@@ -61,6 +66,9 @@ def _run(rank: int, world_size: int) -> dict:
             "numel": sum(p.numel() for p in params), "wire_bytes": sync.wire_bytes,
             "collectives": sync.collectives, "units": len(sync.units),
             "describe": sync.describe(), "state_dict": sorted(whole),
+            "travelling": getattr(sync.reduce_scatter, "returned_travelling", 0),
+            "gathers_async": {g.unshard_async_op for m in model.modules() if hasattr(m, "_get_fsdp_state")
+                              for g in m._get_fsdp_state()._fsdp_param_groups},
             "reduce_scatter": {type(g._reduce_scatter_comm).__name__ for m in model.modules()
                                if hasattr(m, "_get_fsdp_state") for g in m._get_fsdp_state()._fsdp_param_groups},
             "state_dict_equal": all(torch.equal(whole[k], v) for k, v in named.items())}
@@ -104,7 +112,8 @@ def test_each_rank_holds_its_rows_of_the_model_state(results):
                                               "sync": 0, "total": 2 * kept + state}, name
         r = ranks[0][name]
         assert r["describe"] == f"fsdp/{algo}"
-        assert r["reduce_scatter"] == {"DirectReduceScatter" if algo == "direct" else "DefaultReduceScatter"}, name
+        comm = "DirectReduceScatter" if algo.startswith("direct") else "DefaultReduceScatter"
+        assert r["reduce_scatter"] == {comm}, name
         # as zero stage 3 counts: each micro-batch gathers the weights in the forward and the backward (the
         # GPT's root unit, its tied embedding, once), each step reduce-scatters the gradients once
         assert r["wire_bytes"] > STEPS * (micro * 4 * r["numel"] * (0.75 if kind == "gpt" else 1)
@@ -114,6 +123,10 @@ def test_each_rank_holds_its_rows_of_the_model_state(results):
         # (its tied embedding) gathered once and reduce-scattered once
         units, root = r["units"], kind == "gpt"
         assert units >= 3 and r["collectives"] == STEPS * (micro * (2 * units + root) + units + root), name
+        # sync.overlap: every gather asynchronous; each reduce-scatter of a step (its units' and the root's) returned
+        # with its messages under way
+        assert r["gathers_async"] == {"+overlap" in algo}, name
+        assert r["travelling"] == (STEPS * (units + root) if algo == "direct+overlap" else 0), name
 
 
 def test_each_weight_hands_out_the_whole_state_dict(results):
@@ -141,6 +154,14 @@ def test_our_reduce_scatter_stands_in_for_gloos_alone():
                                           r"all-reduce\); nccl has its own: leave sync.algo=builtin$"):
         custom_reduce_scatter("nccl")
     assert type(custom_reduce_scatter("gloo")).__name__ == "DirectReduceScatter"
+
+
+def test_overlap_is_for_gloo_alone():
+    """sync.overlap: on NCCL FSDP2 overlaps on its streams; refused in one line before any module is touched."""
+    from ddp_lab.sync.sharded.fsdp import gather_ahead
+    with pytest.raises(ConfigError, match=r"^sync.overlap=true overlaps FSDP2's collectives on gloo; on nccl FSDP2 "
+                                          r"overlaps them on its own streams: leave sync.overlap out$"):
+        gather_ahead([lenet()], "nccl")
 
 
 def test_fsdp_is_not_compiled(compose_train):

@@ -114,7 +114,8 @@ def runs():
     per-rank DiLoCo; 2 islands of 2 with each inner strategy (INNER's names)."""
     sgd = {"DDP": {"mode": "ddp"}, "one island": {"mode": "diloco", "islands": "4", "outer_lr": 1.0,
                                                   "outer_momentum": 0.0},
-           "hsdp": {"mode": "fsdp", "islands": "2"}, "hsdp direct": {"mode": "fsdp", "islands": "2", "algo": "direct"}}
+           "hsdp": {"mode": "fsdp", "islands": "2"}, "hsdp direct": {"mode": "fsdp", "islands": "2", "algo": "direct"},
+           "hsdp direct overlap": {"mode": "fsdp", "islands": "2", "algo": "direct", "overlap": True}}
     adamw = {"4 islands": {"mode": "diloco", "islands": "1"}, "per rank": {"mode": "diloco"},
              **{inner: {"mode": "diloco", "islands": "2", **over} for inner, over in INNER.items()}}
     return _by_name(run_in_processes(_train_each, 4, {**{k: (v, "sgd") for k, v in sgd.items()},
@@ -203,12 +204,13 @@ def test_hsdp_two_islands_of_two_take_ddps_steps(runs):
 def test_hsdp_with_our_reduce_scatter_inside_takes_ddps_steps_too(runs):
     """sync.algo=direct: FSDP2's reduce-scatter inside each island is ddp_lab's (fsdp_direct.py), the all-reduce
     across torch's."""
-    hsdp, ddp = runs["hsdp direct"], runs["DDP"]
-    assert _apart(hsdp[0], hsdp[2]) == 0
-    for r in range(4):
-        assert _apart(hsdp[r], ddp[r]) < 1e-5
-    assert hsdp[0]["describe"] == "fsdp/direct (HSDP: 2 islands of 2)"
-    assert hsdp[0]["wire_bytes_across"] == runs["hsdp"][0]["wire_bytes_across"]
+    for name, described in (("hsdp direct", "fsdp/direct"), ("hsdp direct overlap", "fsdp/direct+overlap")):
+        hsdp, ddp = runs[name], runs["DDP"]  # (overlap: gathers ahead; the reduce-scatter finished for the all-reduce)
+        assert _apart(hsdp[0], hsdp[2]) == 0
+        for r in range(4):
+            assert _apart(hsdp[r], ddp[r]) < 1e-5, name
+        assert hsdp[0]["describe"] == f"{described} (HSDP: 2 islands of 2)"
+        assert hsdp[0]["wire_bytes_across"] == runs["hsdp"][0]["wire_bytes_across"]
 
 
 def _eager_int4(rank: int, world_size: int) -> dict:

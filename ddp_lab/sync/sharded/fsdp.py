@@ -57,12 +57,19 @@ from ddp_lab.sync.sharded.fsdp_direct import custom_reduce_scatter
 from ddp_lab.sync.sharded.outside_use import check_first_forward
 from ddp_lab.sync.sharded.units import announce, unit_modules
 
+OVERLAP_IN_FLIGHT = 1  # sync.overlap: reduce-scatters left travelling when the next is posted (zero3.py's bound)
+
 
 @dataclass
 class FSDPOptions(ShardedOptions):
     islands: str = key("none", ISLANDS_HELP + ": HSDP, FSDP2 sharding inside each island and all-reducing the "
                                "gradients' shards across every step", ok=islands_spec_ok,
                        rule="none, host or a positive integer")
+    overlap: bool = key(False, "on gloo: start each unit's gather while the unit before it computes, and with "
+                               f"sync.algo=direct leave up to {OVERLAP_IN_FLIGHT} gradient reduce-scatters travelling "
+                               "while the backward goes on (FSDP2 waits for each collective where it starts it on "
+                               "CPU, which has no streams); one more unit gathered, and the reduce-scatters' buffers "
+                               "held")
 
     def check(self, name: str) -> None:
         self.refuse_algo(name, ("builtin", "direct"), "cannot run inside torch's FSDP2 (sync=zero runs ring_textbook; "
@@ -83,6 +90,21 @@ def fully_shard_or_refuse():
 def local(t: torch.Tensor) -> torch.Tensor:
     """This rank's rows of a DTensor (a plain tensor as it is)."""
     return t.to_local() if hasattr(t, "to_local") else t
+
+
+def gather_ahead(order: list[nn.Module], backend: str) -> None:
+    """sync.overlap: each unit's gather (the root first, then the units in `order`) started as soon as the one before
+    it has its weights, and waited for only by its own forward (in the backward, FSDP2's default order ahead); a
+    one-line refusal off gloo, where FSDP2 overlaps on its CUDA streams."""
+    if backend != "gloo":
+        raise ConfigError(f"sync.overlap=true overlaps FSDP2's collectives on gloo; on {backend} FSDP2 overlaps "
+                          f"them on its own streams: leave sync.overlap out")
+    if not hasattr(order[0], "_set_unshard_async_op"):
+        raise ConfigError(f"sync.overlap=true needs FSDP2's asynchronous unshard (torch >= 2.6); this torch is "
+                          f"{torch.__version__}: leave sync.overlap out")
+    for m, after in zip(order, order[1:]):
+        m.set_modules_to_forward_prefetch([after])
+    order[0]._set_unshard_async_op(True)  # (every unit's, below the root)
 
 
 class FSDPSync(ReplicaSync):
@@ -136,13 +158,20 @@ class FSDPSync(ReplicaSync):
         fully_shard(model, mesh=mesh, **policy)
         check_first_forward(model, self.units)
         broadcast_buffers_each_step(model, env.group)  # (as DDP: a BatchNorm's running statistics are rank 0's)
-        if dist.get_backend() == "gloo" and hasattr(model, "set_force_sum_reduction_for_comms"):
+        # sync.overlap with algo=direct: reduce-scatters left travelling where FSDP2 reads their output no sooner
+        # than the optimizer (no HSDP all-reduce after them, no cast from a bf16 reduce, no divide: direct averages)
+        travels = (cfg.overlap and cfg.algo == "direct" and replicas == 1
+                   and (param_dtype is None or reduce_dtype == torch.float32))
+        if dist.get_backend() == "gloo" and not travels and hasattr(model, "set_force_sum_reduction_for_comms"):
             for m in [*self.units, model]:  # each unit's setting is its own
                 m.set_force_sum_reduction_for_comms(True)
+        self.reduce_scatter = None
         if cfg.algo == "direct":  # (half gloo's bytes: fsdp_direct.py)
-            comm = custom_reduce_scatter(dist.get_backend())
+            self.reduce_scatter = custom_reduce_scatter(dist.get_backend(), OVERLAP_IN_FLIGHT if travels else 0)
             for m in [*self.units, model]:
-                m.set_custom_reduce_scatter(comm)
+                m.set_custom_reduce_scatter(self.reduce_scatter)
+        if cfg.overlap:
+            gather_ahead([model, *self.units], dist.get_backend())
         # bytes handed to collectives, counted as zero stage 3 counts them (unpadded): each micro-batch
         # gathers a unit's weights twice (forward, backward; half an all-reduce's bytes each), the root's
         # once; the step's last micro-batch reduce-scatters the gradients (half an all-reduce's), the
@@ -209,6 +238,8 @@ class FSDPSync(ReplicaSync):
         return held()
 
     def after_backward(self) -> None:
+        if self.reduce_scatter is not None:  # (sync.overlap: the reduce-scatters still travelling)
+            self.reduce_scatter.drain()
         self.count(self.forwards * self.gather_bytes + self.scatter_bytes, self.forwards * self.gathers + self.scatters)
         if self.across_bytes:
             self.count(self.across_bytes, self.scatters, across=True)
@@ -312,4 +343,4 @@ class FSDPSync(ReplicaSync):
 
     def describe(self) -> str:
         hsdp = f" (HSDP: {self.replicas} islands of {self.shards_over})" if self.replicas > 1 else ""
-        return f"fsdp/{self.cfg.algo}{hsdp}"
+        return f"fsdp/{self.cfg.algo}{'+overlap' if self.cfg.overlap else ''}{hsdp}"
