@@ -172,7 +172,7 @@ OWN_KEYS = {
                "overlap_mix", "fragments", "overlap_update", "eager_proxy", "rounding"],
     "ft_ddp": ["every", "islands", "inner", *TORCHFT],
     "zero": ["param_dtype", "reduce_dtype", "zero_stage", "bucket_cap_mb", "prefetch"],
-    "fsdp": ["param_dtype", "reduce_dtype", "islands"],
+    "fsdp": ["param_dtype", "reduce_dtype", "islands", "overlap"],
 }
 
 

@@ -66,10 +66,10 @@ class FSDPOptions(ShardedOptions):
                                "gradients' shards across every step", ok=islands_spec_ok,
                        rule="none, host or a positive integer")
     overlap: bool = key(False, "on gloo: start each unit's gather while the unit before it computes, and with "
-                               f"sync.algo=direct leave up to {OVERLAP_IN_FLIGHT} gradient reduce-scatters travelling "
-                               "while the backward goes on (FSDP2 waits for each collective where it starts it on "
-                               "CPU, which has no streams); one more unit gathered, and the reduce-scatters' buffers "
-                               "held")
+                               "sync.algo=direct return from each gradient reduce-scatter with it under way (at most "
+                               f"{OVERLAP_IN_FLIGHT} left travelling; the backward's end finishes it): FSDP2 waits for "
+                               "each collective where it starts it on CPU, which has no streams. It holds one more "
+                               "unit gathered and a reduce-scatter's buffers")
 
     def check(self, name: str) -> None:
         self.refuse_algo(name, ("builtin", "direct"), "cannot run inside torch's FSDP2 (sync=zero runs ring_textbook; "
