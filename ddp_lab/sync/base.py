@@ -239,6 +239,11 @@ class ReplicaSync:
         """Whether every rank holds the same weights after optimizer step `step`."""
         return True
 
+    def quorum_due(self, step: int) -> bool:
+        """Across torchft islands (the strategy across them), whether the islands present meet after step `step`:
+        at a round's start."""
+        return self.synced_at(step)
+
     def finish(self, step: int) -> None:
         """Before the final model is written: leave every rank with the same weights."""
 

@@ -46,8 +46,7 @@ FT = dict(islands="host", fault_tolerance="torchft", max_islands=3)
     (dict(compress="int4"), "sync.compress=int4 is not made fault tolerant (int8/int4 travel by all-to-all and "
                             "all-gather); use sync.compress=bf16 or none"),
     (dict(compress="fp16"), "sync.compress=fp16 is not made fault tolerant (fp16 could overflow in that sum)"),
-    (dict(overlap=1), "sync.overlap=1 is not made fault tolerant yet"),
-    (dict(fragments=2), "sync.fragments=2 is not made fault tolerant yet"),
+    (dict(fragments=2), "runs DiLoCo's rounds whole: sync.fragments=2 is not made fault tolerant yet"),
     (dict(options=LocalSGDOptions, local_sgd_start_step=4), "sync.local_sgd_start_step=4 averages gradients over"),
     (dict(options=FTDDPOptions, every=2), "sync=ft_ddp averages the gradients every step"),
     (dict(options=FTDDPOptions, fault_tolerance="none"), "sync=ft_ddp is DDP across torchft islands"),
@@ -159,6 +158,26 @@ def test_a_local_sgd_round_an_island_was_lost_in_leaves_each_islands_weights_as_
     s.replicas = SimpleNamespace(commit=lambda step: True)
     s.synchronise()
     assert w[0].tolist() == [0.5] * 3 and w[1].tolist() == [2.5] * 2
+
+
+def test_an_eager_round_an_island_was_lost_in_undoes_its_proxy_step_and_keeps_the_steps_since():
+    """sync.overlap_update=eager across torchft islands: the proxy's outer step was taken before the vote; a round
+    not agreed leaves the anchor, and each island goes on from it with its inner steps since the send."""
+    from ddp_lab.sync.periodic.diloco import DiLoCoSync
+    from ddp_lab.sync.periodic.in_flight import InFlight
+    s = object.__new__(DiLoCoSync)  # (its exchange and vote stood in for)
+    w, anchor = torch.tensor([0.7, 1.7]), [torch.tensor([1.0, 2.0])]  # the proxy's anchor 0.8, 1.8; 0.1 down since
+    s._trained, s.anchor, s.fragments, s.buffers, s.paper_proxy = (lambda: [w]), anchor, [(0, 1)], [], False
+    mean = torch.tensor([0.5, 0.5])  # (what the exchange got to; never applied)
+    s.sent = [InFlight(SimpleNamespace(wait=lambda: None), mean, torch.tensor([0.2, 0.2]), 8,
+                       proxy=torch.tensor([0.8, 1.8]))]
+    votes = []
+    s.replicas = SimpleNamespace(commit=lambda step: votes.append(step) or False)
+    s._land(0, 0.8)
+    assert votes == [8] and s.sent == [None] and anchor[0].tolist() == [1.0, 2.0]
+    assert torch.allclose(w, torch.tensor([0.9, 1.9]))  # (the anchor, and the 0.1 of the steps since)
+    assert DiLoCoSync.quorum_due(SimpleNamespace(overlap=2, synced_at=lambda st: st % 4 == 0), 6)  # landed at 4 + 2
+    assert not DiLoCoSync.quorum_due(SimpleNamespace(overlap=2, synced_at=lambda st: st % 4 == 0), 4)
 
 
 def test_an_ft_ddp_step_an_island_was_lost_in_keeps_each_islands_batchnorm_statistics():
@@ -313,17 +332,20 @@ def test_an_island_launched_with_another_config_stops_in_one_line_and_the_other_
 
 
 @pytest.mark.system
-@pytest.mark.parametrize("sync", ["diloco", "ft_ddp"])
-def test_an_island_of_two_ranks_restarts_whole_and_heals_shard_by_shard(tmp_path, tiny_fmnist, sync):
+@pytest.mark.parametrize("sync,outer", [("diloco", []), ("diloco", ["sync.overlap=2"]), ("ft_ddp", [])],
+                         ids=["diloco", "diloco overlap", "ft_ddp"])
+def test_an_island_of_two_ranks_restarts_whole_and_heals_shard_by_shard(tmp_path, tiny_fmnist, sync, outer):
     """One rank of a 2-rank island (zero inside: each rank its shard of AdamW's state) dies: torchrun starts the
     island's both ranks again (torchft's unit), each healed from the same rank of the other island; DiLoCo's
-    rounds, and ft_ddp's every step (fault-tolerant HSDP)."""
+    rounds (blocking, or each outer gradient travelling 2 steps, the islands meeting once it landed), and ft_ddp's
+    every step (fault-tolerant HSDP)."""
     port = free_port()
     lighthouse = _lighthouse(port)
     try:
         procs = _islands(tmp_path, tiny_fmnist, port, 60, "run", islands=2, ranks=2, sync=sync,
-                         extra=["sync/inner=zero", "optim=adamw", "optim.lr=0.001"],
-                         faults={0: "rank=0,step=1,kind=pace=0.2", 1: "rank=1,step=6,kind=kill"})
+                         extra=["sync/inner=zero", "optim=adamw", "optim.lr=0.001", *outer],
+                         # (overlap: killed after step 9, its exchange sent at step 8 still travelling)
+                         faults={0: "rank=0,step=1,kind=pace=0.2", 1: f"rank=1,step={9 if outer else 6},kind=kill"})
         assert _ended(procs, 240) == [0, 0], [(tmp_path / f"run-{i}.log").read_text()[-2000:] for i in range(2)]
         summaries = [json.loads((tmp_path / str(i) / "summary.json").read_text()) for i in range(2)]
         assert summaries[0]["restarts_by_rank"] == [0, 0] and summaries[1]["restarts_by_rank"] == [1, 1]
@@ -344,10 +366,12 @@ BN_CONV = ["model=custom", "model._target_=tests.workloads.bn_conv"]
     ("diloco", BN_CONV, 1, ["sync=diloco", "sync.every=4", *BN_CONV]),  # BatchNorm's statistics averaged
     ("ft_ddp", BN_CONV, 1, ["sync=ddp", *BN_CONV]),  # the statistics averaged across, as DDP's are not
     ("diloco", ["sync.compress=bf16"], 1, ["sync=diloco", "sync.every=4", "sync.compress=bf16"]),  # half the bytes
+    # the outer gradient travelling 2 steps behind (Streaming DiLoCo's overlap), the islands meeting once it landed
+    ("diloco", ["sync.overlap=2"], 1, ["sync=diloco", "sync.every=4", "sync.overlap=2"]),
     ("ft_ddp", ["sync/inner=fsdp"], 2, ["sync=fsdp"]),  # fault-tolerant HSDP: each rank's shard across
     ("ft_ddp", ["sync/inner=zero", "sync.inner.zero_stage=2"], 2, ["sync=zero", "sync.zero_stage=2"]),
-], ids=["ft_ddp", "local_sgd", "diloco batchnorm", "ft_ddp batchnorm", "diloco bf16", "ft_ddp fsdp inside",
-        "ft_ddp zero2 inside"])
+], ids=["ft_ddp", "local_sgd", "diloco batchnorm", "ft_ddp batchnorm", "diloco bf16", "diloco overlap",
+        "ft_ddp fsdp inside", "ft_ddp zero2 inside"])
 def test_with_every_island_present_torchft_islands_train_as_the_ranks_of_one_job(tmp_path, tiny_fmnist, sync,
                                                                                     inside, ranks, plain):
     """2 islands of `ranks` take the steps of one job's 2 x `ranks` ranks (the same data parts, AdamW): sync=ft_ddp

@@ -199,7 +199,7 @@ class IslandSync(ReplicaSync):
         return None if self.replicas is None else self.replicas.join(send, take, step)
 
     def counted(self, step: int) -> None:
-        if self.replicas is not None and self.outer.synced_at(step):  # the next round's islands
+        if self.replicas is not None and self.outer.quorum_due(step):  # the next round's islands
             healed = self.replicas.start_round(step)
             if healed is not None and healed["step"] != step:  # (islands step in lockstep: the data position holds)
                 raise RunFailed(f"island {self.replicas.island} fell behind the others (its step {step}, theirs "

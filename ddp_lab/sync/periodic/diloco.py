@@ -210,6 +210,8 @@ class DiLoCoSync(DiLoCoState, LocalSGDSync):
         self.sent[f] = None
         buffers = self._buffers_mean() if f == 0 else None  # (once a round; across torchft islands the vote covers it)
         if self.replicas is not None and not self.replicas.commit(sent.step):
+            if sent.proxy is not None:  # eager: the proxy's step undone, the steps since kept (the anchor stays)
+                self._rebase(f, sent.proxy)
             return  # (an island lost in the exchange: no outer step, the next one spans both rounds)
         lo, hi = self.fragments[f]
         offset = 0
@@ -217,18 +219,33 @@ class DiLoCoSync(DiLoCoState, LocalSGDSync):
             a.grad = mean[offset:offset + a.numel()].view_as(a).to(a.dtype)
             offset += a.numel()
         self.outer.step()  # (the other fragments' anchors have no gradient: SGD leaves them, and their momentum)
-        offset = 0
-        for p, a in zip(self.params[lo:hi], self.anchor[lo:hi]):
-            if sent.proxy is not None:  # eager: keep every step taken since, from the true anchor
-                p.add_(a - sent.proxy[offset:offset + a.numel()].view_as(a))
-            else:
+        if sent.proxy is not None:  # eager: keep every step taken since, from the true anchor
+            self._rebase(f, sent.proxy)
+        else:
+            for p, a in zip(self.params[lo:hi], self.anchor[lo:hi]):
                 p.mul_(mix).add_(a, alpha=1 - mix)
-            offset += a.numel()
+        for a in self.anchor[lo:hi]:
             a.grad = None
         if self.paper_proxy:
             self.last[f] = (mean, sent.outer_grad.float())
         if buffers is not None:
             self._take_buffers(buffers, 0.0 if sent.proxy is not None else mix)
+
+    @torch.no_grad()
+    def _rebase(self, f: int, proxy: torch.Tensor) -> None:
+        """Eager: fragment f's weights, which went on from the `proxy` anchor, moved onto the anchor as it now is
+        (stepped with the mean, or where the exchange was not agreed across torchft islands, as it was), every
+        inner step since kept."""
+        lo, hi = self.fragments[f]
+        offset = 0
+        for p, a in zip(self.params[lo:hi], self.anchor[lo:hi]):
+            p.add_(a - proxy[offset:offset + a.numel()].view_as(a))
+            offset += a.numel()
+
+    def quorum_due(self, step: int) -> bool:
+        """Across torchft islands, where the islands present meet: once a round's exchange has landed (its vote
+        taken; with sync.overlap TAU steps after the send, so no exchange is under way as membership changes)."""
+        return step > self.overlap and self.synced_at(step - self.overlap)
 
     def finish(self, step: int) -> None:
         """Every rank ends on the anchor: what was sent at this step lands at once (as blocking DiLoCo's), what
