@@ -44,8 +44,7 @@ FT = dict(islands="host", fault_tolerance="torchft", max_islands=3)
     (dict(min_islands=4), "sync.min_islands=4 is more than sync.max_islands=3"),
     (dict(island=3), "sync.island=3 is not one of the 3 islands planned"),
     (dict(compress="int4"), "sync.compress=int4 is not made fault tolerant (int8/int4 travel by all-to-all and "
-                            "all-gather); use sync.compress=bf16 or none"),
-    (dict(compress="fp16"), "sync.compress=fp16 is not made fault tolerant (fp16 could overflow in that sum)"),
+                            "all-gather); use sync.compress=bf16, fp16 or none"),
     (dict(fragments=2), "runs DiLoCo's rounds whole: sync.fragments=2 is not made fault tolerant yet"),
     (dict(options=LocalSGDOptions, local_sgd_start_step=4), "sync.local_sgd_start_step=4 averages gradients over"),
     (dict(options=FTDDPOptions, every=2), "sync=ft_ddp averages the gradients every step"),
@@ -178,6 +177,26 @@ def test_an_eager_round_an_island_was_lost_in_undoes_its_proxy_step_and_keeps_th
     assert torch.allclose(w, torch.tensor([0.9, 1.9]))  # (the anchor, and the 0.1 of the steps since)
     assert DiLoCoSync.quorum_due(SimpleNamespace(overlap=2, synced_at=lambda st: st % 4 == 0), 6)  # landed at 4 + 2
     assert not DiLoCoSync.quorum_due(SimpleNamespace(overlap=2, synced_at=lambda st: st % 4 == 0), 4)
+
+
+def test_a_16_bit_mean_across_torchft_islands_is_divided_before_it_is_summed():
+    """torchft's own mean sums, then divides: 3 islands' fp16 60,000s would overflow (65,504 at most)."""
+    calls = []
+    manager = SimpleNamespace(num_participants=lambda: 3,
+                              allreduce=lambda t, reduce_op=None: calls.append((t.tolist(), str(reduce_op))) or t)
+    g = object.__new__(ReplicaGroup)
+    g.manager = manager
+    g.mean(torch.full((2,), 60000.0, dtype=torch.float16), divided_first=True)
+    g.mean(torch.ones(2))  # (fp32: torchft's mean as it is)
+    assert calls == [([20000.0, 20000.0], str(torch.distributed.ReduceOp.SUM)), ([1.0, 1.0], "None")]
+    from ddp_lab.sync.islands import layout
+    sent = []
+    islands = SimpleNamespace(sharded_inside=False, size=1, member=0, count=3, inside=None,
+                              replicas=SimpleNamespace(mean=lambda t, divided_first: sent.append(
+                                  (t.dtype, divided_first)) or SimpleNamespace(wait=lambda: None)))
+    for dtype in (torch.float16, torch.bfloat16, None):
+        layout.start_island_mean(torch.ones(4), islands, "x", dtype)
+    assert sent == [(torch.float16, True), (torch.bfloat16, True), (torch.float32, False)]
 
 
 def test_an_ft_ddp_step_an_island_was_lost_in_keeps_each_islands_batchnorm_statistics():
@@ -366,12 +385,14 @@ BN_CONV = ["model=custom", "model._target_=tests.workloads.bn_conv"]
     ("diloco", BN_CONV, 1, ["sync=diloco", "sync.every=4", *BN_CONV]),  # BatchNorm's statistics averaged
     ("ft_ddp", BN_CONV, 1, ["sync=ddp", *BN_CONV]),  # the statistics averaged across, as DDP's are not
     ("diloco", ["sync.compress=bf16"], 1, ["sync=diloco", "sync.every=4", "sync.compress=bf16"]),  # half the bytes
+    # fp16: divided by the islands present before torchft sums (its own mean sums first, which could overflow)
+    ("diloco", ["sync.compress=fp16"], 1, ["sync=diloco", "sync.every=4", "sync.compress=fp16"]),
     # the outer gradient travelling 2 steps behind (Streaming DiLoCo's overlap), the islands meeting once it landed
     ("diloco", ["sync.overlap=2"], 1, ["sync=diloco", "sync.every=4", "sync.overlap=2"]),
     ("ft_ddp", ["sync/inner=fsdp"], 2, ["sync=fsdp"]),  # fault-tolerant HSDP: each rank's shard across
     ("ft_ddp", ["sync/inner=zero", "sync.inner.zero_stage=2"], 2, ["sync=zero", "sync.zero_stage=2"]),
-], ids=["ft_ddp", "local_sgd", "diloco batchnorm", "ft_ddp batchnorm", "diloco bf16", "diloco overlap",
-        "ft_ddp fsdp inside", "ft_ddp zero2 inside"])
+], ids=["ft_ddp", "local_sgd", "diloco batchnorm", "ft_ddp batchnorm", "diloco bf16", "diloco fp16",
+        "diloco overlap", "ft_ddp fsdp inside", "ft_ddp zero2 inside"])
 def test_with_every_island_present_torchft_islands_train_as_the_ranks_of_one_job(tmp_path, tiny_fmnist, sync,
                                                                                     inside, ranks, plain):
     """2 islands of `ranks` take the steps of one job's 2 x `ranks` ranks (the same data parts, AdamW): sync=ft_ddp

@@ -147,9 +147,10 @@ def start_island_mean(flat: torch.Tensor, islands: Islands, compress: str, dtype
     padded = torch.zeros(k * c, dtype=torch.float32, device=flat.device)
     padded[:flat.numel()] = flat
     mine = padded[member * c:(member + 1) * c]
-    if islands.replicas is not None:  # torchft: the mean over the islands present (fp32 or bf16; the rest refused)
+    if islands.replicas is not None:  # torchft: the mean over the islands present (fp32, bf16, fp16; int8/int4 refused)
         chunk = mine.to(dtype or torch.float32, copy=True)
-        first, across, calls = islands.replicas.mean(chunk), chunk.numel() * chunk.element_size(), 1
+        first = islands.replicas.mean(chunk, divided_first=chunk.element_size() == 2)  # (16 bits: as below)
+        across, calls = chunk.numel() * chunk.element_size(), 1
     elif compress in QUANTIZED:
         chunk = mine.clone()
         first, across = start_quantized_mean(chunk, compress, islands.across.group, residual, generator)

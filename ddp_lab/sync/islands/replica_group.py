@@ -259,10 +259,14 @@ class ReplicaGroup:
             self.manager.load_state_dict({"step": int(state["rounds_committed"]),
                                           "batches_committed": self.manager.batches_committed()})
 
-    def mean(self, flat):
+    def mean(self, flat, divided_first: bool = False):
         """flat <- its mean over the islands present, under way (torchft's Work: wait() returns False where the
-        exchange failed; the round then does not commit)."""
-        return self.manager.allreduce(flat)
+        exchange failed; the round then does not commit). divided_first: by the islands present, then summed
+        (torchft's own mean sums first, which 16 bits could overflow)."""
+        if not divided_first:
+            return self.manager.allreduce(flat)
+        from torch.distributed import ReduceOp
+        return self.manager.allreduce(flat.div_(self.manager.num_participants()), reduce_op=ReduceOp.SUM)
 
     def commit(self, step: int, what: str = "round") -> bool:
         """Whether every island present may take this round's outer step, or (ft_ddp) this step (all exchanged,

@@ -135,12 +135,10 @@ class DiLoCoOptions(PeriodicOptions):
     def check(self, name: str) -> None:
         super().check(name)
         if self.fault_tolerance == "torchft":
-            if str(self.compress) not in ("none", "bf16"):  # (torchft's Manager averages by a sum, then divides)
-                why = ("fp16 could overflow in that sum" if str(self.compress) == "fp16"
-                       else "int8/int4 travel by all-to-all and all-gather")
+            if self.compress in QUANTIZED:  # (torchft's Manager makes only its all-reduce fault tolerant)
                 raise ConfigError(f"sync.fault_tolerance=torchft averages the outer gradient with torchft's "
-                                  f"all-reduce (a sum, then divided): sync.compress={self.compress} is not made fault "
-                                  f"tolerant ({why}); use sync.compress=bf16 or none")
+                                  f"all-reduce: sync.compress={self.compress} is not made fault tolerant (int8/int4 "
+                                  f"travel by all-to-all and all-gather); use sync.compress=bf16, fp16 or none")
             if self.fragments != 1:  # (a quorum for each fragment's exchange, at its own offset: not built)
                 raise ConfigError(f"sync.fault_tolerance=torchft runs DiLoCo's rounds whole: sync.fragments="
                                   f"{self.fragments} is not made fault tolerant yet; leave sync.fragments out")
