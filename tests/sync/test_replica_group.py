@@ -45,7 +45,9 @@ FT = dict(islands="host", fault_tolerance="torchft", max_islands=3)
     (dict(island=3), "sync.island=3 is not one of the 3 islands planned"),
     (dict(compress="int4"), "sync.compress=int4 is not made fault tolerant (int8/int4 travel by all-to-all and "
                             "all-gather); use sync.compress=bf16, fp16 or none"),
-    (dict(fragments=2), "runs DiLoCo's rounds whole: sync.fragments=2 is not made fault tolerant yet"),
+    (dict(fragments=2, every=4, overlap=2), "one exchange travels at a time, and sync.overlap=2 leaves one under way "
+                                            "at the next fragment's send (2 steps later at sync.every=4, "
+                                            "sync.fragments=2): use sync.overlap below 2, or fewer fragments"),
     (dict(options=LocalSGDOptions, local_sgd_start_step=4), "sync.local_sgd_start_step=4 averages gradients over"),
     (dict(options=FTDDPOptions, every=2), "sync=ft_ddp averages the gradients every step"),
     (dict(options=FTDDPOptions, fault_tolerance="none"), "sync=ft_ddp is DDP across torchft islands"),
@@ -175,8 +177,19 @@ def test_an_eager_round_an_island_was_lost_in_undoes_its_proxy_step_and_keeps_th
     s._land(0, 0.8)
     assert votes == [8] and s.sent == [None] and anchor[0].tolist() == [1.0, 2.0]
     assert torch.allclose(w, torch.tensor([0.9, 1.9]))  # (the anchor, and the 0.1 of the steps since)
-    assert DiLoCoSync.quorum_due(SimpleNamespace(overlap=2, synced_at=lambda st: st % 4 == 0), 6)  # landed at 4 + 2
-    assert not DiLoCoSync.quorum_due(SimpleNamespace(overlap=2, synced_at=lambda st: st % 4 == 0), 4)
+
+
+def test_torchft_islands_meet_where_each_exchange_has_landed():
+    """Not at a send: so no exchange is under way when torchft remakes its process group for a new membership."""
+    from ddp_lab.sync.periodic.diloco import DiLoCoSync
+
+    def met(overlap: int, fragments: int) -> list[int]:
+        s = SimpleNamespace(overlap=overlap, every=4, fragments=[(i, i + 1) for i in range(fragments)])
+        s.due = lambda f, step: DiLoCoSync.due(s, f, step)
+        return [step for step in range(1, 13) if DiLoCoSync.quorum_due(s, step)]
+    assert met(0, 1) == [4, 8, 12]  # blocking rounds: at each round's end (the next one's start)
+    assert met(2, 1) == [6, 10]  # the outer gradient sent at 4 and 8 lands 2 steps later
+    assert met(1, 2) == [3, 5, 7, 9, 11]  # fragments sent at 2 and 4 (0) of each 4, landing a step later
 
 
 def test_a_16_bit_mean_across_torchft_islands_is_divided_before_it_is_summed():
@@ -389,10 +402,13 @@ BN_CONV = ["model=custom", "model._target_=tests.workloads.bn_conv"]
     ("diloco", ["sync.compress=fp16"], 1, ["sync=diloco", "sync.every=4", "sync.compress=fp16"]),
     # the outer gradient travelling 2 steps behind (Streaming DiLoCo's overlap), the islands meeting once it landed
     ("diloco", ["sync.overlap=2"], 1, ["sync=diloco", "sync.every=4", "sync.overlap=2"]),
+    # 2 fragments, each exchanged every 4 steps at its own offset and landing a step later, the islands meeting after
+    ("diloco", ["sync.fragments=2", "sync.overlap=1"], 1,
+     ["sync=diloco", "sync.every=4", "sync.fragments=2", "sync.overlap=1"]),
     ("ft_ddp", ["sync/inner=fsdp"], 2, ["sync=fsdp"]),  # fault-tolerant HSDP: each rank's shard across
     ("ft_ddp", ["sync/inner=zero", "sync.inner.zero_stage=2"], 2, ["sync=zero", "sync.zero_stage=2"]),
 ], ids=["ft_ddp", "local_sgd", "diloco batchnorm", "ft_ddp batchnorm", "diloco bf16", "diloco fp16",
-        "diloco overlap", "ft_ddp fsdp inside", "ft_ddp zero2 inside"])
+        "diloco overlap", "diloco fragments", "ft_ddp fsdp inside", "ft_ddp zero2 inside"])
 def test_with_every_island_present_torchft_islands_train_as_the_ranks_of_one_job(tmp_path, tiny_fmnist, sync,
                                                                                     inside, ranks, plain):
     """2 islands of `ranks` take the steps of one job's 2 x `ranks` ranks (the same data parts, AdamW): sync=ft_ddp

@@ -243,9 +243,10 @@ class DiLoCoSync(DiLoCoState, LocalSGDSync):
             offset += a.numel()
 
     def quorum_due(self, step: int) -> bool:
-        """Across torchft islands, where the islands present meet: once a round's exchange has landed (its vote
-        taken; with sync.overlap TAU steps after the send, so no exchange is under way as membership changes)."""
-        return step > self.overlap and self.synced_at(step - self.overlap)
+        """Across torchft islands, where the islands present meet: once an exchange has landed (its vote taken;
+        with sync.overlap TAU steps after the send, so no exchange is under way as membership changes), each
+        fragment's."""
+        return step > self.overlap and any(self.due(f, step - self.overlap) for f in range(len(self.fragments)))
 
     def finish(self, step: int) -> None:
         """Every rank ends on the anchor: what was sent at this step lands at once (as blocking DiLoCo's), what

@@ -139,9 +139,12 @@ class DiLoCoOptions(PeriodicOptions):
                 raise ConfigError(f"sync.fault_tolerance=torchft averages the outer gradient with torchft's "
                                   f"all-reduce: sync.compress={self.compress} is not made fault tolerant (int8/int4 "
                                   f"travel by all-to-all and all-gather); use sync.compress=bf16, fp16 or none")
-            if self.fragments != 1:  # (a quorum for each fragment's exchange, at its own offset: not built)
-                raise ConfigError(f"sync.fault_tolerance=torchft runs DiLoCo's rounds whole: sync.fragments="
-                                  f"{self.fragments} is not made fault tolerant yet; leave sync.fragments out")
+            apart = self.every // self.fragments  # (the fewest steps between two fragments' sends)
+            if self.fragments > 1 and self.overlap >= apart:  # (the islands meet between exchanges, none under way)
+                raise ConfigError(f"sync.fault_tolerance=torchft: one exchange travels at a time, and sync.overlap="
+                                  f"{self.overlap} leaves one under way at the next fragment's send ({apart} steps "
+                                  f"later at sync.every={self.every}, sync.fragments={self.fragments}): use "
+                                  f"sync.overlap below {apart}, or fewer fragments")
         if self.algo != "builtin" and (self.compress in QUANTIZED or self.overlap or self.fragments > 1):
             raise ConfigError(f"sync.algo={self.algo}: DiLoCo's int8/int4, overlap and fragments run on torch's "
                               f"collectives: use sync.algo=builtin")
