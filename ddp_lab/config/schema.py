@@ -30,7 +30,7 @@ from ddp_lab.config.keys import TRI_STATE, choices, key, one_of, positive_finite
 EVERY_K = re.compile(r"^every_[1-9][0-9]*$")  # trainer.activation_checkpointing=every_2
 Amp = choices("Amp", "auto bf16 fp16 off")
 Measure = choices("Measure", "full light off")
-HostMalloc = choices("HostMalloc", "auto lean glibc")
+HostMalloc = choices("HostMalloc", "auto lean glibc keep")
 Backend = choices("Backend", "auto gloo nccl")
 Device = choices("Device", "auto cpu cuda")
 CommThreads = choices("CommThreads", "auto realtime normal")
@@ -59,7 +59,8 @@ class TrainerConfig:
     host_malloc: HostMalloc = key(HostMalloc.auto, "glibc's malloc on CPU ranks: auto (lean where stage 3 or fsdp "
                                                    "shards) | lean (freed blocks of 1 MiB+ returned: "
                                                    "lower peak, page faults) | glibc (its default: sharded steps "
-                                                   "faster, peak higher)")
+                                                   "faster, peak higher) | keep (freed blocks under 64 MiB kept, "
+                                                   "whatever came before: fewest page faults)")
     grad_accum: int = key(1, "micro-batches per optimizer step (no communication between them)", at_least=1)
     loss: Any = key({"_target_": None}, "the training loss by _target_: a class (torch.nn.HuberLoss) built with "
                                         "the other keys (+trainer.loss.delta=0.5), or a function of (outputs, "

@@ -15,7 +15,12 @@ the process for the next ones. The regimes (docs/memory.md cites what each costs
   beyond DDP's on CPU.
 * `glibc`: glibc's default, never touched: the faster choice for stage 3 and fsdp where memory does
   not bind. The memory estimate then prices a sharded model's weights and gradients whole (the freed
-  gathers kept). (A threshold fixed at glibc's largest, 32 MiB, was no faster than its dynamic one.)
+  gathers kept). (A threshold fixed at glibc's largest, 32 MiB, was no faster than its dynamic one: a
+  fixed threshold also fixes the trim threshold at 128 KiB, so the heap's free top went back instead.)
+* `keep`: the threshold fixed at 64 MiB and the heap's free top never given back (M_TRIM_THRESHOLD at
+  its largest): every block under 64 MiB, once freed, stays for the next, whatever the history of the
+  process (glibc's dynamic thresholds follow it: a DDP run of ddp_lab's GPT took 8 times the plain
+  loop's page faults a step under them). Priced as `glibc`; opt-in (measured on one CPU kind).
 
 Fixing the threshold turns glibc's dynamic one off for the whole process from the moment it is
 set; blocks already allocated stay where they are. Another C library has no mallopt: `auto` leaves
@@ -34,8 +39,10 @@ import torch
 from ddp_lab.config import ConfigError
 
 log = logging.getLogger("ddp_lab")
-M_MMAP_THRESHOLD = -3  # mallopt's parameter number (glibc's malloc.h)
+M_MMAP_THRESHOLD, M_TRIM_THRESHOLD = -3, -1  # mallopt's parameter numbers (glibc's malloc.h)
 LEAN_THRESHOLD = 1 << 20
+# keep: (mmap threshold, trim threshold): blocks under 64 MiB from the heap, its free top kept (C's INT_MAX)
+KEEP_THRESHOLDS = (64 << 20, 2**31 - 1)
 _state = {"choice": "auto", "applied": None}  # this process's trainer.host_malloc, and the regime it set
 
 
@@ -55,6 +62,14 @@ def choose(regime: str) -> None:
     if regime == "lean":
         _set(refuse=True)
         log.info("trainer.host_malloc=lean: host blocks of 1 MiB and more go back to the system when freed")
+    elif regime == "keep":
+        lib = _glibc()
+        mmap, trim = KEEP_THRESHOLDS
+        if lib is None or lib.mallopt(M_MMAP_THRESHOLD, mmap) != 1 or lib.mallopt(M_TRIM_THRESHOLD, trim) != 1:
+            raise ConfigError("trainer.host_malloc=keep needs glibc's mallopt, which this system's C library lacks "
+                              "or refused: use trainer.host_malloc=auto or glibc")
+        _state["applied"] = "keep"
+        log.info("trainer.host_malloc=keep: host blocks under 64 MiB stay in the process when freed")
 
 
 def for_sharded(device: torch.device) -> bool:
@@ -74,7 +89,7 @@ def for_sharded(device: torch.device) -> bool:
 
 def keeps_freed_gathers(regime: str, device: torch.device) -> bool:
     """Whether a sharded model's freed gathers stay in the process (what the memory estimate prices)."""
-    return str(regime) == "glibc" and device.type == "cpu"
+    return str(regime) in ("glibc", "keep") and device.type == "cpu"
 
 
 def _set(refuse: bool) -> bool:

@@ -34,6 +34,21 @@ def test_lean_gives_every_freed_block_back_and_glibc_keeps_it():
     assert faults("glibc") < 1.25 * pages
 
 
+@pytest.mark.skipif(host_malloc._glibc() is None, reason="needs glibc")
+def test_keep_keeps_freed_blocks_glibc_gives_back_whatever_came_before():
+    """Blocks of 40 MiB, above the 32 MiB glibc's dynamic threshold stops at: glibc maps each afresh, keep serves
+    them from the heap and keeps them."""
+    script = FAULTS.replace("2 << 20", "10 << 20")
+
+    def faults(regime: str) -> int:
+        return int(subprocess.run([sys.executable, "-c", script, regime], capture_output=True, text=True,
+                                  check=True).stdout)
+    pages = (40 << 20) // 4096
+    assert faults("glibc") >= 5 * pages
+    assert faults("keep") < 0.25 * pages
+    assert host_malloc.keeps_freed_gathers("keep", torch.device("cpu"))
+
+
 def test_the_estimate_prices_the_kept_gathers_of_a_sharded_model_only(compose_train):
     from ddp_lab.models.build import build_model
     from ddp_lab.sync.registry import options_of
@@ -70,4 +85,7 @@ def test_without_glibc_an_explicit_regime_is_refused_in_one_line(monkeypatch):
     with pytest.raises(ConfigError, match=r"^trainer.host_malloc=lean needs glibc's mallopt, .*: use "
                                           r"trainer.host_malloc=auto or glibc$"):
         host_malloc.choose("lean")
+    with pytest.raises(ConfigError, match=r"^trainer.host_malloc=keep needs glibc's mallopt, .*: use "
+                                          r"trainer.host_malloc=auto or glibc$"):
+        host_malloc.choose("keep")
     assert not host_malloc.for_sharded(torch.device("cpu"))  # auto: left alone there
