@@ -19,7 +19,7 @@ the process for the next ones. The regimes (docs/memory.md cites what each costs
   fixed threshold also fixes the trim threshold at 128 KiB, so the heap's free top went back instead.)
 * `keep`: the threshold fixed at 64 MiB and the heap's free top never given back (M_TRIM_THRESHOLD at
   its largest): every block under 64 MiB, once freed, stays for the next, whatever the history of the
-  process (glibc's dynamic thresholds follow it: a DDP run of ddp_lab's GPT took 8 times the plain
+  process (glibc's dynamic thresholds follow it: a DDP run of ddp_lab's GPT took 4.4 times the plain
   loop's page faults a step under them). Priced as `glibc`; opt-in (measured on one CPU kind).
 
 Fixing the threshold turns glibc's dynamic one off for the whole process from the moment it is
