@@ -8,7 +8,7 @@ GPT="model=gpt_small model.block_size=128 data=text data.batch_size=16 optim=ada
 "$py" -m ddp_lab.tools.bench.peers --out /tmp/race-fp32 --rounds 3 --steps 40 --systems ddp_lab,plain_ddp,with_accelerate \
   --variant "ddp_lab_keep=trainer.host_malloc=keep" -- $GPT
 cp /tmp/race-fp32/results.json /tmp/race-fp32/table.md /tmp/race-fp32/record.json "$here/"
-for s in "plain_ddp:" "ddp_lab:" "ddp_lab:sync=ddp" "ddp_lab:trainer.host_malloc=keep"; do
+for s in "plain_ddp:" "ddp_lab:" "ddp_lab:sync=ddp" "ddp_lab:trainer.host_malloc=keep" "ddp_lab:sync.overlap_backward=false"; do
   for n in 40 80; do
     /usr/bin/time -f "${s%%:*} ${s#*:} steps=$n minor=%R" "$py" -m ddp_lab.tools.bench.peers --out /tmp/faults-$n \
       --rounds 1 --steps $n --systems ${s%%:*} $( [ -n "${s#*:}" ] && echo --ddp-lab-args "${s#*:}") -- $GPT 2>&1 | tail -1
