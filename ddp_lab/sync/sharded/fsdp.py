@@ -5,8 +5,9 @@ and, like stage 3, gathers a unit's weights before its forward and its backward 
 after, reduce-scattering its gradients in the backward. It is applied as torchtitan applies it:
 `fully_shard` on each unit (units.py: the repeated block class at any depth, else by size, or the
 classes sync.shard_units names), then on the whole model, whose own and tied parameters form the
-root unit. Like ours (sync.prefetch) it gathers the next unit ahead. Under trainer.amp=bf16 the
-units are gathered in bf16 and the fp32 shards stepped (FSDP2's MixedPrecisionPolicy).
+root unit. On a GPU it gathers the next unit ahead on a stream of its own, as ours does (sync.prefetch); on
+CPU it waits for each collective where it starts it, unless sync.overlap (gather_ahead, fsdp_direct.py). Under
+trainer.amp=bf16 the units are gathered in bf16 and the fp32 shards stepped (FSDP2's MixedPrecisionPolicy).
 
 sync.islands=host|K makes it HSDP: a 2-D mesh, FSDP2 sharding over an island's K ranks (its fast link)
 and all-reducing each reduce-scattered shard across the islands every step (1/K of the gradients a rank).
