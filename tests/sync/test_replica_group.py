@@ -321,7 +321,9 @@ def test_a_killed_island_rejoins_from_a_peer_while_the_others_go_on(tmp_path, ti
             assert summaries[i]["restarts_by_rank"] == [0]
             assert summaries[i]["rounds_dropped"] <= 1, logs[i][-2000:]
             present = [m["islands"] for m in summaries[i]["membership"]]
-            assert present[0] == 3 and 2 in present and present[-1] == 3, summaries[i]["membership"]
+            # (2 while island 2 is away; where its restart reaches the Lighthouse before the lost one's heartbeat
+            # times out, the next quorum already heals it and 3 stay: 1 test-all run in several here)
+            assert present[0] == 3 and set(present) <= {2, 3} and present[-1] == 3, summaries[i]["membership"]
             assert summaries[i]["steps"] == 80
         assert summaries[2]["restarts_by_rank"] == [1]
         healed = re.search(r"rejoined from a peer island at step (\d+) .*nothing read from disk", logs[2])
