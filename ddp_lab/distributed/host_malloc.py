@@ -19,8 +19,8 @@ the process for the next ones. The regimes (docs/memory.md cites what each costs
   fixed threshold also fixes the trim threshold at 128 KiB, so the heap's free top went back instead.)
 * `keep`: the threshold fixed at 64 MiB and the heap's free top never given back (M_TRIM_THRESHOLD at
   its largest): every block under 64 MiB, once freed, stays for the next, whatever the history of the
-  process (glibc's dynamic thresholds follow it: a DDP run of ddp_lab's GPT took 4.4 times the plain
-  loop's page faults a step under them). Priced as `glibc`; opt-in (measured on one CPU kind).
+  process (glibc's dynamic thresholds follow it: ddp_lab's GPT at its defaults, flat's gradients, took
+  4.4 times the plain loop's page faults a step under them). Priced as `glibc`; opt-in (measured on one CPU kind).
 
 Fixing the threshold turns glibc's dynamic one off for the whole process from the moment it is
 set; blocks already allocated stay where they are. Another C library has no mallopt: `auto` leaves
@@ -41,8 +41,11 @@ from ddp_lab.config import ConfigError
 log = logging.getLogger("ddp_lab")
 M_MMAP_THRESHOLD, M_TRIM_THRESHOLD = -3, -1  # mallopt's parameter numbers (glibc's malloc.h)
 LEAN_THRESHOLD = 1 << 20
-# keep: (mmap threshold, trim threshold): blocks under 64 MiB from the heap, its free top kept (C's INT_MAX)
-KEEP_THRESHOLDS = (64 << 20, 2**31 - 1)
+# each regime's mallopt settings; keep: blocks under 64 MiB from the heap, its free top kept (C's INT_MAX)
+SETTINGS = {"lean": ((M_MMAP_THRESHOLD, LEAN_THRESHOLD),),
+            "keep": ((M_MMAP_THRESHOLD, 64 << 20), (M_TRIM_THRESHOLD, 2**31 - 1))}
+SAID = {"lean": "host blocks of 1 MiB and more go back to the system when freed",
+        "keep": "host blocks under 64 MiB stay in the process when freed"}
 _state = {"choice": "auto", "applied": None}  # this process's trainer.host_malloc, and the regime it set
 
 
@@ -56,20 +59,12 @@ def _glibc():
 
 
 def choose(regime: str) -> None:
-    """The run's trainer.host_malloc, set by the builder before the model takes its memory: `lean` is set
-    here; `auto` waits for a sharded sync to ask (`for_sharded`)."""
+    """The run's trainer.host_malloc, set by the builder before the model takes its memory: `lean` and
+    `keep` are set here; `auto` waits for a sharded sync to ask (`for_sharded`)."""
     _state["choice"] = regime
-    if regime == "lean":
-        _set(refuse=True)
-        log.info("trainer.host_malloc=lean: host blocks of 1 MiB and more go back to the system when freed")
-    elif regime == "keep":
-        lib = _glibc()
-        mmap, trim = KEEP_THRESHOLDS
-        if lib is None or lib.mallopt(M_MMAP_THRESHOLD, mmap) != 1 or lib.mallopt(M_TRIM_THRESHOLD, trim) != 1:
-            raise ConfigError("trainer.host_malloc=keep needs glibc's mallopt, which this system's C library lacks "
-                              "or refused: use trainer.host_malloc=auto or glibc")
-        _state["applied"] = "keep"
-        log.info("trainer.host_malloc=keep: host blocks under 64 MiB stay in the process when freed")
+    if regime in SETTINGS:
+        _set(regime, refuse=True)
+        log.info("trainer.host_malloc=%s: %s", regime, SAID[regime])
 
 
 def for_sharded(device: torch.device) -> bool:
@@ -80,10 +75,9 @@ def for_sharded(device: torch.device) -> bool:
         return True
     if device.type != "cpu" or _state["choice"] != "auto" or "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False
-    done = _set(refuse=False)
+    done = _set("lean", refuse=False)
     if done:
-        log.info("trainer.host_malloc=auto: lean (a sharded model): host blocks of 1 MiB and more go back to the "
-                 "system when freed")
+        log.info("trainer.host_malloc=auto: lean (a sharded model): %s", SAID["lean"])
     return done
 
 
@@ -92,12 +86,14 @@ def keeps_freed_gathers(regime: str, device: torch.device) -> bool:
     return str(regime) in ("glibc", "keep") and device.type == "cpu"
 
 
-def _set(refuse: bool) -> bool:
+def _set(regime: str, refuse: bool) -> bool:
+    """`regime`'s mallopt settings applied; whether they took (refused in one line where they did not and
+    `refuse`)."""
     lib = _glibc()
-    done = lib is not None and lib.mallopt(M_MMAP_THRESHOLD, LEAN_THRESHOLD) == 1
+    done = lib is not None and all(lib.mallopt(param, value) == 1 for param, value in SETTINGS[regime])
     if not done and refuse:
-        raise ConfigError("trainer.host_malloc=lean needs glibc's mallopt, which this system's C library lacks "
+        raise ConfigError(f"trainer.host_malloc={regime} needs glibc's mallopt, which this system's C library lacks "
                           "or refused: use trainer.host_malloc=auto or glibc")
     if done:
-        _state["applied"] = "lean"
+        _state["applied"] = regime
     return done

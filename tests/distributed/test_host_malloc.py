@@ -67,7 +67,7 @@ def test_the_estimate_prices_the_kept_gathers_of_a_sharded_model_only(compose_tr
 
 def test_auto_makes_a_sharded_cpu_rank_lean_and_another_choice_is_kept(monkeypatch):
     monkeypatch.setattr(host_malloc, "_state", {"choice": "auto", "applied": None})
-    monkeypatch.setattr(host_malloc, "_set", lambda refuse: host_malloc._state.update(applied="lean") or True)
+    monkeypatch.setattr(host_malloc, "_set", lambda regime, refuse: host_malloc._state.update(applied=regime) or True)
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
     assert not host_malloc.for_sharded(torch.device("cuda", 0))
     host_malloc.choose("glibc")

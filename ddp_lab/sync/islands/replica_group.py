@@ -265,8 +265,7 @@ class ReplicaGroup:
         (torchft's own mean sums first, which 16 bits could overflow)."""
         if not divided_first:
             return self.manager.allreduce(flat)
-        from torch.distributed import ReduceOp
-        return self.manager.allreduce(flat.div_(self.manager.num_participants()), reduce_op=ReduceOp.SUM)
+        return self.manager.allreduce(flat.div_(self.manager.num_participants()), reduce_op=dist.ReduceOp.SUM)
 
     def commit(self, step: int, what: str = "round") -> bool:
         """Whether every island present may take this round's outer step, or (ft_ddp) this step (all exchanged,
