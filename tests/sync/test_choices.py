@@ -171,7 +171,7 @@ OWN_KEYS = {
     "diloco": ["every", "islands", "inner", *TORCHFT, "compress", "outer_lr", "outer_momentum", "overlap",
                "overlap_mix", "fragments", "overlap_update", "eager_proxy", "rounding"],
     "ft_ddp": ["every", "islands", "inner", *TORCHFT],
-    "zero": ["param_dtype", "reduce_dtype", "zero_stage", "bucket_cap_mb", "prefetch"],
+    "zero": ["param_dtype", "reduce_dtype", "zero_stage", "bucket_cap_mb", "prefetch", "overlap_reduce"],
     "fsdp": ["param_dtype", "reduce_dtype", "islands", "overlap"],
 }
 

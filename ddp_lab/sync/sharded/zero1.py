@@ -116,6 +116,10 @@ class ZeroOptions(ShardedOptions):
                                      "(0: one bucket)", at_least=0)
     prefetch: bool = key(True, "stage 3 with sync.algo=builtin or direct: start the next unit's gather while this "
                                "one computes (false: each unit gathered when it is needed)")
+    overlap_reduce: bool = key(True, "sync.algo=builtin or direct: leave each gradient reduce-scatter under way while "
+                                     "the backward goes on (at most 2 at stages 1 and 2, 1 at stage 3); false: wait "
+                                     "for each where it is sent, its buffers gone before the next gradients are made "
+                                     "(less memory at stages 2 and 3, no overlap: FSDP2's way on CPU)")
 
     def check(self, name: str) -> None:
         self.refuse_algo(name, ALGOS, "has no reduce-scatter and all-gather of its own")
@@ -135,6 +139,8 @@ class Zero1Sync(ReplicaSync):
         super().__init__(model, env)
         init, no_decay = ctx.init, ctx.no_decay
         self.cfg, self.init = cfg, init  # init: a meta-device model's (stage 3 only), replayed by every rank
+        if not cfg.overlap_reduce:
+            self.max_in_flight = 0
         params = trainable_parameters(model, "sync=zero")
         self.no_decay = no_decay  # (optim.no_decay's parameter names: a group of their own, never in one chunk)
         self.group_of = {id(p): int(plain_name(n) in no_decay) for n, p in model.named_parameters()}
@@ -273,9 +279,9 @@ class Zero1Sync(ReplicaSync):
 
     def _send(self, i: int) -> None:
         """Reduce-scatter bucket i's gradients (the oldest in flight landed first, so that at most
-        max_in_flight buffers exist beside the one being filled)."""
+        max_in_flight buffers exist beside the one being filled; none: landed here)."""
         with self._timed():
-            while len(self.in_flight) >= self.max_in_flight:
+            while self.in_flight and len(self.in_flight) >= self.max_in_flight:
                 self._land(*self.in_flight.pop(0))
             c, flat = self.chunks[i], self._bucket_grads(i)
             self.count(flat.numel() * flat.element_size() // 2)  # half an all-reduce's (as counted)
@@ -289,6 +295,8 @@ class Zero1Sync(ReplicaSync):
                 self._land(Pending([], lambda: ring_textbook_reduce_scatter(flat)), i, flat)
                 return
             self.in_flight.append((pending, i, flat))
+            if not self.max_in_flight:  # sync.overlap_reduce=false
+                self._land(*self.in_flight.pop())
 
     def _land(self, pending: Pending, i: int, flat: torch.Tensor) -> None:
         """This rank's chunk of bucket i <- its mean; the others' chunks zeroed (the next step's start).
