@@ -362,7 +362,9 @@ def after_out_of_memory(command: list[str]) -> str:
     if sync == "fsdp":
         return lighter
     if sync == "zero" and stage == "3":
-        return f"sync=fsdp (fewer gathered units at once: docs/memory.md), {lighter}"
+        if given.get("sync.overlap_reduce", "true").lower() == "false":
+            return lighter
+        return f"sync.overlap_reduce=false (no reduce-scatter held while a unit computes: docs/memory.md), {lighter}"
     if sync == "zero":
         return f"shard the weights too (sync.zero_stage=3, or sync=fsdp), or {lighter}"
     return f"shard the model state (sync=fsdp, or sync=zero sync.zero_stage=3), or {lighter}"
