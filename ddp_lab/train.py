@@ -31,6 +31,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from ddp_lab import config, distributed, tuning
 from ddp_lab.config import ConfigError, RunFailed, error_file, renamed, say, schema
+from ddp_lab.config.composition import COMPOSITION_ERRORS, composition_error
 from ddp_lab.distributed import rendezvous
 from ddp_lab.guards import stall
 from ddp_lab.guards.preemption import Preemption, Terminated
@@ -148,6 +149,20 @@ def refuse_old_and_foreign_keys(argv: list[str]) -> None:
         sys.exit(2)
 
 
+def composed_or_refused() -> None:
+    """main(), with Hydra's composition errors (a preset not there, a value of the wrong type) as one line and exit 2
+    on every rank: Hydra raises them to here when HYDRA_FULL_ERROR is set, which a user's own setting keeps."""
+    full = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        main()
+    except COMPOSITION_ERRORS as e:
+        if full:
+            raise
+        say(f"ddp_lab: error: {composition_error(e)}")
+        sys.exit(2)
+
+
 if __name__ == "__main__":
     refuse_old_and_foreign_keys(sys.argv[1:])
-    main()
+    composed_or_refused()

@@ -49,6 +49,7 @@ SLOW_MODULES = {
     "sync/test_fsdp.py", "sync/test_grad_scaler.py", "sync/test_islands.py", "sync/test_lifetime.py",
     "sync/test_periodic.py", "sync/test_powersgd.py", "sync/test_registry.py", "sync/test_units.py",
     "sync/test_user_model.py", "sync/test_zero.py", "sync/test_zero2_direct.py", "sync/test_zero3_prefetch.py",
+    "sync/test_zero_overlap_reduce.py",
     "telemetry/test_memory.py", "telemetry/test_target.py", "test_architecture.py", "test_multiproc.py",
     "test_resume.py", "tools/baselines/test_data_parallel.py", "tools/bench/test_collectives_bench.py",
     "tools/bench/test_time_to_accuracy.py", "tools/test_consolidate.py", "tools/costmodel/test_cli.py",

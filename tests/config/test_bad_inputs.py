@@ -215,3 +215,29 @@ def test_data_the_model_cannot_take_under_torchrun_stops_every_rank(tiny_fmnist,
     for rank in (0, 1):  # each rank refused it on its own, before any collective
         assert "data.num_classes=20 is more than" in (tmp_path / "run" / f"rank{rank}.log").read_text()
     assert seconds < 100  # no rank waited for one that had stopped
+
+
+COMPOSITION = [
+    (["model=nosuch"], "model=nosuch: no such preset; choose among custom, gpt, gpt2, gpt_small,"),
+    (["trainer.max_steps=abc"], "Error merging override trainer.max_steps=abc: Value 'abc' of type 'str' could not "
+                                "be converted to Integer"),
+    (["sync=zero", "sync.prefetch=maybe"], "Error merging override sync.prefetch=maybe: Value 'maybe' is not a "
+                                           "valid bool"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", COMPOSITION)
+def test_what_hydra_cannot_compose_is_said_in_one_line(compose_train, overrides, message):
+    from ddp_lab.config.composition import COMPOSITION_ERRORS, composition_error
+    with pytest.raises(COMPOSITION_ERRORS) as e:
+        compose_train(overrides)
+    said = composition_error(e.value)
+    assert said.startswith(message) and "\n" not in said, said
+
+
+@pytest.mark.system
+def test_the_entry_point_says_a_composition_error_in_one_line(tmp_path):
+    """Hydra's own report runs to 20 lines for a missing preset: the entry point's is one, exit 2."""
+    proc = run_module("ddp_lab.train", ["model=nosuch", f"hydra.run.dir={tmp_path / 'run'}"], nproc=0, timeout=120)
+    _one_error_line(proc, COMPOSITION[0][1])
+    assert proc.stderr.count("\n") == 1 and not (tmp_path / "run").exists()

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import re
 import sys
 
 from hydra.errors import HydraException
 
 from ddp_lab.config import ConfigError
+from ddp_lab.config.composition import composition_error
 from ddp_lab.tools.cluster.memory_limit import parse_size
 from ddp_lab.tools.cluster.shaping import ClusterError, parse_rate
 from ddp_lab.tools.costmodel.formulas import ring, ring_all_gather, ring_reduce_scatter
@@ -176,20 +176,6 @@ def compose(overrides: list[str]):
             raise ConfigError(composition_error(e)) from None
     validate(cfg)
     return cfg
-
-
-def composition_error(e: HydraException) -> str:
-    """Hydra's composition error in one line: the missing preset with the group's presets, else its first line."""
-    options = [o for o in getattr(e, "options", None) or [] if not o.startswith("schema_")]
-    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
-    first = lines[0].removeprefix("In 'train': ")
-    missing = re.match(r"Could not find '([^/']+)/([^']+)'", first)
-    if missing and options:
-        group, name = missing.groups()
-        return f"{group}={name}: no such preset; choose among {', '.join(options)} (or {group}=custom)"
-    cause = str(e.__cause__).strip().splitlines()[0] if e.__cause__ else ""
-    detail = cause or (lines[1] if len(lines) > 1 else "")
-    return f"{first.rstrip('.')}: {detail}" if detail else first
 
 
 def main(argv: list[str] | None = None) -> None:
