@@ -1,8 +1,13 @@
-"""Shared by the sync tests: a strategy's options, built from its schema (sync/registry.py)."""
+"""Shared by the sync tests: a strategy's options, built from its schema (sync/registry.py); the trainer's steps on
+a small GPT and a digest of its weights."""
 import dataclasses
+import hashlib
+
+import torch
 
 from ddp_lab.sync import REGISTRY
 from ddp_lab.sync.registry import inner_options
+from ddp_lab.training.tasks import LANGUAGE_MODEL
 
 
 def sync_cfg(mode="ddp", algo=None, compress=None, inner=None, **keys):
@@ -23,3 +28,22 @@ def sync_cfg(mode="ddp", algo=None, compress=None, inner=None, **keys):
         if given.pop("compress") != "none":
             raise TypeError(f"sync={mode} takes no compress")
     return opts(**given, **keys)
+
+
+def gpt_steps(sync, tokens: torch.Tensor, each_step=lambda: None) -> None:
+    """The trainer's steps on the GPT inside `sync`, one per row of `tokens` (sequences of context + 1), with AdamW
+    at 1e-2; each_step() after each."""
+    opt = torch.optim.AdamW(sync.parameters(), lr=1e-2)
+    for step, batch in enumerate(tokens, 1):
+        LANGUAGE_MODEL.loss(sync.module(batch[:, :-1]), batch[:, 1:]).backward()
+        sync.after_backward()
+        opt.step()
+        opt.zero_grad(set_to_none=sync.caps.grads_set_to_none)
+        sync.after_step(step)
+        each_step()
+
+
+def weights_sha1(sync, model: torch.nn.Module) -> str:
+    """The digest of the model's whole weights (gathered, where the sync shards them)."""
+    with sync.whole_weights():
+        return hashlib.sha1(b"".join(p.detach().clone().numpy().tobytes() for p in model.parameters())).hexdigest()

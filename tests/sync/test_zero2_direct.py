@@ -9,16 +9,13 @@ the forward's first module the others are still under way.
 """
 from __future__ import annotations
 
-import hashlib
-
 import torch
 
 from ddp_lab.distributed import DistEnv
 from ddp_lab.models.gpt import gpt
 from ddp_lab.sync import build_sync
-from ddp_lab.training.tasks import LANGUAGE_MODEL
 from tests.multiproc import run_in_processes
-from tests.sync import sync_cfg
+from tests.sync import gpt_steps, sync_cfg, weights_sha1
 
 STEPS = 3
 
@@ -33,19 +30,9 @@ def _run(rank: int, world_size: int) -> dict:
         sync = build_sync(sync_cfg("zero", algo, zero_stage=2, bucket_cap_mb=0.002), model, env)
         seen = []  # at the forward's first module (its bucket, the tied embedding's, is the last)
         model.wte.register_forward_pre_hook(lambda *_, seen=seen, sync=sync: seen.append(len(sync.gathering)))
-        opt = torch.optim.AdamW(sync.parameters(), lr=1e-2)
         under_way = []
-        for step in range(STEPS):
-            LANGUAGE_MODEL.loss(sync.module(tokens[step, :, :-1]), tokens[step, :, 1:]).backward()
-            sync.after_backward()
-            opt.step()
-            opt.zero_grad(set_to_none=sync.caps.grads_set_to_none)
-            sync.after_step(step + 1)
-            under_way.append(len(sync.gathering))
-        with sync.whole_weights():
-            sha1 = hashlib.sha1(b"".join(p.detach().clone().numpy().tobytes()
-                                for p in model.parameters())).hexdigest()
-        out[algo] = {"sha1": sha1, "wire_bytes": sync.wire_bytes, "buckets": len(sync.buckets),
+        gpt_steps(sync, tokens, lambda sync=sync, under_way=under_way: under_way.append(len(sync.gathering)))
+        out[algo] = {"sha1": weights_sha1(sync, model), "wire_bytes": sync.wire_bytes, "buckets": len(sync.buckets),
                      "under_way": under_way, "at_first_module": seen,
                      "left": len(sync.gathering)}
     return out

@@ -8,16 +8,13 @@ gradients, a tied embedding's, end the backward).
 """
 from __future__ import annotations
 
-import hashlib
-
 import torch
 
 from ddp_lab.distributed import DistEnv
 from ddp_lab.models.gpt import gpt
 from ddp_lab.sync import build_sync
-from ddp_lab.training.tasks import LANGUAGE_MODEL
 from tests.multiproc import run_in_processes
-from tests.sync import sync_cfg
+from tests.sync import gpt_steps, sync_cfg, weights_sha1
 
 STEPS = 2
 
@@ -37,18 +34,10 @@ def _run(rank: int, world_size: int) -> dict:
             whole = sum(v.gathered or id(v) in sync.pending for v in sync.units if v is not sync.root)
             peak[0] = max(peak[0], whole)
         sync._gather = counted  # (the hooks look it up when they run)
-        opt = torch.optim.AdamW(sync.parameters(), lr=1e-2)
-        for step in range(STEPS):
-            LANGUAGE_MODEL.loss(sync.module(tokens[step, :, :-1]), tokens[step, :, 1:]).backward()
-            sync.after_backward()
-            opt.step()
-            opt.zero_grad(set_to_none=sync.caps.grads_set_to_none)
-            sync.after_step(step + 1)
+        gpt_steps(sync, tokens)
         sent, most = sync.wire_bytes, peak[0]
-        with sync.whole_weights():
-            sha1 = hashlib.sha1(b"".join(p.detach().clone().numpy().tobytes()
-                                for p in model.parameters())).hexdigest()
-        out[prefetch] = {"sha1": sha1, "wire_bytes": sent, "prefetched": sync.prefetched, "peak": most,
+        out[prefetch] = {"sha1": weights_sha1(sync, model), "wire_bytes": sent, "prefetched": sync.prefetched,
+                         "peak": most,
                          "units": len(sync.units) - (sync.root is not None), "pending": len(sync.pending)}
     return out
 

@@ -9,16 +9,13 @@ with it off none ever does: the buffers of a bucket are gone before the next one
 """
 from __future__ import annotations
 
-import hashlib
-
 import torch
 
 from ddp_lab.distributed import DistEnv
 from ddp_lab.models.gpt import gpt
 from ddp_lab.sync import build_sync
-from ddp_lab.training.tasks import LANGUAGE_MODEL
 from tests.multiproc import run_in_processes
-from tests.sync import sync_cfg
+from tests.sync import gpt_steps, sync_cfg, weights_sha1
 
 STEPS = 2
 
@@ -41,18 +38,10 @@ def _run(rank: int, world_size: int) -> dict:
             for h in sync.hooks:
                 h.remove()
             sync.hooks = [p.register_post_accumulate_grad_hook(counted) for p in model.parameters() if p.requires_grad]
-            opt = torch.optim.AdamW(sync.parameters(), lr=1e-2)
-            for step in range(STEPS):
-                LANGUAGE_MODEL.loss(sync.module(tokens[step, :, :-1]), tokens[step, :, 1:]).backward()
-                sync.after_backward()
-                opt.step()
-                opt.zero_grad(set_to_none=sync.caps.grads_set_to_none)
-                sync.after_step(step + 1)
-            with sync.whole_weights():
-                sha1 = hashlib.sha1(b"".join(p.detach().clone().numpy().tobytes()
-                                    for p in model.parameters())).hexdigest()
-            out[stage, overlap] = {"sha1": sha1, "wire_bytes": sync.wire_bytes, "most_in_flight": max(seen),
-                                   "buckets": len(sync.buckets), "left": len(sync.in_flight)}
+            gpt_steps(sync, tokens)
+            out[stage, overlap] = {"sha1": weights_sha1(sync, model), "wire_bytes": sync.wire_bytes,
+                                   "most_in_flight": max(seen), "buckets": len(sync.buckets),
+                                   "left": len(sync.in_flight)}
     return out
 
 
