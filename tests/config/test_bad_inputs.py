@@ -86,15 +86,14 @@ def test_sync_bn_on_cpu_ranks_is_refused_before_any_collective(tiny_fmnist, tmp_
 
 
 @pytest.mark.system
-@pytest.mark.parametrize("extra,message,code", [  # (Hydra's refusals: the schema's types, one case of each kind)
-    (["trainer.epoch=3"], "Key 'epoch' not in 'TrainerConfig'", 1),
-    (["trainer.amp=bf61"], "Invalid value 'bf61', expected one of [auto, bf16, fp16, off]", 1),
-    (["trainer.grad_accum=0"], "ddp_lab: error: trainer.grad_accum=0 must be >= 1", 2),
+@pytest.mark.parametrize("extra,message", [  # (Hydra's refusals, the schema's types: one case of each kind)
+    (["trainer.epoch=3"], "Could not override 'trainer.epoch': Key 'epoch' not in 'TrainerConfig'"),
+    (["trainer.amp=bf61"], "Invalid value 'bf61', expected one of [auto, bf16, fp16, off]"),
+    (["trainer.grad_accum=0"], "trainer.grad_accum=0 must be >= 1"),
 ])
-def test_entry_point_exits_non_zero_with_the_message(tiny_fmnist, tmp_path, extra, message, code):
-    proc, out, _ = _run(tiny_fmnist, tmp_path, extra)
-    assert proc.returncode == code, out[-2000:]
-    assert message in out
+def test_entry_point_exits_non_zero_with_the_message(tiny_fmnist, tmp_path, extra, message):
+    proc, _, _ = _run(tiny_fmnist, tmp_path, extra)
+    _one_error_line(proc, message)
 
 
 @pytest.mark.system

@@ -41,7 +41,7 @@ def _run(rank: int, world_size: int) -> dict:
             gpt_steps(sync, tokens)
             out[stage, overlap] = {"sha1": weights_sha1(sync, model), "wire_bytes": sync.wire_bytes,
                                    "most_in_flight": max(seen), "buckets": len(sync.buckets),
-                                   "left": len(sync.in_flight)}
+                                   "left": len(sync.in_flight), "describe": sync.describe()}
     return out
 
 
@@ -56,3 +56,4 @@ def test_waiting_for_each_reduce_scatter_takes_the_same_steps_with_none_left_tra
             assert on["most_in_flight"] == {2: 2, 3: 1}[stage]  # the buckets before, still travelling (the bound)
             assert off["most_in_flight"] == 0
             assert on["left"] == off["left"] == 0  # the backward's end landed every one
+            assert (on["describe"], off["describe"]) == (f"zero{stage}/direct", f"zero{stage}/direct+wait")

@@ -371,4 +371,5 @@ class Zero1Sync(ReplicaSync):
         return clip_sharded([p.grad for p in self.pieces], max_norm, self.env.group)
 
     def describe(self) -> str:
-        return f"zero1/{self.cfg.algo}"
+        waits = not self.cfg.overlap_reduce and self.cfg.algo in ("builtin", "direct")  # (ring_textbook always does)
+        return f"zero{self.caps.sharding}/{self.cfg.algo}{'+wait' if waits else ''}"

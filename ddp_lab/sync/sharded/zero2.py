@@ -58,6 +58,3 @@ class Zero2Sync(Zero1Sync):
             piece.grad = mean.to(piece.dtype, copy=True)
         else:  # (builtin's output: a chunk of its own)
             piece.grad = mean
-
-    def describe(self) -> str:
-        return f"zero2/{self.cfg.algo}"

@@ -291,6 +291,3 @@ class Zero3Sync(UnitState, Zero2Sync):
 
     def after_step(self, step: int) -> None:
         """Nothing to send: the next forward gathers each unit from its updated pieces."""
-
-    def describe(self) -> str:
-        return f"zero3/{self.cfg.algo}"
