@@ -70,6 +70,8 @@ def _rank_before_setup() -> int:
 @hydra.main(version_base="1.3", config_path=config.CONFIG_PATH, config_name="train")
 @partial(record, error_handler=error_file.KeepFirst())
 def main(cfg) -> dict:
+    global composed
+    composed = True
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     env = trainer = watchdog = None
     launch, rank = HydraConfig.get(), _rank_before_setup()
@@ -149,6 +151,9 @@ def refuse_old_and_foreign_keys(argv: list[str]) -> None:
         sys.exit(2)
 
 
+composed = False  # main() was called: Hydra composed the config (an error after that is not the command line's)
+
+
 def composed_or_refused() -> None:
     """main(), with Hydra's composition errors (a preset not there, a value of the wrong type) as one line and exit 2
     on every rank: Hydra raises them to here when HYDRA_FULL_ERROR is set, which a user's own setting keeps."""
@@ -157,7 +162,7 @@ def composed_or_refused() -> None:
     try:
         main()
     except COMPOSITION_ERRORS as e:
-        if full:
+        if full or composed:
             raise
         say(f"ddp_lab: error: {composition_error(e)}")
         sys.exit(2)

@@ -240,3 +240,27 @@ def test_the_entry_point_says_a_composition_error_in_one_line(tmp_path):
     proc = run_module("ddp_lab.train", ["model=nosuch", f"hydra.run.dir={tmp_path / 'run'}"], nproc=0, timeout=120)
     _one_error_line(proc, COMPOSITION[0][1])
     assert proc.stderr.count("\n") == 1 and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("composed", [False, True])
+def test_only_an_error_before_the_config_is_composed_is_said_as_a_bad_input(monkeypatch, capsys, composed):
+    """An OmegaConf error inside the run (code reading a key that is not there) is a bug: its traceback, not a
+    bad input's one line and exit 2."""
+    from omegaconf.errors import ConfigKeyError
+
+    import ddp_lab.train as train
+
+    def task():
+        train.composed = composed
+        raise ConfigKeyError("Key 'nosuch' is not in struct")
+    monkeypatch.setattr(train, "main", task)
+    monkeypatch.setattr(train, "composed", False)
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "0")  # (restored after: the entry point sets it)
+    if composed:
+        with pytest.raises(ConfigKeyError):
+            train.composed_or_refused()
+    else:
+        with pytest.raises(SystemExit) as e:
+            train.composed_or_refused()
+        assert e.value.code == 2
+        assert capsys.readouterr().err == "ddp_lab: error: Key 'nosuch' is not in struct\n"
