@@ -274,13 +274,17 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
     # stage 3 and fsdp gather bf16 weights under trainer.amp=bf16 (sync.param_dtype=amp)
     gathered = torch.bfloat16 if (amp == "bf16" and env.distributed and caps.sharding == 3
                                   and every_step.param_dtype == "amp") else None
+    compiled, why = resolve_compile(t.compile, env.device, plan.total_steps * plan.step_samples,
+                                    caps.eager)
+    log.info(why)
     memory = check_fits_memory(cfg.model, cfg.optim, env, work.input_example, work.target_example, work.task,
                                work.train_loader.batch_size, stage=caps.sharding,
                                refuse=t.get("memory_check", True),  # a CPU run: refused if it cannot fit
                                sync=opts if env.distributed else None,
                                checkpointing=t.activation_checkpointing,
                                autocast=torch.bfloat16 if amp == "bf16" else None, gathered=gathered,
-                               freed_kept=host_malloc.keeps_freed_gathers(t.host_malloc, env.device))
+                               freed_kept=host_malloc.keeps_freed_gathers(t.host_malloc, env.device),
+                               compiled=compiled)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     position.phase("building the model")
     before_build = memory_now_mb(env.device)
@@ -288,9 +292,6 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
     model, init = build_model_for(cfg, caps, env)
     model = model.to(memory_format=memory_format) if init else model.to(env.device, memory_format=memory_format)
     check_sync_bn(model, env.distributed, env.device)
-    compiled, why = resolve_compile(t.compile, env.device, plan.total_steps * plan.step_samples,
-                                    caps.eager)
-    log.info(why)
     # the FLOP count runs the model once: before the sync's hooks (zero stage 3 would gather for it)
     meter = Meter(env, t.warmup_steps, *flops_and_peak(model, work.input_example, amp, env),
                   full_step_images=plan.step_samples, task=work.task, targets_per_sample=work.targets_per_sample)

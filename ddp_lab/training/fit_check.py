@@ -22,7 +22,7 @@ from ddp_lab.sync.islands.layout import island_size
 from ddp_lab.sync.periodic import PeriodicOptions
 from ddp_lab.sync.sharded.fsdp import FSDPOptions
 from ddp_lab.telemetry import position
-from ddp_lab.training.memory_estimate import Estimate, GiB, estimate, runtime_bytes
+from ddp_lab.training.memory_estimate import Estimate, GiB, estimate, peak_runtime_bytes, runtime_bytes
 
 log = logging.getLogger("ddp_lab")
 
@@ -89,7 +89,7 @@ def describe(e: Estimate, model, stage: int, available: int, ranks: int, machine
     where = "on this machine" if machine[1] == "MemAvailable" else "in this memory cgroup"
     digits = 1 if f"{e.total_bytes / GiB:.1f}" != f"{available / GiB:.1f}" else 2  # (not "1.2 more than 1.2")
     relation = "more than" if e.total_bytes > available else "close to" if \
-        fits(e.peak_bytes, e.runtime_bytes + available) else f"within the estimate's {ESTIMATE_ERROR:.0%} error of"
+        fits(e.ahead_bytes, e.runtime_bytes + available) else f"within the estimate's {ESTIMATE_ERROR:.0%} error of"
     what = (f"model={model_name(model)} needs about {e.total_bytes / GiB:.{digits}f} GiB per rank, "
             f"{relation} the {available / GiB:.{digits}f} GiB "
             f"available to "
@@ -132,15 +132,17 @@ def state_shards(sync, env: DistEnv) -> int:
 def check_fits_memory(model, optim, env: DistEnv, x: torch.Tensor, y: torch.Tensor, task, batch: int, *,
                       stage: int = 0, refuse: bool = True, available: int | None = None,
                       sync=None, checkpointing: str = "none", autocast: torch.dtype | None = None,
-                      gathered: torch.dtype | None = None, freed_kept: bool = False) -> Estimate | None:
+                      gathered: torch.dtype | None = None, freed_kept: bool = False,
+                      compiled: bool = False) -> Estimate | None:
     """Refuse (`refuse`: trainer.memory_check) or warn about a CPU run whose estimate is more than the
     memory available to each rank; warn where it takes most of it. None where not checked.
     model, optim: their config groups; stage: sync.zero_stage under sync=zero (0: nothing sharded).
-    Every rank refuses where one does: hosts differ, and the others would end on a closed connection."""
+    compiled: the run compiles its model (trainer.compile, resolved). Every rank refuses where one does: hosts
+    differ, and the others would end on a closed connection."""
     if env.device.type != "cpu":
         return None
     e, refusal = _check_this_rank(model, optim, env, x, y, task, batch, stage, available, sync, checkpointing,
-                                  autocast, gathered, freed_kept)
+                                  autocast, gathered, freed_kept, compiled)
     if refuse and env.distributed and dist.is_initialized():
         refusing = _refusing_ranks(refusal is not None, env)
         if refusal is None and refusing:
@@ -154,7 +156,7 @@ def check_fits_memory(model, optim, env: DistEnv, x: torch.Tensor, y: torch.Tens
 
 
 def _check_this_rank(model, optim, env, x, y, task, batch, stage, available, sync, checkpointing, autocast,
-                     gathered, freed_kept=False) -> tuple[Estimate | None, str | None]:
+                     gathered, freed_kept=False, compiled=False) -> tuple[Estimate | None, str | None]:
     """(this rank's estimate, or None where not made; the refusal's line where it does not fit, else None),
     the estimate logged and, where it takes most of the memory, warned about on rank 0."""
     found = mem_available(env.world_size) if available is None else \
@@ -163,17 +165,21 @@ def _check_this_rank(model, optim, env, x, y, task, batch, stage, available, syn
         return None, None
     try:
         e = estimate(model, optim, x, y, task, batch, state_shards(sync, env) if stage else 1, stage, sync,
-                     runtime_bytes(), checkpointing, autocast, gathered, freed_kept)
+                     runtime_bytes(), checkpointing, autocast, gathered, freed_kept, compiled, peak_runtime_bytes())
     except Exception as err:  # a user's model that cannot be built on meta (it reads values, loads weights)
         log.info("memory estimate: not made (the model cannot be built on the meta device: %s)", err)
         return None, None
     machine, ranks = (found[0], found[2]), found[1]
     per_rank = machine[0] // ranks
-    log.info("memory estimate: %.2f GiB per rank (activations %.2f, model state %.2f, transient %.2f), %.1f GiB "
-             "available to each; predicted peak %.2f GiB with the runtime's %.2f", e.total_bytes / GiB,
-             e.activation_bytes / GiB, e.state_bytes / GiB, e.transient_bytes / GiB, per_rank / GiB,
-             e.peak_bytes / GiB, e.runtime_bytes / GiB)
-    if not fits(e.peak_bytes, e.runtime_bytes + per_rank):  # (per_rank: beyond what it holds now)
+    log.info("memory estimate: %.2f GiB per rank (activations %.2f, model state %.2f, transient %.2f%s), %.1f GiB "
+             "available to each; predicted peak %.2f GiB with the runtime's %.2f%s", e.total_bytes / GiB,
+             e.activation_bytes / GiB, e.state_bytes / GiB, e.transient_bytes / GiB,
+             f", torch.compile {e.compile_bytes / GiB:.2f}" if e.compile_bytes else "", per_rank / GiB,
+             e.peak_bytes / GiB, e.runtime_bytes / GiB,
+             f" (the data's loading peaked there; {e.ahead_bytes / GiB:.2f} ahead)"
+             if e.peak_bytes > e.ahead_bytes else "")
+    # (the loading's peak has passed: what is still to come must fit what this rank may hold)
+    if not fits(e.ahead_bytes, e.runtime_bytes + per_rank):  # (per_rank: beyond what it holds now)
         return e, describe(e, model, stage, per_rank, ranks, machine)
     if e.total_bytes > WARN_SHARE * per_rank and env.is_main:
         log.warning("%s", describe(e, model, stage, per_rank, ranks, machine))

@@ -19,6 +19,9 @@ Per rank, in the parameters' dtype (float32):
 
     runtime       the process before the model: torch's libraries, the data, the process group
                   (this process's RSS at the check: 0.4-0.7 GB on CPU)
+    compile       torch.compile's compiler and the code it makes (COMPILE_BYTES), where the run compiles
+    loading       the process's own peak before the check (reading and decoding the data, whose
+                  transient buffers are gone by then), where that was higher than all the above
     transient     held for moments beyond the state: under stage 3 and fsdp the units gathered,
                   their gradients and the reduce-scatters in flight, in units of the largest
                   unit (TRANSIENT_UNITS, measured on a 101M-parameter GPT at 2 ranks: the
@@ -26,8 +29,9 @@ Per rank, in the parameters' dtype (float32):
                   backward's end; below stage 3 one more gradient-sized buffer (DDP's buckets,
                   flat's flattened gradients; zero's buckets in flight, 3 of bucket_cap_mb)
 
-The predicted peak of a rank is the sum (peak_bytes, summary.json's predicted_peak_mb, beside
-the measured peak_mem_mb). Under trainer.amp=bf16 the activations are counted as autocast makes them
+The predicted peak of a rank is the sum, or the loading's peak where that was higher (peak_bytes,
+summary.json's predicted_peak_mb, beside the measured peak_mem_mb, which is the whole run's).
+Under trainer.amp=bf16 the activations are counted as autocast makes them
 (the forward on fake CPU tensors: the meta device has no autocast). What it is checked against, and the
 rule that says it fits: training/fit_check.py. Under sync=zero each rank keeps the
 optimizer state of its 1/N of the parameters only (stage 1), their gradients (stage 2) and
@@ -38,6 +42,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import resource
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +79,8 @@ class Estimate:
     transient_bytes: int = 0  # gathered units, buffers in flight (see the module docstring)
     runtime_bytes: int = 0    # the process before the model (its RSS at the check)
     sync_bytes: int = 0       # what the strategy keeps beside them (sync_state_bytes: DiLoCo's copies)
+    compile_bytes: int = 0    # torch.compile's (COMPILE_BYTES where the run compiles)
+    loaded_peak_bytes: int = 0  # the process's peak before the check (loading the data)
 
     @property
     def state_bytes(self) -> int:
@@ -81,19 +89,29 @@ class Estimate:
 
     @property
     def total_bytes(self) -> int:
-        """What the run adds to the process: the state, the activations, the transient buffers."""
-        return self.state_bytes + self.activation_bytes + self.transient_bytes
+        """What the run adds to the process: the state, the activations, the transient buffers, the compiler."""
+        return self.state_bytes + self.activation_bytes + self.transient_bytes + self.compile_bytes
+
+    @property
+    def ahead_bytes(self) -> int:
+        """The peak still to come after the check: the runtime and what the run adds (what the check refuses by:
+        the loading's peak has passed)."""
+        return self.runtime_bytes + self.total_bytes
 
     @property
     def peak_bytes(self) -> int:
-        """The predicted peak of a rank: the runtime and what the run adds."""
-        return self.runtime_bytes + self.total_bytes
+        """The predicted peak of a rank over its whole run: what is to come, or the loading's where that was higher."""
+        return max(self.ahead_bytes, self.loaded_peak_bytes)
 
 
 # units of the largest unit held for moments beyond the state under stage 3 (by sync.algo) and fsdp:
 # gathered weights, their gradients, reduce-scatters in flight (ours: up to 3, gloo's builtin doubling its)
 TRANSIENT_UNITS = {"builtin": 7, "direct": 5, "ring_textbook": 5, "fsdp": 3}
 BUCKETS_IN_FLIGHT = 3  # stages 1 and 2: IN_FLIGHT reduce-scatters and the bucket being filled
+# torch.compile on CPU: dynamo, inductor and the code they make, the graphs of training, evaluation and a partial
+# batch; measured as a run's peak over the same run eager: LeNet +93 MiB (10 epochs), gpt_small +91-97 (40 steps,
+# 2 evaluations) (docs/memory.md, the default-run-peak record)
+COMPILE_BYTES = 100 * 2**20
 
 
 def checkpointed_units(net: torch.nn.Module, sync, checkpointing: str) -> list[torch.nn.Module]:
@@ -143,6 +161,11 @@ def runtime_bytes() -> int:
         return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def peak_runtime_bytes() -> int:
+    """This process's peak resident memory so far (getrusage's ru_maxrss, KiB on Linux; 0 elsewhere)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 if sys.platform == "linux" else 0
 
 
 def optimizer_state(optim_cfg) -> tuple[int, str]:
@@ -266,11 +289,11 @@ def _saved_bytes(net, x, y, task, checkpointed, autocast, samples: int) -> int:
 def estimate(model, optim, x: torch.Tensor, y: torch.Tensor, task, batch: int, shards: int = 1,
              stage: int = 1, sync=None, runtime: int = 0, checkpointing: str = "none",
              autocast: torch.dtype | None = None, gathered: torch.dtype | None = None,
-             freed_kept: bool = False) -> Estimate:
+             freed_kept: bool = False, compiled: bool = False, loaded_peak: int = 0) -> Estimate:
     """The estimate for `batch` samples per rank like (x, y), of the model and optimizer groups,
     with the optimizer state in `shards` parts (sync=zero: the world size), and from stage 2
-    the gradients too; `sync` (its config group) for the transient, `runtime`: the process's bytes;
-    `freed_kept`: see transient_bytes."""
+    the gradients too; `sync` (its config group) for the transient, `runtime`: the process's bytes,
+    `loaded_peak` its peak so far; `freed_kept`: see transient_bytes; `compiled`: the run compiles its model."""
     with torch.device("meta"):
         net = build_model(model)
     n = sum(p.numel() for p in net.parameters())
@@ -296,4 +319,5 @@ def estimate(model, optim, x: torch.Tensor, y: torch.Tensor, task, batch: int, s
     optimizer = kept * -(-weights // shards)  # zero: this rank's shard's (the last one padded)
     return Estimate(n, weights, optimizer, activations, batch, name, shards if stage >= 2 else 1,
                     shards if stage == 3 else 1, transient_bytes(net, weights, stage, sync, freed_kept), runtime,
-                    sync_state_bytes(sync, weights, shards if stage == 3 else 1))
+                    sync_state_bytes(sync, weights, shards if stage == 3 else 1), COMPILE_BYTES if compiled else 0,
+                    loaded_peak)

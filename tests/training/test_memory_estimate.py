@@ -117,6 +117,31 @@ def test_a_run_within_the_estimates_error_of_the_limit_is_refused(compose_train,
                           available=int(1.1 * e.total_bytes))
 
 
+def test_the_peak_counts_torch_compile_and_the_datas_loading_but_the_check_refuses_by_what_is_ahead(
+        compose_train, monkeypatch, caplog):
+    """A compiled run adds COMPILE_BYTES; the predicted peak is the loading's where that was higher (the measured
+    peak is the whole run's), but the check refuses by what is still to come: the loading has passed."""
+    cfg = _gpt(compose_train)
+    eager = estimate(cfg.model, cfg.optim, TOKENS, TOKENS, LANGUAGE_MODEL, 32, runtime=GiB)
+    compiled = estimate(cfg.model, cfg.optim, TOKENS, TOKENS, LANGUAGE_MODEL, 32, runtime=GiB, compiled=True)
+    assert compiled.peak_bytes - eager.peak_bytes == compiled.compile_bytes == memory_estimate.COMPILE_BYTES > 0
+    assert eager.peak_bytes == eager.ahead_bytes == GiB + eager.total_bytes
+    loaded = estimate(cfg.model, cfg.optim, TOKENS, TOKENS, LANGUAGE_MODEL, 32, runtime=GiB,
+                      loaded_peak=eager.peak_bytes + 2**20)
+    assert loaded.peak_bytes == eager.peak_bytes + 2**20 and loaded.ahead_bytes == eager.ahead_bytes
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setattr(fit_check, "runtime_bytes", lambda: 0)
+    monkeypatch.setattr(fit_check, "peak_runtime_bytes", lambda: 3 * eager.total_bytes)  # (loading, passed)
+    env = DistEnv(0, 1, 0, CPU, "none")
+    with caplog.at_level(logging.INFO, logger="ddp_lab"):
+        e = check_fits_memory(cfg.model, cfg.optim, env, TOKENS, TOKENS, LANGUAGE_MODEL, batch=32,
+                              available=int(1.2 * eager.total_bytes))
+    assert e.peak_bytes == 3 * eager.total_bytes and "(the data's loading peaked there;" in caplog.text
+    with pytest.raises(ConfigError, match="per rank, more than the"):  # the compiler's share too
+        check_fits_memory(cfg.model, cfg.optim, env, TOKENS, TOKENS, LANGUAGE_MODEL, batch=32,
+                          available=int(1.2 * eager.total_bytes), compiled=True)
+
+
 def test_memory_check_false_only_warns_and_a_gpu_is_not_checked(compose_train, caplog):
     cfg = _gpt(compose_train, "trainer.memory_check=false")
     env = DistEnv(0, 1, 0, CPU, "none")

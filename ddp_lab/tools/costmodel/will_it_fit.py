@@ -15,7 +15,9 @@ each, it prints for DDP and ZeRO stages 1, 2 and 3:
   weights are gathered in bf16 already), the transient buffers (stage 3: the units gathered and the reduce-scatters
   in flight; below it one more gradient-sized buffer: the same module's transient_bytes), the
   runtime (--runtime: this process's memory once it has loaded the data, about what a rank holds
-  before the model) and whether their sum, the predicted peak, fits in --memory;
+  before the model), torch.compile's own where the run would compile (trainer.compile, resolved as the run
+  resolves it; stage 3 runs eagerly) and whether their sum, the predicted peak, fits in --memory (or the
+  peak this process reached loading the data, where that is higher: a rank goes through it too);
 - the bytes each sends per step and their time on --link (the alpha-beta model's ring formulas,
   ddp_lab.tools.costmodel.formulas: an all-reduce of the gradients for DDP, stages 1 and 2 its two
   halves, stage 3 the weights gathered twice and the gradients reduce-scattered once), and with
@@ -105,15 +107,16 @@ def wire_bytes(strategy: str, grad_bytes: int) -> int:
 
 def table(params: int, state: int, activations: int | dict, ranks: int, memory: int, link_bits: int | None,
           alpha: float, compute_ms: float | None, reduce_scatter: str = "ring", transient: dict | None = None,
-          runtime: int = 0) -> list[dict]:
-    """A row per strategy; activations: the same for every strategy, or by strategy; transient: its bytes by
-    strategy (none: 0), runtime: the process's own."""
+          runtime: int = 0, compiler: dict | None = None, loaded: int = 0) -> list[dict]:
+    """A row per strategy; activations: the same for every strategy, or by strategy; transient and compiler
+    (torch.compile's): their bytes by strategy (none: 0), runtime: the process's own, loaded: its peak loading
+    the data."""
     from ddp_lab.training.fit_check import fits  # (the trainer's rule; torch only here)
     rows = []
     for s in STRATEGIES:
         held = model_state_bytes(params, state, ranks, s)
         acts = activations[s] if isinstance(activations, dict) else activations
-        peak = runtime + held + acts + (transient or {}).get(s, 0)
+        peak = max(loaded, runtime + held + acts + (transient or {}).get(s, 0) + (compiler or {}).get(s, 0))
         row = {"strategy": s, "model_state_bytes": held, "total_bytes": held + acts, "peak_bytes": peak,
                "fits": fits(peak, memory), "wire_bytes": wire_bytes(s, 4 * params)}
         if link_bits:
@@ -127,8 +130,8 @@ def table(params: int, state: int, activations: int | dict, ranks: int, memory: 
 
 def describe(cfg, ranks: int, batch: int | None):
     """(parameters, optimizer state tensors per parameter, its name, activation bytes per rank by strategy,
-    samples per rank, transient bytes by strategy) of cfg; the model is checked against the data first, as the
-    training checks it."""
+    samples per rank, transient bytes by strategy, torch.compile's bytes by strategy) of cfg; the model is checked
+    against the data first, as the training checks it."""
     import torch
 
     from ddp_lab.distributed import host_malloc
@@ -159,7 +162,23 @@ def describe(cfg, ranks: int, batch: int | None):
                                            torch.device("cuda" if on_cuda(cfg) else "cpu"))
     transient = {s: transient_bytes(net, e.weight_bytes, stage, options_at(opts, stage) if ranks > 1 else None, kept)
                  for s, stage in zip(STRATEGIES, (0, 1, 2, 3))}
-    return e.parameters, optimizer_state(cfg.optim)[0], e.optimizer, acts, per_rank, transient
+    return e.parameters, optimizer_state(cfg.optim)[0], e.optimizer, acts, per_rank, transient, \
+        compiler_bytes(cfg, ranks, per_rank, len(train))
+
+
+def compiler_bytes(cfg, ranks: int, per_rank: int, samples: int) -> dict:
+    """torch.compile's bytes by strategy: COMPILE_BYTES where trainer.compile resolves on for this run's samples
+    per rank (as the run's Plan counts them), but under stage 3, which runs eagerly."""
+    import torch
+
+    from ddp_lab.training.fast_path import resolve_compile
+    from ddp_lab.training.memory_estimate import COMPILE_BYTES
+    t = cfg.trainer
+    steps = max(1, samples // ranks // per_rank) // t.grad_accum * t.epochs
+    steps = min(steps, t.max_steps) if t.max_steps > 0 else steps
+    compiled, _ = resolve_compile(t.compile, torch.device("cuda" if on_cuda(cfg) else "cpu"),
+                                  steps * per_rank * t.grad_accum)
+    return {s: COMPILE_BYTES if compiled and s != "zero3" else 0 for s in STRATEGIES}
 
 
 def compose(overrides: list[str]):
@@ -204,22 +223,25 @@ def main(argv: list[str] | None = None) -> None:
         from ddp_lab.sync.registry import refuse_foreign_keys
         refuse_foreign_keys(args.overrides)  # (a key of another strategy: one line, not Hydra's traceback)
         cfg = compose(args.overrides)
-        params, state, name, acts, batch, transient = describe(cfg, args.ranks, args.batch)
+        params, state, name, acts, batch, transient, compiler = describe(cfg, args.ranks, args.batch)
+        loaded = 0
         if runtime is None:
-            from ddp_lab.training.memory_estimate import runtime_bytes
-            runtime = runtime_bytes()
+            from ddp_lab.training.memory_estimate import peak_runtime_bytes, runtime_bytes
+            runtime, loaded = runtime_bytes(), peak_runtime_bytes()
     except ConfigError as e:
         print(f"ddp_lab.tools.costmodel.will_it_fit: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     rs = reduce_scatter_of(cfg)
     rows = table(params, state, acts, args.ranks, memory, link, args.alpha_us * 1e-6, args.compute_ms, rs,
-                 transient, runtime)
+                 transient, runtime, compiler, loaded)
     under = " under bf16 autocast" if autocast_of(cfg) is not None else ""
     if acts["zero3"] != acts["ddp"]:
         under += f" (stage 3's, its weights gathered in bf16: {acts['zero3'] / GiB:.2f})"
     print(f"model={cfg.model.get('name') or cfg.model['_target_']}: {params:,} parameters; {name} keeps {state} "
           f"tensor(s) a parameter; {args.ranks} ranks, {memory / GiB:.2f} GiB each; activations "
-          f"{acts['ddp'] / GiB:.2f} GiB for {batch} sample(s) a rank{under}; runtime {runtime / GiB:.2f} GiB")
+          f"{acts['ddp'] / GiB:.2f} GiB for {batch} sample(s) a rank{under}; runtime {runtime / GiB:.2f} GiB"
+          + (f" (loading the data peaked at {loaded / GiB:.2f})" if loaded > runtime else "")
+          + (f"; torch.compile {compiler['ddp'] / GiB:.2f} GiB (not under stage 3, eager)" if compiler["ddp"] else ""))
     if link:
         print("reduce-scatter priced as " + ("gloo runs torch's: an all-reduce, twice a ring's bytes "
                                             "(sync.algo=ring_textbook sends a ring's)" if rs == "all-reduce"

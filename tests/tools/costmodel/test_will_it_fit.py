@@ -105,6 +105,26 @@ def test_glibcs_regime_prices_a_sharded_models_freed_gathers_on_cpu_ranks_alone(
     assert transient["glibc", "cuda"] == transient["auto", "cuda"] == transient["auto", "cpu"]
 
 
+def test_torch_compile_and_the_datas_loading_are_priced_where_the_run_meets_them(compose_train, tiny_fmnist, tmp_path):
+    """trainer.compile as the run resolves it (auto: on for enough samples a rank; stage 3 runs eagerly); the
+    loading's peak where it is above the sum (a rank goes through it too)."""
+    from ddp_lab.training.memory_estimate import COMPILE_BYTES
+    data = [f"data.root={tiny_fmnist}", f"data.cache_dir={tmp_path}", "model=lenet", "dist.device=cpu"]
+    compiler = {c: will_it_fit.describe(compose_train([*data, f"trainer.compile={c}"]), 2, 4)[6]
+                for c in ("true", "false", "auto")}
+    assert compiler["true"] == {"ddp": COMPILE_BYTES, "zero1": COMPILE_BYTES, "zero2": COMPILE_BYTES, "zero3": 0}
+    assert set(compiler["false"].values()) == set(compiler["auto"].values()) == {0}  # (auto: a tiny set's few samples)
+    gib = 2**30
+    rows = {r["strategy"]: r for r in will_it_fit.table(10**6, 2, gib // 4, 4, gib, None, 0, None,
+                                                        runtime=gib // 4, compiler=compiler["true"])}
+    assert rows["ddp"]["peak_bytes"] - rows["zero1"]["peak_bytes"] == rows["ddp"]["model_state_bytes"] - \
+        rows["zero1"]["model_state_bytes"]
+    assert rows["zero2"]["peak_bytes"] == gib // 4 + rows["zero2"]["total_bytes"] + COMPILE_BYTES
+    loaded = {r["strategy"]: r for r in will_it_fit.table(10**6, 2, gib // 4, 4, gib, None, 0, None,
+                                                          runtime=gib // 4, loaded=gib)}
+    assert [r["peak_bytes"] for r in loaded.values()] == [gib] * 4 and not any(r["fits"] for r in loaded.values())
+
+
 def test_the_command_line(tiny_fmnist, tmp_path, capsys):
     data = [f"data.root={tiny_fmnist}", f"data.cache_dir={tmp_path}", "trainer.amp=off"]
     will_it_fit.main(["--ranks", "2", "--memory", "2500KiB", "--batch", "1", "--runtime", "0", *data])
