@@ -30,6 +30,13 @@ RECORDED = [
     ("2026-12-04_zen5-2c_host-malloc", "gpt_small, fsdp, 2 hosts (lean)", 950.3, None, 960),
     # under trainer.host_malloc=glibc: the run's prediction (950.2) and the kept gathers priced since (+82.7)
     ("2026-12-04_zen5-2c_host-malloc", "gpt_small, fsdp, 2 hosts (glibc)", 950.2 + 82.7, None, 1130),
+    ("2026-12-05_zen5-2c_default-run-peak", "make train (compiled)", 851, None, 882),
+    # the same run with the inductor cache cold (before.txt), as predicted since (its runtime the same 743 MiB)
+    ("2026-12-05_zen5-2c_default-run-peak", "make train (compiled, cold)", 851, None, 906),
+    ("2026-12-05_zen5-2c_default-run-peak", "LeNet 1 epoch, eager (the loading's peak)", 806, None, 806),
+    ("2026-12-05_zen5-2c_default-run-peak", "LeNet 1 epoch, compiled", 860, None, 892),
+    ("2026-12-05_zen5-2c_default-run-peak", "gpt_small 40 steps, eager", 1029, None, 1071),
+    ("2026-12-05_zen5-2c_default-run-peak", "gpt_small 40 steps, compiled", 1128, None, 1127),
     ("issue: the 403M GPT with AdamW, 8 hosts", "fsdp", 1792, 2080, 1863),
     ("issue: the 403M GPT with AdamW, 8 hosts", "zero3", 1.94 * 1024, 2080, None),
 ]
