@@ -30,13 +30,20 @@ RECORDED = [
     ("2026-12-04_zen5-2c_host-malloc", "gpt_small, fsdp, 2 hosts (lean)", 950.3, None, 960),
     # under trainer.host_malloc=glibc: the run's prediction (950.2) and the kept gathers priced since (+82.7)
     ("2026-12-04_zen5-2c_host-malloc", "gpt_small, fsdp, 2 hosts (glibc)", 950.2 + 82.7, None, 1130),
-    ("2026-12-05_zen5-2c_default-run-peak", "make train (compiled)", 851, None, 882),
-    # the same run with the inductor cache cold (before.txt), as predicted since (its runtime the same 743 MiB)
-    ("2026-12-05_zen5-2c_default-run-peak", "make train (compiled, cold)", 851, None, 906),
-    ("2026-12-05_zen5-2c_default-run-peak", "LeNet 1 epoch, eager (the loading's peak)", 806, None, 806),
-    ("2026-12-05_zen5-2c_default-run-peak", "LeNet 1 epoch, compiled", 860, None, 892),
-    ("2026-12-05_zen5-2c_default-run-peak", "gpt_small 40 steps, eager", 1029, None, 1071),
-    ("2026-12-05_zen5-2c_default-run-peak", "gpt_small 40 steps, compiled", 1128, None, 1127),
+    ("2026-12-05_zen5-2c_default-run-peak", "make train (compiled)", 903, None, 874),
+    ("2026-12-05_zen5-2c_default-run-peak", "LeNet 1 epoch, eager (the loading's peak)", 814, None, 814),
+    ("2026-12-05_zen5-2c_default-run-peak", "LeNet 1 epoch, compiled", 920, None, 893),
+    ("2026-12-05_zen5-2c_default-run-peak", "gpt_small 40 steps, eager", 1018, None, 1060),
+    ("2026-12-05_zen5-2c_default-run-peak", "gpt_small 40 steps, compiled", 1179, None, 1110),
+    ("2026-12-05_zen5-2c_default-run-peak", "gpt_small 12 layers, eager", 1325, None, 1350),
+    ("2026-12-05_zen5-2c_default-run-peak", "gpt_small 12 layers, compiled", 1494, None, 1402),
+    ("2026-12-05_zen5-2c_default-run-peak", "ResNet-18, eager", 1001, None, 1037),
+    ("2026-12-05_zen5-2c_default-run-peak", "ResNet-18, compiled", 1161, None, 1153),
+    # its cold-cache runs (before.txt), each predicted as today's check would: theirs and the compile term's rise
+    ("2026-12-05_zen5-2c_default-run-peak", "make train (compiled, cold)", 750 + 160, None, 906),
+    ("2026-12-05_zen5-2c_default-run-peak", "gpt_small, compiled, cold", 1020 + 160, None, 1165),
+    ("2026-12-05_zen5-2c_default-run-peak", "gpt_small 12 layers, compiled, cold", 1434 + 60, None, 1468),
+    ("2026-12-05_zen5-2c_default-run-peak", "ResNet-18, compiled, cold", 1110 + 60, None, 1203),
     ("issue: the 403M GPT with AdamW, 8 hosts", "fsdp", 1792, 2080, 1863),
     ("issue: the 403M GPT with AdamW, 8 hosts", "zero3", 1.94 * 1024, 2080, None),
 ]
