@@ -19,15 +19,15 @@ Per rank, in the parameters' dtype (float32):
 
     runtime       the process before the model: torch's libraries, the data, the process group
                   (this process's RSS at the check: 0.4-0.7 GB on CPU)
-    compile       torch.compile's compiler and the code it makes (COMPILE_BYTES), where the run compiles
-    loading       the process's own peak before the check (reading and decoding the data, whose
-                  transient buffers are gone by then), where that was higher than all the above
     transient     held for moments beyond the state: under stage 3 and fsdp the units gathered,
                   their gradients and the reduce-scatters in flight, in units of the largest
                   unit (TRANSIENT_UNITS, measured on a 101M-parameter GPT at 2 ranks: the
                   memory-wall-8-hosts record) and the root unit, whole from the forward to the
                   backward's end; below stage 3 one more gradient-sized buffer (DDP's buckets,
                   flat's flattened gradients; zero's buckets in flight, 3 of bucket_cap_mb)
+    compile       torch.compile's compiler and the code it makes (COMPILE_BYTES), where the run compiles
+    loading       the process's own peak before the check (reading and decoding the data, whose
+                  transient buffers are gone by then), where that was higher than their sum
 
 The predicted peak of a rank is the sum, or the loading's peak where that was higher (peak_bytes,
 summary.json's predicted_peak_mb, beside the measured peak_mem_mb, which is the whole run's).
