@@ -267,6 +267,12 @@ def choose_loader(cfg, train, test, device: torch.device) -> str:
     return "device" if tensors and _fits_device(sum(p.nbytes for p in pairs), device) else "dataloader"
 
 
+def loader_workers(cfg, train, test, device: torch.device) -> int:
+    """The DataLoader worker processes a rank runs: data.num_workers for each of its two loaders (training and
+    evaluation, both persistent) where the data goes through torch's DataLoader, else none."""
+    return 2 * cfg.num_workers if choose_loader(cfg, train, test, device) == "dataloader" else 0
+
+
 def build_loaders(cfg, train, test, rank: int, world_size: int, device: torch.device, seed: int,
                   channels_last: bool = False, part: tuple[int, int] | None = None):
     """(train loader, test loader) for this rank over the datasets `cfg` (the data group) built. The training

@@ -22,7 +22,7 @@ from ddp_lab.sync.islands.layout import island_size
 from ddp_lab.sync.periodic import PeriodicOptions
 from ddp_lab.sync.sharded.fsdp import FSDPOptions
 from ddp_lab.telemetry import position
-from ddp_lab.training.memory_estimate import Estimate, GiB, estimate, peak_runtime_bytes, runtime_bytes
+from ddp_lab.training.memory_estimate import WORKER_BYTES, Estimate, GiB, estimate, peak_runtime_bytes, runtime_bytes
 
 log = logging.getLogger("ddp_lab")
 
@@ -87,10 +87,11 @@ def cgroup_headroom() -> int | None:
 def describe(e: Estimate, model, stage: int, available: int, ranks: int, machine: tuple[int, str]) -> str:
     """The line that says the estimate, the memory and what to lower."""
     where = "on this machine" if machine[1] == "MemAvailable" else "in this memory cgroup"
-    digits = 1 if f"{e.total_bytes / GiB:.1f}" != f"{available / GiB:.1f}" else 2  # (not "1.2 more than 1.2")
-    relation = "more than" if e.total_bytes > available else "close to" if \
-        fits(e.ahead_bytes, e.runtime_bytes + available) else f"within the estimate's {ESTIMATE_ERROR:.0%} error of"
-    what = (f"model={model_name(model)} needs about {e.total_bytes / GiB:.{digits}f} GiB per rank, "
+    need = e.total_bytes + e.worker_bytes
+    digits = 1 if f"{need / GiB:.1f}" != f"{available / GiB:.1f}" else 2  # (not "1.2 more than 1.2")
+    relation = "more than" if need > available else "close to" if \
+        fits(e.host_bytes, e.runtime_bytes + available) else f"within the estimate's {ESTIMATE_ERROR:.0%} error of"
+    what = (f"model={model_name(model)} needs about {need / GiB:.{digits}f} GiB per rank, "
             f"{relation} the {available / GiB:.{digits}f} GiB "
             f"available to "
             f"each of the {ranks} rank(s) {where} ({machine[1]} {machine[0] / GiB:.1f} GiB): "
@@ -98,7 +99,9 @@ def describe(e: Estimate, model, stage: int, available: int, ranks: int, machine
             f"the backward), model state {e.state_bytes / GiB:.1f} GiB ({e.parameters:,} parameters: weights, "
             f"gradients and {e.optimizer}'s state" + (", DiLoCo's anchor and momentum" if e.sync_bytes else "")
             + ")" + (f", transient {e.transient_bytes / GiB:.1f} GiB (gathered units, buffers in flight)"
-                     if e.transient_bytes else ""))
+                     if e.transient_bytes else "")
+            + (f", torch.compile {e.compile_bytes / GiB:.1f} GiB" if e.compile_bytes else "")
+            + (f", DataLoader workers {e.worker_bytes / GiB:.1f} GiB (data.num_workers)" if e.worker_bytes else ""))
     if e.activation_bytes >= e.state_bytes:
         lower = ("data.batch_size or the context, model.block_size (activations grow with both"
                  if "block_size" in model else "data.batch_size (activations grow with it")
@@ -133,16 +136,16 @@ def check_fits_memory(model, optim, env: DistEnv, x: torch.Tensor, y: torch.Tens
                       stage: int = 0, refuse: bool = True, available: int | None = None,
                       sync=None, checkpointing: str = "none", autocast: torch.dtype | None = None,
                       gathered: torch.dtype | None = None, freed_kept: bool = False,
-                      compiled: bool = False) -> Estimate | None:
+                      compiled: bool = False, workers: int = 0) -> Estimate | None:
     """Refuse (`refuse`: trainer.memory_check) or warn about a CPU run whose estimate is more than the
     memory available to each rank; warn where it takes most of it. None where not checked.
     model, optim: their config groups; stage: sync.zero_stage under sync=zero (0: nothing sharded).
-    compiled: the run compiles its model (trainer.compile, resolved). Every rank refuses where one does: hosts
-    differ, and the others would end on a closed connection."""
+    compiled: the run compiles its model (trainer.compile, resolved); workers: the DataLoader worker processes the
+    rank runs. Every rank refuses where one does: hosts differ, and the others would end on a closed connection."""
     if env.device.type != "cpu":
         return None
     e, refusal = _check_this_rank(model, optim, env, x, y, task, batch, stage, available, sync, checkpointing,
-                                  autocast, gathered, freed_kept, compiled)
+                                  autocast, gathered, freed_kept, compiled, workers)
     if refuse and env.distributed and dist.is_initialized():
         refusing = _refusing_ranks(refusal is not None, env)
         if refusal is None and refusing:
@@ -156,7 +159,7 @@ def check_fits_memory(model, optim, env: DistEnv, x: torch.Tensor, y: torch.Tens
 
 
 def _check_this_rank(model, optim, env, x, y, task, batch, stage, available, sync, checkpointing, autocast,
-                     gathered, freed_kept=False, compiled=False) -> tuple[Estimate | None, str | None]:
+                     gathered, freed_kept=False, compiled=False, workers=0) -> tuple[Estimate | None, str | None]:
     """(this rank's estimate, or None where not made; the refusal's line where it does not fit, else None),
     the estimate logged and, where it takes most of the memory, warned about on rank 0."""
     found = mem_available(env.world_size) if available is None else \
@@ -165,7 +168,8 @@ def _check_this_rank(model, optim, env, x, y, task, batch, stage, available, syn
         return None, None
     try:
         e = estimate(model, optim, x, y, task, batch, state_shards(sync, env) if stage else 1, stage, sync,
-                     runtime_bytes(), checkpointing, autocast, gathered, freed_kept, compiled, peak_runtime_bytes())
+                     runtime_bytes(), checkpointing, autocast, gathered, freed_kept, compiled, peak_runtime_bytes(),
+                     workers)
     except Exception as err:  # a user's model that cannot be built on meta (it reads values, loads weights)
         log.info("memory estimate: not made (the model cannot be built on the meta device: %s)", err)
         return None, None
@@ -178,10 +182,13 @@ def _check_this_rank(model, optim, env, x, y, task, batch, stage, available, syn
              e.peak_bytes / GiB, e.runtime_bytes / GiB,
              f" (the data's loading peaked there; {e.ahead_bytes / GiB:.2f} ahead)"
              if e.peak_bytes > e.ahead_bytes else "")
+    if e.worker_bytes:
+        log.info("memory estimate: and the DataLoader's %d worker processes, %.2f GiB beside the rank (counted in "
+                 "what fits; data.num_workers=0: none)", e.worker_bytes // WORKER_BYTES, e.worker_bytes / GiB)
     # (the loading's peak has passed: what is still to come must fit what this rank may hold)
-    if not fits(e.ahead_bytes, e.runtime_bytes + per_rank):  # (per_rank: beyond what it holds now)
+    if not fits(e.host_bytes, e.runtime_bytes + per_rank):  # (per_rank: beyond what it holds now)
         return e, describe(e, model, stage, per_rank, ranks, machine)
-    if e.total_bytes > WARN_SHARE * per_rank and env.is_main:
+    if e.total_bytes + e.worker_bytes > WARN_SHARE * per_rank and env.is_main:
         log.warning("%s", describe(e, model, stage, per_rank, ranks, machine))
     return e, None
 

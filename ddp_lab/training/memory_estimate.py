@@ -28,6 +28,8 @@ Per rank, in the parameters' dtype (float32):
     compile       torch.compile's compiler and the code it makes (COMPILE_BYTES), where the run compiles
     loading       the process's own peak before the check (reading and decoding the data, whose
                   transient buffers are gone by then), where that was higher than their sum
+    workers       the DataLoader's worker processes (data.loader=dataloader), WORKER_BYTES each:
+                  not in the rank's own peak, but in its host's memory, which the check weighs
 
 The predicted peak of a rank is the sum, or the loading's peak where that was higher (peak_bytes,
 summary.json's predicted_peak_mb, beside the measured peak_mem_mb, which is the whole run's).
@@ -81,6 +83,7 @@ class Estimate:
     sync_bytes: int = 0       # what the strategy keeps beside them (sync_state_bytes: DiLoCo's copies)
     compile_bytes: int = 0    # torch.compile's (COMPILE_BYTES where the run compiles)
     loaded_peak_bytes: int = 0  # the process's peak before the check (loading the data)
+    worker_bytes: int = 0     # the DataLoader's workers, processes of their own (not in peak_bytes)
 
     @property
     def state_bytes(self) -> int:
@@ -99,6 +102,11 @@ class Estimate:
         return self.runtime_bytes + self.total_bytes
 
     @property
+    def host_bytes(self) -> int:
+        """What the rank takes of its host's memory from the check on: what is ahead and its DataLoader workers."""
+        return self.ahead_bytes + self.worker_bytes
+
+    @property
     def peak_bytes(self) -> int:
         """The predicted peak of a rank over its whole run: what is to come, or the loading's where that was higher."""
         return max(self.ahead_bytes, self.loaded_peak_bytes)
@@ -112,6 +120,9 @@ BUCKETS_IN_FLIGHT = 3  # stages 1 and 2: IN_FLIGHT reduce-scatters and the bucke
 # as a run's peak over the same run eager: LeNet +93 MiB, gpt_small +91-97 (6 layers) and +105-114 (12),
 # ResNet-18 +155-164: the largest (docs/memory.md, the default-run-peak record)
 COMPILE_BYTES = 160 * 2**20
+# a DataLoader worker's own memory (USS) at its largest over a run: Fashion-MNIST's training workers 43-44 MiB, its
+# evaluation workers 10-11, text's 8-9 (a dataset of Python objects copies more: each worker's refcounts touch it)
+WORKER_BYTES = 48 * 2**20
 
 
 def checkpointed_units(net: torch.nn.Module, sync, checkpointing: str) -> list[torch.nn.Module]:
@@ -289,11 +300,12 @@ def _saved_bytes(net, x, y, task, checkpointed, autocast, samples: int) -> int:
 def estimate(model, optim, x: torch.Tensor, y: torch.Tensor, task, batch: int, shards: int = 1,
              stage: int = 1, sync=None, runtime: int = 0, checkpointing: str = "none",
              autocast: torch.dtype | None = None, gathered: torch.dtype | None = None,
-             freed_kept: bool = False, compiled: bool = False, loaded_peak: int = 0) -> Estimate:
+             freed_kept: bool = False, compiled: bool = False, loaded_peak: int = 0, workers: int = 0) -> Estimate:
     """The estimate for `batch` samples per rank like (x, y), of the model and optimizer groups,
     with the optimizer state in `shards` parts (sync=zero: the world size), and from stage 2
     the gradients too; `sync` (its config group) for the transient, `runtime`: the process's bytes,
-    `loaded_peak` its peak so far; `freed_kept`: see transient_bytes; `compiled`: the run compiles its model."""
+    `loaded_peak` its peak so far; `freed_kept`: see transient_bytes; `compiled`: the run compiles its model;
+    `workers`: the DataLoader worker processes the rank runs (data.loader_workers)."""
     with torch.device("meta"):
         net = build_model(model)
     n = sum(p.numel() for p in net.parameters())
@@ -320,4 +332,4 @@ def estimate(model, optim, x: torch.Tensor, y: torch.Tensor, task, batch: int, s
     return Estimate(n, weights, optimizer, activations, batch, name, shards if stage >= 2 else 1,
                     shards if stage == 3 else 1, transient_bytes(net, weights, stage, sync, freed_kept), runtime,
                     sync_state_bytes(sync, weights, shards if stage == 3 else 1), COMPILE_BYTES if compiled else 0,
-                    loaded_peak)
+                    loaded_peak, workers * WORKER_BYTES)

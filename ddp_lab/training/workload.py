@@ -30,6 +30,12 @@ class Workload:
     channels_last: bool           # the images' layout (off for other inputs)
     classes: int = 0              # the largest target + 1 (0: regression, no classes)
 
+    @property
+    def loader_workers(self) -> int:
+        """The DataLoader worker processes this rank runs: its loaders' (persistent), none for the device loader."""
+        return sum(getattr(getattr(loader, "loader", None), "num_workers", 0)
+                   for loader in (self.train_loader, self.test_loader))
+
 
 def num_classes(train) -> int:
     """The largest target + 1: the classes (or tokens) the model must predict."""

@@ -12,6 +12,7 @@ from ddp_lab.training.data import (
     build_loaders,
     check_one_batch_fits,
     eval_indices,
+    loader_workers,
     per_rank_batch,
 )
 
@@ -88,6 +89,20 @@ def test_device_loader_and_dataloader_yield_the_same_batches(tiny_fmnist, tmp_pa
             for (xa, ya), (xb, yb) in zip(a, b):
                 assert torch.equal(ya, yb)
                 assert torch.allclose(xa, xb, atol=1e-6)
+
+
+def test_the_worker_processes_a_rank_runs_are_counted_as_its_loaders_hold_them(tiny_fmnist, tmp_path,
+                                                                                  compose_train):
+    """data.num_workers for each of the two loaders (both persistent) through the DataLoader, none on the device
+    loader: the count the fit check prices (training/memory_estimate.py's workers)."""
+    from ddp_lab.training.workload import Workload
+    base = [f"data.root={tiny_fmnist}", f"data.cache_dir={tmp_path}", "data.num_workers=2"]
+    for kind, workers in (("dataloader", 4), ("device", 0)):
+        cfg = compose_train(base + [f"data.loader={kind}"]).data
+        train, test = build_datasets(cfg)
+        loaders = build_loaders(cfg, train, test, 0, 2, torch.device("cpu"), seed=0)
+        assert Workload(*loaders, None, None, None, 1, False).loader_workers == workers
+        assert loader_workers(cfg, train, test, torch.device("cpu")) == workers
 
 
 def test_loader_starts_mid_epoch_at_the_exact_batch(tiny_fmnist, tmp_path, compose_train):

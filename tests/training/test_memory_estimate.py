@@ -142,6 +142,24 @@ def test_the_peak_counts_torch_compile_and_the_datas_loading_but_the_check_refus
                           available=int(1.2 * eager.total_bytes), compiled=True)
 
 
+def test_the_dataloaders_workers_are_weighed_beside_the_ranks_own_peak(compose_train, monkeypatch):
+    """Processes of their own: not in the rank's predicted peak (summary.json compares it with the rank's own RSS),
+    but in what its host must hold, so a run that fits without them can be refused with them."""
+    cfg = _gpt(compose_train)
+    alone = estimate(cfg.model, cfg.optim, TOKENS, TOKENS, LANGUAGE_MODEL, 32)
+    four = estimate(cfg.model, cfg.optim, TOKENS, TOKENS, LANGUAGE_MODEL, 32, workers=4)
+    assert four.worker_bytes == 4 * memory_estimate.WORKER_BYTES and four.peak_bytes == alone.peak_bytes
+    assert four.host_bytes == alone.host_bytes + four.worker_bytes
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setattr(fit_check, "runtime_bytes", lambda: 0)
+    env, roomy = DistEnv(0, 1, 0, CPU, "none"), int(1.2 * alone.total_bytes)
+    assert check_fits_memory(cfg.model, cfg.optim, env, TOKENS, TOKENS, LANGUAGE_MODEL, batch=32,
+                             available=roomy) is not None
+    with pytest.raises(ConfigError, match=r"DataLoader workers 0\.2 GiB \(data\.num_workers\)"):
+        check_fits_memory(cfg.model, cfg.optim, env, TOKENS, TOKENS, LANGUAGE_MODEL, batch=32, available=roomy,
+                          workers=4)
+
+
 def test_memory_check_false_only_warns_and_a_gpu_is_not_checked(compose_train, caplog):
     cfg = _gpt(compose_train, "trainer.memory_check=false")
     env = DistEnv(0, 1, 0, CPU, "none")

@@ -107,18 +107,18 @@ def wire_bytes(strategy: str, grad_bytes: int) -> int:
 
 def table(params: int, state: int, activations: int | dict, ranks: int, memory: int, link_bits: int | None,
           alpha: float, compute_ms: float | None, reduce_scatter: str = "ring", transient: dict | None = None,
-          runtime: int = 0, compiler: dict | None = None, loaded: int = 0) -> list[dict]:
+          runtime: int = 0, compiler: dict | None = None, loaded: int = 0, workers: int = 0) -> list[dict]:
     """A row per strategy; activations: the same for every strategy, or by strategy; transient and compiler
     (torch.compile's): their bytes by strategy (none: 0), runtime: the process's own, loaded: its peak loading
-    the data."""
+    the data, workers: bytes of the DataLoader's processes beside a rank (weighed in what fits, not its peak)."""
     from ddp_lab.training.fit_check import fits  # (the trainer's rule; torch only here)
     rows = []
     for s in STRATEGIES:
         held = model_state_bytes(params, state, ranks, s)
         acts = activations[s] if isinstance(activations, dict) else activations
-        peak = max(loaded, runtime + held + acts + (transient or {}).get(s, 0) + (compiler or {}).get(s, 0))
-        row = {"strategy": s, "model_state_bytes": held, "total_bytes": held + acts, "peak_bytes": peak,
-               "fits": fits(peak, memory), "wire_bytes": wire_bytes(s, 4 * params)}
+        ahead = runtime + held + acts + (transient or {}).get(s, 0) + (compiler or {}).get(s, 0)
+        row = {"strategy": s, "model_state_bytes": held, "total_bytes": held + acts, "peak_bytes": max(loaded, ahead),
+               "fits": fits(max(loaded, ahead + workers), memory), "wire_bytes": wire_bytes(s, 4 * params)}
         if link_bits:
             comm = wire_seconds(s, ranks, 4 * params, alpha, 8 / link_bits, 0.0, reduce_scatter)
             row["comm_ms"] = comm * 1e3
@@ -130,18 +130,18 @@ def table(params: int, state: int, activations: int | dict, ranks: int, memory: 
 
 def describe(cfg, ranks: int, batch: int | None):
     """(parameters, optimizer state tensors per parameter, its name, activation bytes per rank by strategy,
-    samples per rank, transient bytes by strategy, torch.compile's bytes by strategy) of cfg; the model is checked
-    against the data first, as the training checks it."""
+    samples per rank, transient bytes by strategy, torch.compile's bytes by strategy, the DataLoader worker
+    processes a rank runs) of cfg; the model is checked against the data first, as the training checks it."""
     import torch
 
     from ddp_lab.distributed import host_malloc
     from ddp_lab.models import build_model, check_fits_data
     from ddp_lab.sync import options_of
-    from ddp_lab.training.data import build_datasets, example
+    from ddp_lab.training.data import build_datasets, example, loader_workers
     from ddp_lab.training.memory_estimate import estimate, optimizer_state, transient_bytes
     from ddp_lab.training.tasks import build_loss, choose_task
     from ddp_lab.training.workload import num_classes
-    train, _ = build_datasets(cfg.data)
+    train, test = build_datasets(cfg.data)
     x, y = example(train)
     task = choose_task(cfg.data.task, y, build_loss(cfg.trainer.get("loss")))
     check_fits_data(cfg.model, cfg.data, x, y, task, num_classes(train) if task.correct_name else 0)
@@ -162,8 +162,9 @@ def describe(cfg, ranks: int, batch: int | None):
                                            torch.device("cuda" if on_cuda(cfg) else "cpu"))
     transient = {s: transient_bytes(net, e.weight_bytes, stage, options_at(opts, stage) if ranks > 1 else None, kept)
                  for s, stage in zip(STRATEGIES, (0, 1, 2, 3))}
+    workers = loader_workers(cfg.data, train, test, torch.device("cpu"))  # (the host's memory, where they run)
     return e.parameters, optimizer_state(cfg.optim)[0], e.optimizer, acts, per_rank, transient, \
-        compiler_bytes(cfg, ranks, per_rank, len(train))
+        compiler_bytes(cfg, ranks, per_rank, len(train)), workers
 
 
 def compiler_bytes(cfg, ranks: int, per_rank: int, samples: int) -> dict:
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
         from ddp_lab.sync.registry import refuse_foreign_keys
         refuse_foreign_keys(args.overrides)  # (a key of another strategy: one line, not Hydra's traceback)
         cfg = compose(args.overrides)
-        params, state, name, acts, batch, transient, compiler = describe(cfg, args.ranks, args.batch)
+        params, state, name, acts, batch, transient, compiler, workers = describe(cfg, args.ranks, args.batch)
         loaded = 0
         if runtime is None:
             from ddp_lab.training.memory_estimate import peak_runtime_bytes, runtime_bytes
@@ -231,9 +232,10 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         print(f"ddp_lab.tools.costmodel.will_it_fit: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    from ddp_lab.training.memory_estimate import WORKER_BYTES
     rs = reduce_scatter_of(cfg)
     rows = table(params, state, acts, args.ranks, memory, link, args.alpha_us * 1e-6, args.compute_ms, rs,
-                 transient, runtime, compiler, loaded)
+                 transient, runtime, compiler, loaded, workers * WORKER_BYTES)
     under = " under bf16 autocast" if autocast_of(cfg) is not None else ""
     if acts["zero3"] != acts["ddp"]:
         under += f" (stage 3's, its weights gathered in bf16: {acts['zero3'] / GiB:.2f})"
@@ -241,7 +243,9 @@ def main(argv: list[str] | None = None) -> None:
           f"tensor(s) a parameter; {args.ranks} ranks, {memory / GiB:.2f} GiB each; activations "
           f"{acts['ddp'] / GiB:.2f} GiB for {batch} sample(s) a rank{under}; runtime {runtime / GiB:.2f} GiB"
           + (f" (loading the data peaked at {loaded / GiB:.2f})" if loaded > runtime else "")
-          + (f"; torch.compile {compiler['ddp'] / GiB:.2f} GiB (not under stage 3, eager)" if compiler["ddp"] else ""))
+          + (f"; torch.compile {compiler['ddp'] / GiB:.2f} GiB (not under stage 3, eager)" if compiler["ddp"] else "")
+          + (f"; {workers} DataLoader worker processes a rank, {workers * WORKER_BYTES / GiB:.2f} GiB beside it"
+             if workers else ""))
     if link:
         print("reduce-scatter priced as " + ("gloo runs torch's: an all-reduce, twice a ring's bytes "
                                             "(sync.algo=ring_textbook sends a ring's)" if rs == "all-reduce"
@@ -257,7 +261,8 @@ def main(argv: list[str] | None = None) -> None:
         print(line)
     fits = [r["strategy"] for r in rows if r["fits"]]
     from ddp_lab.training.fit_check import ESTIMATE_ERROR
-    print(f"fits (the peak and {ESTIMATE_ERROR:.0%} more, the estimate's error, within --memory): "
+    print(f"fits (the peak{', the DataLoader workers' if workers else ''} and {ESTIMATE_ERROR:.0%} more, the "
+          "estimate's error, within --memory): "
           f"{', '.join(fits) or 'none'}")
     print("run the first with: " + {
         "ddp": "sync=ddp (or flat)", "zero1": "sync=zero", "zero2": "sync=zero sync.zero_stage=2",

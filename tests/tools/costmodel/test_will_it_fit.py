@@ -123,6 +123,12 @@ def test_torch_compile_and_the_datas_loading_are_priced_where_the_run_meets_them
     loaded = {r["strategy"]: r for r in will_it_fit.table(10**6, 2, gib // 4, 4, gib, None, 0, None,
                                                           runtime=gib // 4, loaded=gib)}
     assert [r["peak_bytes"] for r in loaded.values()] == [gib] * 4 and not any(r["fits"] for r in loaded.values())
+    # the DataLoader's workers: beside a rank's peak, weighed in what fits
+    assert will_it_fit.describe(compose_train([*data, "data.loader=dataloader", "data.num_workers=2"]), 2, 4)[7] == 4
+    assert will_it_fit.describe(compose_train(data), 2, 4)[7] == 0
+    free = will_it_fit.table(10**6, 2, gib // 4, 4, gib, None, 0, None, runtime=gib // 4)[0]
+    held = will_it_fit.table(10**6, 2, gib // 4, 4, gib, None, 0, None, runtime=gib // 4, workers=gib // 2)[0]
+    assert free["fits"] and not held["fits"] and held["peak_bytes"] == free["peak_bytes"]
 
 
 def test_the_command_line(tiny_fmnist, tmp_path, capsys):
