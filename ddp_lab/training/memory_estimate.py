@@ -117,8 +117,9 @@ class Estimate:
 TRANSIENT_UNITS = {"builtin": 7, "direct": 5, "ring_textbook": 5, "fsdp": 3}
 BUCKETS_IN_FLIGHT = 3  # stages 1 and 2: IN_FLIGHT reduce-scatters and the bucket being filled
 # torch.compile on CPU: dynamo, inductor and the code they make, the graphs of training and evaluation; measured
-# as a run's peak over the same run eager: LeNet +93 MiB, gpt_small +91-97 (6 layers) and +105-114 (12),
-# ResNet-18 +155-164: the largest (docs/memory.md, the default-run-peak record)
+# as a run's peak over the same run eager, the first time a model compiles on a machine: LeNet +61-96 MiB,
+# gpt_small +91-97 (6 layers) and +105-114 (12), ResNet-18 +155-164, the largest (docs/memory.md, the
+# default-run-peak record; with the cache warm +47-126)
 COMPILE_BYTES = 160 * 2**20
 # a DataLoader worker's own memory (USS) at its largest over a run: Fashion-MNIST's training workers 43-44 MiB, its
 # evaluation workers 10-11, text's 8-9 (a dataset of Python objects copies more: each worker's refcounts touch it)
