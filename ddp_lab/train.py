@@ -133,6 +133,7 @@ def main(cfg) -> dict:
             watchdog.close()
         if trainer is not None:
             trainer.close()
+        trainer = None  # its model holds the process group (DDP's reducer): released before teardown destroys it
         multirun = HydraConfig.get().mode == RunMode.MULTIRUN
         distributed.teardown(keep_for_next_job=multirun)
         if not multirun:  # the interpreter's last collections walk torch's whole heap (~1 s a process): skip them
@@ -171,3 +172,4 @@ def composed_or_refused() -> None:
 if __name__ == "__main__":
     refuse_old_and_foreign_keys(sys.argv[1:])
     composed_or_refused()
+    distributed.exit_finished()

@@ -8,7 +8,11 @@ Entry points call setup() here; machine tuning on top of the group
 from __future__ import annotations
 
 import atexit
+import gc
+import glob
+import logging
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -167,7 +171,49 @@ def teardown(keep_for_next_job: bool = False) -> None:
 
 def _destroy() -> None:
     if dist.is_available() and dist.is_initialized():
+        # A run's DDP model sits in reference cycles (a Trainer's callbacks hold its sync) that hold the
+        # group: collected first, so that destroy_process_group really ends it (else gloo's threads ran
+        # on into the interpreter's exit)
+        gc.collect()
         dist.destroy_process_group()
+
+
+# What torch and gloo name the threads of a gloo process group (ProcessGroupGloo's workers, its
+# transport's event loop), as Linux lists them under /proc/self/task.
+GLOO_THREADS = ("pt_gloo_runloop", "gloo_tcp_loop")
+
+
+def gloo_threads_left() -> list[str]:
+    """The gloo threads this process still runs ([] where /proc/self/task is not there)."""
+    names = []
+    for path in glob.glob("/proc/self/task/*/comm"):
+        try:
+            with open(path) as f:
+                names.append(f.read().strip())
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return sorted(n for n in names if n in GLOO_THREADS)
+
+
+def exit_finished() -> None:
+    """The last call of a rank whose run finished: destroy the group (a sweep's too), then exit 0.
+
+    Where gloo's threads outlive destroy_process_group (torch's DTensor caches keep the
+    mesh of fsdp and hsdp, and with it the group), the group would end only as the
+    interpreter shuts down, the order torch warns against (a finished rank aborted with
+    "terminate called without an active exception"): such a rank flushes its logs and
+    leaves without that shutdown.
+    """
+    _destroy()
+    left = gloo_threads_left()
+    if not left:
+        return
+    logging.getLogger("ddp_lab").debug("gloo threads %s outlived destroy_process_group: exit 0 without "
+                                       "the interpreter's shutdown", left)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def all_reduce_sum(t: torch.Tensor, env: DistEnv) -> torch.Tensor:

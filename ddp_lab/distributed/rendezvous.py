@@ -127,8 +127,9 @@ def init_process_group(backend: str, rank: int, world_size: int, timeout_s: floa
     """dist.init_process_group on this attempt's own prefix of the store, all of it
     within timeout_s; returns the attempt's token."""
     # Loaded before the group exists: imported after it (a run's first model check does),
-    # torch._dynamo keeps the group alive past destroy_process_group, and its gloo threads
-    # then run on while the interpreter shuts down (finished ranks have aborted there).
+    # torch._dynamo keeps the group alive past destroy_process_group (it imports
+    # torch.distributed.nn, whose functions default to the group of the moment), and its
+    # gloo threads then run on while the interpreter shuts down (finished ranks aborted there).
     import torch._dynamo  # noqa: F401
     where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
     with Deadline(timeout_s, rank, f"the rendezvous store at {where} (MASTER_ADDR:MASTER_PORT)") as deadline:

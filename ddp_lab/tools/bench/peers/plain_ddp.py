@@ -1,7 +1,10 @@
 """The plain loop: pytorch/examples' DDP tutorial (distributed/ddp-tutorial-series) with autocast
 and clipping, on ddp_lab's module and data. torchrun --nproc_per_node=2 -m
 ddp_lab.tools.bench.peers.plain_ddp --out r.json model=gpt_small data=text optim=adamw"""
+import gc
+
 import torch
+import torch._dynamo  # noqa: F401  (before the group: imported after it, as DDP does, it keeps the group alive)
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
@@ -32,8 +35,9 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         clock.step_done()
     clock.write(a.out, loss)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    gc.collect()  # what holds DDP in a reference cycle holds the group: gone first, else gloo's threads outlive it
+    dist.destroy_process_group()
