@@ -65,6 +65,7 @@ from ddp_lab.telemetry.profiling import StepProfiler
 from ddp_lab.telemetry.step_measure import StepMeasure
 from ddp_lab.telemetry.stragglers import StepTimer
 from ddp_lab.telemetry.target import TimeToTarget
+from ddp_lab.telemetry.worker_memory import WorkerMemory
 from ddp_lab.training import activation_checkpointing
 from ddp_lab.training import callbacks as cb
 from ddp_lab.training.fast_path import amp_reason, autocast, resolve_amp, resolve_compile
@@ -208,6 +209,8 @@ class Parts:
     callbacks: cb.Callbacks
     memory: Estimate | None = None  # the memory estimate (CPU runs), its predicted peak beside the measured one
     built_mb: tuple[float, float] = (0.0, 0.0)  # this rank's memory before the model's build, its peak once built
+    # its DataLoader workers' memory, sampled at each epoch's end and the run's
+    workers: WorkerMemory = field(default_factory=lambda: WorkerMemory(list))
 
 
 def build_model_for(cfg, caps, env: DistEnv) -> tuple[torch.nn.Module, MetaInit | None]:
@@ -333,4 +336,4 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
                  (ShardedGradScaler if sync.caps.shards else torch.amp.GradScaler)("cuda", enabled=amp == "fp16"),
                  loss_watch,
                  TimeToTarget(t, work.task.name), profiler, measure, Checkpointer(cfg, env, run_dir), preemption,
-                 callbacks, memory, built_mb)
+                 callbacks, memory, built_mb, WorkerMemory(work.loader_worker_pids))

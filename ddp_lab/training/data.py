@@ -18,7 +18,9 @@ Evaluation uses `eval_indices`, which never pads: every test sample counts once.
 from __future__ import annotations
 
 import itertools
+import multiprocessing
 import os
+from functools import partial
 from typing import Iterator
 
 import torch
@@ -222,9 +224,17 @@ class TorchLoader:
         self.batch_size = batch_size
         self.device = device
         self.channels_last = channels_last
+        # each worker writes its pid here as it starts (its memory is measured: telemetry/worker_memory.py)
+        self.pids = multiprocessing.Array("i", num_workers, lock=False) if num_workers else []
         self.loader = DataLoader(dataset, batch_size=batch_size, sampler=self.order, shuffle=False,
                                  collate_fn=collate, num_workers=num_workers, pin_memory=device.type == "cuda",
-                                 persistent_workers=num_workers > 0)
+                                 persistent_workers=num_workers > 0,
+                                 worker_init_fn=partial(_note_pid, self.pids) if num_workers else None)
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """The worker processes started so far (none before the first batch, or without workers)."""
+        return [p for p in self.pids if p]
 
     def __len__(self) -> int:
         return -(-len(self.order.sampler) // self.batch_size)  # (the whole epoch's, wherever it starts)
@@ -241,6 +251,10 @@ class TorchLoader:
             x, y = batch
             x = _layout(x.to(self.device, non_blocking=True), self.channels_last)
             yield x, torch.as_tensor(y).to(self.device, non_blocking=True)
+
+
+def _note_pid(pids, worker_id: int) -> None:
+    pids[worker_id] = os.getpid()
 
 
 def _fits_device(nbytes: int, device: torch.device) -> bool:

@@ -81,6 +81,11 @@ def run_summary(parts) -> dict:
         # what the memory estimate predicted before the first step (training/memory_estimate.py; CPU runs)
         "predicted_peak_mb_by_rank": None if parts.memory is None else
         [round(b / 2**20, 1) for b in by_rank(parts.memory.peak_bytes, env)],
+        # its DataLoader workers' private memory together, the largest sampled (telemetry/worker_memory.py), and
+        # what the estimate priced them at (data.loader=dataloader with data.num_workers; else 0)
+        "loader_workers_mb_by_rank": [round(b / 2**20, 1) for b in by_rank(parts.workers.peak_bytes, env)],
+        "predicted_workers_mb_by_rank": None if parts.memory is None else
+        [round(b / 2**20, 1) for b in by_rank(parts.memory.worker_bytes, env)],
         # counted at the second step's sync (telemetry/step_measure.py), or now if it took fewer
         "model_state_bytes": [int(b) for b in by_rank(counted_state(parts), env)],
         "straggler": parts.measure.straggler(info.straggler_threshold),

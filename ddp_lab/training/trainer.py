@@ -177,6 +177,7 @@ class Trainer:
             self.log.print(epoch_line(self.epoch, self.plan.epochs, shown, self.task, at))
         self.log.scalars(metrics, self.step)
         self.progress.last.update(metrics)
+        self.parts.workers.sample()  # (the DataLoader workers' memory: at each epoch's end, the run's)
         save = self.schedule.checkpoint_at_epoch_end(self.batches_done)  # (one cut short: saved after its step)
         self.progress.epoch += 1
         self.progress.batches_done = 0
@@ -241,6 +242,7 @@ class Trainer:
         """summary.json and model.pt (rank 0), the closing line; every rank returns the summary."""
         self.loss_watch.check()
         position.phase("writing results")
+        self.parts.workers.sample()
         summary = run_summary(self.parts)
         headline = summary_name(self.task.headline)
         self.log.hparams(self.parts.config_record, self.env.world_size, summary["backend"],

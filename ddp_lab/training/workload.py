@@ -36,6 +36,10 @@ class Workload:
         return sum(getattr(getattr(loader, "loader", None), "num_workers", 0)
                    for loader in (self.train_loader, self.test_loader))
 
+    def loader_worker_pids(self) -> list[int]:
+        """Those of them running now."""
+        return [p for loader in (self.train_loader, self.test_loader) for p in getattr(loader, "worker_pids", [])]
+
 
 def num_classes(train) -> int:
     """The largest target + 1: the classes (or tokens) the model must predict."""

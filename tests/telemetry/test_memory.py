@@ -50,6 +50,16 @@ def test_a_run_reports_every_rank_model_state_and_peak(compose_train, tiny_fmnis
     assert summary["model_state_bytes"] == [16 * n]
     assert len(summary["peak_mem_mb_by_rank"]) == 1 and summary["peak_mem_mb_by_rank"][0] > 0
     assert math.isclose(summary["peak_mem_mb_by_rank"][0], summary["peak_mem_mb"], rel_tol=0.05)
+    # the data held as tensors, no DataLoader: no worker, none priced
+    assert summary["loader_workers_mb_by_rank"] == summary["predicted_workers_mb_by_rank"] == [0.0]
+
+
+def test_a_run_reports_its_dataloader_workers_memory_beside_their_price(compose_train, tiny_fmnist, tmp_path):
+    from ddp_lab.training.memory_estimate import WORKER_BYTES
+    summary = fit_alone(compose_train, tiny_fmnist, tmp_path / "run",
+                        ["trainer.max_steps=2", "data.loader=dataloader", "data.num_workers=1"])
+    assert summary["predicted_workers_mb_by_rank"] == [2 * WORKER_BYTES / 2**20]  # (training's and evaluation's)
+    assert 0 < summary["loader_workers_mb_by_rank"][0] < 2 * WORKER_BYTES / 2**20
 
 
 # DiLoCo's state beside the model and optimizer: the estimate's copies against what a rank holds after a round
