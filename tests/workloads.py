@@ -112,3 +112,22 @@ class _Hidden(nn.Module):
 
 def hidden_states_only() -> nn.Module:
     return _Hidden()
+
+
+class _Rows(Dataset):
+    """Samples held as Python objects, as parsed data often is: a list of (list of floats, label)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor):
+        self.rows = list(zip(x.tolist(), y.tolist()))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int):
+        features, label = self.rows[i]
+        return torch.tensor(features), label
+
+
+def python_blobs(num_train: int = 1024, num_test: int = 256, dim: int = 8, classes: int = 4, seed: int = 0):
+    """blobs, each split held as Python objects (_Rows), not tensors."""
+    return tuple(_Rows(*split.tensors) for split in blobs(num_train, num_test, dim, classes, seed))

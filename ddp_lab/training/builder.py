@@ -287,7 +287,7 @@ def build(cfg, env: DistEnv, run_dir: Path, preemption: Preemption | None = None
                                checkpointing=t.activation_checkpointing,
                                autocast=torch.bfloat16 if amp == "bf16" else None, gathered=gathered,
                                freed_kept=host_malloc.keeps_freed_gathers(t.host_malloc, env.device),
-                               compiled=compiled, workers=work.loader_workers)
+                               compiled=compiled, workers=work.loader_workers, copied=work.loader_copies)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     position.phase("building the model")
     before_build = memory_now_mb(env.device)

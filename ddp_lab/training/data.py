@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, S
 from ddp_lab.config import ConfigError, targets
 from ddp_lab.datasets import TensorPairs, as_tensor_pairs
 from ddp_lab.datasets.keyed import KeyedPairs, TensorDicts, collate, keys_of
+from ddp_lab.datasets.object_bytes import object_bytes
 from ddp_lab.datasets.text import CONTEXT, TokenWindows
 from ddp_lab.models.calling import LABELS, to_device
 
@@ -285,6 +286,18 @@ def loader_workers(cfg, train, test, device: torch.device) -> int:
     """The DataLoader worker processes a rank runs: data.num_workers for each of its two loaders (training and
     evaluation, both persistent) where the data goes through torch's DataLoader, else none."""
     return 2 * cfg.num_workers if choose_loader(cfg, train, test, device) == "dataloader" else 0
+
+
+def worker_copies(num_workers: int, datasets) -> int:
+    """The bytes `num_workers` workers of each of `datasets`' loaders may copy of their Python objects, together:
+    a worker's reads write the reference counts of the objects it loads (datasets/object_bytes.py)."""
+    return num_workers * sum(object_bytes(d) for d in datasets) if num_workers else 0
+
+
+def loader_copies(cfg, train, test, device: torch.device) -> int:
+    """worker_copies of the two loaders a rank runs, as loader_workers counts them (the whole held-out split, where
+    a run counts its rank's part and the list of its indices)."""
+    return worker_copies(cfg.num_workers, (train, test)) if loader_workers(cfg, train, test, device) else 0
 
 
 def build_loaders(cfg, train, test, rank: int, world_size: int, device: torch.device, seed: int,

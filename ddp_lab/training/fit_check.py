@@ -101,7 +101,9 @@ def describe(e: Estimate, model, stage: int, available: int, ranks: int, machine
             + ")" + (f", transient {e.transient_bytes / GiB:.1f} GiB (gathered units, buffers in flight)"
                      if e.transient_bytes else "")
             + (f", torch.compile {e.compile_bytes / GiB:.1f} GiB" if e.compile_bytes else "")
-            + (f", DataLoader workers {e.worker_bytes / GiB:.1f} GiB (data.num_workers)" if e.worker_bytes else ""))
+            + (f", DataLoader workers {e.worker_bytes / GiB:.1f} GiB (data.num_workers"
+               + (", and the copies they may make of the data's Python objects: tensors or arrays are not copied"
+                  if e.worker_bytes - e.workers * WORKER_BYTES >= 2**20 else "") + ")" if e.worker_bytes else ""))
     if e.activation_bytes >= e.state_bytes:
         lower = ("data.batch_size or the context, model.block_size (activations grow with both"
                  if "block_size" in model else "data.batch_size (activations grow with it")
@@ -136,16 +138,17 @@ def check_fits_memory(model, optim, env: DistEnv, x: torch.Tensor, y: torch.Tens
                       stage: int = 0, refuse: bool = True, available: int | None = None,
                       sync=None, checkpointing: str = "none", autocast: torch.dtype | None = None,
                       gathered: torch.dtype | None = None, freed_kept: bool = False,
-                      compiled: bool = False, workers: int = 0) -> Estimate | None:
+                      compiled: bool = False, workers: int = 0, copied: int = 0) -> Estimate | None:
     """Refuse (`refuse`: trainer.memory_check) or warn about a CPU run whose estimate is more than the
     memory available to each rank; warn where it takes most of it. None where not checked.
     model, optim: their config groups; stage: sync.zero_stage under sync=zero (0: nothing sharded).
     compiled: the run compiles its model (trainer.compile, resolved); workers: the DataLoader worker processes the
-    rank runs. Every rank refuses where one does: hosts differ, and the others would end on a closed connection."""
+    rank runs, copied: the bytes of their datasets' Python objects they may copy, summed over them. Every rank
+    refuses where one does: hosts differ, and the others would end on a closed connection."""
     if env.device.type != "cpu":
         return None
     e, refusal = _check_this_rank(model, optim, env, x, y, task, batch, stage, available, sync, checkpointing,
-                                  autocast, gathered, freed_kept, compiled, workers)
+                                  autocast, gathered, freed_kept, compiled, workers, copied)
     if refuse and env.distributed and dist.is_initialized():
         refusing = _refusing_ranks(refusal is not None, env)
         if refusal is None and refusing:
@@ -159,7 +162,8 @@ def check_fits_memory(model, optim, env: DistEnv, x: torch.Tensor, y: torch.Tens
 
 
 def _check_this_rank(model, optim, env, x, y, task, batch, stage, available, sync, checkpointing, autocast,
-                     gathered, freed_kept=False, compiled=False, workers=0) -> tuple[Estimate | None, str | None]:
+                     gathered, freed_kept=False, compiled=False, workers=0,
+                     copied=0) -> tuple[Estimate | None, str | None]:
     """(this rank's estimate, or None where not made; the refusal's line where it does not fit, else None),
     the estimate logged and, where it takes most of the memory, warned about on rank 0."""
     found = mem_available(env.world_size) if available is None else \
@@ -169,7 +173,7 @@ def _check_this_rank(model, optim, env, x, y, task, batch, stage, available, syn
     try:
         e = estimate(model, optim, x, y, task, batch, state_shards(sync, env) if stage else 1, stage, sync,
                      runtime_bytes(), checkpointing, autocast, gathered, freed_kept, compiled, peak_runtime_bytes(),
-                     workers)
+                     workers, copied)
     except Exception as err:  # a user's model that cannot be built on meta (it reads values, loads weights)
         log.info("memory estimate: not made (the model cannot be built on the meta device: %s)", err)
         return None, None
@@ -183,8 +187,11 @@ def _check_this_rank(model, optim, env, x, y, task, batch, stage, available, syn
              f" (the data's loading peaked there; {e.ahead_bytes / GiB:.2f} ahead)"
              if e.peak_bytes > e.ahead_bytes else "")
     if e.worker_bytes:
-        log.info("memory estimate: and the DataLoader's %d worker processes, %.2f GiB beside the rank (counted in "
-                 "what fits; data.num_workers=0: none)", e.worker_bytes // WORKER_BYTES, e.worker_bytes / GiB)
+        copies = e.worker_bytes - e.workers * WORKER_BYTES
+        log.info("memory estimate: and the DataLoader's %d worker processes, %.2f GiB beside the rank%s; counted in "
+                 "what fits (data.num_workers=0: none)", e.workers, e.worker_bytes / GiB,
+                 f", {copies / GiB:.2f} of it for the copies they may make of the data's Python objects (tensors "
+                 "and arrays are not copied)" if copies >= 2**20 else "")
     # (the loading's peak has passed: what is still to come must fit what this rank may hold)
     if not fits(e.host_bytes, e.runtime_bytes + per_rank):  # (per_rank: beyond what it holds now)
         return e, describe(e, model, stage, per_rank, ranks, machine)

@@ -28,7 +28,8 @@ Per rank, in the parameters' dtype (float32):
     compile       torch.compile's compiler and the code it makes (COMPILE_BYTES), where the run compiles
     loading       the process's own peak before the check (reading and decoding the data, whose
                   transient buffers are gone by then), where that was higher than their sum
-    workers       the DataLoader's worker processes (data.loader=dataloader), WORKER_BYTES each:
+    workers       the DataLoader's worker processes (data.loader=dataloader), WORKER_BYTES each and the
+                  Python objects of their dataset, which each may copy (datasets/object_bytes.py):
                   not in the rank's own peak, but in its host's memory, which the check weighs
 
 The predicted peak of a rank is the sum, or the loading's peak where that was higher (peak_bytes,
@@ -84,6 +85,7 @@ class Estimate:
     compile_bytes: int = 0    # torch.compile's (COMPILE_BYTES where the run compiles)
     loaded_peak_bytes: int = 0  # the process's peak before the check (loading the data)
     worker_bytes: int = 0     # the DataLoader's workers, processes of their own (not in peak_bytes)
+    workers: int = 0          # how many
 
     @property
     def state_bytes(self) -> int:
@@ -122,7 +124,7 @@ BUCKETS_IN_FLIGHT = 3  # stages 1 and 2: IN_FLIGHT reduce-scatters and the bucke
 # default-run-peak record; with the cache warm +47-126)
 COMPILE_BYTES = 160 * 2**20
 # a DataLoader worker's own memory (USS) at its largest over a run: Fashion-MNIST's training workers 43-44 MiB, its
-# evaluation workers 10-11, text's 8-9 (a dataset of Python objects copies more: each worker's refcounts touch it)
+# evaluation workers 10-11, text's 8-9; beside it, the Python objects of its dataset it copies (priced apart)
 WORKER_BYTES = 48 * 2**20
 
 
@@ -301,12 +303,14 @@ def _saved_bytes(net, x, y, task, checkpointed, autocast, samples: int) -> int:
 def estimate(model, optim, x: torch.Tensor, y: torch.Tensor, task, batch: int, shards: int = 1,
              stage: int = 1, sync=None, runtime: int = 0, checkpointing: str = "none",
              autocast: torch.dtype | None = None, gathered: torch.dtype | None = None,
-             freed_kept: bool = False, compiled: bool = False, loaded_peak: int = 0, workers: int = 0) -> Estimate:
+             freed_kept: bool = False, compiled: bool = False, loaded_peak: int = 0, workers: int = 0,
+             copied: int = 0) -> Estimate:
     """The estimate for `batch` samples per rank like (x, y), of the model and optimizer groups,
     with the optimizer state in `shards` parts (sync=zero: the world size), and from stage 2
     the gradients too; `sync` (its config group) for the transient, `runtime`: the process's bytes,
     `loaded_peak` its peak so far; `freed_kept`: see transient_bytes; `compiled`: the run compiles its model;
-    `workers`: the DataLoader worker processes the rank runs (data.loader_workers)."""
+    `workers`: the DataLoader worker processes the rank runs (data.loader_workers), `copied`: the bytes of their
+    datasets' Python objects, summed over them (data.loader_copies)."""
     with torch.device("meta"):
         net = build_model(model)
     n = sum(p.numel() for p in net.parameters())
@@ -333,4 +337,4 @@ def estimate(model, optim, x: torch.Tensor, y: torch.Tensor, task, batch: int, s
     return Estimate(n, weights, optimizer, activations, batch, name, shards if stage >= 2 else 1,
                     shards if stage == 3 else 1, transient_bytes(net, weights, stage, sync, freed_kept), runtime,
                     sync_state_bytes(sync, weights, shards if stage == 3 else 1), COMPILE_BYTES if compiled else 0,
-                    loaded_peak, workers * WORKER_BYTES)
+                    loaded_peak, workers * WORKER_BYTES + copied, workers)

@@ -13,7 +13,7 @@ from ddp_lab.config import ConfigError
 from ddp_lab.datasets import as_tensor_pairs
 from ddp_lab.distributed import DistEnv
 from ddp_lab.models import check_fits_data, check_takes_dicts
-from ddp_lab.training.data import build_datasets, build_loaders, example
+from ddp_lab.training.data import build_datasets, build_loaders, example, worker_copies
 from ddp_lab.training.tasks import Task, build_loss, choose_task
 
 log = logging.getLogger("ddp_lab")
@@ -35,6 +35,12 @@ class Workload:
         """The DataLoader worker processes this rank runs: its loaders' (persistent), none for the device loader."""
         return sum(getattr(getattr(loader, "loader", None), "num_workers", 0)
                    for loader in (self.train_loader, self.test_loader))
+
+    @property
+    def loader_copies(self) -> int:
+        """The bytes those workers may copy of their datasets' Python objects, together (data.worker_copies)."""
+        loaders = [getattr(loader, "loader", None) for loader in (self.train_loader, self.test_loader)]
+        return sum(worker_copies(x.num_workers, [x.dataset]) for x in loaders if x is not None)
 
     def loader_worker_pids(self) -> list[int]:
         """Those of them running now."""

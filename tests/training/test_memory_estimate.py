@@ -158,6 +158,13 @@ def test_the_dataloaders_workers_are_weighed_beside_the_ranks_own_peak(compose_t
     with pytest.raises(ConfigError, match=r"DataLoader workers 0\.2 GiB \(data\.num_workers\)"):
         check_fits_memory(cfg.model, cfg.optim, env, TOKENS, TOKENS, LANGUAGE_MODEL, batch=32, available=roomy,
                           workers=4)
+    # one worker, but a dataset of Python objects it may copy: priced beside it, named in the refusal
+    copying = estimate(cfg.model, cfg.optim, TOKENS, TOKENS, LANGUAGE_MODEL, 32, workers=1, copied=150 * 2**20)
+    assert copying.worker_bytes == memory_estimate.WORKER_BYTES + 150 * 2**20 and copying.workers == 1
+    with pytest.raises(ConfigError, match=r"0\.2 GiB \(data\.num_workers, and the copies they may make of the "
+                                          r"data's Python objects"):
+        check_fits_memory(cfg.model, cfg.optim, env, TOKENS, TOKENS, LANGUAGE_MODEL, batch=32, available=roomy,
+                          workers=1, copied=150 * 2**20)
 
 
 def test_memory_check_false_only_warns_and_a_gpu_is_not_checked(compose_train, caplog):

@@ -131,13 +131,14 @@ def table(params: int, state: int, activations: int | dict, ranks: int, memory: 
 def describe(cfg, ranks: int, batch: int | None):
     """(parameters, optimizer state tensors per parameter, its name, activation bytes per rank by strategy,
     samples per rank, transient bytes by strategy, torch.compile's bytes by strategy, the DataLoader worker
-    processes a rank runs) of cfg; the model is checked against the data first, as the training checks it."""
+    processes a rank runs, the bytes they may copy of their data's Python objects together) of cfg; the model is
+    checked against the data first, as the training checks it."""
     import torch
 
     from ddp_lab.distributed import host_malloc
     from ddp_lab.models import build_model, check_fits_data
     from ddp_lab.sync import options_of
-    from ddp_lab.training.data import build_datasets, example, loader_workers
+    from ddp_lab.training.data import build_datasets, example, loader_copies, loader_workers
     from ddp_lab.training.memory_estimate import estimate, optimizer_state, transient_bytes
     from ddp_lab.training.tasks import build_loss, choose_task
     from ddp_lab.training.workload import num_classes
@@ -164,7 +165,8 @@ def describe(cfg, ranks: int, batch: int | None):
                  for s, stage in zip(STRATEGIES, (0, 1, 2, 3))}
     workers = loader_workers(cfg.data, train, test, torch.device("cpu"))  # (the host's memory, where they run)
     return e.parameters, optimizer_state(cfg.optim)[0], e.optimizer, acts, per_rank, transient, \
-        compiler_bytes(cfg, ranks, per_rank, len(train)), workers
+        compiler_bytes(cfg, ranks, per_rank, len(train)), workers, loader_copies(cfg.data, train, test,
+                                                                                 torch.device("cpu"))
 
 
 def compiler_bytes(cfg, ranks: int, per_rank: int, samples: int) -> dict:
@@ -224,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
         from ddp_lab.sync.registry import refuse_foreign_keys
         refuse_foreign_keys(args.overrides)  # (a key of another strategy: one line, not Hydra's traceback)
         cfg = compose(args.overrides)
-        params, state, name, acts, batch, transient, compiler, workers = describe(cfg, args.ranks, args.batch)
+        params, state, name, acts, batch, transient, compiler, workers, copied = describe(cfg, args.ranks, args.batch)
         loaded = 0
         if runtime is None:
             from ddp_lab.training.memory_estimate import peak_runtime_bytes, runtime_bytes
@@ -235,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
     from ddp_lab.training.memory_estimate import WORKER_BYTES
     rs = reduce_scatter_of(cfg)
     rows = table(params, state, acts, args.ranks, memory, link, args.alpha_us * 1e-6, args.compute_ms, rs,
-                 transient, runtime, compiler, loaded, workers * WORKER_BYTES)
+                 transient, runtime, compiler, loaded, workers * WORKER_BYTES + copied)
     under = " under bf16 autocast" if autocast_of(cfg) is not None else ""
     if acts["zero3"] != acts["ddp"]:
         under += f" (stage 3's, its weights gathered in bf16: {acts['zero3'] / GiB:.2f})"
@@ -244,8 +246,9 @@ def main(argv: list[str] | None = None) -> None:
           f"{acts['ddp'] / GiB:.2f} GiB for {batch} sample(s) a rank{under}; runtime {runtime / GiB:.2f} GiB"
           + (f" (loading the data peaked at {loaded / GiB:.2f})" if loaded > runtime else "")
           + (f"; torch.compile {compiler['ddp'] / GiB:.2f} GiB (not under stage 3, eager)" if compiler["ddp"] else "")
-          + (f"; {workers} DataLoader worker processes a rank, {workers * WORKER_BYTES / GiB:.2f} GiB beside it"
-             if workers else ""))
+          + (f"; {workers} DataLoader worker processes a rank, {(workers * WORKER_BYTES + copied) / GiB:.2f} GiB "
+             "beside it" + (f" ({copied / GiB:.2f} of it the copies they may make of the data's Python objects)"
+                            if copied >= 2**20 else "") if workers else ""))
     if link:
         print("reduce-scatter priced as " + ("gloo runs torch's: an all-reduce, twice a ring's bytes "
                                             "(sync.algo=ring_textbook sends a ring's)" if rs == "all-reduce"

@@ -131,6 +131,31 @@ def test_torch_compile_and_the_datas_loading_are_priced_where_the_run_meets_them
     assert free["fits"] and not held["fits"] and held["peak_bytes"] == free["peak_bytes"]
 
 
+def test_dataloader_workers_are_priced_with_the_python_objects_they_may_copy(compose_train):
+    """A dataset held as Python objects is priced again for each worker, as the run's own check prices it; one
+    held as tensors is not."""
+    import torch
+
+    from ddp_lab.datasets.object_bytes import object_bytes
+    from ddp_lab.distributed import DistEnv
+    from ddp_lab.training.data import build_datasets
+    from ddp_lab.training.workload import build_workload
+    copies = {}
+    for kind in ("python_blobs", "blobs"):
+        cfg = compose_train(["model=custom", "model._target_=tests.workloads.linear", "data=custom",
+                             f"data._target_=tests.workloads.{kind}", "+data.num_train=20000", "data.batch_size=64",
+                             "data.loader=dataloader", "data.num_workers=2"])
+        copies[kind] = will_it_fit.describe(cfg, 2, 4)[8]
+        work = build_workload(cfg.data, DistEnv(0, 2, 0, torch.device("cpu"), "gloo"), 0, model=cfg.model)
+        # (the run's: its rank's part of the held-out split and the list of its indices)
+        assert work.loader_copies == pytest.approx(copies[kind], rel=0.01, abs=2**20 // 10)
+        if kind == "python_blobs":
+            train, test = build_datasets(cfg.data)
+            assert copies[kind] == pytest.approx(2 * (object_bytes(train) + object_bytes(test)), rel=1e-3)
+            assert copies[kind] > 2 * 2**20
+    assert copies["blobs"] < 2**20 // 10
+
+
 def test_the_command_line(tiny_fmnist, tmp_path, capsys):
     data = [f"data.root={tiny_fmnist}", f"data.cache_dir={tmp_path}", "trainer.amp=off"]
     will_it_fit.main(["--ranks", "2", "--memory", "2500KiB", "--batch", "1", "--runtime", "0", *data])
