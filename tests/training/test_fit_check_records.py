@@ -44,6 +44,11 @@ RECORDED = [
     ("2026-12-05_zen5-2c_default-run-peak", "gpt_small, compiled, cold", 1020 + 160, None, 1165),
     ("2026-12-05_zen5-2c_default-run-peak", "gpt_small 12 layers, compiled, cold", 1434 + 60, None, 1468),
     ("2026-12-05_zen5-2c_default-run-peak", "ResNet-18, compiled, cold", 1110 + 60, None, 1203),
+    # a rank and its 4 DataLoader workers (hosts.txt: the two measured maxima summed)
+    ("2026-12-05_zen5-2c_loader-workers-memory", "LeNet, Fashion-MNIST, with its workers", 1015.3, None, 931.6),
+    ("2026-12-05_zen5-2c_loader-workers-memory", "gpt_small, text, with its workers", 1215.7, None, 1102.9),
+    ("2026-12-05_zen5-2c_loader-workers-memory", "1M points as Python objects, 3 epochs, with its workers", 1732.1,
+     None, 1495.3),
     ("issue: the 403M GPT with AdamW, 8 hosts", "fsdp", 1792, 2080, 1863),
     ("issue: the 403M GPT with AdamW, 8 hosts", "zero3", 1.94 * 1024, 2080, None),
 ]

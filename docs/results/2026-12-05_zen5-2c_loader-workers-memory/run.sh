@@ -34,6 +34,18 @@ for name, label in (("lenet", "LeNet, Fashion-MNIST, 2 epochs"), ("gpt", "gpt_sm
     print(f"{label:<34} {', '.join(f'{x:.0f}' for x in m):>22} {', '.join(f'{x:.0f}' for x in p):>12} "
           f"{max(a / b for a, b in zip(m, p)):>16.3f} {peak:>20.3f}")
 PY
+# each rank with its workers (the two measured maxima summed: at most what the host held) against the check's
+"$py" - "$out" > "$here/hosts.txt" <<'PY'
+import json, sys
+out = sys.argv[1]
+print(f"{'run':<10} {'rank + its workers MiB, measured':>34} {'predicted':>18} {'measured/predicted':>19}")
+for name in ("lenet", "gpt", "points-1", "points-3"):
+    s = json.load(open(f"{out}/{name}/summary.json"))
+    m = [a + b for a, b in zip(s["peak_mem_mb_by_rank"], s["loader_workers_mb_by_rank"])]
+    p = [a + b for a, b in zip(s["predicted_peak_mb_by_rank"], s["predicted_workers_mb_by_rank"])]
+    print(f"{name:<10} {', '.join(f'{x:.1f}' for x in m):>34} {', '.join(f'{x:.1f}' for x in p):>18} "
+          f"{max(a / b for a, b in zip(m, p)):>19.3f}")
+PY
 for name in lenet gpt points-1 points-3; do
   echo "$name: $(grep -h "worker processes" $out/$name/rank0.log | sed 's/^.*memory estimate/memory estimate/')"
 done > "$here/estimates.txt"
