@@ -3,7 +3,8 @@
 A worker is forked from its rank and shares its pages until it writes one; reading a Python object writes its
 reference count, so a worker that loads samples held as Python objects (lists, tuples, floats, strings, dicts)
 copies the pages that hold them, up to the whole dataset over the epochs (the pages mix samples of every
-worker's batches). A tensor's or an array's buffer is only read: not copied, not counted (its object is).
+worker's batches). A tensor's or an array's buffer is only read: not copied, not counted (its object is), but
+for an array of Python objects (pandas' strings), whose items are.
 
 Counted by walking what the dataset refers to, each object once, without descending into modules, classes and
 functions (shared code, not data); a container of more than SAMPLED items is counted from SAMPLED of them, evenly
@@ -33,6 +34,9 @@ def object_bytes(dataset) -> int:
             return 0
         seen.add(id(obj))
         if isinstance(obj, torch.Tensor) or type(obj).__module__ == "numpy":
+            if getattr(getattr(obj, "dtype", None), "hasobject", False) and getattr(obj, "ndim", 0):
+                # an array of Python objects (pandas' strings): its items too
+                return object.__sizeof__(obj) + _items(obj.reshape(-1), walk, depth)
             return object.__sizeof__(obj)  # (its buffer only read)
         if obj is None or isinstance(obj, bool) or type(obj) is int and -5 <= obj <= 256:
             return 0  # (the interpreter's own, shared by every process)

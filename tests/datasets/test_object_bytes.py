@@ -18,6 +18,8 @@ def test_tensors_and_arrays_count_their_objects_not_their_buffers():
     assert ob.object_bytes(TensorDataset(torch.zeros(1 << 20), torch.zeros(1 << 20))) < 4096
     assert ob.object_bytes({"x": np.zeros(1 << 20)}) < 4096
     assert ob.object_bytes(None) == ob.object_bytes(7) == 0  # (the interpreter's own)
+    words = np.array([f"sample {i}" for i in range(10_000)], dtype=object)  # (pandas' strings): Python objects
+    assert ob.object_bytes(words) > 10_000 * 48
 
 
 def test_a_long_list_is_counted_from_a_sample_of_its_items(monkeypatch):
