@@ -22,7 +22,7 @@ from ddp_lab.sync.islands.layout import island_size
 from ddp_lab.sync.periodic import PeriodicOptions
 from ddp_lab.sync.sharded.fsdp import FSDPOptions
 from ddp_lab.telemetry import position
-from ddp_lab.training.memory_estimate import WORKER_BYTES, Estimate, GiB, estimate, peak_runtime_bytes, runtime_bytes
+from ddp_lab.training.memory_estimate import Estimate, GiB, estimate, peak_runtime_bytes, runtime_bytes
 
 log = logging.getLogger("ddp_lab")
 
@@ -103,7 +103,7 @@ def describe(e: Estimate, model, stage: int, available: int, ranks: int, machine
             + (f", torch.compile {e.compile_bytes / GiB:.1f} GiB" if e.compile_bytes else "")
             + (f", DataLoader workers {e.worker_bytes / GiB:.1f} GiB (data.num_workers"
                + (", and the copies they may make of the data's Python objects: tensors or arrays are not copied"
-                  if e.worker_bytes - e.workers * WORKER_BYTES >= 2**20 else "") + ")" if e.worker_bytes else ""))
+                  if e.copied_bytes >= 2**20 else "") + ")" if e.worker_bytes else ""))
     if e.activation_bytes >= e.state_bytes:
         lower = ("data.batch_size or the context, model.block_size (activations grow with both"
                  if "block_size" in model else "data.batch_size (activations grow with it")
@@ -187,11 +187,10 @@ def _check_this_rank(model, optim, env, x, y, task, batch, stage, available, syn
              f" (the data's loading peaked there; {e.ahead_bytes / GiB:.2f} ahead)"
              if e.peak_bytes > e.ahead_bytes else "")
     if e.worker_bytes:
-        copies = e.worker_bytes - e.workers * WORKER_BYTES
         log.info("memory estimate: and the DataLoader's %d worker processes, %.2f GiB beside the rank%s; counted in "
                  "what fits (data.num_workers=0: none)", e.workers, e.worker_bytes / GiB,
-                 f", {copies / GiB:.2f} of it for the copies they may make of the data's Python objects (tensors "
-                 "and arrays are not copied)" if copies >= 2**20 else "")
+                 f", {e.copied_bytes / GiB:.2f} of it for the copies they may make of the data's Python objects "
+                 "(tensors and arrays are not copied)" if e.copied_bytes >= 2**20 else "")
     # (the loading's peak has passed: what is still to come must fit what this rank may hold)
     if not fits(e.host_bytes, e.runtime_bytes + per_rank):  # (per_rank: beyond what it holds now)
         return e, describe(e, model, stage, per_rank, ranks, machine)

@@ -84,8 +84,8 @@ class Estimate:
     sync_bytes: int = 0       # what the strategy keeps beside them (sync_state_bytes: DiLoCo's copies)
     compile_bytes: int = 0    # torch.compile's (COMPILE_BYTES where the run compiles)
     loaded_peak_bytes: int = 0  # the process's peak before the check (loading the data)
-    worker_bytes: int = 0     # the DataLoader's workers, processes of their own (not in peak_bytes)
-    workers: int = 0          # how many
+    workers: int = 0          # the DataLoader's worker processes, of their own (not in peak_bytes)
+    copied_bytes: int = 0     # what they may copy of their datasets' Python objects, together
 
     @property
     def state_bytes(self) -> int:
@@ -102,6 +102,11 @@ class Estimate:
         """The peak still to come after the check: the runtime and what the run adds (what the check refuses by:
         the loading's peak has passed)."""
         return self.runtime_bytes + self.total_bytes
+
+    @property
+    def worker_bytes(self) -> int:
+        """The DataLoader's workers: WORKER_BYTES each and the copies they may make."""
+        return self.workers * WORKER_BYTES + self.copied_bytes
 
     @property
     def host_bytes(self) -> int:
@@ -337,4 +342,4 @@ def estimate(model, optim, x: torch.Tensor, y: torch.Tensor, task, batch: int, s
     return Estimate(n, weights, optimizer, activations, batch, name, shards if stage >= 2 else 1,
                     shards if stage == 3 else 1, transient_bytes(net, weights, stage, sync, freed_kept), runtime,
                     sync_state_bytes(sync, weights, shards if stage == 3 else 1), COMPILE_BYTES if compiled else 0,
-                    loaded_peak, workers * WORKER_BYTES + copied, workers)
+                    loaded_peak, workers, copied)
