@@ -45,7 +45,10 @@ def test_keep_keeps_freed_blocks_glibc_gives_back_whatever_came_before():
                                   check=True).stdout)
     pages = (40 << 20) // 4096
     assert faults("glibc") >= 5 * pages
-    assert faults("keep") < 1.25 * pages  # (one of the five, now and then, placed afresh: a small block split it)
+    # a small block now and then splits a freed one, and the next is placed afresh: 0 of the five in 10 runs of 12
+    # here, 1 in two, 2 once in CI; so three processes: the best places none afresh, the worst fewer than four
+    kept = sorted(faults("keep") for _ in range(3))
+    assert kept[0] < pages // 4 and kept[-1] < 4 * pages, kept
     assert host_malloc.keeps_freed_gathers("keep", torch.device("cpu"))
 
 

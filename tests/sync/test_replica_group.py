@@ -327,7 +327,9 @@ def test_a_killed_island_rejoins_from_a_peer_while_the_others_go_on(tmp_path, ti
             assert summaries[i]["steps"] == 80
         assert summaries[2]["restarts_by_rank"] == [1]
         healed = re.search(r"rejoined from a peer island at step (\d+) .*nothing read from disk", logs[2])
-        assert healed and 8 <= int(healed.group(1)) < 80, logs[2][-2000:]
+        # (killed after step 6 with nothing saved: any later step came from a peer; step 7 where its restart beat
+        # the others' wait for it, which then healed it in the step they were held in: once in CI)
+        assert healed and 7 <= int(healed.group(1)) < 80, logs[2][-2000:]
         epoch, batch = divmod(int(healed.group(1)), 11)  # the others' data position (171 samples a part, 16 a batch)
         # (after an epoch's last batch: that epoch's batch 11 until the epoch has ended, then its end)
         said = [f"epoch {epoch + 1}, batch {batch}"] if batch else [f"end of epoch {epoch}", f"epoch {epoch}, batch 11"]
