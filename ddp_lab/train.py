@@ -134,6 +134,7 @@ def main(cfg) -> dict:
         if trainer is not None:
             trainer.close()
         trainer = None  # its model holds the process group (DDP's reducer): released before teardown destroys it
+        distributed.clear_frames(sys.exc_info()[1])  # a failure's traceback holds it too (Trainer.fit's self)
         multirun = HydraConfig.get().mode == RunMode.MULTIRUN
         distributed.teardown(keep_for_next_job=multirun)
         if not multirun:  # the interpreter's last collections walk torch's whole heap (~1 s a process): skip them
@@ -171,5 +172,9 @@ def composed_or_refused() -> None:
 
 if __name__ == "__main__":
     refuse_old_and_foreign_keys(sys.argv[1:])
-    composed_or_refused()
+    try:
+        composed_or_refused()
+    except BaseException as e:  # sys.exit's too
+        distributed.exit_failed(e)
+        raise
     distributed.exit_finished()

@@ -13,7 +13,9 @@ import glob
 import logging
 import os
 import sys
+import traceback
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -205,15 +207,49 @@ def exit_finished() -> None:
     leaves without that shutdown.
     """
     _destroy()
-    left = gloo_threads_left()
-    if not left:
+    if gloo_threads_left():
+        _exit_now(0)
+
+
+def clear_frames(exc: BaseException | None) -> None:
+    """Drop the locals of the finished frames `exc` (and what it was raised from or during) passed through.
+
+    A failed run's traceback holds Trainer.fit's `self`, and with it the group, until the interpreter's
+    shutdown; cleared, the trainer is garbage before teardown, as a finished run's is."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)  # (frames still running are skipped)
+        exc = exc.__cause__ or exc.__context__
+
+
+def exit_failed(exc: BaseException) -> None:
+    """The last call of a rank whose run raised `exc` (an error, sys.exit, a signal's exit), as exit_finished;
+    it returns where the caller may re-raise `exc` to the interpreter.
+
+    Where gloo's threads still run (fsdp's mesh in torch's caches), the rank leaves as the interpreter
+    would (the traceback printed, exit 1; SystemExit's own code), without its shutdown.
+    """
+    _destroy()
+    if not gloo_threads_left():
         return
-    logging.getLogger("ddp_lab").debug("gloo threads %s outlived destroy_process_group: exit 0 without "
-                                       "the interpreter's shutdown", left)
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)
+            code = 1
+        _exit_now(code or 0)
+    sys.excepthook(type(exc), exc, exc.__traceback__)
+    _exit_now(130 if isinstance(exc, KeyboardInterrupt) else 1)
+
+
+def _exit_now(code: int) -> NoReturn:
+    logging.getLogger("ddp_lab").debug("gloo threads %s outlived destroy_process_group: exit %d without "
+                                       "the interpreter's shutdown", gloo_threads_left(), code)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def all_reduce_sum(t: torch.Tensor, env: DistEnv) -> torch.Tensor:

@@ -103,7 +103,19 @@ def a_step(kind):
     model(torch.ones(2, 4)).sum().backward()
     held = [model]
     held.append(held)  # a reference cycle, as a Trainer's callbacks and its sync make
+    if sys.argv[3] == "raises":  # its traceback holds the model, as Trainer.fit's frame holds the trainer
+        raise RuntimeError("the step failed")
 
+if sys.argv[3] == "raises":  # train.py's failure path: the entry point's finally, then its last call
+    import atexit
+    atexit.register(lambda: print("at the interpreter's exit:", distributed.gloo_threads_left(), flush=True))
+    try:
+        a_step(sys.argv[2])
+    except BaseException as e:
+        distributed.clear_frames(e)
+        distributed.teardown()
+        distributed.exit_failed(e)
+        raise
 a_step(sys.argv[2])  # the model is garbage from here, but for the cycle
 distributed.teardown()
 print(distributed.gloo_threads_left(), flush=True)
@@ -119,7 +131,7 @@ def test_a_finished_rank_leaves_no_gloo_thread_to_the_interpreters_exit(model):
     """Finished ranks aborted at exit (SIGABRT, "terminate called without an active exception")
     where gloo's threads ran on into the interpreter's shutdown: kept alive by torch._dynamo
     imported after the group, by a reference cycle holding the DDP model, by torch's DTensor caches (fsdp)."""
-    proc = subprocess.run([sys.executable, "-c", _LEAVE_AND_LIST_THREADS, str(free_port()), model],
+    proc = subprocess.run([sys.executable, "-c", _LEAVE_AND_LIST_THREADS, str(free_port()), model, "finishes"],
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -129,3 +141,21 @@ def test_a_finished_rank_leaves_no_gloo_thread_to_the_interpreters_exit(model):
         assert left == [] and lines[1:] == ["exit_finished returned"], lines
     else:  # whatever torch's caches keep, the rank exits 0 without the interpreter's shutdown
         assert lines[1:] == ([] if left else ["exit_finished returned"]), lines
+
+
+@pytest.mark.system
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc")
+@pytest.mark.parametrize("model", ["ddp", "fsdp"])
+def test_a_failed_rank_leaves_no_gloo_thread_to_the_interpreters_exit_and_says_why(model):
+    """A failed rank's traceback held its model, and the group, into the interpreter's shutdown (ddp: the
+    three gloo threads there without clear_frames); it still prints the traceback and exits 1."""
+    proc = subprocess.run([sys.executable, "-c", _LEAVE_AND_LIST_THREADS, str(free_port()), model, "raises"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.rstrip().endswith("RuntimeError: the step failed"), proc.stderr[-2000:]
+    assert ", in a_step" in proc.stderr  # the traceback as the interpreter (and torch's hook) prints it
+    # ddp: the group ended before the interpreter's exit; fsdp: torch's caches kept it, so the rank left
+    # without that exit (no atexit line)
+    assert proc.stdout.strip() == ("at the interpreter's exit: []" if model == "ddp" else ""), proc.stdout
+
