@@ -1,5 +1,6 @@
 """The race against plain loops: its table, its commands, and a peer loop's pieces built as ddp_lab builds them."""
 import argparse
+import os
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,34 @@ def test_every_system_gets_the_same_overrides_and_ddp_lab_the_same_steps():
     variant = command("flat_one_buffer", 2, Path("/r/flat_one_buffer-0"), a)
     assert variant[variant.index("-m", 3) + 1] == "ddp_lab.train" and variant[-3:] == [
         "sync=ddp", "sync=flat", "sync.buffer_mb=0"]
+
+
+def test_a_peer_variant_runs_the_peer_under_its_environment(tmp_path, monkeypatch):
+    from ddp_lab.tools.bench.peers import __main__ as race
+    a = argparse.Namespace(overrides=["model=gpt"], steps=4, warmup=1, ddp_lab_args="", variants={},
+                           peer_variants={"plain_keep": ("plain_ddp", {"MALLOC_TRIM_THRESHOLD_": "2147483647"})},
+                           out=tmp_path, nproc=2, timeout=10)
+    assert command("plain_keep", 2, tmp_path, a) == command("plain_ddp", 2, tmp_path, a)
+    seen = {}
+
+    def launched(cmd, env, **kw):  # the run's summary written as the peer would
+        seen["env"] = env
+        (tmp_path / "runs" / "plain_keep-0").mkdir(parents=True)
+        (tmp_path / "runs" / "plain_keep-0" / "summary.json").write_text('{"step_ms": 12.5}')
+        return argparse.Namespace(returncode=0, stdout="", stderr="")
+    monkeypatch.setattr(race.subprocess, "run", launched)
+    assert race.run("plain_keep", 0, a)["step_ms"] == 12.5
+    assert seen["env"]["MALLOC_TRIM_THRESHOLD_"] == "2147483647" and seen["env"]["PATH"] == os.environ["PATH"]
+
+
+@pytest.mark.parametrize("spec", ["plain_keep=plain_ddp", "plain_keep=nosuch A=1", "plain_ddp=plain_ddp A=1",
+                                  "plain_keep=plain_ddp A=", "plain_keep="])
+def test_a_peer_variant_without_a_new_name_a_peer_and_a_setting_is_refused(tmp_path, spec, capsys):
+    from ddp_lab.tools.bench.peers.__main__ import main
+    with pytest.raises(SystemExit) as e:
+        main(["--out", str(tmp_path / "r"), "--peer-variant", spec])
+    assert "--peer-variant" in str(e.value.code) and "NAME='PEER VAR=VALUE ...'" in str(e.value.code)
+    assert not (tmp_path / "r").exists()
 
 
 def test_a_variant_is_not_the_peer_the_others_are_measured_against():

@@ -24,6 +24,7 @@ def installed(system: str) -> bool:
 def command(system: str, nproc: int, run_dir: Path, a) -> list[str]:
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     variants = getattr(a, "variants", {})
+    system = getattr(a, "peer_variants", {}).get(system, (system, {}))[0]
     if system == "ddp_lab" or system in variants:
         return [*launch, "-m", "ddp_lab.train", *a.overrides, f"hydra.run.dir={run_dir}",
                 f"trainer.max_steps={a.steps}", f"trainer.warmup_steps={a.warmup}", "trainer.epochs=1000",
@@ -47,7 +48,8 @@ def run(system: str, rnd: int, a) -> dict:
     cmd = command(system, a.nproc, run_dir, a)
     print(f"[round {rnd + 1}] {system}: {shlex.join(cmd)}", flush=True)
     stolen = stolen_seconds()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+    env = {**os.environ, **getattr(a, "peer_variants", {}).get(system, ("", {}))[1]}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, env=env)
     stolen = stolen_seconds() - stolen
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "output.log").write_text(proc.stdout + proc.stderr)
@@ -87,6 +89,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--variant", action="append", default=[], metavar="NAME=OVERRIDES",
                    help="ddp_lab again under more overrides, raced as its own system: the control that isolates "
                         "a cause (e.g. --variant ddp_lab_ddp='sync=ddp'); repeatable")
+    p.add_argument("--peer-variant", action="append", default=[], metavar="NAME=PEER VAR=VALUE...",
+                   help="a peer again under environment variables, raced as its own system: does a machine "
+                        "setting help the peer as much (e.g. --peer-variant plain_keep='plain_ddp "
+                        "MALLOC_TRIM_THRESHOLD_=2147483647'); repeatable")
     p.add_argument("--timeout", type=float, default=900, help="seconds one run may take")
     p.add_argument("overrides", nargs="*", help="the model, data, optim and trainer.amp, for every system")
     argv = sys.argv[1:] if argv is None else argv
@@ -97,13 +103,26 @@ def main(argv: list[str] | None = None) -> None:
         if not name.strip() or not overrides.strip() or name.strip() in ("ddp_lab", *PEERS):
             sys.exit(f"--variant {v!r}: give NAME=OVERRIDES with a new name, e.g. --variant ddp_lab_ddp='sync=ddp'")
         a.variants[name.strip()] = overrides
-    systems = [s.strip() for s in a.systems.split(",") if s.strip()] + list(a.variants)
-    unknown = [s for s in systems if s != "ddp_lab" and s not in PEERS and s not in a.variants]
+    a.peer_variants = {}
+    for v in a.peer_variant:
+        name, _, spec = v.partition("=")
+        peer, *assignments = spec.split() or [""]
+        env = dict(x.partition("=")[::2] for x in assignments)
+        if (not name.strip() or name.strip() in ("ddp_lab", *PEERS, *a.variants) or peer not in PEERS or not env
+                or not all(k and val for k, val in env.items())):
+            sys.exit(f"--peer-variant {v!r}: give NAME='PEER VAR=VALUE ...' with a new name and a peer among "
+                     f"{', '.join(PEERS)}, e.g. --peer-variant plain_keep='plain_ddp MALLOC_TOP_PAD_=0'")
+        a.peer_variants[name.strip()] = (peer, env)
+    systems = [s.strip() for s in a.systems.split(",") if s.strip()] + list(a.variants) + list(a.peer_variants)
+    unknown = [s for s in systems if s != "ddp_lab" and s not in PEERS and s not in a.variants
+               and s not in a.peer_variants]
     if unknown:
         sys.exit(f"--systems: {', '.join(unknown)} unknown; choose among ddp_lab, {', '.join(PEERS)}")
-    missing = [s for s in systems if s in PEERS and not installed(s)]
+    peer_of = {s: a.peer_variants.get(s, (s,))[0] for s in systems}
+    missing = [s for s in systems if peer_of[s] in PEERS and not installed(peer_of[s])]
     if missing:
-        print(f"left out, not installed: {', '.join(f'{s} ({PEERS[s][0]})' for s in missing)}", flush=True)
+        print(f"left out, not installed: {', '.join(f'{s} ({PEERS[peer_of[s]][0]})' for s in missing)}",
+              flush=True)
         systems = [s for s in systems if s not in missing]
     if (a.out / "results.json").exists():
         sys.exit(f"{a.out} already holds a race (results.json): give another --out")
@@ -116,7 +135,8 @@ def main(argv: list[str] | None = None) -> None:
     text = table(rows, systems)
     (a.out / "table.md").write_text(text)
     write_record(a.out, command_line("ddp_lab.tools.bench.peers", argv),
-                 {"overrides": a.overrides, "nproc": a.nproc, "steps": a.steps, "warmup": a.warmup})
+                 {"overrides": a.overrides, "nproc": a.nproc, "steps": a.steps, "warmup": a.warmup,
+                  "peer_variants": {k: {"peer": p, "env": e} for k, (p, e) in a.peer_variants.items()}})
     print(text, end="")
 
 
