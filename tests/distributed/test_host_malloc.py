@@ -38,17 +38,17 @@ def test_lean_gives_every_freed_block_back_and_glibc_keeps_it():
 def test_keep_keeps_freed_blocks_glibc_gives_back_whatever_came_before():
     """Blocks of 40 MiB, above the 32 MiB glibc's dynamic threshold stops at: glibc maps each afresh, keep serves
     them from the heap and keeps them."""
-    script = FAULTS.replace("2 << 20", "10 << 20")
+    # (six blocks before the five counted: a small block now and then splits the first freed one, and the next
+    # is placed afresh once; 1 process in 3 under the three of FAULTS, none in 16 after six)
+    script = FAULTS.replace("2 << 20", "10 << 20").replace("range(8)", "range(11)").replace("i == 3", "i == 6")
 
     def faults(regime: str) -> int:
         return int(subprocess.run([sys.executable, "-c", script, regime], capture_output=True, text=True,
                                   check=True).stdout)
     pages = (40 << 20) // 4096
     assert faults("glibc") >= 5 * pages
-    # a small block now and then splits a freed one, and the next is placed afresh: 0 of the five in 10 runs of 12
-    # here, 1 in two, 2 once in CI; so three processes: the best places none afresh, the worst fewer than four
-    kept = sorted(faults("keep") for _ in range(3))
-    assert kept[0] < pages // 4 and kept[-1] < 4 * pages, kept
+    kept = sorted(faults("keep") for _ in range(3))  # (three: the worst may still place one afresh)
+    assert kept[0] < pages // 4 and kept[-1] < 2 * pages, kept
     assert host_malloc.keeps_freed_gathers("keep", torch.device("cpu"))
 
 
