@@ -53,7 +53,7 @@ def test_a_peer_variant_runs_the_peer_under_its_environment(tmp_path, monkeypatc
 
 @pytest.mark.parametrize("spec", ["plain_keep=plain_ddp", "plain_keep=nosuch A=1", "plain_ddp=plain_ddp A=1",
                                   "plain_keep=plain_ddp A=", "plain_keep="])
-def test_a_peer_variant_without_a_new_name_a_peer_and_a_setting_is_refused(tmp_path, spec, capsys):
+def test_a_peer_variant_without_a_new_name_a_peer_and_a_setting_is_refused(tmp_path, spec):
     from ddp_lab.tools.bench.peers.__main__ import main
     with pytest.raises(SystemExit) as e:
         main(["--out", str(tmp_path / "r"), "--peer-variant", spec])
