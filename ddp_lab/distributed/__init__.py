@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import gc
 import glob
+import importlib
 import logging
 import os
 import sys
@@ -19,6 +20,10 @@ from typing import NoReturn
 
 import torch
 import torch.distributed as dist
+
+# (before any group: its functions take the default group as a default argument when first imported, and
+# imported after it, by fsdp or DTensor, they held the group past destroy_process_group)
+import torch.distributed.nn.functional  # noqa: F401
 
 from ddp_lab.config import ConfigError
 from ddp_lab.distributed import rendezvous
@@ -174,10 +179,33 @@ def teardown(keep_for_next_job: bool = False) -> None:
 def _destroy() -> None:
     if dist.is_available() and dist.is_initialized():
         # A run's DDP model sits in reference cycles (a Trainer's callbacks hold its sync) that hold the
-        # group: collected first, so that destroy_process_group really ends it (else gloo's threads ran
-        # on into the interpreter's exit)
+        # group, and torch's DTensor caches hold fsdp's mesh: both let go first, so that
+        # destroy_process_group really ends it (else gloo's threads ran on into the interpreter's exit)
+        _empty_dtensor_caches()
         gc.collect()
         dist.destroy_process_group()
+
+
+# torch's caches that keep each device mesh a DTensor used (sharding rules, redistribution plans, the
+# mesh's topology), as (module, what empties it); one this torch lacks is passed over (exit_finished
+# then still leaves safely)
+DTENSOR_CACHES = (("torch.distributed.tensor.debug", "_clear_sharding_prop_cache"),
+                  ("torch.distributed.tensor._redistribute", "clear_redistribute_planner_cache"),
+                  ("torch.distributed.tensor._redistribute", "_gen_transform_infos.cache_clear"),
+                  ("torch.distributed.tensor._collective_utils", "MeshTopoInfo.build_from_mesh.cache_clear"))
+
+
+def _empty_dtensor_caches() -> None:
+    if "torch.distributed.tensor" not in sys.modules:  # (no DTensor made: nothing cached)
+        return
+    for module, path in DTENSOR_CACHES:
+        try:
+            empty = importlib.import_module(module)
+            for name in path.split("."):
+                empty = getattr(empty, name)
+        except (ImportError, AttributeError):
+            continue
+        empty()
 
 
 # What torch and gloo name the threads of a gloo process group (ProcessGroupGloo's workers, its
@@ -200,10 +228,10 @@ def gloo_threads_left() -> list[str]:
 def exit_finished() -> None:
     """The last call of a rank whose run finished: destroy the group (a sweep's too), then exit 0.
 
-    Where gloo's threads outlive destroy_process_group (torch's DTensor caches keep the
-    mesh of fsdp and hsdp, and with it the group), the group would end only as the
+    Where gloo's threads still outlive destroy_process_group (something holding the group: a
+    cache of another torch's than the ones _destroy empties), the group would end only as the
     interpreter shuts down, the order torch warns against (a finished rank aborted with
-    "terminate called without an active exception"): such a rank flushes its logs and
+    "terminate called without an active exception"): such a rank runs its atexit handlers and
     leaves without that shutdown.
     """
     _destroy()
@@ -227,8 +255,8 @@ def exit_failed(exc: BaseException) -> None:
     """The last call of a rank whose run raised `exc` (an error, sys.exit, a signal's exit), as exit_finished;
     it returns where the caller may re-raise `exc` to the interpreter.
 
-    Where gloo's threads still run (fsdp's mesh in torch's caches), the rank leaves as the interpreter
-    would (the traceback printed, exit 1; SystemExit's own code), without its shutdown.
+    Where gloo's threads still run (as in exit_finished), the rank leaves as the interpreter would (the
+    traceback printed, its atexit handlers run, exit 1; SystemExit's own code), without its shutdown.
     """
     _destroy()
     if not gloo_threads_left():
@@ -246,7 +274,7 @@ def exit_failed(exc: BaseException) -> None:
 def _exit_now(code: int) -> NoReturn:
     logging.getLogger("ddp_lab").debug("gloo threads %s outlived destroy_process_group: exit %d without "
                                        "the interpreter's shutdown", gloo_threads_left(), code)
-    logging.shutdown()
+    atexit._run_exitfuncs()  # what the interpreter runs before its shutdown (logging's shutdown among them)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -70,14 +70,16 @@ class StepTimer:
         self._events: list[torch.cuda.Event] = []  # CUDA: this step's start, grads ready, synced
         self._unread: list[list[torch.cuda.Event]] = []  # CUDA: steps not yet added up
         self.last_compute = 0.0  # seconds, the last step's (on CUDA: the last one read)
-        self._latest = self._last = None  # the parameter whose gradient came last: this step's, the first's
+        # the parameter whose gradient came last, this step's and the first's, by id: held here, a parameter
+        # closed a cycle through its own hooks that the collector missed (fsdp's mesh and group outlived teardown)
+        self._latest = self._last = None
 
     def _grad_ready(self, param) -> None:
         if not self.cuda:
             self.grads_ready = time.perf_counter()
-        elif self._events and (self._last is None or param is self._last):
+        elif self._events and (self._last is None or id(param) == self._last):
             self._events[1].record()  # each gradient (the first step) records it again: the last one stays
-        self._latest = param
+        self._latest = id(param)
 
     def start_step(self) -> None:
         if self.cuda:

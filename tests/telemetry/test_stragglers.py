@@ -1,5 +1,7 @@
 """Stragglers: compute and sync wait per rank, the skew, and the run's straggler named."""
+import gc
 import time
+import weakref
 
 import pytest
 import torch
@@ -46,6 +48,21 @@ def test_compute_ends_when_the_last_gradient_is_ready():
     assert timer.straggler(1.2) is None  # alone, nobody is slower than the others
 
 
+def test_a_timer_lets_its_model_go():
+    """The timer held the last parameter whose gradient came in, and the parameter's hooks hold the timer: a cycle
+    the collector never freed, which kept an fsdp run's mesh, and its group, alive past teardown."""
+    def a_step():
+        model = nn.Linear(4, 2)
+        timer = StepTimer(model, ALONE)
+        timer.start_step()
+        model(torch.ones(1, 4)).sum().backward()
+        timer.synced()
+        return weakref.ref(model.weight), weakref.ref(timer)
+    weight, timer = a_step()
+    gc.collect()
+    assert weight() is None and timer() is None
+
+
 def test_on_cuda_after_the_first_step_only_the_last_gradient_records_an_event(monkeypatch):
     """Each event recorded costs the host CUDA runtime calls: one a step for the gradients, not one per
     parameter (the first step learns which comes last). CUDA's events stood in for by counting ones."""
@@ -70,7 +87,7 @@ def test_on_cuda_after_the_first_step_only_the_last_gradient_records_an_event(mo
         timer.synced()
         per_step.append(len(recorded) - before)
     assert per_step == [2 + 4 + 1, 2 + 1 + 1, 2 + 1 + 1]  # start and "ready at once", the gradients, synced
-    assert timer._last is model[0].weight or timer._last is model[0].bias  # the first layer's: the last reached
+    assert timer._last in (id(model[0].weight), id(model[0].bias))  # the first layer's: the last reached
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
