@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -319,6 +320,20 @@ class ReplicaSync:
 def polls(cfg, env: DistEnv) -> bool:
     """Whether this rank waits for the builtin allreduce by polling (sync.poll, see ddp_lab.tuning)."""
     return env.poll and cfg.algo == "builtin"
+
+
+def weak_hook(method, *bound) -> Callable:
+    """A parameter's hook calling the strategy's `method(*bound, *args)` for as long as the strategy lives.
+
+    A parameter's post-accumulate-grad hooks live in C++, out of gc's sight: a hook holding the strategy, which
+    holds the parameters, kept both, the gradients' buffers with them, alive to the process's end."""
+    ref = weakref.WeakMethod(method)
+
+    def hook(*args) -> None:
+        strategy_method = ref()
+        if strategy_method is not None:
+            strategy_method(*bound, *args)
+    return hook
 
 
 def first_rank(group=None) -> int:

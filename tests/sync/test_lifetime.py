@@ -37,3 +37,29 @@ def _freed_when_dropped(rank: int, world_size: int) -> list[tuple[str, bool, boo
 
 def test_a_dropped_ddp_strategy_frees_its_ddp_without_a_collection():
     assert run_in_processes(_freed_when_dropped, 2) == [[(f"{a}/{c}", True, True) for a, c in HOOKS]] * 2
+
+
+# each strategy that hooks every parameter's accumulated gradient (flat over several buffers, zero)
+HOOKED = [("flat", {"buffer_mb": 0.1}), ("zero", {"zero_stage": 1}), ("zero", {"zero_stage": 2}),
+          ("zero", {"zero_stage": 3})]
+
+
+def _model_freed(rank: int, world_size: int) -> list[tuple[str, bool]]:
+    out = []
+    for mode, keys in HOOKED:
+        sync = build_sync(sync_cfg(mode, **keys), lenet(), DistEnv(rank, world_size, 0, CPU, "gloo"))
+        x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
+        torch.nn.functional.cross_entropy(sync.module(x), y).backward()
+        sync.after_backward()
+        weight = weakref.ref(next(sync.module.parameters()))
+        del sync
+        gc.collect()
+        out.append((f"{mode}{keys.get('zero_stage', '')}", weight() is None))
+    return out
+
+
+def test_a_dropped_strategy_that_hooks_the_gradients_lets_its_model_go():
+    """A parameter's post-accumulate-grad hooks live in C++, out of gc's sight: a hook holding the strategy, which
+    holds the parameters, kept the model, its gradients and buffers alive for good (each job of a sweep added its
+    own)."""
+    assert run_in_processes(_model_freed, 2) == [[(f"{m}{k.get('zero_stage', '')}", True) for m, k in HOOKED]] * 2

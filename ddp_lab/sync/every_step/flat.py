@@ -16,7 +16,7 @@ from torch import nn
 
 from ddp_lab.config.keys import key
 from ddp_lab.distributed import DistEnv
-from ddp_lab.sync.base import NO_CONTEXT, Capabilities, SyncContext, broadcast_from_rank0, polls
+from ddp_lab.sync.base import NO_CONTEXT, Capabilities, SyncContext, broadcast_from_rank0, polls, weak_hook
 from ddp_lab.sync.every_step.averaging import AveragingOptions, AveragingSync
 from ddp_lab.telemetry import position
 from ddp_lab.tuning import wait_polling
@@ -65,15 +65,14 @@ class FlatSync(AveragingSync):
         self._accumulating = False  # in no_sync(): a micro-batch before the step's last
         self._in_flight: list[tuple[Bucket, torch.Tensor, object]] = []  # (bucket, what travels, its work)
         if self.overlapped:
-            for b in self.buckets:
+            for k, b in enumerate(self.buckets):
                 for i, p in enumerate(b.params):
-                    p.register_post_accumulate_grad_hook(self._ready_hook(b, i))
+                    p.register_post_accumulate_grad_hook(weak_hook(self._grad_in, k, i))
 
-    def _ready_hook(self, bucket: Bucket, i: int):
-        def ready(p: torch.Tensor) -> None:
-            if not self._accumulating and bucket.mark_ready(i):
-                self._start(bucket)
-        return ready
+    def _grad_in(self, k: int, i: int, p: torch.Tensor) -> None:
+        """Parameter i of buffer k has its gradient: the buffer's all-reduce starts once that fills it."""
+        if not self._accumulating and self.buckets[k].mark_ready(i):
+            self._start(self.buckets[k])
 
     def _start(self, bucket: Bucket) -> None:
         """bucket's all-reduce (a sum: divided by the ranks when it lands) on its way, not waited for."""

@@ -67,6 +67,7 @@ from ddp_lab.sync.base import (
     SyncContext,
     broadcast_buffers_each_step,
     broadcast_from_rank0,
+    weak_hook,
 )
 from ddp_lab.sync.by_name import layout_of, param_names, plain_name, state_named
 from ddp_lab.sync.options import Algo
@@ -151,7 +152,7 @@ class Zero1Sync(ReplicaSync):
         params = [p for p in model.parameters() if p.requires_grad]  # (made anew from a meta-device model)
         self._attach_grads()
         broadcast_buffers_each_step(model, env.group)  # (as DDP: a BatchNorm's running statistics are rank 0's)
-        self.hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
+        self.hooks = [p.register_post_accumulate_grad_hook(weak_hook(self._grad_ready)) for p in params]
         self._start_backward()
 
     # ------------------------------------------------------------ construction, by stage
