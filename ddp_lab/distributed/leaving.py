@@ -32,6 +32,7 @@ def teardown(keep_for_next_job: bool = False) -> None:
     """
     if keep_for_next_job:
         atexit.register(_destroy)  # registering twice is harmless: _destroy checks
+        gc.collect()  # this job's model, in reference cycles, gone before the next job builds its own
         return
     _destroy()
 
