@@ -39,9 +39,10 @@ def test_a_dropped_ddp_strategy_frees_its_ddp_without_a_collection():
     assert run_in_processes(_freed_when_dropped, 2) == [[(f"{a}/{c}", True, True) for a, c in HOOKS]] * 2
 
 
-# each strategy that hooks every parameter's accumulated gradient (flat over several buffers, zero)
+# every strategy but ft_ddp (torchft's Lighthouse): flat over several buffers, zero's stages
 HOOKED = [("flat", {"buffer_mb": 0.1}), ("zero", {"zero_stage": 1}), ("zero", {"zero_stage": 2}),
-          ("zero", {"zero_stage": 3})]
+          ("zero", {"zero_stage": 3}), ("ddp", {}), ("per_param", {}), ("powersgd", {}), ("local_sgd", {}),
+          ("diloco", {}), ("fsdp", {})]
 
 
 def _model_freed(rank: int, world_size: int) -> list[tuple[str, bool]]:
@@ -58,8 +59,8 @@ def _model_freed(rank: int, world_size: int) -> list[tuple[str, bool]]:
     return out
 
 
-def test_a_dropped_strategy_that_hooks_the_gradients_lets_its_model_go():
+def test_every_dropped_strategy_lets_its_model_go():
     """A parameter's post-accumulate-grad hooks live in C++, out of gc's sight: a hook holding the strategy, which
-    holds the parameters, kept the model, its gradients and buffers alive for good (each job of a sweep added its
-    own)."""
+    holds the parameters, kept the model, its gradients and buffers alive for good (flat and zero; each job of a
+    sweep added its own). Every strategy's model is freed once it is dropped."""
     assert run_in_processes(_model_freed, 2) == [[(f"{m}{k.get('zero_stage', '')}", True) for m, k in HOOKED]] * 2
