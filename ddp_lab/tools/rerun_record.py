@@ -1,6 +1,6 @@
 """A record measured again on the machine of the day, into a folder of its own:
 
-    python -m ddp_lab.tools.rerun_record docs/results/2026-12-05_zen5-2c_keep-control [RECORD ...] [--script run.sh]
+    python -m ddp_lab.tools.rerun_record docs/results/<date>_<machine>_<what> [RECORD ...] [--script run.sh]
 
 A record's scripts write beside themselves (`here=$(dirname "$0")`), so one run where it lies, on another machine,
 would overwrite the figures the guides cite with another machine's under the first machine's name. Each record
