@@ -76,7 +76,7 @@ def test_a_sequence_classifier_counts_one_label_a_sample():
     sums = torch.zeros(3, dtype=torch.float64)
     task.accumulate(sums, task.loss(out, batch["labels"]), out, batch["labels"])
     assert int(sums[2]) == 4 and int(sums[1]) == int((out.logits.argmax(-1) == batch["labels"]).sum())
-    assert float(sums[0]) == pytest.approx(4 * float(out.loss), rel=1e-6)
+    assert float(sums[0]) == pytest.approx(4 * out.loss.item(), rel=1e-6)
 
 
 def test_an_output_without_loss_or_logits_is_one_line():
