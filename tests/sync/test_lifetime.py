@@ -39,15 +39,15 @@ def test_a_dropped_ddp_strategy_frees_its_ddp_without_a_collection():
     assert run_in_processes(_freed_when_dropped, 2) == [[(f"{a}/{c}", True, True) for a, c in HOOKS]] * 2
 
 
-# every strategy but ft_ddp (torchft's Lighthouse): flat over several buffers, zero's stages
-HOOKED = [("flat", {"buffer_mb": 0.1}), ("zero", {"zero_stage": 1}), ("zero", {"zero_stage": 2}),
+# every strategy but ft_ddp (it needs torchft's Lighthouse); flat over several buffers
+STRATEGIES = [("flat", {"buffer_mb": 0.1}), ("zero", {"zero_stage": 1}), ("zero", {"zero_stage": 2}),
           ("zero", {"zero_stage": 3}), ("ddp", {}), ("per_param", {}), ("powersgd", {}), ("local_sgd", {}),
           ("diloco", {}), ("fsdp", {})]
 
 
 def _model_freed(rank: int, world_size: int) -> list[tuple[str, bool]]:
     out = []
-    for mode, keys in HOOKED:
+    for mode, keys in STRATEGIES:
         sync = build_sync(sync_cfg(mode, **keys), lenet(), DistEnv(rank, world_size, 0, CPU, "gloo"))
         x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
         torch.nn.functional.cross_entropy(sync.module(x), y).backward()
@@ -63,4 +63,4 @@ def test_every_dropped_strategy_lets_its_model_go():
     """A parameter's post-accumulate-grad hooks live in C++, out of gc's sight: a hook holding the strategy, which
     holds the parameters, kept the model, its gradients and buffers alive for good (flat and zero; each job of a
     sweep added its own). Every strategy's model is freed once it is dropped."""
-    assert run_in_processes(_model_freed, 2) == [[(f"{m}{k.get('zero_stage', '')}", True) for m, k in HOOKED]] * 2
+    assert run_in_processes(_model_freed, 2) == [[(f"{m}{k.get('zero_stage', '')}", True) for m, k in STRATEGIES]] * 2
